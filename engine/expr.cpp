@@ -1,0 +1,237 @@
+#include "engine/expr.h"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+namespace ingero {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+struct FieldName {
+  Field field;
+  const char* name;
+  Unit unit;
+};
+constexpr FieldName kFields[] = {
+    {Field::kTs, "ts", Unit::kNs},           {Field::kDuration, "duration", Unit::kNs},
+    {Field::kEnd, "end", Unit::kNs},         {Field::kPid, "pid", Unit::kNone},
+    {Field::kTid, "tid", Unit::kNone},       {Field::kSource, "source", Unit::kNone},
+    {Field::kOp, "op", Unit::kNone},         {Field::kRet, "ret", Unit::kNone},
+    {Field::kArg0, "arg0", Unit::kNone},     {Field::kArg1, "arg1", Unit::kNone},
+    {Field::kStackId, "stack_id", Unit::kNone}, {Field::kCgroupId, "cgroup_id", Unit::kNone},
+    {Field::kNode, "node", Unit::kNone},     {Field::kRank, "rank", Unit::kNone},
+    {Field::kPrevState, "prev_state", Unit::kNone}, {Field::kGpuId, "gpu_id", Unit::kNone},
+};
+
+const char* op_text(ExprOp op) {
+  switch (op) {
+    case ExprOp::kAdd: return "+";
+    case ExprOp::kSub: return "-";
+    case ExprOp::kMul: return "*";
+    case ExprOp::kDiv: return "/";
+    case ExprOp::kLt: return "<";
+    case ExprOp::kLe: return "<=";
+    case ExprOp::kGt: return ">";
+    case ExprOp::kGe: return ">=";
+    case ExprOp::kEq: return "==";
+    case ExprOp::kNe: return "!=";
+    case ExprOp::kAnd: return "and";
+    case ExprOp::kOr: return "or";
+    case ExprOp::kMin: return "min";
+    case ExprOp::kMax: return "max";
+    case ExprOp::kAbs: return "abs";
+    case ExprOp::kNeg: return "-";
+    case ExprOp::kNot: return "not";
+    default: return "?";
+  }
+}
+
+std::string number_text(double v) {
+  if (v == std::floor(v) && std::fabs(v) < 1e18) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+    return buf;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+const char* unit_suffix(Unit u) {
+  switch (u) {
+    case Unit::kNs: return "ns";
+    case Unit::kBytes: return "B";
+    case Unit::kPercent: return "%";
+    default: return "";
+  }
+}
+
+}  // namespace
+
+const char* field_name(Field f) {
+  for (const auto& fn : kFields)
+    if (fn.field == f) return fn.name;
+  return "?";
+}
+
+bool parse_field(const std::string& name, Field& out) {
+  for (const auto& fn : kFields)
+    if (name == fn.name) {
+      out = fn.field;
+      return true;
+    }
+  return false;
+}
+
+Unit field_unit(Field f) {
+  for (const auto& fn : kFields)
+    if (fn.field == f) return fn.unit;
+  return Unit::kNone;
+}
+
+double read_field(const Event& e, Field f) {
+  switch (f) {
+    case Field::kTs: return static_cast<double>(e.ts_ns);
+    case Field::kDuration: return static_cast<double>(e.dur_ns);
+    case Field::kEnd: return static_cast<double>(e.end_ns());
+    case Field::kPid: return e.pid;
+    case Field::kTid: return e.tid;
+    case Field::kSource: return static_cast<double>(e.source);
+    case Field::kOp: return e.op;
+    case Field::kRet: return e.ret;
+    case Field::kArg0: return static_cast<double>(e.arg0);
+    case Field::kArg1: return static_cast<double>(e.arg1);
+    case Field::kStackId: return static_cast<double>(e.stack_id);
+    case Field::kCgroupId: return static_cast<double>(e.cgroup_id);
+    case Field::kNode: return e.node;
+    case Field::kRank: return e.rank;
+    case Field::kPrevState: return static_cast<double>(e.prev_state);
+    case Field::kGpuId: return e.gpu_id;
+  }
+  return kNaN;
+}
+
+std::string Expr::to_string() const {
+  switch (op) {
+    case ExprOp::kConst:
+      if (unit == Unit::kPercent) return number_text(value * 100) + "%";
+      return number_text(value) + unit_suffix(unit);
+    case ExprOp::kField: return std::string("event.") + field_name(field);
+    case ExprOp::kRef: return name;
+    case ExprOp::kNeg:
+    case ExprOp::kNot:
+    case ExprOp::kAbs:
+      return std::string(op_text(op)) + "(" + (args.empty() ? "" : args[0]->to_string()) + ")";
+    case ExprOp::kMin:
+    case ExprOp::kMax: {
+      std::string s = std::string(op_text(op)) + "(";
+      for (size_t i = 0; i < args.size(); ++i) s += (i ? ", " : "") + args[i]->to_string();
+      return s + ")";
+    }
+    case ExprOp::kIn: {
+      std::string s = "(" + (args.empty() ? std::string("?") : args[0]->to_string()) + " in [";
+      for (size_t i = 0; i < set.size(); ++i) s += (i ? "," : "") + number_text(set[i]);
+      return s + "])";
+    }
+    default:
+      if (args.size() != 2) return "?";
+      return "(" + args[0]->to_string() + " " + op_text(op) + " " + args[1]->to_string() + ")";
+  }
+}
+
+double eval(const Expr& e, const Event* ev, const double* row) {
+  auto arg = [&](size_t i) { return i < e.args.size() ? eval(*e.args[i], ev, row) : kNaN; };
+  switch (e.op) {
+    case ExprOp::kConst: return e.value;
+    case ExprOp::kField: return ev ? read_field(*ev, e.field) : kNaN;
+    case ExprOp::kRef: return (row && e.slot >= 0) ? row[e.slot] : kNaN;
+    case ExprOp::kNeg: return -arg(0);
+    case ExprOp::kNot: {
+      const double a = arg(0);
+      return a != a ? kNaN : (a == 0.0 ? 1.0 : 0.0);
+    }
+    case ExprOp::kAbs: return std::fabs(arg(0));
+    case ExprOp::kAdd: return arg(0) + arg(1);
+    case ExprOp::kSub: return arg(0) - arg(1);
+    case ExprOp::kMul: return arg(0) * arg(1);
+    case ExprOp::kDiv: {
+      const double d = arg(1);
+      return d == 0.0 ? kNaN : arg(0) / d;
+    }
+    case ExprOp::kLt: return arg(0) < arg(1) ? 1.0 : 0.0;
+    case ExprOp::kLe: return arg(0) <= arg(1) ? 1.0 : 0.0;
+    case ExprOp::kGt: return arg(0) > arg(1) ? 1.0 : 0.0;
+    case ExprOp::kGe: return arg(0) >= arg(1) ? 1.0 : 0.0;
+    case ExprOp::kEq: return arg(0) == arg(1) ? 1.0 : 0.0;
+    case ExprOp::kNe: {
+      const double a = arg(0), b = arg(1);
+      return (a == a && b == b && a != b) ? 1.0 : 0.0;
+    }
+    case ExprOp::kAnd: return truthy(arg(0)) && truthy(arg(1)) ? 1.0 : 0.0;
+    case ExprOp::kOr: return truthy(arg(0)) || truthy(arg(1)) ? 1.0 : 0.0;
+    case ExprOp::kIn: {
+      const double a = arg(0);
+      for (double v : e.set)
+        if (a == v) return 1.0;
+      return 0.0;
+    }
+    case ExprOp::kMin:
+    case ExprOp::kMax: {
+      double best = kNaN;
+      for (size_t i = 0; i < e.args.size(); ++i) {
+        const double v = arg(i);
+        if (v != v) return kNaN;
+        if (best != best || (e.op == ExprOp::kMin ? v < best : v > best)) best = v;
+      }
+      return best;
+    }
+  }
+  return kNaN;
+}
+
+namespace ex {
+ExprPtr num(double v, Unit u) {
+  auto e = std::make_shared<Expr>();
+  e->op = ExprOp::kConst;
+  e->value = v;
+  e->unit = u;
+  return e;
+}
+ExprPtr ns(double v) { return num(v, Unit::kNs); }
+ExprPtr field(Field f) {
+  auto e = std::make_shared<Expr>();
+  e->op = ExprOp::kField;
+  e->field = f;
+  e->unit = field_unit(f);
+  return e;
+}
+ExprPtr ref(std::string name) {
+  auto e = std::make_shared<Expr>();
+  e->op = ExprOp::kRef;
+  e->name = std::move(name);
+  return e;
+}
+ExprPtr bin(ExprOp op, ExprPtr a, ExprPtr b) {
+  auto e = std::make_shared<Expr>();
+  e->op = op;
+  e->args = {std::move(a), std::move(b)};
+  return e;
+}
+ExprPtr un(ExprOp op, ExprPtr a) {
+  auto e = std::make_shared<Expr>();
+  e->op = op;
+  e->args = {std::move(a)};
+  return e;
+}
+ExprPtr in(ExprPtr a, std::vector<double> set) {
+  auto e = std::make_shared<Expr>();
+  e->op = ExprOp::kIn;
+  e->args = {std::move(a)};
+  e->set = std::move(set);
+  return e;
+}
+}  // namespace ex
+
+}  // namespace ingero

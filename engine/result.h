@@ -1,0 +1,81 @@
+// What an analysis produces: per-op statistics and causal chains with provenance.
+// Sinks (SQLite, LMDB, JSON, MCP) and the CLI render these; nothing here knows TBB.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/event.h"
+#include "engine/plan.h"
+#include "engine/trace.h"
+
+namespace ingero {
+
+struct OpStats {
+  Source source = Source::kUnknown;
+  uint8_t op = 0;
+  uint64_t count = 0;
+  uint64_t p50_ns = 0, p95_ns = 0, p99_ns = 0, max_ns = 0, min_ns = 0;
+  uint64_t total_ns = 0;
+  double tail_ratio = 0;      // p99 / p50; 0 when p50 is 0
+  bool exact = true;          // false: quantiles from a DDSketch with relative error `rel_error`
+  double rel_error = 0;
+  uint64_t errors = 0;        // calls with ret != 0
+};
+
+// One predicate of a rule as evaluated for a chain (or for a why-not answer).
+struct PredicateResult {
+  std::string label;          // "p99 / p50 >= 3"
+  double lhs = 0, rhs = 0;    // the two sides when it is a comparison
+  double margin = 0;          // how far past the threshold (lhs - rhs; negative = failed)
+  bool passed = false;
+};
+
+struct EvidenceItem {
+  std::string kind;           // "tail", "offcpu", "block_io", "tcp", ...
+  std::string detail;         // human text
+  double value = 0;           // the headline number of this item
+  std::string unit;           // "ns", "bytes", "ratio", "count"
+  std::vector<uint64_t> event_ids;  // exemplars
+};
+
+struct Chain {
+  std::string id;             // stable: "<rule>:<key>:<window start>"
+  std::string rule, rule_hash;
+  Severity severity = Severity::kMedium;
+  std::string category;
+  Source source = Source::kUnknown;
+  uint8_t op = 0;             // the affected op (0 when not about one op)
+  uint32_t pid = 0, tid = 0;  // tid 0 when the chain is not about one thread
+  uint16_t node = 0;
+  int16_t rank = -1;
+  uint64_t window_start = 0, window_end = 0;
+  std::string summary, root_cause, explanation;
+  std::vector<std::string> recommendations;
+  std::vector<EvidenceItem> evidence;
+  std::vector<PredicateResult> predicates;
+  std::vector<std::pair<std::string, double>> values;  // every row slot at emit time
+  uint64_t p50_ns = 0, p99_ns = 0;                     // for Ingero's causal_chains columns
+  double tail_ratio = 0;
+  uint64_t dropped_events = 0;  // events lost in this chain's window (live capture)
+};
+
+struct EngineCounters {
+  uint64_t events_in = 0;
+  uint64_t batches = 0;
+  uint64_t windows_closed = 0;
+  uint64_t late_events = 0;         // arrived behind the watermark: counted, not used
+  uint64_t node_errors = 0;         // exceptions caught inside graph nodes
+  uint64_t evicted_spans = 0;
+  unsigned threads = 1;
+};
+
+struct AnalysisResult {
+  std::vector<OpStats> ops;         // sorted by source, op
+  std::vector<Chain> chains;        // sorted by severity desc, then window, rule, key
+  EngineCounters counters;
+  TraceMeta meta;
+};
+
+}  // namespace ingero

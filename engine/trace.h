@@ -1,0 +1,100 @@
+// What a source hands the engine: batches of events in timestamp order, with watermarks, plus
+// the trace-level metadata (node names, process names, stacks) that sinks and reports need.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/event.h"
+
+namespace ingero {
+
+// A batch moves between flow-graph nodes as one message (never single events).
+// Contract: events are sorted by ts_ns; `watermark` promises that no later batch holds an event
+// with ts_ns < watermark. `final` marks the last batch of a source (watermark = +inf).
+struct Batch {
+  std::vector<Event> events;
+  uint64_t watermark = 0;
+  uint64_t seq = 0;
+  bool final = false;
+};
+
+struct StackTrace {
+  std::string ips;     // JSON array of hex IPs, as Ingero stores it
+  std::string frames;  // JSON array of {"s": symbol, "f": file}, as Ingero stores it
+};
+
+struct SessionInfo {
+  uint64_t started_at = 0, stopped_at = 0;
+  std::string gpu_model, gpu_driver, cpu_model, kernel, os_release, cuda_ver, python_ver, tool_ver,
+      pid_filter, flags;
+  uint32_t cpu_cores = 0;
+  uint64_t mem_total_mb = 0;
+};
+
+struct SystemSnapshot {
+  uint64_t ts_ns = 0;
+  double cpu_pct = 0, mem_pct = 0, load_avg = 0;
+  uint64_t mem_avail_mb = 0, swap_mb = 0;
+};
+
+// Counted, never thrown: odd input rows and lost events, reported with the results.
+struct InputHealth {
+  uint64_t rows_read = 0;
+  uint64_t rows_skipped = 0;              // total of the reasons below
+  std::map<std::string, uint64_t> reasons; // "unknown op id (source 1, op 42)" -> count
+  uint64_t dropped_events = 0;            // lost before they reached us (ring overflow, sampling)
+  void skip(const std::string& reason, uint64_t n = 1) {
+    rows_skipped += n;
+    reasons[reason] += n;
+  }
+};
+
+struct TraceMeta {
+  std::string path;                       // where it came from ("<live>" for capture)
+  std::string format;                     // "ingero-0.8", "ingero-0.9", "ingero-pipeline-1", ...
+  std::vector<std::string> nodes{""};     // Event::node indexes this; 0 = local / unnamed
+  std::map<uint32_t, std::string> process_names;
+  std::map<uint64_t, StackTrace> stacks;  // by Event::stack_id
+  std::vector<SessionInfo> sessions;
+  std::vector<SystemSnapshot> snapshots;
+  InputHealth health;
+  uint64_t first_ts = 0, last_ts = 0;
+
+  uint16_t node_index(const std::string& name) {
+    for (size_t i = 0; i < nodes.size(); ++i)
+      if (nodes[i] == name) return static_cast<uint16_t>(i);
+    nodes.push_back(name);
+    return static_cast<uint16_t>(nodes.size() - 1);
+  }
+};
+
+// A pull source of batches. Replay readers and the live poller both implement it.
+// next() returns false after the final batch. It must not throw: problems go to meta().health
+// or, if fatal before the first batch, to the reader's open() result.
+class EventSource {
+ public:
+  virtual ~EventSource() = default;
+  virtual bool next(Batch& out) = 0;
+  virtual TraceMeta& meta() = 0;
+};
+
+// A source over events already in memory (tests, benchmarks, synthetic demos). Sorts by ts_ns.
+class VectorSource final : public EventSource {
+ public:
+  explicit VectorSource(std::vector<Event> events, size_t batch_size = 4096, TraceMeta meta = {});
+  bool next(Batch& out) override;
+  TraceMeta& meta() override { return meta_; }
+
+ private:
+  std::vector<Event> events_;
+  size_t batch_size_;
+  size_t pos_ = 0;
+  uint64_t seq_ = 0;
+  bool done_ = false;
+  TraceMeta meta_;
+};
+
+}  // namespace ingero
