@@ -41,6 +41,10 @@ enum class OffCpuState : uint8_t {
 namespace event_flags {
 inline constexpr uint8_t kTruncated = 1u << 0;   // span still open when the trace ended
 inline constexpr uint8_t kSynthetic = 1u << 1;   // made by an operator, not observed
+// Live sched_switch halves, for sources that do not pair in the kernel: a switch-out opens an
+// off-CPU span at ts_ns (dur 0), the next switch-in of the same tid closes it (operators/offcpu_spans.h).
+inline constexpr uint8_t kSwitchOut = 1u << 2;
+inline constexpr uint8_t kSwitchIn = 1u << 3;
 }  // namespace event_flags
 
 struct Event {

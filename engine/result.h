@@ -71,9 +71,25 @@ struct EngineCounters {
   unsigned threads = 1;
 };
 
+// Why a rule did or did not fire: how many windows it judged, how many chains it emitted, and
+// its closest miss - the failed predicate that came furthest along the rule (then the smallest
+// shortfall), with the key and window where it happened. `explain --why-not` prints it.
+struct RuleOutcome {
+  std::string rule, rule_hash, category;
+  uint64_t windows = 0;        // window rows that reached the rule's first predicate
+  uint64_t chains = 0;
+  bool has_miss = false;
+  int miss_stage = -1;         // index of the failed stage in the rule (higher = got further)
+  PredicateResult miss;        // the failed predicate, with both sides and the shortfall
+  std::string miss_key;        // "pid=2233 op=cudaLaunchKernel"
+  uint64_t miss_window_start = 0, miss_window_end = 0;
+  std::vector<std::pair<std::string, double>> miss_values;  // the row when it missed
+};
+
 struct AnalysisResult {
   std::vector<OpStats> ops;         // sorted by source, op
   std::vector<Chain> chains;        // sorted by severity desc, then window, rule, key
+  std::vector<RuleOutcome> rules;   // one per rule (Emit node), in plan order
   EngineCounters counters;
   TraceMeta meta;
 };

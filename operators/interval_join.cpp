@@ -1,0 +1,113 @@
+#include "operators/interval_join.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace ingero {
+
+void IntervalJoin::add_right(uint64_t key, const Event& e) {
+  auto& buf = buffers_[key];
+  const SpanRef s{e.ts_ns, e.end_ns(), e.id, e.arg0};
+  if (buf.spans.empty() || buf.spans.back().ts <= s.ts) {
+    buf.spans.push_back(s);
+  } else {
+    auto it = std::upper_bound(buf.spans.begin(), buf.spans.end(), s.ts,
+                               [](uint64_t ts, const SpanRef& x) { return ts < x.ts; });
+    buf.spans.insert(it, s);
+  }
+  buf.max_dur = std::max(buf.max_dur, s.end - s.ts);
+}
+
+ProbeResult IntervalJoin::probe(uint64_t key, uint64_t call_ts, uint64_t call_end) const {
+  ProbeResult r;
+  auto it = buffers_.find(key);
+  if (it == buffers_.end()) return r;
+  const auto& buf = it->second;
+  const uint64_t lo = kind_ == JoinKind::kWithin ? (call_ts > within_ ? call_ts - within_ : 0) : call_ts;
+  const uint64_t hi = kind_ == JoinKind::kWithin ? call_end + within_ : call_end;
+  // Only spans starting at or after lo - max_dur can reach lo.
+  const uint64_t from = lo > buf.max_dur ? lo - buf.max_dur : 0;
+  auto first = std::lower_bound(buf.spans.begin(), buf.spans.end(), from,
+                                [](const SpanRef& x, uint64_t ts) { return x.ts < ts; });
+  std::vector<std::pair<uint64_t, uint64_t>> pieces;
+  for (auto s = first; s != buf.spans.end() && s->ts <= hi; ++s) {
+    const bool instant = s->end == s->ts;
+    const bool hit = instant ? (s->ts >= lo && s->ts <= hi) : (s->ts < hi && s->end > lo);
+    if (!hit) continue;
+    r.right_ids.push_back(s->id);
+    r.right_ns += s->end - s->ts;
+    r.sum_arg0 += s->arg0;
+    if (kind_ == JoinKind::kOverlap) {
+      const uint64_t a = std::max(s->ts, call_ts), b = std::min(s->end, call_end);
+      if (b > a) pieces.emplace_back(a, b);
+    }
+  }
+  if (kind_ == JoinKind::kWithin) {
+    r.overlap_ns = r.right_ids.empty() ? 0 : call_end - call_ts;
+    return r;
+  }
+  std::sort(pieces.begin(), pieces.end());
+  uint64_t cur_a = 0, cur_b = 0;
+  bool open = false;
+  for (const auto& [a, b] : pieces) {
+    if (open && a <= cur_b) {
+      cur_b = std::max(cur_b, b);
+      continue;
+    }
+    if (open) r.overlap_ns += cur_b - cur_a;
+    cur_a = a;
+    cur_b = b;
+    open = true;
+  }
+  if (open) r.overlap_ns += cur_b - cur_a;
+  return r;
+}
+
+void IntervalJoin::evict(uint64_t watermark, uint64_t retain) {
+  if (watermark == std::numeric_limits<uint64_t>::max()) return;  // final: windows close first
+  for (auto it = buffers_.begin(); it != buffers_.end();) {
+    auto& spans = it->second.spans;
+    while (!spans.empty() && spans.front().end + retain < watermark) {
+      spans.pop_front();
+      ++evicted_;
+    }
+    if (spans.empty()) {
+      it = buffers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+size_t IntervalJoin::buffered() const {
+  size_t n = 0;
+  for (const auto& [k, b] : buffers_) n += b.spans.size();
+  return n;
+}
+
+void JoinOutcome::add(uint64_t call_id, uint64_t call_dur, const ProbeResult& r, uint32_t max_exemplars) {
+  ++calls;
+  tail_ns += call_dur;
+  overlap_ns += std::min(r.overlap_ns, call_dur);
+  right_ns += r.right_ns;
+  sum_arg0 += r.sum_arg0;
+  if (r.right_ids.empty()) return;
+  ++hit_calls;
+  right_ids.insert(r.right_ids.begin(), r.right_ids.end());
+  if (max_exemplars == 0) return;
+  Exemplar ex{call_id, r.overlap_ns, {}};
+  ex.right_ids.assign(r.right_ids.begin(),
+                      r.right_ids.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(r.right_ids.size(), 5)));
+  auto pos = std::find_if(exemplars.begin(), exemplars.end(), [&](const Exemplar& e) {
+    return e.overlap_ns < ex.overlap_ns || (e.overlap_ns == ex.overlap_ns && e.call_id > ex.call_id);
+  });
+  exemplars.insert(pos, std::move(ex));
+  if (exemplars.size() > max_exemplars) exemplars.pop_back();
+}
+
+double JoinOutcome::share() const {
+  return tail_ns ? static_cast<double>(overlap_ns) / static_cast<double>(tail_ns)
+                 : std::numeric_limits<double>::quiet_NaN();
+}
+
+}  // namespace ingero

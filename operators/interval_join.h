@@ -1,0 +1,77 @@
+// Interval join: tail call spans x a stream of right spans (off-CPU time, block I/O, retransmits)
+// on a key (tid, pid, or none for host-wide signals).
+//
+// Contract:
+// - add_right(key, event): buffers a right span under key, kept sorted by start (insertion is by
+//   ts, so out-of-order spans from the off-CPU builder are fine).
+// - probe(key, call): the union of the call's intersections with the key's right spans.
+//   kOverlap: a right span [s, e) counts where it intersects [call.ts, call.end).
+//   kWithin:  a right span counts where it intersects [call.ts - within, call.end + within]; an
+//   instant (dur 0) counts when inside that range. For kWithin a hit covers the whole call.
+//   Overlap is a union per call: two right spans covering the same nanoseconds count them once.
+// - JoinAccumulator folds probes of one window's tail calls into the slots documented in
+//   engine/plan.h (overlap_ns, tail_ns, share, calls, hit_calls, events, right_ns, sum_arg0) and
+//   keeps exemplars: the tail calls with the longest overlap and their right events.
+// - evict(watermark, retain): drops right spans whose end + retain < watermark. `retain` must be
+//   at least the window size + lateness of every window probing the buffer, so no open window
+//   loses a span it needs; memory is then bounded by the rate of right spans x retain.
+// - Never pairs 1:1 and never keeps a span past its horizon (unlike a key-matching join).
+// - Single-threaded; one per (shard, join node).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <set>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/event.h"
+#include "engine/plan.h"
+
+namespace ingero {
+
+struct SpanRef {
+  uint64_t ts = 0, end = 0, id = 0, arg0 = 0;
+};
+
+struct ProbeResult {
+  uint64_t overlap_ns = 0;
+  uint64_t right_ns = 0;
+  uint64_t sum_arg0 = 0;
+  std::vector<uint64_t> right_ids;
+};
+
+class IntervalJoin {
+ public:
+  IntervalJoin(JoinKind kind, uint64_t within_ns) : kind_(kind), within_(within_ns) {}
+  void add_right(uint64_t key, const Event& e);
+  ProbeResult probe(uint64_t key, uint64_t call_ts, uint64_t call_end) const;
+  void evict(uint64_t watermark, uint64_t retain);
+  size_t buffered() const;
+  uint64_t evicted() const { return evicted_; }
+
+ private:
+  struct Buffer {
+    std::deque<SpanRef> spans;  // sorted by ts
+    uint64_t max_dur = 0;
+  };
+  JoinKind kind_;
+  uint64_t within_;
+  std::unordered_map<uint64_t, Buffer> buffers_;
+  uint64_t evicted_ = 0;
+};
+
+struct JoinOutcome {
+  uint64_t overlap_ns = 0, tail_ns = 0, calls = 0, hit_calls = 0, right_ns = 0, sum_arg0 = 0;
+  std::set<uint64_t> right_ids;
+  struct Exemplar {
+    uint64_t call_id, overlap_ns;
+    std::vector<uint64_t> right_ids;
+  };
+  std::vector<Exemplar> exemplars;  // longest overlap first, at most max_exemplars
+
+  void add(uint64_t call_id, uint64_t call_dur, const ProbeResult& r, uint32_t max_exemplars);
+  double share() const;
+};
+
+}  // namespace ingero

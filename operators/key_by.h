@@ -1,0 +1,55 @@
+// Key-by / shard: packs the key fields of an event into a fixed 16-byte key and picks the shard.
+//
+// Contract: a key holds only the fields named (others are zero), so two events with equal named
+// fields get equal keys. Keys order totally (for deterministic output). shard_of() maps a pid to
+// one of n shards with a fixed hash: every thread of a process lands in the same shard, which is
+// what per-thread joins need. Stateless.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/event.h"
+#include "engine/expr.h"
+
+namespace ingero {
+
+struct Key {
+  uint64_t hi = 0;  // pid << 32 | tid
+  uint64_t lo = 0;  // source << 56 | op << 48 | node << 32 | uint16(rank) << 16
+  bool operator==(const Key&) const = default;
+  auto operator<=>(const Key&) const = default;
+
+  uint32_t pid() const { return static_cast<uint32_t>(hi >> 32); }
+  uint32_t tid() const { return static_cast<uint32_t>(hi); }
+  Source source() const { return static_cast<Source>(lo >> 56); }
+  uint8_t op() const { return static_cast<uint8_t>(lo >> 48); }
+  uint16_t node() const { return static_cast<uint16_t>(lo >> 32); }
+  int16_t rank() const { return static_cast<int16_t>(static_cast<uint16_t>(lo >> 16)); }
+};
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    uint64_t h = k.hi * 0x9E3779B97F4A7C15ull ^ (k.lo + 0x632BE59BD9B4E019ull + (k.hi << 6));
+    return static_cast<size_t>(h ^ (h >> 29));
+  }
+};
+
+class KeyBy {
+ public:
+  explicit KeyBy(const std::vector<Field>& fields);
+  Key key_of(const Event& e) const;
+  bool has(Field f) const;
+  // Value of a key field as a row slot would hold it.
+  static double field_value(const Key& k, Field f);
+
+ private:
+  bool pid_ = false, tid_ = false, source_ = false, op_ = false, node_ = false, rank_ = false;
+};
+
+inline unsigned shard_of(uint32_t pid, unsigned shards) {
+  const uint64_t h = (static_cast<uint64_t>(pid) * 0x9E3779B97F4A7C15ull) >> 32;
+  return shards ? static_cast<unsigned>(h % shards) : 0;
+}
+
+}  // namespace ingero

@@ -1,0 +1,52 @@
+#include "operators/op_stats.h"
+
+#include "operators/count_rate.h"
+
+namespace ingero {
+
+OpStatsAccumulator::PerOp& OpStatsAccumulator::slot(Source s, uint8_t op) {
+  auto key = std::make_pair(static_cast<uint8_t>(s), op);
+  auto it = ops_.find(key);
+  if (it == ops_.end()) it = ops_.emplace(key, PerOp{QuantileState(exact_limit_, alpha_), 0, 0}).first;
+  return it->second;
+}
+
+void OpStatsAccumulator::add(const Event& e) {
+  auto& p = slot(e.source, e.op);
+  p.q.add(e.dur_ns);
+  p.total = sat_add(p.total, e.dur_ns);
+  if (e.ret != 0) ++p.errors;
+}
+
+void OpStatsAccumulator::merge(const OpStatsAccumulator& other) {
+  for (const auto& [key, o] : other.ops_) {
+    auto& p = slot(static_cast<Source>(key.first), key.second);
+    p.q.merge(o.q);
+    p.total = sat_add(p.total, o.total);
+    p.errors += o.errors;
+  }
+}
+
+std::vector<OpStats> OpStatsAccumulator::results() const {
+  std::vector<OpStats> out;
+  for (const auto& [key, p] : ops_) {
+    OpStats s;
+    s.source = static_cast<Source>(key.first);
+    s.op = key.second;
+    s.count = p.q.count();
+    s.p50_ns = p.q.quantile(0.50);
+    s.p95_ns = p.q.quantile(0.95);
+    s.p99_ns = p.q.quantile(0.99);
+    s.min_ns = p.q.min();
+    s.max_ns = p.q.max();
+    s.total_ns = p.total;
+    s.errors = p.errors;
+    s.tail_ratio = s.p50_ns ? static_cast<double>(s.p99_ns) / static_cast<double>(s.p50_ns) : 0;
+    s.exact = p.q.exact();
+    s.rel_error = s.exact ? 0 : p.q.alpha();
+    out.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace ingero

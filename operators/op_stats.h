@@ -1,0 +1,39 @@
+// Per-op statistics over a whole trace: count, p50/p95/p99, min, max, total time, errors.
+//
+// Contract: add() every event of a call-like op (any op works; off-CPU spans give off-CPU
+// statistics). Quantiles are nearest-rank, exact up to `exact_limit` samples per op, then DDSketch
+// (quantile.h) - OpStats::exact says which. merge() folds in another accumulator (another shard):
+// the merged result equals what one accumulator over all the events would give, so statistics do
+// not depend on the number of shards. Single-threaded per instance.
+#pragma once
+
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "engine/event.h"
+#include "engine/result.h"
+#include "operators/quantile.h"
+
+namespace ingero {
+
+class OpStatsAccumulator {
+ public:
+  explicit OpStatsAccumulator(uint32_t exact_limit = 1u << 20, double alpha = 0.01)
+      : exact_limit_(exact_limit), alpha_(alpha) {}
+  void add(const Event& e);
+  void merge(const OpStatsAccumulator& other);
+  std::vector<OpStats> results() const;  // sorted by (source, op)
+
+ private:
+  struct PerOp {
+    QuantileState q;
+    uint64_t total = 0, errors = 0;
+  };
+  PerOp& slot(Source s, uint8_t op);
+  uint32_t exact_limit_;
+  double alpha_;
+  std::map<std::pair<uint8_t, uint8_t>, PerOp> ops_;
+};
+
+}  // namespace ingero

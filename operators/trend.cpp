@@ -1,0 +1,42 @@
+#include "operators/trend.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace ingero {
+
+TrendResult TrendOp::observe(const Key& key, uint64_t window, double value) {
+  TrendResult r;
+  const size_t n = std::max<uint32_t>(node_.windows, 1);
+  auto& h = history_[key];
+  if (!h.values.empty() && window != h.last_window + 1) h.values.clear();
+  h.last_window = window;
+  if (value != value) {
+    h.values.clear();
+    return r;
+  }
+  if (node_.mode == TrendMode::kRising) {
+    h.values.push_back(value);
+    while (h.values.size() > n) h.values.pop_front();
+    if (h.values.size() < n) return r;
+    r.holds = n > 1;
+    for (size_t i = 1; i < h.values.size(); ++i)
+      if (!(h.values[i] > h.values[i - 1])) r.holds = false;
+    r.first = h.values.front();
+    r.last = h.values.back();
+    r.peak = *std::max_element(h.values.begin(), h.values.end());
+  } else {
+    if (h.values.size() >= n) {
+      r.peak = *std::max_element(h.values.begin(), h.values.end());
+      r.first = h.values.front();
+      r.last = value;
+      r.holds = value < node_.factor * r.peak;
+    }
+    h.values.push_back(value);
+    while (h.values.size() > n) h.values.pop_front();
+  }
+  r.change = r.first != 0 ? r.last / r.first : std::numeric_limits<double>::quiet_NaN();
+  return r;
+}
+
+}  // namespace ingero

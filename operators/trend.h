@@ -1,0 +1,41 @@
+// Trend over consecutive windows of the same key.
+//
+// Contract: observe(key, window index, value) is called once per closed window of a key, in
+// window order. History restarts when a window is skipped (the key had no events in it), so
+// "three consecutive windows" means three adjacent windows. kRising holds when the last
+// `windows` values strictly increase; kBelowPeak holds when the value is below factor x the peak
+// of the previous `windows` values (and that history is full). NaN values break the history.
+// Outputs: first (oldest value considered), last, peak (of the history before this value for
+// kBelowPeak, of the run for kRising), change = last / first (NaN if first is 0).
+// Memory: at most `windows` values per key. Single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <unordered_map>
+
+#include "engine/plan.h"
+#include "operators/key_by.h"
+
+namespace ingero {
+
+struct TrendResult {
+  bool holds = false;
+  double first = 0, last = 0, peak = 0, change = 0;
+};
+
+class TrendOp {
+ public:
+  explicit TrendOp(const TrendNode& node) : node_(node) {}
+  TrendResult observe(const Key& key, uint64_t window, double value);
+
+ private:
+  struct History {
+    uint64_t last_window = 0;
+    std::deque<double> values;
+  };
+  TrendNode node_;
+  std::unordered_map<Key, History, KeyHash> history_;
+};
+
+}  // namespace ingero

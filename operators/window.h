@@ -1,0 +1,121 @@
+// Tumbling, sliding and whole-trace windows over event time, with keyed state per window.
+//
+// Contract:
+// - Assignment: tumbling windows are [k*size, (k+1)*size); sliding windows are
+//   [k*slide, k*slide + size) for every k that contains ts; kWhole is one window, index 0, that
+//   only the final watermark closes. An event belongs to windows by its START time (ts_ns).
+// - State: one State per (window, key), created on first use. Empty windows have no state and
+//   emit nothing.
+// - Closing: close(watermark, fn) calls fn(window index, start, end, key, state&) for every window
+//   whose end + lateness <= watermark, in (window, key) order - deterministic whatever the arrival
+//   order - then frees it. close_all() closes everything (final watermark).
+// - An event behind the watermark whose windows are already closed is "late": add() returns false
+//   and the caller counts it; nothing is reopened.
+// - Single-threaded: one WindowStore per shard.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/plan.h"
+#include "operators/key_by.h"
+
+namespace ingero {
+
+class WindowAssigner {
+ public:
+  explicit WindowAssigner(const WindowNode& w) : kind_(w.kind), size_(w.size_ns), slide_(w.slide_ns) {
+    if (kind_ == WindowKind::kTumbling) slide_ = size_;
+    if (size_ == 0) size_ = 1;
+    if (slide_ == 0) slide_ = size_;
+  }
+  // Calls fn(index) for every window containing ts.
+  template <class Fn>
+  void assign(uint64_t ts, Fn&& fn) const {
+    if (kind_ == WindowKind::kWhole) {
+      fn(uint64_t{0});
+      return;
+    }
+    const uint64_t last = ts / slide_;
+    const uint64_t span = (size_ + slide_ - 1) / slide_;  // windows that can contain one instant
+    const uint64_t first = last >= span - 1 ? last - (span - 1) : 0;
+    for (uint64_t k = first; k <= last; ++k)
+      if (ts >= k * slide_ && ts < k * slide_ + size_) fn(k);
+  }
+  uint64_t start(uint64_t k) const { return kind_ == WindowKind::kWhole ? 0 : k * slide_; }
+  uint64_t end(uint64_t k) const {
+    return kind_ == WindowKind::kWhole ? std::numeric_limits<uint64_t>::max() : k * slide_ + size_;
+  }
+  uint64_t size() const { return size_; }
+  bool whole() const { return kind_ == WindowKind::kWhole; }
+
+ private:
+  WindowKind kind_;
+  uint64_t size_, slide_;
+};
+
+template <class State>
+class WindowStore {
+ public:
+  WindowStore(const WindowNode& w, uint64_t lateness) : assigner_(w), lateness_(lateness) {}
+
+  // Returns the states of every window containing ts for `key`, creating them; false if late.
+  template <class Fn>
+  bool add(uint64_t ts, const Key& key, Fn&& fn) {
+    bool any = false;
+    assigner_.assign(ts, [&](uint64_t k) {
+      if (closed_any_ && k <= last_closed_) return;
+      any = true;
+      fn(k, windows_[k][key]);
+    });
+    return any;
+  }
+
+  template <class Fn>
+  void close(uint64_t watermark, Fn&& fn) {
+    while (!windows_.empty()) {
+      auto it = windows_.begin();
+      const uint64_t end = assigner_.end(it->first);
+      const uint64_t due = end > std::numeric_limits<uint64_t>::max() - lateness_
+                               ? std::numeric_limits<uint64_t>::max()
+                               : end + lateness_;
+      if (watermark != std::numeric_limits<uint64_t>::max() && due > watermark) break;
+      emit(it, fn);
+    }
+  }
+
+  template <class Fn>
+  void close_all(Fn&& fn) {
+    while (!windows_.empty()) emit(windows_.begin(), fn);
+  }
+
+  const WindowAssigner& assigner() const { return assigner_; }
+  size_t open_windows() const { return windows_.size(); }
+
+ private:
+  using KeyMap = std::unordered_map<Key, State, KeyHash>;
+  template <class It, class Fn>
+  void emit(It it, Fn&& fn) {
+    const uint64_t k = it->first;
+    std::vector<std::pair<Key, State*>> keys;
+    keys.reserve(it->second.size());
+    for (auto& [key, state] : it->second) keys.emplace_back(key, &state);
+    std::sort(keys.begin(), keys.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& [key, state] : keys) fn(k, assigner_.start(k), assigner_.end(k), key, *state);
+    windows_.erase(it);
+    last_closed_ = closed_any_ ? std::max(last_closed_, k) : k;
+    closed_any_ = true;
+  }
+
+  WindowAssigner assigner_;
+  uint64_t lateness_;
+  std::map<uint64_t, KeyMap> windows_;
+  uint64_t last_closed_ = 0;
+  bool closed_any_ = false;
+};
+
+}  // namespace ingero
