@@ -1,0 +1,114 @@
+// The SQLite store: replay of recorded traces (a source) and the SQLite sink (a writer).
+//
+// Reader contract (open_sqlite_trace):
+// - Reads Ingero trace databases, schema 0.8 (integer `events.id`) and 0.9 (TEXT id
+//   "{node}:{seq}", node/rank columns), and databases written by SqliteSink ("ingero-pipeline-1").
+// - Loads every event into memory and sorts it by ts_ns (stable: ties keep table order), then
+//   hands out Batches of `batch_size` events: sorted, watermark = last ts of the batch, the final
+//   batch has watermark UINT64_MAX and final = true. Memory is 80 bytes per event; the LMDB store
+//   is the streaming path for traces too large for that.
+// - HOST sched_switch rows are stored by Ingero at the END of the off-CPU interval; they become
+//   spans with ts_ns = timestamp - duration. prev_state is kUnknown for Ingero rows.
+// - Fatal problems (no file, not SQLite, truncated, corrupt schema, no `events` table, missing
+//   required columns) make open return null with a one-line `error` naming the file. Odd rows
+//   (unknown op ids, negative or absurd durations, bad timestamps, NULLs, out-of-range values,
+//   corruption part-way through the table) are skipped and counted in meta().health.
+// - Never throws.
+//
+// Writer contract (SqliteSink):
+// - Creates a database with Ingero 0.9's tables and columns (so Ingero's readers and users' SQL
+//   work) plus our own `ip_*` tables and two extra `events` columns (prev_state, flags).
+// - WAL mode, synchronous=NORMAL; events are inserted in transactions of `commit_every` events,
+//   so a killed process leaves a readable database holding every committed transaction.
+// - Single writer, single thread. Methods return false on failure and keep the message in
+//   error(); they never throw.
+// - Writing events and reading them back with open_sqlite_trace gives identical Events.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "engine/result.h"
+#include "engine/trace.h"
+
+struct sqlite3;
+
+namespace ingero {
+
+inline constexpr const char* kSqliteStoreFormat = "ingero-pipeline-1";
+#ifdef INGERO_PIPELINE_VERSION
+inline constexpr const char* kSqliteToolVersion = INGERO_PIPELINE_VERSION;
+#else
+inline constexpr const char* kSqliteToolVersion = "0.1.0";
+#endif
+
+// Durations above this are treated as corrupt rows, not data: a CUDA call or an off-CPU span
+// inside one recorded session never lasts a day, while a missing entry timestamp (return time
+// minus 0) yields a "duration" of decades that would stretch every window it touches.
+inline constexpr int64_t kMaxPlausibleDurationNs = int64_t{24} * 3600 * 1'000'000'000;
+
+std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::string& error,
+                                               size_t batch_size = 4096);
+
+class SqliteSink {
+ public:
+  struct Options {
+    size_t commit_every = 4096;  // events per transaction (0 = only on commit()/close())
+    bool overwrite = true;       // replace an existing SQLite file at `path`; never a non-SQLite one
+  };
+
+  static std::unique_ptr<SqliteSink> create(const std::string& path, std::string& error);
+  static std::unique_ptr<SqliteSink> create(const std::string& path, std::string& error,
+                                            const Options& options);
+  ~SqliteSink();
+  SqliteSink(const SqliteSink&) = delete;
+  SqliteSink& operator=(const SqliteSink&) = delete;
+
+  // Trace metadata: node names (needed to name events' nodes: call it before write_events),
+  // process names, stacks, sessions, snapshots, input health. May be called again later (live
+  // capture learns process names as it goes); each call replaces what the previous one wrote.
+  bool write_meta(const TraceMeta& meta);
+  // Appends events; commits whenever `commit_every` events are pending.
+  bool write_events(std::span<const Event> events);
+  // Op stats into ip_op_stats (replaced), chains into causal_chains and ip_chains (by id),
+  // engine counters into ip_meta. Commits.
+  bool write_result(const AnalysisResult& result);
+  // Commits pending events now.
+  bool commit();
+  // Commits and closes; the sink is unusable afterwards. Idempotent.
+  bool close(std::string& error);
+
+  const std::string& error() const { return error_; }
+  const std::string& path() const { return path_; }
+  uint64_t events_written() const { return events_written_; }  // committed or pending
+  uint64_t events_committed() const { return events_committed_; }
+  uint64_t events_rejected() const { return events_rejected_; }  // unrepresentable (see .cpp)
+
+ private:
+  struct Impl;
+  SqliteSink(std::string path, Options options);
+  bool fail(const std::string& what);
+  bool begin_if_needed();
+  bool commit_pending();
+  bool write_health(const InputHealth& health);
+
+  std::string path_;
+  Options options_;
+  std::unique_ptr<Impl> impl_;
+  std::string error_;
+  uint64_t events_written_ = 0, events_committed_ = 0, events_rejected_ = 0;
+  size_t pending_ = 0;
+  bool in_txn_ = false;
+  bool closed_ = false;
+};
+
+// Loads a result written by SqliteSink::write_result (ip_op_stats, ip_chains, ip_meta) for
+// `explain` on our own databases. For an Ingero database (no ip_chains) it converts Ingero's
+// causal_chains rows into Chains (rule "ingero", no predicates) and leaves `ops` empty.
+// Returns false with a one-line `error` naming the file when neither is present.
+bool read_result(const std::string& path, AnalysisResult& result, std::string& error);
+
+}  // namespace ingero
