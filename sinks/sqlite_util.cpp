@@ -12,7 +12,7 @@ namespace ingero::sqlite_detail {
 Stmt::Stmt(sqlite3* db, std::string_view sql) {
   if (sqlite3_prepare_v2(db, sql.data(), static_cast<int>(sql.size()), &stmt_, nullptr) !=
       SQLITE_OK) {
-    error_ = sqlite3_errmsg(db);
+    error_ = one_line(sqlite3_errmsg(db));
     sqlite3_finalize(stmt_);
     stmt_ = nullptr;
   }
@@ -40,7 +40,7 @@ std::string Stmt::text(int c) const {
 bool exec(sqlite3* db, const char* sql, std::string& error) {
   char* msg = nullptr;
   if (sqlite3_exec(db, sql, nullptr, nullptr, &msg) != SQLITE_OK) {
-    error = msg ? msg : sqlite3_errmsg(db);
+    error = one_line(msg ? msg : sqlite3_errmsg(db));
     sqlite3_free(msg);
     return false;
   }
@@ -169,9 +169,23 @@ ProbeResult probe_sqlite_file(const std::string& path) {
   return r;
 }
 
+std::string one_line(std::string_view msg) {
+  // SQLite quotes schema text in some messages; a damaged file puts arbitrary bytes there.
+  constexpr size_t kMax = 160;
+  std::string out;
+  for (unsigned char c : msg) {
+    if (out.size() >= kMax) {
+      out += "...";
+      break;
+    }
+    out += (c >= 0x20 && c < 0x7f) ? static_cast<char>(c) : (c == '\n' || c == '\t') ? ' ' : '?';
+  }
+  return out;
+}
+
 std::string describe_sqlite_error(sqlite3* db, int rc) {
   const int primary = rc & 0xff;
-  const std::string msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+  const std::string msg = one_line(db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
   switch (primary) {
     case SQLITE_CORRUPT: return "corrupt database (" + msg + ")";
     case SQLITE_NOTADB: return "not a SQLite database (" + msg + ")";

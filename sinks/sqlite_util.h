@@ -83,7 +83,10 @@ ProbeResult probe_sqlite_file(const std::string& path);
 // `error` to a message without the path.
 Db open_readonly(const std::string& path, const ProbeResult& probe, std::string& error);
 
-// Turns SQLite's result code + message into a short phrase for users.
+// `msg` made printable ASCII on one line, at most ~160 characters.
+std::string one_line(std::string_view msg);
+
+// Turns SQLite's result code + message into a short phrase for users (one line).
 std::string describe_sqlite_error(sqlite3* db, int rc);
 
 bool table_exists(sqlite3* db, std::string_view table);
