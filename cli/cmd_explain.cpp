@@ -1,0 +1,133 @@
+// `ingero-pipeline explain`: causal chains of a recorded trace, worst first, with evidence.
+#include <cstdio>
+#include <iostream>
+
+#include "cli/command.h"
+#include "cli/common.h"
+#include "engine/engine.h"
+#include "sinks/report.h"
+#include "sinks/sqlite_store.h"
+
+namespace ingero::cli {
+namespace {
+
+struct ExplainArgs {
+  std::string db;
+  bool json = false;
+  unsigned threads = 1;
+  std::vector<std::string> rules;
+  bool no_default_rules = false;
+  std::string why_not;
+  std::string save;
+  size_t limit = 0;
+  bool verbose = false;
+};
+
+int run_explain(const ExplainArgs& a) {
+  Plan plan;
+  std::vector<std::string> errors;
+  if (!build_plan(a.rules, a.no_default_rules, plan, errors)) {
+    for (const auto& e : errors) std::fprintf(stderr, "%s\n", e.c_str());
+    return kExitInput;
+  }
+  std::string error;
+  auto source = open_trace(a.db, error);
+  if (!source) {
+    print_error(error);
+    return kExitInput;
+  }
+  std::unique_ptr<SqliteSink> sink;
+  if (!a.save.empty()) {
+    sink = SqliteSink::create(a.save, error);
+    if (!sink) {
+      print_error(error);
+      return kExitInput;
+    }
+  }
+  // With --save, events pass through a tee so the database holds the trace and its chains.
+  struct Tee final : EventSource {
+    EventSource& in;
+    SqliteSink* out;
+    bool meta_written = false;
+    Tee(EventSource& i, SqliteSink* o) : in(i), out(o) {}
+    bool next(Batch& b) override {
+      if (!in.next(b)) return false;
+      if (out) {
+        if (!meta_written) meta_written = out->write_meta(in.meta());
+        out->write_events(b.events);
+      }
+      return true;
+    }
+    TraceMeta& meta() override { return in.meta(); }
+  } tee(*source, sink.get());
+
+  EngineOptions opts;
+  opts.threads = a.threads;
+  const AnalysisResult r = run_plan(plan, tee, opts, &errors);
+  if (!errors.empty()) {
+    for (const auto& e : errors) print_error("plan: " + e);
+    return kExitInput;
+  }
+  if (sink) {
+    sink->write_meta(r.meta);
+    if (!sink->write_result(r) || !sink->close(error)) {
+      print_error(a.save + ": " + (error.empty() ? sink->error() : error));
+      return kExitRuntime;
+    }
+  }
+  if (!a.why_not.empty()) {
+    for (const auto& o : r.rules)
+      if (o.rule == a.why_not) {
+        if (a.json)
+          std::cout << rule_outcome_json(o).dump(2) << "\n";
+        else
+          std::cout << why_not_text(o);
+        return kExitOk;
+      }
+    std::string names;
+    for (const auto& o : r.rules) names += (names.empty() ? "" : ", ") + o.rule;
+    print_error("no rule named '" + a.why_not + "' (rules: " + names + ")");
+    return kExitUsage;
+  }
+  if (a.json) {
+    std::cout << explain_json(r).dump(2) << "\n";
+  } else {
+    ReportOptions ro;
+    ro.color = stdout_is_terminal();
+    ro.max_chains = a.limit;
+    ro.show_values = a.verbose;
+    std::cout << explain_text(r, ro);
+    if (!a.save.empty()) std::cout << "\nSaved trace and chains to " << a.save << "\n";
+  }
+  return kExitOk;
+}
+
+Registrar reg{"explain", 20, [](CLI::App& app, int& rc) {
+                auto args = std::make_shared<ExplainArgs>();
+                auto* cmd = app.add_subcommand(
+                    "explain",
+                    "Causal chains of a trace: slow CUDA/driver calls joined, on the same thread and time\n"
+                    "interval, with what the host was doing (off-CPU time, block I/O, TCP retransmits,\n"
+                    "socket I/O, page allocation). Worst first, each with evidence, the checks it passed\n"
+                    "and what to do. A heavy tail no host signal covers is reported as unexplained_tail.\n"
+                    "Examples:\n"
+                    "  ingero-pipeline explain                         # the embedded sample trace\n"
+                    "  ingero-pipeline explain --db trace.db --json\n"
+                    "  ingero-pipeline explain --db trace.db --why-not cpu_contention\n"
+                    "  ingero-pipeline explain --db trace.db --save analysed.db");
+                cmd->add_option("--db", args->db, "Trace database; default: the embedded sample");
+                cmd->add_flag("--json", args->json, "Machine-readable output (shape in docs/cli.md)");
+                cmd->add_option("--threads", args->threads, "Engine threads (results do not depend on it)")
+                    ->check(CLI::Range(1u, 256u));
+                cmd->add_option("--rules", args->rules, "Rule files to load (in addition to the default pack)");
+                cmd->add_flag("--no-default-rules", args->no_default_rules, "Use only the --rules files");
+                cmd->add_option("--why-not", args->why_not,
+                                "Say why RULE did not fire: its closest miss, by how much, for which key/window");
+                cmd->add_option("--save", args->save, "Also write the trace and its chains to this SQLite database");
+                cmd->add_option("--limit", args->limit, "Show at most N chains in text output (0 = all)");
+                cmd->add_flag("-v,--verbose", args->verbose, "Print every computed value of each chain");
+                cmd->callback([args, &rc] { rc = run_explain(*args); });
+              }};
+
+}  // namespace
+}  // namespace ingero::cli

@@ -1,0 +1,86 @@
+#include "cli/common.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+
+#include "engine/default_plans.h"
+#include "sinks/sqlite_store.h"
+
+#ifdef INGERO_SAMPLE_DB
+// The sample database, linked into the binary so the default run needs no files.
+asm(".section .rodata\n"
+    ".balign 16\n"
+    ".global ingero_sample_db_start\n"
+    "ingero_sample_db_start:\n"
+    ".incbin \"" INGERO_SAMPLE_DB "\"\n"
+    ".global ingero_sample_db_end\n"
+    "ingero_sample_db_end:\n"
+    ".previous\n");
+extern "C" const char ingero_sample_db_start[];
+extern "C" const char ingero_sample_db_end[];
+#endif
+
+namespace ingero::cli {
+
+std::string embedded_sample_path() {
+#ifdef INGERO_SAMPLE_DB
+  static std::once_flag once;
+  static std::string path;
+  std::call_once(once, [] {
+    char tmpl[] = "/tmp/ingero-sample-XXXXXX";
+    const int fd = mkstemp(tmpl);
+    if (fd < 0) return;
+    const size_t size = static_cast<size_t>(ingero_sample_db_end - ingero_sample_db_start);
+    size_t done = 0;
+    while (done < size) {
+      const ssize_t n = write(fd, ingero_sample_db_start + done, size - done);
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    close(fd);
+    if (done == size) {
+      path = tmpl;
+      std::atexit([] { unlink(path.c_str()); });
+    }
+  });
+  return path;
+#else
+  return {};
+#endif
+}
+
+std::unique_ptr<EventSource> open_trace(const std::string& path, std::string& error, size_t batch_size) {
+  std::string p = path;
+  if (p.empty()) {
+    p = embedded_sample_path();
+    if (p.empty()) {
+      error = "no --db given and this build has no embedded sample trace";
+      return nullptr;
+    }
+    std::fprintf(stderr,
+                 "note: no --db given: analysing the embedded sample trace (PyTorch DataLoader starvation, "
+                 "recorded by Ingero on an RTX 4090)\n");
+  }
+  auto src = open_sqlite_trace(p, error, batch_size);
+  if (src && path.empty()) src->meta().path = "<embedded sample: pytorch-dataloader-starvation.db>";
+  return src;
+}
+
+bool build_plan(const std::vector<std::string>& rule_files, bool no_default, Plan& plan,
+                std::vector<std::string>& errors) {
+  if (!rule_files.empty()) {
+    errors.push_back("--rules needs the rule compiler, which this build does not have");
+    return false;
+  }
+  if (!no_default) plan = default_plan();
+  return true;
+}
+
+void print_error(const std::string& message) { std::fprintf(stderr, "ingero-pipeline: error: %s\n", message.c_str()); }
+
+bool stdout_is_terminal() { return isatty(STDOUT_FILENO) == 1; }
+
+}  // namespace ingero::cli

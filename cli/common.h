@@ -1,0 +1,30 @@
+// Helpers shared by the subcommands: opening a trace (a file or the embedded sample), choosing
+// the analysis plan, and printing errors the same way everywhere.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/plan.h"
+#include "engine/trace.h"
+
+namespace ingero::cli {
+
+// The embedded sample trace (samples/pytorch-dataloader-starvation.db, compiled into the binary),
+// written to a private temporary file on first use. Empty if the build has none.
+std::string embedded_sample_path();
+
+// Opens `path` (SQLite or, when built with it, LMDB); an empty path opens the embedded sample and
+// notes that on stderr. Null + message on failure.
+std::unique_ptr<EventSource> open_trace(const std::string& path, std::string& error, size_t batch_size = 4096);
+
+// The plan for explain/trace/bench: the default analyses plus (or instead of) rule files.
+// Returns false with messages (already formatted for a terminal) on failure.
+bool build_plan(const std::vector<std::string>& rule_files, bool no_default, Plan& plan,
+                std::vector<std::string>& errors);
+
+void print_error(const std::string& message);
+bool stdout_is_terminal();
+
+}  // namespace ingero::cli

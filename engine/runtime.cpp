@@ -1,0 +1,804 @@
+#include "engine/runtime.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "engine/format.h"
+#include "engine/ops.h"
+
+namespace ingero {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr uint64_t kFinal = std::numeric_limits<uint64_t>::max();
+
+template <class T>
+const T* body_as(const Plan& p, int id) {
+  if (id < 0 || id >= static_cast<int>(p.nodes.size())) return nullptr;
+  return std::get_if<T>(&p.nodes[static_cast<size_t>(id)].body);
+}
+
+bool is_stream_node(const NodeBody& b) {
+  return std::holds_alternative<ScanNode>(b) || std::holds_alternative<FilterNode>(b) ||
+         std::holds_alternative<OffCpuNode>(b);
+}
+
+// Units of computed values, so templates print "25.80ms", "87%", "352x".
+Unit infer_unit(const Expr& e, const std::vector<Slot>& slots) {
+  if (e.op != ExprOp::kConst && e.op != ExprOp::kRef && e.op != ExprOp::kField && e.unit != Unit::kNone)
+    return e.unit;
+  auto arg = [&](size_t i) { return i < e.args.size() ? infer_unit(*e.args[i], slots) : Unit::kNone; };
+  switch (e.op) {
+    case ExprOp::kConst: return e.unit;
+    case ExprOp::kRef:
+      return e.slot >= 0 && e.slot < static_cast<int>(slots.size()) ? slots[static_cast<size_t>(e.slot)].unit
+                                                                    : Unit::kNone;
+    case ExprOp::kField: return field_unit(e.field);
+    case ExprOp::kDiv: {
+      const Unit a = arg(0), b = arg(1);
+      if (a == b && a != Unit::kNone) return a == Unit::kPercent ? Unit::kRatio : Unit::kRatio;
+      if (b == Unit::kNone || b == Unit::kRatio || b == Unit::kPercent) return a;
+      return Unit::kNone;
+    }
+    case ExprOp::kMul: {
+      const Unit a = arg(0), b = arg(1);
+      if (a == Unit::kNone || a == Unit::kRatio || a == Unit::kPercent) return b == Unit::kNone ? a : b;
+      return a;
+    }
+    case ExprOp::kAdd:
+    case ExprOp::kSub:
+    case ExprOp::kMin:
+    case ExprOp::kMax:
+    case ExprOp::kNeg:
+    case ExprOp::kAbs:
+      for (size_t i = 0; i < e.args.size(); ++i)
+        if (arg(i) != Unit::kNone) return arg(i);
+      return Unit::kNone;
+    default: return Unit::kBool;
+  }
+}
+
+// Copies an expression with every Ref resolved to its slot; collects unknown names.
+ExprPtr resolve(const ExprPtr& e, const std::vector<Slot>& slots, std::vector<std::string>& missing) {
+  if (!e) return nullptr;
+  auto copy = std::make_shared<Expr>(*e);
+  if (copy->op == ExprOp::kRef) {
+    copy->slot = -1;
+    for (size_t i = slots.size(); i-- > 0;)
+      if (slots[i].name == copy->name) {
+        copy->slot = static_cast<int>(i);
+        break;
+      }
+    if (copy->slot < 0) missing.push_back(copy->name);
+  }
+  for (auto& a : copy->args) a = resolve(a, slots, missing);
+  return copy;
+}
+
+int add_slot(std::vector<Slot>& slots, std::string name, Unit unit) {
+  slots.push_back({std::move(name), unit});
+  return static_cast<int>(slots.size() - 1);
+}
+
+Unit agg_unit(const AggSpec& a) {
+  switch (a.kind) {
+    case AggKind::kCount: return Unit::kCount;
+    case AggKind::kRate: return Unit::kPerSecond;
+    default: return a.field == Field::kDuration || a.field == Field::kEnd || a.field == Field::kTs
+                        ? Unit::kNs
+                        : Unit::kNone;
+  }
+}
+
+std::string key_text(const PipeDef& pipe, const Key& key) {
+  std::string s;
+  for (Field f : pipe.key_fields) {
+    if (f == Field::kSource && pipe.keys.has(Field::kOp)) continue;
+    if (!s.empty()) s += ' ';
+    if (f == Field::kOp)
+      s += "op=" + op_name(key.source(), key.op());
+    else if (f == Field::kSource)
+      s += "source=" + source_name(key.source());
+    else
+      s += std::string(field_name(f)) + "=" + format_value(KeyBy::field_value(key, f), Unit::kNone);
+  }
+  return s.empty() ? "all" : s;
+}
+
+}  // namespace
+
+bool is_host_wide(const Event& e) {
+  switch (e.source) {
+    case Source::kIo:
+    case Source::kTcp: return true;
+    case Source::kHost: return e.op == op::kPageAlloc || e.op == op::kOomKill;
+    default: return false;
+  }
+}
+
+std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std::string>& errors) {
+  errors = plan_in.validate();
+  if (!errors.empty()) return nullptr;
+  auto cp = std::make_unique<CompiledPlan>();
+  cp->plan = plan_in;
+  const Plan& plan = cp->plan;
+  const size_t n = plan.nodes.size();
+  std::vector<std::vector<int>> consumers(n);
+  for (const auto& node : plan.nodes)
+    for (int in : node.inputs) consumers[static_cast<size_t>(in)].push_back(node.id);
+
+  // Streams.
+  cp->stream_of_node.assign(n, -1);
+  for (const auto& node : plan.nodes) {
+    if (!is_stream_node(node.body)) continue;
+    StreamDef s;
+    s.node = node.id;
+    s.parent = node.inputs.empty() ? -1 : cp->stream_of_node[static_cast<size_t>(node.inputs[0])];
+    if (const auto* f = std::get_if<FilterNode>(&node.body)) s.filter = f->pred;
+    if (const auto* o = std::get_if<OffCpuNode>(&node.body)) s.offcpu = o;
+    if (!node.inputs.empty() && s.parent < 0) {
+      errors.push_back("%" + std::to_string(node.id) + ": stream input is not a stream");
+      continue;
+    }
+    cp->stream_of_node[static_cast<size_t>(node.id)] = static_cast<int>(cp->streams.size());
+    cp->streams.push_back(s);
+  }
+
+  // Pipes: one per window, walking forward to its Emit.
+  for (const auto& node : plan.nodes) {
+    const auto* w = std::get_if<WindowNode>(&node.body);
+    if (!w) continue;
+    PipeDef pipe;
+    pipe.window_node = node.id;
+    pipe.window = *w;
+    pipe.stream = cp->stream_of_node[static_cast<size_t>(node.inputs[0])];
+    pipe.keys = KeyBy(w->keys);
+    pipe.key_fields = w->keys;
+    const std::string where = "%" + std::to_string(node.id) + ": ";
+    for (Field f : w->keys) {
+      if (f != Field::kPid && f != Field::kTid && f != Field::kOp && f != Field::kSource &&
+          f != Field::kNode && f != Field::kRank)
+        errors.push_back(where + "cannot window by " + field_name(f) +
+                         " (keys: pid, tid, op, source, node, rank)");
+      add_slot(pipe.slots, field_name(f), Unit::kNone);
+    }
+    pipe.slot_start = add_slot(pipe.slots, "window.start", Unit::kNone);
+    pipe.slot_end = add_slot(pipe.slots, "window.end", Unit::kNone);
+    pipe.slot_events = add_slot(pipe.slots, "window.events", Unit::kCount);
+
+    int cur = node.id;
+    auto next_of = [&](int id) -> int {
+      for (int c : consumers[static_cast<size_t>(id)]) {
+        const auto& cn = plan.nodes[static_cast<size_t>(c)];
+        if (!cn.inputs.empty() && cn.inputs[0] == id && !is_stream_node(cn.body) &&
+            !std::holds_alternative<WindowNode>(cn.body))
+          return c;
+      }
+      return -1;
+    };
+    const int agg_id = next_of(cur);
+    const auto* agg = body_as<AggregateNode>(plan, agg_id);
+    if (!agg) {
+      errors.push_back(where + "a window must be followed by an aggregate");
+      continue;
+    }
+    pipe.layout = std::make_unique<AggregateLayout>(*agg);
+    pipe.slot_aggs = static_cast<int>(pipe.slots.size());
+    for (const auto& a : agg->aggs) add_slot(pipe.slots, a.name, agg_unit(a));
+    cur = agg_id;
+
+    bool emitted = false;
+    std::vector<std::string> missing;
+    for (int id = next_of(cur); id >= 0; id = next_of(id)) {
+      const auto& body = plan.nodes[static_cast<size_t>(id)].body;
+      Stage st;
+      st.node = id;
+      const std::string at = "%" + std::to_string(id) + ": ";
+      if (const auto* l = std::get_if<LetNode>(&body)) {
+        st.kind = StageKind::kLet;
+        for (const auto& [name, e] : l->lets) {
+          auto r = resolve(e, pipe.slots, missing);
+          const int slot = add_slot(pipe.slots, name, infer_unit(*r, pipe.slots));
+          st.lets.emplace_back(slot, r);
+        }
+      } else if (const auto* r = std::get_if<RequireNode>(&body)) {
+        st.kind = StageKind::kRequire;
+        st.pred = resolve(r->pred, pipe.slots, missing);
+        st.label = r->label.empty() ? r->pred->to_string() : r->label;
+      } else if (const auto* j = std::get_if<JoinNode>(&body)) {
+        st.kind = StageKind::kJoin;
+        st.join = j;
+        st.right_stream = cp->stream_of_node[static_cast<size_t>(plan.nodes[static_cast<size_t>(id)].inputs[1])];
+        st.tail = resolve(j->tail, pipe.slots, missing);
+        const std::string p = j->name + ".";
+        st.js.overlap_ns = add_slot(pipe.slots, p + "overlap_ns", Unit::kNs);
+        st.js.tail_ns = add_slot(pipe.slots, p + "tail_ns", Unit::kNs);
+        st.js.share = add_slot(pipe.slots, p + "share", Unit::kPercent);
+        st.js.calls = add_slot(pipe.slots, p + "calls", Unit::kCount);
+        st.js.hit_calls = add_slot(pipe.slots, p + "hit_calls", Unit::kCount);
+        st.js.events = add_slot(pipe.slots, p + "events", Unit::kCount);
+        st.js.right_ns = add_slot(pipe.slots, p + "right_ns", Unit::kNs);
+        st.js.sum_arg0 = add_slot(pipe.slots, p + "sum_arg0", Unit::kBytes);
+        pipe.needs_calls = true;
+      } else if (const auto* t = std::get_if<TrendNode>(&body)) {
+        st.kind = StageKind::kTrend;
+        st.trend = t;
+        auto v = resolve(ex::ref(t->value), pipe.slots, missing);
+        st.trend_value = v->slot;
+        const Unit u = v->slot >= 0 ? pipe.slots[static_cast<size_t>(v->slot)].unit : Unit::kNone;
+        st.trend_first = add_slot(pipe.slots, "trend.first", u);
+        st.trend_last = add_slot(pipe.slots, "trend.last", u);
+        st.trend_peak = add_slot(pipe.slots, "trend.peak", u);
+        st.trend_change = add_slot(pipe.slots, "trend.change", Unit::kRatio);
+      } else if (const auto* pe = std::get_if<PeerNode>(&body)) {
+        st.kind = StageKind::kPeer;
+        st.peer = pe;
+        auto v = resolve(ex::ref(pe->value), pipe.slots, missing);
+        st.peer_value = v->slot;
+        const Unit u = v->slot >= 0 ? pipe.slots[static_cast<size_t>(v->slot)].unit : Unit::kNone;
+        st.peer_median = add_slot(pipe.slots, "peer.median", u);
+        st.peer_mad = add_slot(pipe.slots, "peer.mad", u);
+        st.peer_z = add_slot(pipe.slots, "peer.z", Unit::kNone);
+        st.peer_count = add_slot(pipe.slots, "peer.peers", Unit::kCount);
+        if (std::find(w->keys.begin(), w->keys.end(), pe->group) == w->keys.end())
+          errors.push_back(at + "peer group field " + field_name(pe->group) + " is not a window key");
+        pipe.global = true;
+      } else if (const auto* em = std::get_if<EmitNode>(&body)) {
+        st.kind = StageKind::kEmit;
+        st.emit = em;
+        for (const auto& c : em->severity) st.severity.emplace_back(resolve(c.when, pipe.slots, missing), c.severity);
+        emitted = true;
+      } else {
+        errors.push_back(at + "unexpected node after an aggregate");
+        break;
+      }
+      pipe.stages.push_back(std::move(st));
+      if (emitted) break;
+    }
+    for (const auto& m : missing) errors.push_back(where + "unknown name '" + m + "' in a rule expression");
+    if (!emitted) {
+      errors.push_back(where + "window path does not end in an emit");
+      continue;
+    }
+    // Joins need every window to wait for spans that may still overlap its last calls.
+    uint64_t horizon = 0;
+    for (const auto& st : pipe.stages)
+      if (st.kind == StageKind::kJoin) horizon = std::max(horizon, st.join->horizon_ns + st.join->within_ns);
+    pipe.window.lateness_ns = std::max(pipe.window.lateness_ns, horizon);
+    const uint64_t wsize = pipe.window.kind == WindowKind::kWhole ? 0 : pipe.window.size_ns;
+    for (auto& st : pipe.stages)
+      if (st.kind == StageKind::kJoin) st.retain_ns = wsize + pipe.window.lateness_ns + st.join->horizon_ns;
+    if (!pipe.keys.has(Field::kPid) && !pipe.keys.has(Field::kTid)) pipe.global = true;
+    RuleOutcome outcome;
+    const auto* em = pipe.stages.back().emit;
+    outcome.rule = em->rule;
+    outcome.rule_hash = em->rule_hash;
+    outcome.category = em->category;
+    pipe.rule_index = cp->rules.size();
+    cp->rules.push_back(outcome);
+    (pipe.global ? cp->has_global : cp->has_sharded) = true;
+    cp->pipes.push_back(std::move(pipe));
+  }
+  // Host-wide right streams: a stream carries broadcast events unless it is off-CPU spans.
+  for (auto& s : cp->streams) s.host_wide = s.offcpu == nullptr;
+  if (!errors.empty()) return nullptr;
+  return cp;
+}
+
+std::string expand_template(const std::string& tmpl, const CompiledPlan& plan, const PipeDef& pipe,
+                            const Key& key, const double* row) {
+  std::string out;
+  out.reserve(tmpl.size() + 32);
+  for (size_t i = 0; i < tmpl.size(); ++i) {
+    if (tmpl[i] != '{') {
+      out += tmpl[i];
+      continue;
+    }
+    const size_t close = tmpl.find('}', i);
+    if (close == std::string::npos) {
+      out += tmpl.substr(i);
+      break;
+    }
+    const std::string name = tmpl.substr(i + 1, close - i - 1);
+    i = close;
+    if (name == "op") {
+      out += pipe.keys.has(Field::kOp) ? op_name(key.source(), key.op()) : "calls";
+    } else if (name == "source") {
+      out += source_name(key.source());
+    } else if (name == "node") {
+      const auto idx = key.node();
+      out += idx < plan.node_names.size() && !plan.node_names[idx].empty() ? plan.node_names[idx]
+                                                                           : std::to_string(idx);
+    } else if (name == "process") {
+      auto it = plan.process_names.find(key.pid());
+      out += it != plan.process_names.end() ? it->second : "pid " + std::to_string(key.pid());
+    } else if (name == "key") {
+      out += key_text(pipe, key);
+    } else {
+      bool found = false;
+      for (size_t s = pipe.slots.size(); s-- > 0;)
+        if (pipe.slots[s].name == name) {
+          out += format_value(row[s], pipe.slots[s].unit);
+          found = true;
+          break;
+        }
+      if (!found) out += "{" + name + "}";
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+struct Call {
+  uint64_t ts, dur, id;
+  uint32_t pid, tid;
+};
+
+struct WinState {
+  bool ready = false;  // the aggregate is bound to its layout on the first event
+  AggregateState agg;
+  std::vector<Call> calls;
+};
+
+struct PipeState {
+  std::unique_ptr<WindowStore<WinState>> windows;
+  std::vector<std::unique_ptr<IntervalJoin>> joins;  // per stage (null for non-join stages)
+  std::vector<std::unique_ptr<TrendOp>> trends;
+};
+
+struct Row {
+  Key key;
+  uint64_t window = 0, start = 0, end = 0;
+  std::vector<double> values;
+  std::vector<PredicateResult> predicates;
+  std::vector<EvidenceItem> evidence;
+};
+
+PredicateResult judge(const Expr& pred, const std::string& label, const double* row) {
+  PredicateResult r;
+  r.label = label;
+  const Expr* e = &pred;
+  // For a conjunction, report the first failing side (or the last one when all pass).
+  while (e->op == ExprOp::kAnd && e->args.size() == 2) {
+    if (!truthy(eval(*e->args[0], row))) {
+      e = e->args[0].get();
+    } else {
+      e = e->args[1].get();
+    }
+  }
+  r.passed = truthy(eval(pred, row));
+  const bool cmp = e->op == ExprOp::kLt || e->op == ExprOp::kLe || e->op == ExprOp::kGt || e->op == ExprOp::kGe;
+  if (cmp && e->args.size() == 2) {
+    r.lhs = eval(*e->args[0], row);
+    r.rhs = eval(*e->args[1], row);
+    r.margin = (e->op == ExprOp::kGt || e->op == ExprOp::kGe) ? r.lhs - r.rhs : r.rhs - r.lhs;
+  } else {
+    r.lhs = eval(*e, row);
+    r.rhs = 1;
+    r.margin = r.passed ? 0 : -1;
+  }
+  if (r.margin != r.margin) r.margin = -std::numeric_limits<double>::infinity();
+  return r;
+}
+
+bool better_miss(int stage, const PredicateResult& p, uint64_t window, const std::string& key,
+                 const RuleOutcome& cur) {
+  if (!cur.has_miss) return true;
+  if (stage != cur.miss_stage) return stage > cur.miss_stage;
+  // Compare shortfalls relative to the threshold, so ratios and nanoseconds compare fairly.
+  auto rel = [](const PredicateResult& x) {
+    const double scale = std::max(std::fabs(x.rhs), 1e-12);
+    return x.margin / scale;
+  };
+  if (rel(p) != rel(cur.miss)) return rel(p) > rel(cur.miss);
+  if (window != cur.miss_window_start) return window < cur.miss_window_start;
+  return key < cur.miss_key;
+}
+
+}  // namespace
+
+struct Shard::Impl {
+  const CompiledPlan& plan;
+  bool global;
+  bool compute_stats;
+  std::vector<std::unique_ptr<OffCpuSpanBuilder>> builders;  // per stream (null unless off-CPU)
+  std::vector<PipeState> pipes;                              // per plan pipe (empty if not ours)
+  std::unique_ptr<OpStatsAccumulator> stats;
+  std::vector<RuleOutcome> outcomes;
+  EngineCounters counters;
+  uint64_t last_ts = 0;
+  uint64_t dropped = 0;
+  // Per-batch stream outputs: owned and all (owned + foreign).
+  std::vector<std::vector<Event>> owned_out, foreign_out;
+  std::vector<char> computed;
+
+  Impl(const CompiledPlan& p, bool g, bool cs) : plan(p), global(g), compute_stats(cs) {
+    builders.resize(plan.streams.size());
+    for (size_t i = 0; i < plan.streams.size(); ++i)
+      if (plan.streams[i].offcpu) builders[i] = std::make_unique<OffCpuSpanBuilder>(*plan.streams[i].offcpu);
+    pipes.resize(plan.pipes.size());
+    for (size_t i = 0; i < plan.pipes.size(); ++i) {
+      const auto& def = plan.pipes[i];
+      if (def.global != global) continue;
+      auto& ps = pipes[i];
+      ps.windows = std::make_unique<WindowStore<WinState>>(def.window, def.window.lateness_ns);
+      ps.joins.resize(def.stages.size());
+      ps.trends.resize(def.stages.size());
+      for (size_t s = 0; s < def.stages.size(); ++s) {
+        const auto& st = def.stages[s];
+        if (st.kind == StageKind::kJoin) ps.joins[s] = std::make_unique<IntervalJoin>(st.join->kind, st.join->within_ns);
+        if (st.kind == StageKind::kTrend) ps.trends[s] = std::make_unique<TrendOp>(*st.trend);
+      }
+    }
+    if (compute_stats) stats = std::make_unique<OpStatsAccumulator>();
+    outcomes = plan.rules;
+    owned_out.resize(plan.streams.size());
+    foreign_out.resize(plan.streams.size());
+  }
+
+  // Computes stream i for this batch (memoised), for owned and foreign events.
+  void compute(size_t i, const ShardInput& in) {
+    if (computed[i]) return;
+    computed[i] = 1;
+    const auto& s = plan.streams[i];
+    auto& own = owned_out[i];
+    auto& foreign = foreign_out[i];
+    own.clear();
+    foreign.clear();
+    const std::vector<Event>* src_own = &in.owned;
+    const std::vector<Event>* src_foreign = &in.foreign;
+    if (s.parent >= 0) {
+      compute(static_cast<size_t>(s.parent), in);
+      src_own = &owned_out[static_cast<size_t>(s.parent)];
+      src_foreign = &foreign_out[static_cast<size_t>(s.parent)];
+    }
+    if (s.offcpu) {
+      for (const auto& e : *src_own)
+        if (e.source == Source::kHost && e.op == op::kSchedSwitch) builders[i]->add(e, own);
+      if (in.final) builders[i]->finish(last_ts, own);
+      return;  // off-CPU spans are never host-wide
+    }
+    if (s.filter) {
+      for (const auto& e : *src_own)
+        if (truthy(eval(*s.filter, e))) own.push_back(e);
+      for (const auto& e : *src_foreign)
+        if (truthy(eval(*s.filter, e))) foreign.push_back(e);
+    } else {
+      own = *src_own;
+      foreign = *src_foreign;
+    }
+  }
+
+  static uint64_t join_key(JoinKey k, uint32_t pid, uint32_t tid) {
+    switch (k) {
+      case JoinKey::kTid: return tid;
+      case JoinKey::kPid: return pid;
+      default: return 0;
+    }
+  }
+
+  ShardOutput process(const ShardInput& in) {
+    ShardOutput out;
+    ++counters.batches;
+    counters.events_in += in.owned.size();
+    dropped += in.dropped;
+    for (const auto& e : in.owned) last_ts = std::max(last_ts, e.end_ns());
+    if (stats)
+      for (const auto& e : in.owned) stats->add(e);
+    computed.assign(plan.streams.size(), 0);
+
+    for (size_t p = 0; p < plan.pipes.size(); ++p) {
+      const auto& def = plan.pipes[p];
+      auto& ps = pipes[p];
+      if (!ps.windows) continue;
+      // Right sides first, so a window closing in this batch sees this batch's spans.
+      for (size_t s = 0; s < def.stages.size(); ++s) {
+        const auto& st = def.stages[s];
+        if (st.kind != StageKind::kJoin) continue;
+        compute(static_cast<size_t>(st.right_stream), in);
+        for (const auto* list : {&owned_out[static_cast<size_t>(st.right_stream)],
+                                 &foreign_out[static_cast<size_t>(st.right_stream)]})
+          for (const auto& e : *list) ps.joins[s]->add_right(join_key(st.join->key, e.pid, e.tid), e);
+      }
+      compute(static_cast<size_t>(def.stream), in);
+      for (const auto& e : owned_out[static_cast<size_t>(def.stream)]) {
+        const Key key = def.keys.key_of(e);
+        const bool ok = ps.windows->add(e.ts_ns, key, [&](uint64_t, WinState& w) {
+          if (!w.ready) {
+            w.agg = AggregateState(def.layout.get());
+            w.ready = true;
+          }
+          w.agg.add(e);
+          if (def.needs_calls) w.calls.push_back({e.ts_ns, e.dur_ns, e.id, e.pid, e.tid});
+        });
+        if (!ok) ++counters.late_events;
+      }
+      close_pipe(p, in.final ? kFinal : in.watermark, out);
+      for (size_t s = 0; s < def.stages.size(); ++s)
+        if (ps.joins[s]) ps.joins[s]->evict(in.final ? kFinal : in.watermark, def.stages[s].retain_ns);
+    }
+
+    if (in.final) {
+      for (auto& ps : pipes)
+        for (auto& j : ps.joins)
+          if (j) counters.evicted_spans += j->evicted();
+      out.stats = std::move(stats);
+      out.outcomes = outcomes;
+      out.counters = counters;
+      out.global = global;
+    }
+    return out;
+  }
+
+  void close_pipe(size_t p, uint64_t watermark, ShardOutput& out) {
+    const auto& def = plan.pipes[p];
+    auto& ps = pipes[p];
+    std::vector<Row> peer_rows;  // rows waiting for their peers (same window)
+    int peer_stage = -1;
+    for (size_t s = 0; s < def.stages.size(); ++s)
+      if (def.stages[s].kind == StageKind::kPeer) peer_stage = static_cast<int>(s);
+    uint64_t peer_window = 0;
+    auto flush_peers = [&]() {
+      if (peer_rows.empty()) return;
+      run_peers(p, static_cast<size_t>(peer_stage), peer_rows, out);
+      peer_rows.clear();
+    };
+    auto on_close = [&](uint64_t k, uint64_t start, uint64_t end, const Key& key, WinState& w) {
+      ++counters.windows_closed;
+      Row row;
+      row.key = key;
+      row.window = k;
+      row.start = start;
+      row.end = end;
+      row.values.assign(def.slots.size(), kNaN);
+      size_t slot = 0;
+      for (Field f : def.key_fields) row.values[slot++] = KeyBy::field_value(key, f);
+      row.values[static_cast<size_t>(def.slot_start)] = static_cast<double>(start);
+      row.values[static_cast<size_t>(def.slot_end)] = end == kFinal ? kNaN : static_cast<double>(end);
+      row.values[static_cast<size_t>(def.slot_events)] = static_cast<double>(w.agg.count());
+      w.agg.values(def.window.kind == WindowKind::kWhole ? 0 : def.window.size_ns,
+                   row.values.data() + def.slot_aggs);
+      if (peer_stage >= 0 && !peer_rows.empty() && k != peer_window) flush_peers();
+      peer_window = k;
+      run_stages(p, 0, row, &w, peer_stage, peer_rows, out);
+    };
+    if (watermark == kFinal)
+      ps.windows->close_all(on_close);
+    else
+      ps.windows->close(watermark, on_close);
+    flush_peers();
+  }
+
+  // Runs stages [from, ...) on a row; stops at a failed predicate or parks the row at a Peer.
+  void run_stages(size_t p, size_t from, Row& row, WinState* w, int peer_stage, std::vector<Row>& parked,
+                  ShardOutput& out) {
+    const auto& def = plan.pipes[p];
+    auto& outcome = outcomes[def.rule_index];
+    if (from == 0) ++outcome.windows;
+    double* v = row.values.data();
+    for (size_t s = from; s < def.stages.size(); ++s) {
+      const auto& st = def.stages[s];
+      switch (st.kind) {
+        case StageKind::kLet:
+          for (const auto& [slot, e] : st.lets) v[slot] = eval(*e, v);
+          break;
+        case StageKind::kRequire: {
+          PredicateResult r = judge(*st.pred, st.label, v);
+          if (!r.passed) {
+            record_miss(def, static_cast<int>(s), r, row);
+            return;
+          }
+          row.predicates.push_back(std::move(r));
+          break;
+        }
+        case StageKind::kJoin:
+          run_join(def, pipes[p], s, row, w);
+          break;
+        case StageKind::kTrend: {
+          const auto t = pipes[p].trends[s]->observe(row.key, row.window, v[st.trend_value]);
+          v[st.trend_first] = t.first;
+          v[st.trend_last] = t.last;
+          v[st.trend_peak] = t.peak;
+          v[st.trend_change] = t.change;
+          if (!t.holds) {
+            PredicateResult r;
+            r.label = std::string("trend ") + st.trend->value +
+                      (st.trend->mode == TrendMode::kRising ? " rising over " : " below peak over ") +
+                      std::to_string(st.trend->windows) + " windows";
+            r.lhs = t.last;
+            r.rhs = st.trend->mode == TrendMode::kRising ? t.first : st.trend->factor * t.peak;
+            r.margin = st.trend->mode == TrendMode::kRising ? t.last - t.first : r.rhs - t.last;
+            if (r.margin != r.margin) r.margin = -std::numeric_limits<double>::infinity();
+            record_miss(def, static_cast<int>(s), r, row);
+            return;
+          }
+          PredicateResult r;
+          r.label = "trend " + st.trend->value;
+          r.lhs = t.last;
+          r.rhs = t.first;
+          r.passed = true;
+          r.margin = t.change;
+          row.predicates.push_back(r);
+          break;
+        }
+        case StageKind::kPeer:
+          if (static_cast<int>(s) == peer_stage && from <= s) {
+            parked.push_back(std::move(row));
+            return;
+          }
+          break;
+        case StageKind::kEmit:
+          emit(def, st, row, out);
+          ++outcome.chains;
+          return;
+      }
+    }
+  }
+
+  void run_peers(size_t p, size_t s, std::vector<Row>& rows, ShardOutput& out) {
+    const auto& def = plan.pipes[p];
+    const auto& st = def.stages[s];
+    // Peer groups: rows whose keys agree on everything but the group field.
+    std::map<Key, std::vector<size_t>> groups;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      Key g = rows[i].key;
+      if (st.peer->group == Field::kRank) g.lo &= ~(uint64_t{0xFFFF} << 16);
+      if (st.peer->group == Field::kNode) g.lo &= ~(uint64_t{0xFFFF} << 32);
+      if (st.peer->group == Field::kPid) g.hi &= 0xFFFFFFFFull;
+      if (st.peer->group == Field::kTid) g.hi &= ~0xFFFFFFFFull;
+      groups[g].push_back(i);
+    }
+    std::vector<Row> none;
+    for (auto& [g, members] : groups) {
+      std::vector<double> values;
+      for (size_t i : members) values.push_back(rows[i].values[static_cast<size_t>(st.peer_value)]);
+      const auto scores = evaluate_peers(*st.peer, values);
+      for (size_t m = 0; m < members.size(); ++m) {
+        Row& row = rows[members[m]];
+        double* v = row.values.data();
+        v[st.peer_median] = scores[m].median;
+        v[st.peer_mad] = scores[m].mad;
+        v[st.peer_z] = scores[m].z;
+        v[st.peer_count] = static_cast<double>(scores[m].peers);
+        PredicateResult r;
+        r.label = std::string("peer z(") + st.peer->value + ") > " + format_value(st.peer->z, Unit::kNone);
+        r.lhs = scores[m].z;
+        r.rhs = st.peer->z;
+        r.margin = r.lhs - r.rhs;
+        r.passed = scores[m].outlier;
+        if (!r.passed) {
+          record_miss(def, static_cast<int>(s), r, row);
+          continue;
+        }
+        row.predicates.push_back(r);
+        run_stages(p, s + 1, row, nullptr, -1, none, out);
+      }
+    }
+  }
+
+  void run_join(const PipeDef& def, PipeState& ps, size_t s, Row& row, WinState* w) {
+    const auto& st = def.stages[s];
+    double* v = row.values.data();
+    JoinOutcome jo;
+    if (w) {
+      Event probe{};
+      for (const auto& c : w->calls) {
+        probe.ts_ns = c.ts;
+        probe.dur_ns = c.dur;
+        probe.id = c.id;
+        probe.pid = c.pid;
+        probe.tid = c.tid;
+        if (!truthy(eval(*st.tail, &probe, v))) continue;
+        const auto r = ps.joins[s]->probe(join_key(st.join->key, c.pid, c.tid), c.ts, c.ts + c.dur);
+        jo.add(c.id, c.dur, r, st.join->max_exemplars);
+      }
+    }
+    v[st.js.overlap_ns] = static_cast<double>(jo.overlap_ns);
+    v[st.js.tail_ns] = static_cast<double>(jo.tail_ns);
+    v[st.js.share] = jo.share();
+    v[st.js.calls] = static_cast<double>(jo.calls);
+    v[st.js.hit_calls] = static_cast<double>(jo.hit_calls);
+    v[st.js.events] = static_cast<double>(jo.right_ids.size());
+    v[st.js.right_ns] = static_cast<double>(jo.right_ns);
+    v[st.js.sum_arg0] = static_cast<double>(jo.sum_arg0);
+    EvidenceItem ev;
+    ev.kind = st.join->name;
+    ev.value = jo.share();
+    ev.unit = "ratio";
+    ev.detail = format_value(static_cast<double>(jo.hit_calls), Unit::kCount) + " of " +
+                format_value(static_cast<double>(jo.calls), Unit::kCount) + " slow calls " +
+                (st.join->kind == JoinKind::kOverlap ? "overlap " : "are within reach of ") +
+                format_value(static_cast<double>(jo.right_ids.size()), Unit::kCount) + " " + st.join->name +
+                " event(s); they cover " + format_ns(static_cast<double>(jo.overlap_ns)) + " of " +
+                format_ns(static_cast<double>(jo.tail_ns)) + " slow-call time (" +
+                format_value(jo.share(), Unit::kPercent) + ")";
+    if (jo.sum_arg0 && st.join->name.find("mem") != std::string::npos)
+      ev.detail += ", " + format_bytes(static_cast<double>(jo.sum_arg0));
+    for (const auto& e : jo.exemplars) {
+      ev.event_ids.push_back(e.call_id);
+      for (uint64_t r : e.right_ids) ev.event_ids.push_back(r);
+    }
+    row.evidence.push_back(std::move(ev));
+  }
+
+  void record_miss(const PipeDef& def, int stage, const PredicateResult& r, const Row& row) {
+    auto& o = outcomes[def.rule_index];
+    const std::string key = key_text(def, row.key);
+    if (!better_miss(stage, r, row.start, key, o)) return;
+    o.has_miss = true;
+    o.miss_stage = stage;
+    o.miss = r;
+    o.miss_key = key;
+    o.miss_window_start = row.start;
+    o.miss_window_end = row.end;
+    o.miss_values.clear();
+    for (size_t i = 0; i < def.slots.size(); ++i) o.miss_values.emplace_back(def.slots[i].name, row.values[i]);
+  }
+
+  void emit(const PipeDef& def, const Stage& st, Row& row, ShardOutput& out) {
+    const EmitNode& em = *st.emit;
+    const double* v = row.values.data();
+    Chain c;
+    c.rule = em.rule;
+    c.rule_hash = em.rule_hash;
+    c.category = em.category;
+    c.severity = Severity::kMedium;
+    for (const auto& [when, sev] : st.severity)
+      if (!when || truthy(eval(*when, v))) {
+        c.severity = sev;
+        break;
+      }
+    if (def.keys.has(Field::kOp) || def.keys.has(Field::kSource)) {
+      c.source = row.key.source();
+      c.op = row.key.op();
+    }
+    c.pid = row.key.pid();
+    c.tid = row.key.tid();
+    c.node = row.key.node();
+    c.rank = def.keys.has(Field::kRank) ? row.key.rank() : -1;
+    c.window_start = row.start;
+    c.window_end = row.end == kFinal ? last_ts : row.end;
+    c.summary = expand_template(em.summary, plan, def, row.key, v);
+    c.root_cause = expand_template(em.root_cause, plan, def, row.key, v);
+    c.explanation = expand_template(em.explanation, plan, def, row.key, v);
+    for (const auto& r : em.recommendations) c.recommendations.push_back(expand_template(r, plan, def, row.key, v));
+    for (size_t i = 0; i < def.slots.size(); ++i) {
+      const auto& name = def.slots[i].name;
+      c.values.emplace_back(name, v[i]);
+      if (name == "p50" && v[i] == v[i]) c.p50_ns = static_cast<uint64_t>(v[i]);
+      if (name == "p99" && v[i] == v[i]) c.p99_ns = static_cast<uint64_t>(v[i]);
+      if (name == "tail_ratio" && v[i] == v[i]) c.tail_ratio = v[i];
+    }
+    if (c.tail_ratio == 0 && c.p50_ns) c.tail_ratio = static_cast<double>(c.p99_ns) / static_cast<double>(c.p50_ns);
+    if (c.p99_ns) {
+      EvidenceItem tail;
+      tail.kind = "tail";
+      tail.unit = "ns";
+      tail.value = static_cast<double>(c.p99_ns);
+      tail.detail = op_name(c.source, c.op) + " p50=" + format_ns(static_cast<double>(c.p50_ns)) +
+                    " p99=" + format_ns(static_cast<double>(c.p99_ns)) + " (" +
+                    format_value(c.tail_ratio, Unit::kRatio) + ")";
+      c.evidence.push_back(tail);
+    }
+    for (auto& e : row.evidence) c.evidence.push_back(std::move(e));
+    c.predicates = std::move(row.predicates);
+    c.dropped_events = dropped;
+    c.id = em.rule + ":" + key_text(def, row.key) + ":" + std::to_string(row.start);
+    for (auto& ch : c.id)
+      if (ch == ' ') ch = ',';
+    out.chains.push_back(std::move(c));
+  }
+};
+
+Shard::Shard(const CompiledPlan& plan, bool global, bool compute_stats)
+    : impl_(std::make_unique<Impl>(plan, global, compute_stats)) {}
+Shard::~Shard() = default;
+ShardOutput Shard::process(const ShardInput& in) { return impl_->process(in); }
+
+}  // namespace ingero

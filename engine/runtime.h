@@ -1,0 +1,144 @@
+// The engine's runtime: a Plan compiled into streams and rule pipelines, and the keyed state one
+// shard owns. engine.cpp wires shards into a oneTBB flow graph; this file has no TBB in it, so the
+// same code runs a shard serially in tests.
+//
+// Compilation (CompiledPlan, immutable, shared by every shard):
+// - Streams: every Scan/Filter/OffCpu node is a stream = its parent stream + one step.
+// - Pipes: every Window node starts a pipe: Window -> Aggregate -> stages (Let, Require, Join,
+//   Trend, Peer) -> Emit, following the plan's edges. Row slots are laid out here and every Ref
+//   resolved to its slot; an unknown name is a compile error.
+// - Tier: a pipe whose window is keyed by pid or tid (and has no Peer stage) runs in the pid
+//   shards; any other pipe (keyed by op only, by rank, peers across ranks) runs in the one global
+//   shard, which sees every event. Both give results independent of the shard count.
+//
+// Shard (mutable, one per flow-graph node, single-threaded):
+// - process(input): computes the streams of the batch, feeds windows (events the shard owns) and
+//   join buffers (owned + broadcast host-wide events), then closes windows at the watermark and
+//   runs their rows through the stages. finish() closes everything at the final watermark.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/plan.h"
+#include "engine/result.h"
+#include "operators/aggregate.h"
+#include "operators/interval_join.h"
+#include "operators/key_by.h"
+#include "operators/offcpu_spans.h"
+#include "operators/op_stats.h"
+#include "operators/peer.h"
+#include "operators/trend.h"
+#include "operators/window.h"
+
+namespace ingero {
+
+struct Slot {
+  std::string name;
+  Unit unit = Unit::kNone;
+};
+
+struct StreamDef {
+  int node = -1;
+  int parent = -1;          // stream index, -1 for the scan
+  ExprPtr filter;           // step: filter
+  const OffCpuNode* offcpu = nullptr;  // step: off-CPU span builder
+  bool host_wide = false;   // carries broadcast (host-wide) events
+};
+
+enum class StageKind : uint8_t { kLet, kRequire, kJoin, kTrend, kPeer, kEmit };
+
+struct JoinSlots {
+  int overlap_ns, tail_ns, share, calls, hit_calls, events, right_ns, sum_arg0;
+};
+
+struct Stage {
+  StageKind kind;
+  int node = -1;
+  // kLet
+  std::vector<std::pair<int, ExprPtr>> lets;  // slot, resolved expression
+  // kRequire
+  ExprPtr pred;
+  std::string label;
+  // kJoin
+  const JoinNode* join = nullptr;
+  int right_stream = -1;
+  ExprPtr tail;
+  JoinSlots js{};
+  uint64_t retain_ns = 0;
+  // kTrend
+  const TrendNode* trend = nullptr;
+  int trend_value = -1, trend_first = -1, trend_last = -1, trend_peak = -1, trend_change = -1;
+  // kPeer
+  const PeerNode* peer = nullptr;
+  int peer_value = -1, peer_median = -1, peer_mad = -1, peer_z = -1, peer_count = -1;
+  // kEmit
+  const EmitNode* emit = nullptr;
+  std::vector<std::pair<ExprPtr, Severity>> severity;
+};
+
+struct PipeDef {
+  int window_node = -1;
+  int stream = -1;
+  WindowNode window;
+  std::unique_ptr<AggregateLayout> layout;
+  KeyBy keys{std::vector<Field>{}};
+  std::vector<Field> key_fields;
+  std::vector<Slot> slots;
+  int slot_start = -1, slot_end = -1, slot_events = -1, slot_aggs = -1;
+  std::vector<Stage> stages;
+  bool global = false;      // runs in the global shard
+  bool needs_calls = false; // buffers the window's calls for a join
+  size_t rule_index = 0;    // index into CompiledPlan::rules
+};
+
+struct CompiledPlan {
+  Plan plan;                // owns the nodes the defs point into
+  std::vector<StreamDef> streams;
+  std::vector<int> stream_of_node;  // plan node id -> stream index or -1
+  std::vector<PipeDef> pipes;
+  std::vector<RuleOutcome> rules;   // template (names/hashes) for outcomes
+  std::vector<std::string> node_names;
+  std::map<uint32_t, std::string> process_names;
+  bool has_global = false, has_sharded = false;
+};
+
+// Compiles a validated plan; returns null and fills errors on failure.
+std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan, std::vector<std::string>& errors);
+
+// Host-wide events are broadcast to every pid shard (for joins); all others go to shard_of(pid).
+bool is_host_wide(const Event& e);
+
+struct ShardInput {
+  std::vector<Event> owned;    // events this shard owns (windows, stats)
+  std::vector<Event> foreign;  // host-wide events owned by another shard (joins only)
+  uint64_t watermark = 0;
+  bool final = false;
+  uint64_t dropped = 0;        // events lost upstream (carried to chains)
+};
+
+struct ShardOutput {
+  std::vector<Chain> chains;
+  std::unique_ptr<OpStatsAccumulator> stats;   // final only
+  std::vector<RuleOutcome> outcomes;           // final only
+  EngineCounters counters;                     // final only
+  bool global = false;                         // from the global shard (sees every event again)
+};
+
+class Shard {
+ public:
+  Shard(const CompiledPlan& plan, bool global, bool compute_stats);
+  ~Shard();
+  ShardOutput process(const ShardInput& in);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+std::string expand_template(const std::string& tmpl, const CompiledPlan& plan, const PipeDef& pipe,
+                            const Key& key, const double* row);
+
+}  // namespace ingero

@@ -1,0 +1,42 @@
+// Reports: AnalysisResult rendered for people (text) and machines (JSON).
+//
+// The JSON shapes are the stable contract documented in docs/cli.md; `stats --json`,
+// `explain --json`, the MCP tools and the live view's final summary all use these functions, so
+// a field means the same thing everywhere. Text output is for a GPU engineer reading a terminal:
+// the worst chain first, numbers with units, the evidence and the fix under each chain.
+// Pure functions of their inputs; never throw on odd data (NaN prints as "n/a" / null).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "engine/result.h"
+
+namespace ingero {
+
+struct ReportOptions {
+  bool color = false;        // ANSI colours for severities (only on a terminal)
+  size_t max_chains = 0;     // 0 = all
+  bool show_values = false;  // every row slot of each chain (verbose)
+};
+
+nlohmann::json trace_json(const TraceMeta& meta, const AnalysisResult& r);
+nlohmann::json op_stats_json(const OpStats& s);
+nlohmann::json chain_json(const Chain& c, const TraceMeta& meta);
+nlohmann::json rule_outcome_json(const RuleOutcome& o);
+nlohmann::json health_json(const InputHealth& h);
+
+nlohmann::json stats_json(const AnalysisResult& r);
+nlohmann::json explain_json(const AnalysisResult& r);
+
+std::string stats_text(const AnalysisResult& r, const ReportOptions& o = {});
+std::string explain_text(const AnalysisResult& r, const ReportOptions& o = {});
+// The closest miss of one rule, for `explain --why-not RULE`.
+std::string why_not_text(const RuleOutcome& o);
+
+// "python3" or "pid 2233"
+std::string process_label(const TraceMeta& meta, uint32_t pid);
+// Trace-relative time: "+12.4s" from the trace start.
+std::string trace_offset(const TraceMeta& meta, uint64_t ts);
+
+}  // namespace ingero
