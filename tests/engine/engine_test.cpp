@@ -1,0 +1,223 @@
+// The engine end to end on small hand-made traces: the CPU-contention chain needs off-CPU time of
+// the SAME thread inside the slow calls; results do not depend on threads or batch size.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "engine/default_plans.h"
+#include "engine/engine.h"
+#include "engine/ops.h"
+
+namespace ingero {
+namespace {
+
+constexpr uint64_t kT0 = 1'700'000'000'000'000'000ull;  // 10 s aligned
+constexpr uint64_t kUs = 1000, kMs = 1000 * kUs;
+
+Event call(uint32_t pid, uint32_t tid, uint64_t ts, uint64_t dur, uint64_t id) {
+  Event e;
+  e.source = Source::kCuda;
+  e.op = op::kCudaLaunchKernel;
+  e.pid = pid;
+  e.tid = tid;
+  e.ts_ns = ts;
+  e.dur_ns = dur;
+  e.id = id;
+  return e;
+}
+
+Event offcpu(uint32_t pid, uint32_t tid, uint64_t ts, uint64_t dur, uint64_t id,
+             OffCpuState st = OffCpuState::kPreempted) {
+  Event e;
+  e.source = Source::kHost;
+  e.op = op::kSchedSwitch;
+  e.pid = pid;
+  e.tid = tid;
+  e.ts_ns = ts;
+  e.dur_ns = dur;
+  e.id = id;
+  e.prev_state = st;
+  return e;
+}
+
+// 100 launches on tid 11 of pid 10, 20 us each, 5 of them 3 ms long; `where` places off-CPU spans.
+enum class OffCpuWhere { kSameThreadInsideCalls, kOtherThreadInsideCalls, kSameThreadBetweenCalls, kNone };
+
+std::vector<Event> launch_trace(OffCpuWhere where, OffCpuState st = OffCpuState::kPreempted) {
+  std::vector<Event> ev;
+  uint64_t id = 1, ts = kT0 + kMs;
+  for (int i = 0; i < 100; ++i) {
+    const bool slow = i % 20 == 7;
+    const uint64_t dur = slow ? 3 * kMs : 20 * kUs;
+    ev.push_back(call(10, 11, ts, dur, id++));
+    if (slow) {
+      switch (where) {
+        case OffCpuWhere::kSameThreadInsideCalls: ev.push_back(offcpu(10, 11, ts + 100 * kUs, 2500 * kUs, id++, st)); break;
+        case OffCpuWhere::kOtherThreadInsideCalls: ev.push_back(offcpu(10, 12, ts + 100 * kUs, 2500 * kUs, id++, st)); break;
+        case OffCpuWhere::kSameThreadBetweenCalls: ev.push_back(offcpu(10, 11, ts + dur + 10 * kUs, 2 * kMs, id++, st)); break;
+        case OffCpuWhere::kNone: break;
+      }
+    }
+    ts += dur + 5 * kMs;
+  }
+  return ev;
+}
+
+AnalysisResult analyse(std::vector<Event> ev, unsigned threads = 1, size_t batch = 4096) {
+  VectorSource src(std::move(ev), batch);
+  EngineOptions o;
+  o.threads = threads;
+  std::vector<std::string> errors;
+  auto r = run_plan(default_plan(), src, o, &errors);
+  EXPECT_TRUE(errors.empty()) << errors.front();
+  return r;
+}
+
+std::vector<std::string> categories(const AnalysisResult& r) {
+  std::vector<std::string> c;
+  for (const auto& ch : r.chains) c.push_back(ch.category);
+  return c;
+}
+
+bool has(const AnalysisResult& r, const std::string& cat) {
+  const auto c = categories(r);
+  return std::find(c.begin(), c.end(), cat) != c.end();
+}
+
+TEST(Engine, CpuContentionWhenSameThreadIsOffCpuInsideSlowCalls) {
+  const auto r = analyse(launch_trace(OffCpuWhere::kSameThreadInsideCalls));
+  ASSERT_TRUE(has(r, "cpu_contention")) << testing::PrintToString(categories(r));
+  EXPECT_FALSE(has(r, "unexplained_tail"));
+  const Chain& c = *std::find_if(r.chains.begin(), r.chains.end(), [](const Chain& c) { return c.category == "cpu_contention"; });
+  EXPECT_EQ(c.pid, 10u);
+  EXPECT_EQ(c.op, op::kCudaLaunchKernel);
+  EXPECT_EQ(c.p50_ns, 20 * kUs);
+  EXPECT_EQ(c.p99_ns, 3 * kMs);
+  // 2.5 ms of each 3 ms slow call is covered: share 83%.
+  double share = 0;
+  for (const auto& [k, v] : c.values)
+    if (k == "offcpu.share") share = v;
+  EXPECT_NEAR(share, 2500.0 / 3000.0, 1e-9);
+  EXPECT_EQ(c.severity, Severity::kHigh);  // >= 80% and p99/p50 >= 10
+  // Evidence carries exemplar ids: a slow call and the off-CPU span inside it.
+  bool exemplars = false;
+  for (const auto& e : c.evidence)
+    if (e.kind == "offcpu" && e.event_ids.size() >= 2) exemplars = true;
+  EXPECT_TRUE(exemplars);
+  // Provenance: the predicates it passed, with values.
+  ASSERT_GE(c.predicates.size(), 3u);
+  EXPECT_EQ(c.predicates.back().label, "offcpu.share >= 50%");
+  EXPECT_NEAR(c.predicates.back().lhs, share, 1e-9);
+}
+
+TEST(Engine, NoCpuContentionWhenAnotherThreadIsOffCpu) {
+  const auto r = analyse(launch_trace(OffCpuWhere::kOtherThreadInsideCalls));
+  EXPECT_FALSE(has(r, "cpu_contention")) << "off-CPU time of tid 12 must not explain tid 11's calls";
+  EXPECT_TRUE(has(r, "unexplained_tail"));
+}
+
+TEST(Engine, NoCpuContentionWhenOffCpuTimeFallsBetweenCalls) {
+  const auto r = analyse(launch_trace(OffCpuWhere::kSameThreadBetweenCalls));
+  EXPECT_FALSE(has(r, "cpu_contention"));
+  EXPECT_TRUE(has(r, "unexplained_tail"));
+  for (const auto& o : r.rules)
+    if (o.rule == "cpu_contention") {
+      ASSERT_TRUE(o.has_miss);
+      EXPECT_EQ(o.miss.label, "offcpu.share >= 50%");
+      EXPECT_DOUBLE_EQ(o.miss.lhs, 0.0);
+      EXPECT_NEAR(o.miss.margin, -0.5, 1e-12);
+    }
+}
+
+TEST(Engine, BlockedThreadIsBlockingNotContention) {
+  const auto r = analyse(launch_trace(OffCpuWhere::kSameThreadInsideCalls, OffCpuState::kSleeping));
+  EXPECT_TRUE(has(r, "blocking"));
+  EXPECT_FALSE(has(r, "cpu_contention"));
+}
+
+TEST(Engine, QuietTraceHasNoChain) {
+  auto ev = launch_trace(OffCpuWhere::kNone);
+  for (auto& e : ev) e.dur_ns = 20 * kUs;  // no tail at all
+  const auto r = analyse(ev);
+  EXPECT_TRUE(r.chains.empty()) << testing::PrintToString(categories(r));
+}
+
+TEST(Engine, EmptyTrace) {
+  const auto r = analyse({});
+  EXPECT_TRUE(r.chains.empty());
+  EXPECT_TRUE(r.ops.empty());
+  EXPECT_EQ(r.counters.events_in, 0u);
+}
+
+std::string fingerprint(const AnalysisResult& r) {
+  std::string s;
+  for (const auto& c : r.chains) {
+    s += c.id + "|" + c.category + "|" + severity_name(c.severity) + "|" + c.summary + "\n";
+    for (const auto& [k, v] : c.values) s += k + "=" + std::to_string(v) + ";";
+    for (const auto& e : c.evidence)
+      for (auto id : e.event_ids) s += std::to_string(id) + ",";
+    s += "\n";
+  }
+  for (const auto& o : r.ops)
+    s += op_name(o.source, o.op) + ":" + std::to_string(o.count) + ":" + std::to_string(o.p50_ns) + ":" +
+         std::to_string(o.p99_ns) + "\n";
+  for (const auto& o : r.rules)
+    s += o.rule + ":" + std::to_string(o.windows) + ":" + std::to_string(o.chains) + ":" + o.miss.label + ":" +
+         o.miss_key + "\n";
+  return s;
+}
+
+TEST(Engine, SameResultWithOneOrSeveralThreadsAndAnyBatchSize) {
+  // Several processes so the pid shards really split the work.
+  std::vector<Event> ev;
+  uint64_t next_id = 1;
+  for (uint32_t p = 0; p < 6; ++p) {
+    auto part = launch_trace(p % 2 ? OffCpuWhere::kSameThreadInsideCalls : OffCpuWhere::kOtherThreadInsideCalls);
+    for (auto& e : part) {
+      e.pid += p * 100;
+      e.tid += p * 100;
+      e.ts_ns += p * 777 * kUs;
+      e.id = next_id++;
+    }
+    ev.insert(ev.end(), part.begin(), part.end());
+  }
+  // Host-wide block I/O broadcast to every shard.
+  for (int i = 0; i < 50; ++i) {
+    Event io;
+    io.source = Source::kIo;
+    io.op = op::kBlockWrite;
+    io.pid = 999;
+    io.tid = 999;
+    io.ts_ns = kT0 + static_cast<uint64_t>(i) * 9 * kMs;
+    io.dur_ns = 4 * kMs;
+    io.id = next_id++;
+    ev.push_back(io);
+  }
+  const std::string base = fingerprint(analyse(ev, 1, 4096));
+  EXPECT_FALSE(base.empty());
+  for (unsigned threads : {2u, 3u, 4u})
+    EXPECT_EQ(fingerprint(analyse(ev, threads, 4096)), base) << threads << " threads";
+  for (size_t batch : {1u, 7u, 100u}) EXPECT_EQ(fingerprint(analyse(ev, 2, batch)), base) << "batch " << batch;
+}
+
+TEST(Engine, InvalidPlanIsRejectedWithMessages) {
+  Plan p;
+  const int scan = p.add(ScanNode{});
+  WindowNode w;
+  const int win = p.add(w, {scan});
+  AggregateNode agg;
+  agg.aggs = {{"n", AggKind::kCount, Field::kDuration, 0}};
+  const int a = p.add(agg, {win});
+  const int req = p.add(RequireNode{ex::ge(ex::ref("no_such_name"), ex::num(1)), "x"}, {a});
+  EmitNode em;
+  em.rule = "r";
+  p.add(em, {req});
+  VectorSource src({});
+  std::vector<std::string> errors;
+  run_plan(p, src, {}, &errors);
+  ASSERT_FALSE(errors.empty());
+  EXPECT_NE(errors[0].find("no_such_name"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ingero
