@@ -1,0 +1,468 @@
+/* Kernel tracepoints: off-CPU spans (sched_switch), wakeups, process lifecycle, page allocation
+ * (aggregated in the kernel), block I/O requests, TCP retransmits and socket send/recv syscalls.
+ *
+ * Each tracepoint has a tp_btf program (typed arguments, CO-RE reads) and a classic fallback for
+ * kernels without BTF for it; the loader enables one of the two. sched_switch and friends are
+ * filtered in the kernel to every thread of the traced processes (traced_tgids is keyed by tgid,
+ * so worker threads are followed, not only the main thread). */
+#include "common.bpf.h"
+
+/* Which families emit records (the programs of a disabled family are not even loaded; process
+ * tracking programs always load because fork-following and cleanup depend on them). */
+const volatile bool emit_process = true;
+const volatile __u32 page_size = 4096;
+
+/* Classic tracepoint field offsets, read by the loader from tracefs `format` files (layouts differ
+ * between kernels, and a kernel without BTF cannot relocate CO-RE reads). Index: IP_OFF_*. */
+const volatile __u32 classic_off[IP_NUM_OFF] = {};
+
+static __always_inline __u64 field(void* ctx, int idx, int size) {
+  __u64 v = 0;
+  bpf_probe_read_kernel(&v, size, (char*)ctx + classic_off[idx]);
+  return v;
+}
+
+struct {
+  __uint(type, BPF_MAP_TYPE_RINGBUF);
+  __uint(max_entries, 4 << 20);
+} host_events SEC(".maps");
+
+/* tid -> off-CPU span in progress. */
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, IP_MAX_THREADS);
+  __type(key, __u32);
+  __type(value, struct ip_offcpu);
+} offcpu SEC(".maps");
+
+struct blk_start {
+  __u64 ts;
+  __u64 bytes;
+  __u32 pid, tid;
+  __u8 op;
+  __u8 pad[7];
+};
+
+/* request -> issue (tp_btf keys by the request pointer, classic by dev << 48 ^ sector). */
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, 16384);
+  __type(key, __u64);
+  __type(value, struct blk_start);
+} blk_reqs SEC(".maps");
+
+struct net_start {
+  __u64 ts;
+  __u64 fd;
+  __u8 op;
+  __u8 pad[7];
+};
+
+/* tid -> socket syscall in progress. */
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, IP_MAX_THREADS);
+  __type(key, __u32);
+  __type(value, struct net_start);
+} net_calls SEC(".maps");
+
+static __always_inline struct ip_record* reserve(void) {
+  struct ip_record* r = bpf_ringbuf_reserve(&host_events, sizeof(struct ip_record), 0);
+  if (!r) {
+    count(IP_CNT_DROP_HOST, 1);
+    return 0;
+  }
+  __builtin_memset(r, 0, sizeof(*r));
+  return r;
+}
+
+static __always_inline __u64 task_cgroup(struct task_struct* t) {
+  return BPF_CORE_READ(t, cgroups, dfl_cgrp, kn, id);
+}
+
+static __always_inline int task_traced(struct task_struct* t) {
+  __u32 tgid = BPF_CORE_READ(t, tgid);
+  if (tgid_traced(tgid)) return 1;
+  if (filter_mode == IP_FILTER_CGROUP && task_cgroup(t) == target_cgroup) {
+    trace_tgid(tgid);
+    return 1;
+  }
+  return 0;
+}
+
+static __always_inline int current_traced(void) {
+  __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+  if (tgid_traced(tgid)) return 1;
+  if (filter_mode == IP_FILTER_CGROUP && bpf_get_current_cgroup_id() == target_cgroup) {
+    trace_tgid(tgid);
+    return 1;
+  }
+  return 0;
+}
+
+/* ---- sched_switch: off-CPU spans ---------------------------------------------------------- */
+
+static __always_inline void switch_out(__u32 tgid, __u32 tid, __u32 next_tid, __u8 state, __u64 now) {
+  struct ip_offcpu o = {.ts = now, .tgid = tgid, .next_tid = next_tid, .state = state};
+  if (bpf_map_update_elem(&offcpu, &tid, &o, BPF_ANY) != 0) count(IP_CNT_NO_SLOT, 1);
+}
+
+static __always_inline void switch_in(__u32 tid, __u64 now, __u8 flags) {
+  struct ip_offcpu* o = bpf_map_lookup_elem(&offcpu, &tid);
+  if (!o) return; /* not traced, or traced only since it went off CPU */
+  struct ip_record* r = reserve();
+  if (r) {
+    r->ts = o->ts;
+    r->dur = now - o->ts;
+    r->arg1 = o->next_tid;
+    r->pid = o->tgid;
+    r->tid = tid;
+    r->source = IP_SRC_HOST;
+    r->op = 1; /* sched_switch */
+    r->state = o->state;
+    r->flags = flags;
+    bpf_ringbuf_submit(r, 0);
+  }
+  bpf_map_delete_elem(&offcpu, &tid);
+}
+
+/* TASK_RUNNING at switch-out (or an explicit preemption) means the thread wanted the CPU. */
+static __always_inline __u8 offcpu_state(bool preempt, __u64 st) {
+  if (preempt || st == 0) return IP_STATE_PREEMPTED;
+  if (st & 0x0001) return IP_STATE_SLEEPING;  /* TASK_INTERRUPTIBLE */
+  if (st & 0x0002) return IP_STATE_DISKWAIT;  /* TASK_UNINTERRUPTIBLE (TASK_IDLE included) */
+  return IP_STATE_OTHER;
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(btf_sched_switch, bool preempt, struct task_struct* prev, struct task_struct* next,
+             unsigned int prev_state) {
+  __u64 now = bpf_ktime_get_ns();
+  if (task_traced(prev))
+    switch_out(prev->tgid, prev->pid, next->pid, offcpu_state(preempt, prev_state), now);
+  switch_in(next->pid, now, 0);
+  return 0;
+}
+
+SEC("tracepoint/sched/sched_switch")
+int tp_sched_switch(void* ctx) {
+  __u64 now = bpf_ktime_get_ns();
+  /* The tracepoint runs in the context of `prev`, so current gives its tgid. */
+  if (current_traced()) {
+    /* Classic prev_state: TASK_REPORT_MAX (0x100 and up) marks a preemption; otherwise the
+     * reported state index as a bit (1 = S, 2 = D). */
+    __u64 st = field(ctx, IP_OFF_SW_PREV_STATE, 8);
+    __u8 s = (st & ~0xffULL) ? IP_STATE_PREEMPTED : offcpu_state(false, st & 0xff);
+    switch_out(bpf_get_current_pid_tgid() >> 32, field(ctx, IP_OFF_SW_PREV_PID, 4),
+               field(ctx, IP_OFF_SW_NEXT_PID, 4), s, now);
+  }
+  switch_in(field(ctx, IP_OFF_SW_NEXT_PID, 4), now, IP_REC_CLASSIC);
+  return 0;
+}
+
+/* ---- sched_wakeup ------------------------------------------------------------------------- */
+
+static __always_inline void wakeup(__u32 tgid, __u32 tid, __u8 flags) {
+  struct ip_record* r = reserve();
+  if (!r) return;
+  r->ts = bpf_ktime_get_ns();
+  r->arg1 = (__u32)bpf_get_current_pid_tgid(); /* the waker */
+  r->pid = tgid;
+  r->tid = tid;
+  r->source = IP_SRC_HOST;
+  r->op = 2;
+  r->flags = flags;
+  bpf_ringbuf_submit(r, 0);
+}
+
+SEC("tp_btf/sched_wakeup")
+int BPF_PROG(btf_sched_wakeup, struct task_struct* p) {
+  if (task_traced(p)) wakeup(p->tgid, p->pid, 0);
+  return 0;
+}
+
+SEC("tracepoint/sched/sched_wakeup")
+int tp_sched_wakeup(void* ctx) {
+  __u32 tid = field(ctx, IP_OFF_WK_PID, 4);
+  /* No tgid in the classic record: only threads with an off-CPU span open are known traced. */
+  struct ip_offcpu* o = bpf_map_lookup_elem(&offcpu, &tid);
+  if (o) wakeup(o->tgid, tid, IP_REC_CLASSIC);
+  return 0;
+}
+
+/* ---- process lifecycle -------------------------------------------------------------------- */
+
+static __always_inline void proc_record(__u8 op, __u32 tgid, __u32 tid, __u64 a0, __u64 a1,
+                                        __u8 flags) {
+  if (!emit_process) return;
+  struct ip_record* r = reserve();
+  if (!r) return;
+  r->ts = bpf_ktime_get_ns();
+  r->arg0 = a0;
+  r->arg1 = a1;
+  r->cgroup = bpf_get_current_cgroup_id();
+  r->pid = tgid;
+  r->tid = tid;
+  r->source = IP_SRC_HOST;
+  r->op = op;
+  r->flags = flags;
+  bpf_ringbuf_submit(r, 0);
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(btf_process_fork, struct task_struct* parent, struct task_struct* child) {
+  __u32 ptgid = parent->tgid, ctgid = child->tgid;
+  if (ptgid == ctgid) return 0; /* a new thread: already covered by its tgid */
+  if (!task_traced(parent)) return 0;
+  trace_tgid(ctgid); /* children of traced processes are traced */
+  proc_record(7, ptgid, parent->pid, ctgid, child->pid, 0);
+  return 0;
+}
+
+SEC("tracepoint/sched/sched_process_fork")
+int tp_process_fork(void* ctx) {
+  if (!current_traced()) return 0;
+  __u32 child = field(ctx, IP_OFF_FORK_CHILD_PID, 4);
+  /* Threads are indistinguishable here; a thread's tid in traced_tgids is harmless and is
+   * removed when it exits. */
+  trace_tgid(child);
+  __u64 id = bpf_get_current_pid_tgid();
+  proc_record(7, id >> 32, (__u32)id, child, child, IP_REC_CLASSIC);
+  return 0;
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(btf_process_exec, struct task_struct* p, pid_t old_pid, struct linux_binprm* bprm) {
+  if (task_traced(p)) proc_record(5, p->tgid, p->pid, old_pid, 0, 0);
+  return 0;
+}
+
+SEC("tracepoint/sched/sched_process_exec")
+int tp_process_exec(void* ctx) {
+  if (current_traced()) {
+    __u64 id = bpf_get_current_pid_tgid();
+    proc_record(5, id >> 32, (__u32)id, field(ctx, IP_OFF_EXEC_OLD_PID, 4), 0, IP_REC_CLASSIC);
+  }
+  return 0;
+}
+
+static __always_inline void thread_exit(__u32 tgid, __u32 tid, int exit_code, __u8 flags) {
+  /* Per-thread state dies with the thread, whatever is enabled. */
+  bpf_map_delete_elem(&call_stacks, &tid);
+  bpf_map_delete_elem(&offcpu, &tid);
+  bpf_map_delete_elem(&net_calls, &tid);
+  if (tgid != tid) {
+    bpf_map_delete_elem(&traced_tgids, &tid); /* classic fork may have added a thread id */
+    return;
+  }
+  if (!tgid_traced(tgid)) return;
+  proc_record(6, tgid, tid, exit_code, 0, flags);
+  bpf_map_delete_elem(&traced_tgids, &tgid);
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(btf_process_exit, struct task_struct* p) {
+  thread_exit(p->tgid, p->pid, p->exit_code >> 8, 0);
+  return 0;
+}
+
+SEC("tracepoint/sched/sched_process_exit")
+int tp_process_exit(void* ctx) {
+  __u64 id = bpf_get_current_pid_tgid();
+  thread_exit(id >> 32, (__u32)id, 0, IP_REC_CLASSIC);
+  return 0;
+}
+
+/* ---- mm_page_alloc: aggregated in per-CPU counters, read by user space -------------------- */
+
+SEC("tp_btf/mm_page_alloc")
+int BPF_PROG(btf_page_alloc, struct page* page, unsigned int order) {
+  count(IP_CNT_PAGE_BYTES, (__u64)page_size << order);
+  count(IP_CNT_PAGE_COUNT, 1);
+  return 0;
+}
+
+SEC("tracepoint/kmem/mm_page_alloc")
+int tp_page_alloc(void* ctx) {
+  count(IP_CNT_PAGE_BYTES, (__u64)page_size << (field(ctx, IP_OFF_PA_ORDER, 4) & 31));
+  count(IP_CNT_PAGE_COUNT, 1);
+  return 0;
+}
+
+/* ---- block I/O ---------------------------------------------------------------------------- */
+
+static __always_inline __u8 blk_op_from_flags(__u32 cmd_flags) {
+  switch (cmd_flags & 0xff) { /* REQ_OP_MASK */
+    case 0: return 1;  /* REQ_OP_READ */
+    case 1: return 2;  /* REQ_OP_WRITE */
+    case 3: return 3;  /* REQ_OP_DISCARD */
+    default: return 0; /* flush and others: not recorded */
+  }
+}
+
+static __always_inline void blk_issue(__u64 key, __u8 op, __u64 bytes) {
+  if (!op) return;
+  __u64 id = bpf_get_current_pid_tgid();
+  struct blk_start s = {.ts = bpf_ktime_get_ns(), .bytes = bytes, .pid = id >> 32,
+                        .tid = (__u32)id, .op = op};
+  bpf_map_update_elem(&blk_reqs, &key, &s, BPF_ANY);
+}
+
+static __always_inline void blk_complete(__u64 key, int error, __u8 flags) {
+  struct blk_start* s = bpf_map_lookup_elem(&blk_reqs, &key);
+  if (!s) return;
+  struct ip_record* r = reserve();
+  if (r) {
+    r->ts = s->ts;
+    r->dur = bpf_ktime_get_ns() - s->ts;
+    r->arg0 = s->bytes;
+    r->pid = s->pid;
+    r->tid = s->tid;
+    r->ret = error;
+    r->source = IP_SRC_IO;
+    r->op = s->op;
+    r->flags = flags;
+    bpf_ringbuf_submit(r, 0);
+  }
+  bpf_map_delete_elem(&blk_reqs, &key);
+}
+
+SEC("tp_btf/block_rq_issue")
+int BPF_PROG(btf_block_issue, struct request* rq) {
+  blk_issue((__u64)rq, blk_op_from_flags(rq->cmd_flags), rq->__data_len);
+  return 0;
+}
+
+SEC("tp_btf/block_rq_complete")
+int BPF_PROG(btf_block_complete, struct request* rq, int error, unsigned int nr_bytes) {
+  blk_complete((__u64)rq, error, 0);
+  return 0;
+}
+
+/* rwbs: the first letter among R/W/D names the operation ("FWS" = flush + write + sync). */
+static __always_inline __u8 blk_op_from_rwbs(__u64 rwbs) {
+  for (int i = 0; i < 8; i++) {
+    char c = (rwbs >> (8 * i)) & 0xff;
+    if (c == 'R') return 1;
+    if (c == 'W') return 2;
+    if (c == 'D') return 3;
+    if (c == 0) break;
+  }
+  return 0;
+}
+
+SEC("tracepoint/block/block_rq_issue")
+int tp_block_issue(void* ctx) {
+  __u64 key = (field(ctx, IP_OFF_BI_DEV, 4) << 44) ^ field(ctx, IP_OFF_BI_SECTOR, 8);
+  blk_issue(key, blk_op_from_rwbs(field(ctx, IP_OFF_BI_RWBS, 8)), field(ctx, IP_OFF_BI_BYTES, 4));
+  return 0;
+}
+
+SEC("tracepoint/block/block_rq_complete")
+int tp_block_complete(void* ctx) {
+  __u64 key = (field(ctx, IP_OFF_BC_DEV, 4) << 44) ^ field(ctx, IP_OFF_BC_SECTOR, 8);
+  blk_complete(key, (int)field(ctx, IP_OFF_BC_ERROR, 4), IP_REC_CLASSIC);
+  return 0;
+}
+
+/* ---- TCP retransmits (IPv4 and IPv6) ------------------------------------------------------ */
+
+/* arg0 = family << 16 | remote port; arg1 = remote IPv4 address, or the first 8 bytes of the
+ * IPv6 address; arg2 = its last 8 bytes. */
+static __always_inline void tcp_record(__u16 family, __u16 dport_be, __u64 a1, __u64 a2, __u8 flags) {
+  struct ip_record* r = reserve();
+  if (!r) return;
+  __u64 id = bpf_get_current_pid_tgid();
+  r->ts = bpf_ktime_get_ns();
+  r->arg0 = ((__u64)family << 16) | (__u16)((dport_be >> 8) | (dport_be << 8));
+  r->arg1 = a1;
+  r->arg2 = a2;
+  r->pid = id >> 32;
+  r->tid = (__u32)id;
+  r->source = IP_SRC_TCP;
+  r->op = 1;
+  r->flags = flags;
+  bpf_ringbuf_submit(r, 0);
+}
+
+SEC("tp_btf/tcp_retransmit_skb")
+int BPF_PROG(btf_tcp_retransmit, const struct sock* sk) {
+  __u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
+  __u16 dport = BPF_CORE_READ(sk, __sk_common.skc_dport);
+  __u64 a1 = 0, a2 = 0;
+  if (family == 2 /* AF_INET */) {
+    a1 = BPF_CORE_READ(sk, __sk_common.skc_daddr);
+  } else if (family == 10 /* AF_INET6 */) {
+    struct in6_addr d = BPF_CORE_READ(sk, __sk_common.skc_v6_daddr);
+    __builtin_memcpy(&a1, &d.in6_u.u6_addr8[0], 8);
+    __builtin_memcpy(&a2, &d.in6_u.u6_addr8[8], 8);
+  }
+  tcp_record(family, dport, a1, a2, 0);
+  return 0;
+}
+
+SEC("tracepoint/tcp/tcp_retransmit_skb")
+int tp_tcp_retransmit(void* ctx) {
+  __u64 a1 = 0, a2 = 0;
+  __u16 family = field(ctx, IP_OFF_TCP_FAMILY, 2);
+  if (family == 2) {
+    a1 = field(ctx, IP_OFF_TCP_DADDR, 4);
+  } else {
+    bpf_probe_read_kernel(&a1, 8, (char*)ctx + classic_off[IP_OFF_TCP_DADDR6]);
+    bpf_probe_read_kernel(&a2, 8, (char*)ctx + classic_off[IP_OFF_TCP_DADDR6] + 8);
+  }
+  /* The classic record holds the port in host order already. */
+  __u16 dport = field(ctx, IP_OFF_TCP_DPORT, 2);
+  tcp_record(family, (__u16)((dport >> 8) | (dport << 8)), a1, a2, IP_REC_CLASSIC);
+  return 0;
+}
+
+/* ---- socket send/recv syscalls (no tp_btf for syscalls: classic only) --------------------- */
+
+static __always_inline int net_enter(struct trace_event_raw_sys_enter* ctx, __u8 op) {
+  if (!current_traced()) return 0;
+  __u32 tid = (__u32)bpf_get_current_pid_tgid();
+  struct net_start s = {.ts = bpf_ktime_get_ns(), .fd = ctx->args[0], .op = op};
+  bpf_map_update_elem(&net_calls, &tid, &s, BPF_ANY);
+  return 0;
+}
+
+static __always_inline int net_exit(struct trace_event_raw_sys_exit* ctx) {
+  __u64 id = bpf_get_current_pid_tgid();
+  __u32 tid = (__u32)id;
+  struct net_start* s = bpf_map_lookup_elem(&net_calls, &tid);
+  if (!s) return 0;
+  struct ip_record* r = reserve();
+  if (r) {
+    long ret = ctx->ret;
+    r->ts = s->ts;
+    r->dur = bpf_ktime_get_ns() - s->ts;
+    r->arg0 = ret > 0 ? ret : 0;
+    r->arg1 = s->fd;
+    r->ret = ret < 0 ? (__s32)ret : 0;
+    r->pid = id >> 32;
+    r->tid = tid;
+    r->source = IP_SRC_NET;
+    r->op = s->op;
+    bpf_ringbuf_submit(r, 0);
+  }
+  bpf_map_delete_elem(&net_calls, &tid);
+  return 0;
+}
+
+SEC("tracepoint/syscalls/sys_enter_sendto")
+int sys_enter_sendto(struct trace_event_raw_sys_enter* ctx) { return net_enter(ctx, 1); }
+SEC("tracepoint/syscalls/sys_enter_sendmsg")
+int sys_enter_sendmsg(struct trace_event_raw_sys_enter* ctx) { return net_enter(ctx, 1); }
+SEC("tracepoint/syscalls/sys_enter_recvfrom")
+int sys_enter_recvfrom(struct trace_event_raw_sys_enter* ctx) { return net_enter(ctx, 2); }
+SEC("tracepoint/syscalls/sys_enter_recvmsg")
+int sys_enter_recvmsg(struct trace_event_raw_sys_enter* ctx) { return net_enter(ctx, 2); }
+SEC("tracepoint/syscalls/sys_exit_sendto")
+int sys_exit_sendto(struct trace_event_raw_sys_exit* ctx) { return net_exit(ctx); }
+SEC("tracepoint/syscalls/sys_exit_sendmsg")
+int sys_exit_sendmsg(struct trace_event_raw_sys_exit* ctx) { return net_exit(ctx); }
+SEC("tracepoint/syscalls/sys_exit_recvfrom")
+int sys_exit_recvfrom(struct trace_event_raw_sys_exit* ctx) { return net_exit(ctx); }
+SEC("tracepoint/syscalls/sys_exit_recvmsg")
+int sys_exit_recvmsg(struct trace_event_raw_sys_exit* ctx) { return net_exit(ctx); }

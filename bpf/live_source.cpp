@@ -1,0 +1,347 @@
+// LiveSource: poller thread, queue, reorder buffer and watermark; see live_source.h.
+#include "bpf/live_source.h"
+
+#include <sys/sysinfo.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <concurrentqueue/blockingconcurrentqueue.h>
+#include <fstream>
+
+#include "engine/ops.h"
+
+namespace ingero::bpf {
+
+struct LiveSource::Queue {
+  moodycamel::BlockingConcurrentQueue<Event> q{1 << 16};
+};
+
+namespace {
+std::string read_first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string s;
+  std::getline(in, s);
+  return s;
+}
+
+std::string families_text(const ProbeFamilies& f) {
+  std::string s;
+  auto add = [&](bool on, const char* n) {
+    if (on) s += (s.empty() ? "" : ",") + std::string(n);
+  };
+  add(f.cuda, "cuda");
+  add(f.driver, "driver");
+  add(f.graph, "graph");
+  add(f.nccl, "nccl");
+  add(f.sched, "sched");
+  add(f.wakeup, "wakeup");
+  add(f.process, "process");
+  add(f.memory, "memory");
+  add(f.block, "block");
+  add(f.tcp, "tcp");
+  add(f.net, "net");
+  return s;
+}
+}  // namespace
+
+LiveSource::LiveSource(const LiveOptions& opts)
+    : opts_(opts), conv_(realtime_offset_ns()), queue_(std::make_unique<Queue>()),
+      discovery_(opts.discovery) {}
+
+std::unique_ptr<LiveSource> LiveSource::start(const LiveOptions& opts, std::string& error) {
+  std::unique_ptr<LiveSource> s(new LiveSource(opts));
+  LiveSource* self = s.get();
+  s->probes_ = BpfProbes::open(
+      opts.probes,
+      [self](const ip_record& r) {
+        self->records_.fetch_add(1, std::memory_order_relaxed);
+        Event e;
+        std::string reason;
+        if (self->conv_.convert(r, e, reason))
+          self->pending_.push_back(e);
+        else
+          self->unknown_.fetch_add(1, std::memory_order_relaxed);
+      },
+      error);
+  if (!s->probes_) return nullptr;
+  for (auto& w : s->probes_->take_warnings()) s->warn(std::move(w));
+
+  // Libraries: everything findable now. In --pid mode, the traced processes' own maps first so
+  // their copies are attached even when the same file is known under another path.
+  if (opts.probes.filter == FilterMode::kPids)
+    for (uint32_t pid : opts.probes.pids) s->attach_found(s->discovery_.scan_pid(pid));
+  s->attach_found(s->discovery_.initial_scan());
+  const auto& f = opts.probes.families;
+  auto have = [&](LibKind k) {
+    for (const auto& l : s->libs_)
+      if (l.kind == k) return true;
+    return false;
+  };
+  if ((f.cuda || f.graph) && !have(LibKind::kCudart))
+    s->warn("libcudart not found (processes' maps, ld.so.cache, CUDA toolkit, Python wheels); "
+            "CUDA runtime calls are not traced until a process loads it (or pass --cuda-lib PATH)");
+  if (f.driver && !have(LibKind::kCuda))
+    s->warn("libcuda not found (no NVIDIA driver installed?); driver calls are not traced until "
+            "a process loads it");
+  if (f.nccl && !have(LibKind::kNccl))
+    s->warn("libnccl not found; NCCL collectives are not traced until a process loads it");
+
+  // Session metadata.
+  TraceMeta& m = s->meta_;
+  m.path = "<live>";
+  m.format = "ingero-pipeline-live";
+  SessionInfo si;
+  si.started_at = s->conv_.to_unix(monotonic_ns());
+  utsname u{};
+  if (::uname(&u) == 0) si.kernel = std::string(u.sysname) + " " + u.release;
+  si.os_release = read_first_line("/etc/debian_version");
+  si.cpu_cores = static_cast<uint32_t>(::sysconf(_SC_NPROCESSORS_ONLN));
+  struct sysinfo sinfo {};
+  if (::sysinfo(&sinfo) == 0) si.mem_total_mb = sinfo.totalram * sinfo.mem_unit / (1024 * 1024);
+  si.tool_ver = "ingero-pipeline 0.1.0";
+  switch (opts.probes.filter) {
+    case FilterMode::kAllCuda: si.pid_filter = "all CUDA processes"; break;
+    case FilterMode::kPids:
+      for (uint32_t p : opts.probes.pids)
+        si.pid_filter += (si.pid_filter.empty() ? "" : ",") + std::to_string(p);
+      break;
+    case FilterMode::kCgroup: si.pid_filter = "cgroup " + opts.probes.cgroup_path; break;
+  }
+  si.flags = "families=" + families_text(f);
+  // Names of the processes known now (the engine reads them when a run starts); later ones are
+  // added as their first events are delivered.
+  for (uint32_t pid : opts.probes.pids) {
+    const std::string comm = read_first_line("/proc/" + std::to_string(pid) + "/comm");
+    if (!comm.empty()) m.process_names[pid] = comm;
+  }
+  m.sessions.push_back(si);
+
+  const uint64_t now = monotonic_ns();
+  s->wm_mono_.store(now > opts.lag_ns ? now - opts.lag_ns : 0);
+  s->thread_ = std::thread([self] { self->poller(); });
+  return s;
+}
+
+LiveSource::~LiveSource() {
+  stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+void LiveSource::stop() { stop_.store(true); }
+
+void LiveSource::warn(std::string w) {
+  std::lock_guard<std::mutex> lk(mu_);
+  warnings_.push_back(std::move(w));
+}
+
+std::vector<std::string> LiveSource::take_warnings() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return std::exchange(warnings_, {});
+}
+
+std::vector<CudaLibrary> LiveSource::libraries() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return libs_;
+}
+
+void LiveSource::attach_found(const std::vector<CudaLibrary>& libs) {
+  for (const auto& lib : libs) {
+    const int n = probes_->attach_library(lib);
+    for (auto& w : probes_->take_warnings()) warn(std::move(w));
+    if (n > 0) {
+      std::lock_guard<std::mutex> lk(mu_);
+      libs_.push_back(lib);
+    }
+  }
+}
+
+void LiveSource::poller() {
+  using clock = std::chrono::steady_clock;
+  auto next_scan = clock::now(), next_discovery = clock::now() +
+      std::chrono::nanoseconds(opts_.rediscover_interval_ns);
+  uint64_t page_start = monotonic_ns(), page_bytes = 0, page_count = 0;
+  {
+    const ProbeCounters c0 = probes_->counters();
+    page_bytes = c0.v[IP_CNT_PAGE_BYTES];
+    page_count = c0.v[IP_CNT_PAGE_COUNT];
+  }
+  uint64_t oldest = UINT64_MAX;
+  pending_.reserve(4096);
+  auto flush = [&] {
+    if (!pending_.empty()) {
+      queue_->q.enqueue_bulk(pending_.data(), pending_.size());
+      pending_.clear();
+    }
+  };
+  for (;;) {
+    const bool last = stop_.load();
+    // poll() returns as soon as it consumed something; consume() then empties every ring, so all
+    // records committed before `t` are in hand.
+    probes_->poll(last ? 0 : opts_.poll_timeout_ms);
+    const uint64_t t = monotonic_ns();
+    probes_->poll(0);
+    flush();
+
+    if (last || clock::now() >= next_scan) {
+      next_scan = clock::now() + std::chrono::milliseconds(20);
+      oldest = probes_->oldest_open(t, opts_.max_hold_ns);
+      const ProbeCounters c = probes_->counters();
+      dropped_[IP_RING_GPU].store(c.v[IP_CNT_DROP_GPU]);
+      dropped_[IP_RING_HOST].store(c.v[IP_CNT_DROP_HOST]);
+      depth_.store(c.v[IP_CNT_DEPTH]);
+      unmatched_.store(c.v[IP_CNT_UNMATCHED]);
+      no_slot_.store(c.v[IP_CNT_NO_SLOT]);
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        const uint64_t total = c.v[IP_CNT_DROP_GPU] + c.v[IP_CNT_DROP_HOST];
+        if (drop_timeline_.empty() || drop_timeline_.back().second != total ||
+            drop_timeline_.size() < 2)
+          drop_timeline_.emplace_back(t, total);
+        else
+          drop_timeline_.back().first = t;  // unchanged: extend the last sample
+      }
+      if (opts_.probes.families.memory && (last || t - page_start >= opts_.page_interval_ns)) {
+        // Page allocations are summed in the kernel; one host-wide event per interval.
+        const uint64_t db = c.v[IP_CNT_PAGE_BYTES] - page_bytes;
+        const uint64_t dc = c.v[IP_CNT_PAGE_COUNT] - page_count;
+        if (dc > 0) {
+          Event e;
+          e.ts_ns = conv_.to_unix(page_start);
+          e.dur_ns = t - page_start;
+          e.arg0 = db;
+          e.arg1 = dc;
+          e.source = Source::kHost;
+          e.op = op::kPageAlloc;
+          queue_->q.enqueue(e);
+        }
+        page_bytes = c.v[IP_CNT_PAGE_BYTES];
+        page_count = c.v[IP_CNT_PAGE_COUNT];
+        page_start = t;
+      }
+    }
+    uint64_t wm = t > opts_.lag_ns ? t - opts_.lag_ns : 0;
+    wm = std::min(wm, oldest);
+    if (opts_.probes.families.memory) wm = std::min(wm, page_start);
+    if (wm > wm_mono_.load(std::memory_order_relaxed))
+      wm_mono_.store(wm, std::memory_order_release);
+    if (last) break;
+
+    if (clock::now() >= next_discovery) {
+      next_discovery = clock::now() + std::chrono::nanoseconds(opts_.rediscover_interval_ns);
+      attach_found(discovery_.poll());
+    }
+  }
+  poller_done_.store(true, std::memory_order_release);
+}
+
+bool LiveSource::next(Batch& out) {
+  if (finished_) return false;
+  out.events.clear();
+  out.final = false;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::nanoseconds(opts_.batch_interval_ns);
+  std::vector<Event> buf(4096);
+  for (;;) {
+    const bool done = poller_done_.load(std::memory_order_acquire);
+    const uint64_t wm_mono = wm_mono_.load(std::memory_order_acquire);
+    for (;;) {
+      const size_t n = queue_->q.try_dequeue_bulk(buf.data(), buf.size());
+      for (size_t i = 0; i < n; ++i)
+        if (!reorder_.push(buf[i])) {
+          ++late_;
+          meta_.health.skip("event older than the watermark already delivered (a span open longer "
+                            "than --max-hold); dropped");
+        }
+      if (n < buf.size()) break;
+    }
+    const uint64_t wm = done ? UINT64_MAX : conv_.to_unix(wm_mono);
+    const size_t before = out.events.size();
+    reorder_.release(wm, out.events);
+    for (size_t i = before; i < out.events.size(); ++i) {
+      Event& e = out.events[i];
+      e.id = ++next_id_;
+      if (e.pid && !meta_.process_names.count(e.pid)) {
+        std::string comm = read_first_line("/proc/" + std::to_string(e.pid) + "/comm");
+        meta_.process_names[e.pid] = comm.empty() ? "pid " + std::to_string(e.pid) : comm;
+      }
+    }
+    reorder_size_.store(reorder_.size(), std::memory_order_relaxed);
+    if (wm > last_wm_) last_wm_ = wm;
+    if (done || out.events.size() >= opts_.batch_max ||
+        std::chrono::steady_clock::now() >= deadline) {
+      delivered_ += out.events.size();
+      out.watermark = last_wm_;
+      out.seq = seq_++;
+      meta_.health.rows_read = delivered_;
+      meta_.health.dropped_events = drops_total();
+      if (!out.events.empty()) {
+        if (meta_.first_ts == 0) meta_.first_ts = out.events.front().ts_ns;
+        meta_.last_ts = std::max(meta_.last_ts, out.events.back().ts_ns);
+      }
+      if (done) {
+        out.final = true;
+        out.watermark = UINT64_MAX;
+        finished_ = true;
+        if (const uint64_t unk = unknown_.load(); unk)
+          meta_.health.skip("BPF records with an unknown source/op", unk);
+        SessionInfo& si = meta_.sessions.back();
+        si.stopped_at = conv_.to_unix(monotonic_ns());
+        si.flags += "; dropped_gpu=" + std::to_string(dropped_[IP_RING_GPU].load()) +
+                    "; dropped_host=" + std::to_string(dropped_[IP_RING_HOST].load());
+      }
+      return true;
+    }
+    // Wait for records (or the next watermark step) without spinning.
+    Event first;
+    if (queue_->q.wait_dequeue_timed(first, std::chrono::milliseconds(5))) {
+      if (!reorder_.push(first)) {
+        ++late_;
+        meta_.health.skip("event older than the watermark already delivered (a span open longer "
+                          "than --max-hold); dropped");
+      }
+    }
+  }
+}
+
+LiveStats LiveSource::stats() const {
+  LiveStats s;
+  s.records = records_.load();
+  s.delivered = delivered_;
+  s.late = late_;
+  for (int i = 0; i < IP_NUM_RINGS; ++i) s.dropped[i] = dropped_[i].load();
+  s.depth_overflow = depth_.load();
+  s.unmatched = unmatched_.load();
+  s.no_slot = no_slot_.load();
+  s.reorder_size = reorder_size_.load();
+  std::lock_guard<std::mutex> lk(mu_);
+  s.libraries = libs_.size();
+  s.uprobes = probes_->uprobes_attached();
+  return s;
+}
+
+uint64_t LiveSource::drops_total() const {
+  uint64_t t = 0;
+  for (const auto& d : dropped_) t += d.load();
+  return t;
+}
+
+uint64_t LiveSource::drops_between(uint64_t t0_unix, uint64_t t1_unix) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (drop_timeline_.empty()) return 0;
+  const uint64_t t0 = t0_unix - conv_.offset(), t1 = t1_unix - conv_.offset();
+  // Drops counted by the first sample at or after t1, minus those known by the last sample at or
+  // before t0: an upper bound of what the window lost (samples are 20 ms apart).
+  uint64_t before = 0, after = drop_timeline_.back().second;
+  for (const auto& [ts, cum] : drop_timeline_) {
+    if (ts <= t0) before = cum;
+    if (ts >= t1) {
+      after = cum;
+      break;
+    }
+  }
+  return after > before ? after - before : 0;
+}
+
+}  // namespace ingero::bpf

@@ -1,0 +1,113 @@
+// The live capture source: BPF ring buffers -> poller thread -> lock-free queue -> reorder
+// buffer -> engine batches.
+//
+// Contract:
+// - Implements EventSource. Batches are sorted by ts_ns (unix ns, interval start). The watermark
+//   is min(poll time - lag, oldest open probed call / off-CPU span (bounded by max_hold),
+//   start of the page-allocation interval being aggregated), so a long cudaStreamSynchronize
+//   holds the watermark at its entry until it returns and nothing it overlaps arrives late.
+//   An idle source still advances: the poll time moves whether or not records arrive, and next()
+//   returns a batch (possibly empty) at least every `batch_interval`.
+// - An event older than a watermark already handed out (a span open longer than max_hold) is
+//   dropped and counted in meta().health ("late" reason), never delivered out of order.
+// - Ring overflow is counted per ring in the kernel; drops() reads the totals and
+//   drops_between() says how many were lost in a time range (for chains whose window lost
+//   events). meta().health.dropped_events holds the total.
+// - stop() may be called from any thread (signal handler code excepted: set a flag and call it
+//   from a normal thread); the next next() calls drain the rings and end with a final batch.
+// - The poller thread also re-runs library discovery every `rediscover_interval` (bounded cost)
+//   and attaches uprobes to new libraries; warnings (missing library/symbol) are queued for the
+//   caller (take_warnings()).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bpf/discovery.h"
+#include "bpf/probes.h"
+#include "bpf/records.h"
+#include "engine/trace.h"
+
+namespace ingero::bpf {
+
+struct LiveOptions {
+  ProbeOptions probes;
+  DiscoveryOptions discovery;
+  uint64_t lag_ns = 50'000'000;                 // in-flight records (per-CPU commit order)
+  uint64_t max_hold_ns = 2'000'000'000;         // longest an open span may hold the watermark
+  uint64_t batch_interval_ns = 100'000'000;     // a batch at least this often
+  size_t batch_max = 16384;                     // events per batch at most
+  uint64_t page_interval_ns = 50'000'000;       // page-allocation aggregation interval
+  uint64_t rediscover_interval_ns = 2'000'000'000;
+  int poll_timeout_ms = 10;
+};
+
+struct LiveStats {
+  uint64_t records = 0;           // consumed from the rings
+  uint64_t delivered = 0;         // handed to the engine
+  uint64_t late = 0;              // dropped for arriving behind the watermark
+  uint64_t dropped[IP_NUM_RINGS] = {};  // ring overflow (kernel side)
+  uint64_t depth_overflow = 0, unmatched = 0, no_slot = 0;
+  size_t reorder_size = 0;
+  size_t libraries = 0, uprobes = 0;
+};
+
+class LiveSource final : public EventSource {
+ public:
+  // Loads the probes, finds and attaches the libraries, starts the poller. Null with `error` when
+  // BPF cannot be used.
+  static std::unique_ptr<LiveSource> start(const LiveOptions& opts, std::string& error);
+  ~LiveSource() override;
+
+  bool next(Batch& out) override;
+  TraceMeta& meta() override { return meta_; }
+
+  void stop();
+  bool stopping() const { return stop_.load(); }
+  LiveStats stats() const;
+  uint64_t drops_total() const;
+  uint64_t drops_between(uint64_t t0_unix, uint64_t t1_unix) const;
+  std::vector<CudaLibrary> libraries() const;
+  std::vector<std::string> take_warnings();
+  const RecordConverter& converter() const { return conv_; }
+  const BpfProbes& probes() const { return *probes_; }
+
+ private:
+  explicit LiveSource(const LiveOptions& opts);
+  void poller();
+  void attach_found(const std::vector<CudaLibrary>& libs);
+  void warn(std::string w);
+
+  struct Queue;
+  LiveOptions opts_;
+  RecordConverter conv_;
+  std::unique_ptr<BpfProbes> probes_;
+  std::unique_ptr<Queue> queue_;
+  LibraryDiscovery discovery_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false}, poller_done_{false};
+  std::atomic<uint64_t> wm_mono_{0};
+  std::atomic<uint64_t> records_{0}, unknown_{0};
+  std::atomic<uint64_t> dropped_[IP_NUM_RINGS] = {};
+  std::atomic<uint64_t> depth_{0}, unmatched_{0}, no_slot_{0};
+  std::vector<Event> pending_;  // poller-local: converted, not yet enqueued
+
+  mutable std::mutex mu_;  // guards the members below
+  std::vector<std::string> warnings_;
+  std::vector<CudaLibrary> libs_;
+  std::vector<std::pair<uint64_t, uint64_t>> drop_timeline_;  // (mono ns, cumulative drops)
+
+  // Engine-thread state (next()).
+  ReorderBuffer reorder_;
+  TraceMeta meta_;
+  uint64_t seq_ = 0, next_id_ = 0, last_wm_ = 0, delivered_ = 0, late_ = 0;
+  std::atomic<size_t> reorder_size_{0};
+  bool finished_ = false;
+};
+
+}  // namespace ingero::bpf

@@ -1,0 +1,416 @@
+// BpfProbes: loading, attaching and polling the BPF objects. See probes.h for the contract.
+#include "bpf/probes.h"
+
+#include <bpf/bpf.h>
+#include <bpf/btf.h>
+#include <bpf/libbpf.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "bpf/gpu.skel.h"
+#include "bpf/host.skel.h"
+
+namespace ingero::bpf {
+namespace {
+
+// Which tracepoints host.bpf.c has, their family, and their two programs.
+struct TracepointSpec {
+  const char* category;
+  const char* name;
+  bool ProbeFamilies::*family;  // nullptr: always loaded (process tracking and cleanup)
+  const char* btf;      // program names in host.bpf.c
+  const char* classic;
+};
+
+const TracepointSpec kTracepoints[] = {
+    {"sched", "sched_switch", &ProbeFamilies::sched, "btf_sched_switch", "tp_sched_switch"},
+    {"sched", "sched_wakeup", &ProbeFamilies::wakeup, "btf_sched_wakeup", "tp_sched_wakeup"},
+    {"sched", "sched_process_fork", nullptr, "btf_process_fork", "tp_process_fork"},
+    {"sched", "sched_process_exec", &ProbeFamilies::process, "btf_process_exec",
+     "tp_process_exec"},
+    {"sched", "sched_process_exit", nullptr, "btf_process_exit", "tp_process_exit"},
+    {"kmem", "mm_page_alloc", &ProbeFamilies::memory, "btf_page_alloc", "tp_page_alloc"},
+    {"block", "block_rq_issue", &ProbeFamilies::block, "btf_block_issue", "tp_block_issue"},
+    {"block", "block_rq_complete", &ProbeFamilies::block, "btf_block_complete",
+     "tp_block_complete"},
+    {"tcp", "tcp_retransmit_skb", &ProbeFamilies::tcp, "btf_tcp_retransmit",
+     "tp_tcp_retransmit"},
+};
+
+// Classic fields host.bpf.c reads: (category/event, field, IP_OFF_* index).
+struct ClassicField {
+  const char* event;
+  const char* field;
+  int index;
+};
+const ClassicField kClassicFields[] = {
+    {"sched/sched_switch", "prev_pid", IP_OFF_SW_PREV_PID},
+    {"sched/sched_switch", "prev_state", IP_OFF_SW_PREV_STATE},
+    {"sched/sched_switch", "next_pid", IP_OFF_SW_NEXT_PID},
+    {"sched/sched_wakeup", "pid", IP_OFF_WK_PID},
+    {"sched/sched_process_fork", "child_pid", IP_OFF_FORK_CHILD_PID},
+    {"sched/sched_process_exec", "old_pid", IP_OFF_EXEC_OLD_PID},
+    {"kmem/mm_page_alloc", "order", IP_OFF_PA_ORDER},
+    {"block/block_rq_issue", "dev", IP_OFF_BI_DEV},
+    {"block/block_rq_issue", "sector", IP_OFF_BI_SECTOR},
+    {"block/block_rq_issue", "bytes", IP_OFF_BI_BYTES},
+    {"block/block_rq_issue", "rwbs", IP_OFF_BI_RWBS},
+    {"block/block_rq_complete", "dev", IP_OFF_BC_DEV},
+    {"block/block_rq_complete", "sector", IP_OFF_BC_SECTOR},
+    {"block/block_rq_complete", "error", IP_OFF_BC_ERROR},
+    {"tcp/tcp_retransmit_skb", "family", IP_OFF_TCP_FAMILY},
+    {"tcp/tcp_retransmit_skb", "dport", IP_OFF_TCP_DPORT},
+    {"tcp/tcp_retransmit_skb", "daddr", IP_OFF_TCP_DADDR},
+    {"tcp/tcp_retransmit_skb", "daddr_v6", IP_OFF_TCP_DADDR6},
+};
+
+// "\tfield:unsigned int nr_sector;\toffset:24;\tsize:4;\tsigned:0;" -> ("nr_sector", 24)
+std::map<std::string, uint32_t> read_format(const std::string& path) {
+  std::map<std::string, uint32_t> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t f = line.find("field:"), o = line.find("offset:");
+    if (f == std::string::npos || o == std::string::npos) continue;
+    std::string decl = line.substr(f + 6, line.find(';', f) - f - 6);
+    if (const size_t br = decl.find('['); br != std::string::npos) decl.resize(br);
+    const size_t sp = decl.find_last_of(" *");
+    const std::string name = sp == std::string::npos ? decl : decl.substr(sp + 1);
+    out[name] = static_cast<uint32_t>(std::strtoul(line.c_str() + o + 7, nullptr, 10));
+  }
+  return out;
+}
+
+std::string find_tracefs(const std::string& preferred) {
+  for (const std::string& p : {preferred, std::string("/sys/kernel/tracing"),
+                               std::string("/sys/kernel/debug/tracing")})
+    if (!p.empty() && ::access((p + "/events").c_str(), R_OK) == 0) return p;
+  return {};
+}
+
+int on_ring_record(void* ctx, void* data, size_t size) {
+  if (size < sizeof(ip_record)) return 0;
+  auto* self = static_cast<BpfProbes::RecordFn*>(ctx);
+  (*self)(*static_cast<const ip_record*>(data));
+  return 0;
+}
+
+int libbpf_quiet(enum libbpf_print_level level, const char* fmt, va_list args) {
+  // Verifier logs and attach failures surface through our own errors/warnings; keep libbpf's
+  // debug chatter out of the terminal unless asked for.
+  static const bool verbose = std::getenv("INGERO_BPF_VERBOSE") != nullptr;
+  if (!verbose && level != LIBBPF_WARN) return 0;
+  if (!verbose) return 0;
+  return std::vfprintf(stderr, fmt, args);
+}
+
+LibKind symbol_library(const std::string& sym) {
+  if (sym.rfind("nccl", 0) == 0) return LibKind::kNccl;
+  if (sym.rfind("cuda", 0) == 0) return LibKind::kCudart;
+  return LibKind::kCuda;
+}
+
+bool symbol_enabled(const std::string& sym, const ProbeFamilies& f) {
+  if (sym.rfind("nccl", 0) == 0) return f.nccl;
+  if (sym == "cudaStreamBeginCapture" || sym == "cudaStreamEndCapture" ||
+      sym == "cudaGraphInstantiate" || sym == "cudaGraphLaunch")
+    return f.graph;
+  if (sym.rfind("cuda", 0) == 0) return f.cuda;
+  return f.driver;
+}
+
+}  // namespace
+
+uint64_t monotonic_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + ts.tv_nsec;
+}
+
+int64_t realtime_offset_ns() {
+  int64_t best_gap = INT64_MAX, offset = 0;
+  for (int i = 0; i < 7; ++i) {
+    timespec a{}, r{}, b{};
+    ::clock_gettime(CLOCK_MONOTONIC, &a);
+    ::clock_gettime(CLOCK_REALTIME, &r);
+    ::clock_gettime(CLOCK_MONOTONIC, &b);
+    const int64_t ma = a.tv_sec * 1'000'000'000ll + a.tv_nsec;
+    const int64_t mb = b.tv_sec * 1'000'000'000ll + b.tv_nsec;
+    const int64_t rr = r.tv_sec * 1'000'000'000ll + r.tv_nsec;
+    if (mb - ma < best_gap) {
+      best_gap = mb - ma;
+      offset = rr - (ma + (mb - ma) / 2);
+    }
+  }
+  return offset;
+}
+
+std::unique_ptr<BpfProbes> BpfProbes::open(const ProbeOptions& opts, RecordFn on_record,
+                                           std::string& error) {
+  libbpf_set_print(libbpf_quiet);
+  std::unique_ptr<BpfProbes> p(new BpfProbes());
+  p->on_record_ = std::move(on_record);
+  p->families_ = opts.families;
+  if (!p->load(opts, error)) return nullptr;
+  return p;
+}
+
+bool BpfProbes::load(const ProbeOptions& opts, std::string& error) {
+  if (opts.filter == FilterMode::kCgroup) {
+    struct stat st {};
+    if (::stat(opts.cgroup_path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      error = "cgroup '" + opts.cgroup_path + "' is not a directory (expected a cgroup v2 path "
+              "such as /sys/fs/cgroup/system.slice/docker-<id>.scope)";
+      return false;
+    }
+    cgroup_id_ = st.st_ino;  // cgroup v2 id == kernfs inode number on 64-bit kernels
+  }
+
+  host_ = ip_host_bpf__open();
+  if (!host_) {
+    error = std::string("cannot open the host BPF object: ") + std::strerror(errno);
+    return false;
+  }
+  host_->rodata->filter_mode = static_cast<uint32_t>(opts.filter);
+  host_->rodata->target_cgroup = cgroup_id_;
+  host_->rodata->emit_process = opts.families.process;
+  host_->rodata->page_size = static_cast<uint32_t>(::sysconf(_SC_PAGESIZE));
+
+  btf* vmlinux = btf__load_vmlinux_btf();
+  const std::string tracefs = find_tracefs(opts.tracefs);
+  bool need_classic = false;
+  std::vector<std::pair<bpf_program*, std::string>> to_attach;
+  for (const auto& tp : kTracepoints) {
+    bpf_program* b = bpf_object__find_program_by_name(host_->obj, tp.btf);
+    bpf_program* c = bpf_object__find_program_by_name(host_->obj, tp.classic);
+    const bool on = tp.family == nullptr || opts.families.*tp.family;
+    const bool has_btf = vmlinux != nullptr &&
+        btf__find_by_name_kind(vmlinux, (std::string("btf_trace_") + tp.name).c_str(),
+                               BTF_KIND_TYPEDEF) >= 0;
+    const bool use_btf = on && has_btf && !opts.force_classic;
+    const bool use_classic = on && !use_btf;
+    if (use_classic && tracefs.empty()) {
+      warnings_.push_back(std::string("tracepoint ") + tp.name +
+                          ": no BTF for it and no tracefs to read its classic format; not traced "
+                          "(fix: mount -t tracefs nodev /sys/kernel/tracing)");
+      bpf_program__set_autoload(b, false);
+      bpf_program__set_autoload(c, false);
+      continue;
+    }
+    bpf_program__set_autoload(b, use_btf);
+    bpf_program__set_autoload(c, use_classic);
+    need_classic |= use_classic;
+    if (use_btf) to_attach.emplace_back(b, std::string(tp.name) + "=tp_btf");
+    if (use_classic) to_attach.emplace_back(c, std::string(tp.name) + "=classic");
+  }
+  if (vmlinux) btf__free(vmlinux);
+
+  if (need_classic) {
+    std::map<std::string, std::map<std::string, uint32_t>> formats;
+    for (const auto& f : kClassicFields) {
+      auto& fmt = formats[f.event];
+      if (fmt.empty()) fmt = read_format(tracefs + "/events/" + f.event + "/format");
+      auto it = fmt.find(f.field);
+      if (it != fmt.end()) host_->rodata->classic_off[f.index] = it->second;
+    }
+  }
+
+  // Socket syscalls: classic tracepoints only (there is no tp_btf for individual syscalls).
+  const char* net_progs[] = {"sys_enter_sendto", "sys_enter_sendmsg", "sys_enter_recvfrom",
+                             "sys_enter_recvmsg", "sys_exit_sendto",   "sys_exit_sendmsg",
+                             "sys_exit_recvfrom", "sys_exit_recvmsg"};
+  bpf_program* prog = nullptr;
+  bpf_object__for_each_program(prog, host_->obj) {
+    const std::string name = bpf_program__name(prog);
+    if (name.rfind("sys_", 0) != 0) continue;
+    bool on = opts.families.net;
+    if (on && (tracefs.empty() ||
+               ::access((tracefs + "/events/syscalls/" + name).c_str(), R_OK) != 0)) {
+      if (name == net_progs[0])
+        warnings_.push_back("socket send/recv: syscall tracepoints not available "
+                            "(kernel without CONFIG_FTRACE_SYSCALLS or tracefs not mounted); "
+                            "not traced");
+      on = false;
+    }
+    bpf_program__set_autoload(prog, on);
+    if (on) to_attach.emplace_back(prog, name + "=classic");
+  }
+
+  if (int err = ip_host_bpf__load(host_); err != 0) {
+    error = std::string("cannot load the host BPF programs: ") + std::strerror(-err) +
+            (err == -EPERM ? " (run as root or grant CAP_BPF and CAP_PERFMON)" : "");
+    return false;
+  }
+  for (auto& [pr, label] : to_attach) {
+    bpf_link* l = bpf_program__attach(pr);
+    if (!l) {
+      warnings_.push_back("tracepoint " + label.substr(0, label.find('=')) +
+                          ": attach failed: " + std::strerror(errno) + "; not traced");
+      continue;
+    }
+    links_.push_back(l);
+    tps_.emplace_back(label.substr(0, label.find('=')), label.substr(label.find('=') + 1));
+  }
+
+  const bool any_gpu = opts.families.cuda || opts.families.driver || opts.families.graph ||
+                       opts.families.nccl;
+  if (any_gpu) {
+    gpu_ = ip_gpu_bpf__open();
+    if (!gpu_) {
+      error = std::string("cannot open the GPU BPF object: ") + std::strerror(errno);
+      return false;
+    }
+    gpu_->rodata->filter_mode = static_cast<uint32_t>(opts.filter);
+    gpu_->rodata->target_cgroup = cgroup_id_;
+    bpf_map__reuse_fd(gpu_->maps.traced_tgids, bpf_map__fd(host_->maps.traced_tgids));
+    bpf_map__reuse_fd(gpu_->maps.call_stacks, bpf_map__fd(host_->maps.call_stacks));
+    bpf_map__reuse_fd(gpu_->maps.counters, bpf_map__fd(host_->maps.counters));
+    bpf_object__for_each_program(prog, gpu_->obj) {
+      const std::string name = bpf_program__name(prog);
+      const std::string sym = name.substr(name.find('_') + 1);
+      bpf_program__set_autoload(prog, symbol_enabled(sym, opts.families));
+    }
+    if (int err = ip_gpu_bpf__load(gpu_); err != 0) {
+      error = std::string("cannot load the GPU uprobe programs: ") + std::strerror(-err);
+      return false;
+    }
+  }
+
+  rb_ = ring_buffer__new(bpf_map__fd(host_->maps.host_events), on_ring_record, &on_record_,
+                         nullptr);
+  if (!rb_) {
+    error = std::string("cannot open the host ring buffer: ") + std::strerror(errno);
+    return false;
+  }
+  if (gpu_ && ring_buffer__add(rb_, bpf_map__fd(gpu_->maps.gpu_events), on_ring_record,
+                               &on_record_) != 0) {
+    error = std::string("cannot open the GPU ring buffer: ") + std::strerror(errno);
+    return false;
+  }
+
+  if (opts.filter == FilterMode::kPids)
+    for (uint32_t pid : opts.pids) trace_pid(pid);
+  return true;
+}
+
+BpfProbes::~BpfProbes() {
+  for (bpf_link* l : links_) bpf_link__destroy(l);
+  if (rb_) ring_buffer__free(rb_);
+  if (gpu_) ip_gpu_bpf__destroy(gpu_);
+  if (host_) ip_host_bpf__destroy(host_);
+}
+
+void BpfProbes::trace_pid(uint32_t pid) {
+  const uint8_t one = 1;
+  bpf_map_update_elem(bpf_map__fd(host_->maps.traced_tgids), &pid, &one, BPF_ANY);
+}
+
+int BpfProbes::attach_library(const CudaLibrary& lib) {
+  if (!gpu_) return 0;
+  if (!attached_.insert({lib.dev, lib.ino}).second) return 0;
+  // Pair the programs by symbol: enter_X and exit_X.
+  std::map<std::string, std::pair<bpf_program*, bpf_program*>> pairs;
+  bpf_program* prog = nullptr;
+  bpf_object__for_each_program(prog, gpu_->obj) {
+    if (!bpf_program__autoload(prog)) continue;
+    const std::string name = bpf_program__name(prog);
+    const bool enter = name.rfind("enter_", 0) == 0;
+    const std::string sym = name.substr(name.find('_') + 1);
+    if (symbol_library(sym) != lib.kind) continue;
+    (enter ? pairs[sym].first : pairs[sym].second) = prog;
+  }
+  int attached = 0;
+  std::vector<std::string> missing;
+  for (auto& [sym, pr] : pairs) {
+    if (!pr.first || !pr.second) continue;
+    LIBBPF_OPTS(bpf_uprobe_opts, eo, .retprobe = false, .func_name = sym.c_str());
+    bpf_link* e = bpf_program__attach_uprobe_opts(pr.first, -1, lib.path.c_str(), 0, &eo);
+    if (!e) {
+      missing.push_back(sym);
+      continue;
+    }
+    LIBBPF_OPTS(bpf_uprobe_opts, xo, .retprobe = true, .func_name = sym.c_str());
+    bpf_link* x = bpf_program__attach_uprobe_opts(pr.second, -1, lib.path.c_str(), 0, &xo);
+    if (!x) {
+      bpf_link__destroy(e);  // an entry without its return would only fill the call stacks
+      warnings_.push_back(std::string(lib_kind_name(lib.kind)) + " " + lib.path + ": " + sym +
+                          ": uretprobe attach failed: " + std::strerror(errno) + "; not traced");
+      continue;
+    }
+    links_.push_back(e);
+    links_.push_back(x);
+    links_uprobe_ += 2;
+    ++attached;
+  }
+  if (!missing.empty()) {
+    std::string w = std::string(lib_kind_name(lib.kind)) + " " + lib.path + ": symbol" +
+                    (missing.size() > 1 ? "s " : " ");
+    for (size_t i = 0; i < missing.size(); ++i) w += (i ? ", " : "") + missing[i];
+    w += " not found; not traced";
+    warnings_.push_back(w);
+  }
+  return attached;
+}
+
+int BpfProbes::poll(int timeout_ms) { return ring_buffer__poll(rb_, timeout_ms); }
+
+ProbeCounters BpfProbes::counters() const {
+  ProbeCounters c;
+  const int ncpu = libbpf_num_possible_cpus();
+  if (ncpu <= 0) return c;
+  std::vector<uint64_t> vals(static_cast<size_t>(ncpu));
+  const int fd = bpf_map__fd(host_->maps.counters);
+  for (uint32_t k = 0; k < IP_NUM_COUNTERS; ++k) {
+    if (bpf_map_lookup_elem(fd, &k, vals.data()) != 0) continue;
+    for (uint64_t v : vals) c.v[k] += v;
+  }
+  return c;
+}
+
+namespace {
+template <typename V, typename F>
+void scan_map(int fd, F&& visit) {
+  constexpr uint32_t kChunk = 256;
+  std::vector<uint32_t> keys(kChunk);
+  std::vector<V> vals(kChunk);
+  uint32_t in_batch = 0, out_batch = 0;
+  bool first = true;
+  for (int guard = 0; guard < 1024; ++guard) {
+    uint32_t n = kChunk;
+    LIBBPF_OPTS(bpf_map_batch_opts, bo);
+    const int rc = bpf_map_lookup_batch(fd, first ? nullptr : &in_batch, &out_batch, keys.data(),
+                                        vals.data(), &n, &bo);
+    const int err = rc ? errno : 0;
+    for (uint32_t i = 0; i < n; ++i) visit(vals[i]);
+    if (rc != 0 && err != ENOSPC) break;  // ENOENT: done
+    in_batch = out_batch;
+    first = false;
+  }
+}
+}  // namespace
+
+uint64_t BpfProbes::oldest_open(uint64_t now_mono, uint64_t max_age_ns) const {
+  uint64_t oldest = UINT64_MAX;
+  const uint64_t floor = now_mono > max_age_ns ? now_mono - max_age_ns : 0;
+  auto consider = [&](uint64_t ts) {
+    if (ts >= floor && ts < oldest) oldest = ts;
+  };
+  if (gpu_)
+    scan_map<ip_call_stack>(bpf_map__fd(host_->maps.call_stacks), [&](const ip_call_stack& s) {
+      const uint32_t d = s.depth < IP_MAX_DEPTH ? s.depth : IP_MAX_DEPTH;
+      for (uint32_t i = 0; i < d; ++i) consider(s.frames[i].ts);
+    });
+  if (families_.sched)
+    scan_map<ip_offcpu>(bpf_map__fd(host_->maps.offcpu),
+                        [&](const ip_offcpu& o) { consider(o.ts); });
+  return oldest;
+}
+
+}  // namespace ingero::bpf

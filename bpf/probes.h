@@ -1,0 +1,122 @@
+// RAII owner of the loaded BPF objects (gpu.bpf.c uprobes, host.bpf.c tracepoints), their links
+// and ring buffers.
+//
+// Contract:
+// - open() loads and attaches; failure to load is a returned error (no exception); a missing
+//   library, symbol or tracepoint is a warning in warnings() and the rest keeps working.
+// - Every probe family can be switched off (ProbeOptions); the programs of a disabled family are
+//   not loaded at all.
+// - Tracepoints use tp_btf when the kernel's BTF has the tracepoint, the classic tracepoint
+//   otherwise (or always with `force_classic`); classic field offsets come from tracefs.
+// - attach_library() may be called at any time (libraries found after start) from the thread that
+//   calls poll(); everything else is single-threaded too: one poller thread owns this object.
+// - Destruction detaches every link before the objects are freed.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bpf/discovery.h"
+#include "bpf/ingero_bpf.h"
+
+struct ring_buffer;
+struct bpf_link;
+struct ip_gpu_bpf;
+struct ip_host_bpf;
+
+namespace ingero::bpf {
+
+struct ProbeFamilies {
+  bool cuda = true;     // libcudart
+  bool driver = true;   // libcuda
+  bool graph = true;    // CUDA graph API (libcudart)
+  bool nccl = true;     // libnccl
+  bool sched = true;    // sched_switch off-CPU spans
+  bool wakeup = true;   // sched_wakeup
+  bool process = true;  // fork/exec/exit records (tracking itself always runs)
+  bool memory = true;   // mm_page_alloc, aggregated in the kernel
+  bool block = true;    // block_rq_issue/complete
+  bool tcp = true;      // tcp_retransmit_skb
+  bool net = true;      // socket send/recv syscalls
+};
+
+enum class FilterMode : uint32_t { kAllCuda = IP_FILTER_CUDA, kPids = IP_FILTER_PIDS,
+                                   kCgroup = IP_FILTER_CGROUP };
+
+struct ProbeOptions {
+  ProbeFamilies families;
+  FilterMode filter = FilterMode::kAllCuda;
+  std::vector<uint32_t> pids;   // kPids: these processes and their descendants
+  std::string cgroup_path;      // kCgroup: a cgroup v2 directory
+  bool force_classic = false;   // classic tracepoints even where tp_btf works (tests)
+  std::string tracefs;          // empty: /sys/kernel/tracing, then /sys/kernel/debug/tracing
+};
+
+// Sums over CPUs of the kernel-side counters (IP_CNT_*).
+struct ProbeCounters {
+  uint64_t v[IP_NUM_COUNTERS] = {};
+};
+
+class BpfProbes {
+ public:
+  using RecordFn = std::function<void(const ip_record&)>;
+
+  // Loads and attaches the tracepoints; uprobes come with attach_library(). Null and `error` on
+  // failure (not root, no BPF, verifier rejection).
+  static std::unique_ptr<BpfProbes> open(const ProbeOptions& opts, RecordFn on_record,
+                                         std::string& error);
+  ~BpfProbes();
+  BpfProbes(const BpfProbes&) = delete;
+  BpfProbes& operator=(const BpfProbes&) = delete;
+
+  // Attaches every enabled uprobe pair whose symbol the library exports. Returns the number of
+  // functions attached; missing symbols become warnings. A library already attached (same
+  // device and inode) is skipped.
+  int attach_library(const CudaLibrary& lib);
+
+  // Consumes ring buffer records (calls on_record for each); returns the number consumed or a
+  // negative errno. Returns early once it has consumed something (libbpf behaviour).
+  int poll(int timeout_ms);
+
+  ProbeCounters counters() const;
+  // Oldest entry timestamp (CLOCK_MONOTONIC ns) among open probed calls and open off-CPU spans no
+  // older than `max_age_ns` before `now_mono`; UINT64_MAX when none.
+  uint64_t oldest_open(uint64_t now_mono, uint64_t max_age_ns) const;
+  // Marks a process as traced (kPids/kCgroup seeding).
+  void trace_pid(uint32_t pid);
+
+  const std::vector<std::string>& warnings() const { return warnings_; }
+  std::vector<std::string> take_warnings() { return std::exchange(warnings_, {}); }
+  // "tp_btf" or "classic" per tracepoint attached, for `check` and the docs.
+  const std::vector<std::pair<std::string, std::string>>& tracepoints() const { return tps_; }
+  size_t uprobes_attached() const { return links_uprobe_; }
+  uint64_t target_cgroup() const { return cgroup_id_; }
+
+ private:
+  BpfProbes() = default;
+  bool load(const ProbeOptions& opts, std::string& error);
+
+  ip_gpu_bpf* gpu_ = nullptr;
+  ip_host_bpf* host_ = nullptr;
+  ring_buffer* rb_ = nullptr;
+  std::vector<bpf_link*> links_;
+  size_t links_uprobe_ = 0;
+  std::set<std::pair<uint64_t, uint64_t>> attached_;  // (dev, ino)
+  std::vector<std::string> warnings_;
+  std::vector<std::pair<std::string, std::string>> tps_;
+  ProbeFamilies families_;
+  RecordFn on_record_;
+  uint64_t cgroup_id_ = 0;
+};
+
+// The realtime - monotonic clock offset, measured as the tightest of a few sandwiched reads, so
+// BPF's ktime stamps become unix ns.
+int64_t realtime_offset_ns();
+uint64_t monotonic_ns();
+
+}  // namespace ingero::bpf

@@ -1,0 +1,111 @@
+// ip-cuda-workload: loops of CUDA runtime calls against the real libcudart (no GPU needed: every
+// call fails fast with an error code, which is still a call the tracer must see).
+//
+//   ip-cuda-workload mixed  --threads N --calls M [--wait]
+//       thread i (0-based) makes (i+1)*M calls of each of kMixedOps; prints
+//       "thread <i> tid <tid> calls <per-op count>" per thread, so a test can check exact counts
+//       per op and per thread.
+//   ip-cuda-workload loop --calls M [--rate R] [--wait]
+//       one thread, M cudaLaunchKernel calls (paced to R calls/s when given); prints
+//       "ns_per_call <x>" measured around the loop (the overhead benchmark's number).
+//   --wait: print "ready" and wait for a line on stdin before calling (so a tracer can attach to
+//   this pid first).
+#include <cuda_runtime_api.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+const void* kernel_address() { return reinterpret_cast<const void*>(&kernel_address); }
+
+// One call of each probed libcudart function; returns how many calls it made.
+constexpr int kMixedOps = 9;
+void mixed_round() {
+  void* p = nullptr;
+  cudaLaunchKernel(kernel_address(), dim3(1), dim3(1), nullptr, 0, nullptr);
+  cudaMemcpy(&p, &p, sizeof(p), cudaMemcpyHostToHost);
+  cudaMemcpyAsync(&p, &p, sizeof(p), cudaMemcpyHostToDevice, nullptr);
+  cudaMalloc(&p, 4096);
+  cudaFree(nullptr);
+  cudaMallocManaged(&p, 8192, cudaMemAttachGlobal);
+  cudaStreamSynchronize(nullptr);
+  cudaDeviceSynchronize();
+  cudaEventSynchronize(nullptr);
+}
+
+long arg_long(int argc, char** argv, const char* name, long def) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return std::strtol(argv[i + 1], nullptr, 10);
+  return def;
+}
+bool has_flag(int argc, char** argv, const char* name) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s mixed|loop [--threads N] [--calls M] [--rate R] [--wait]\n",
+                 argv[0]);
+    return 2;
+  }
+  const std::string mode = argv[1];
+  const long threads = arg_long(argc, argv, "--threads", 4);
+  const long calls = arg_long(argc, argv, "--calls", 1000);
+  const long rate = arg_long(argc, argv, "--rate", 0);
+  if (has_flag(argc, argv, "--wait")) {
+    std::printf("ready\n");
+    std::fflush(stdout);
+    std::string line;
+    std::getline(std::cin, line);
+  }
+  if (mode == "mixed") {
+    std::vector<std::thread> ts;
+    std::vector<long> tids(threads);
+    for (long i = 0; i < threads; ++i)
+      ts.emplace_back([i, calls, &tids] {
+        tids[i] = syscall(SYS_gettid);
+        for (long n = 0; n < (i + 1) * calls; ++n) mixed_round();
+      });
+    for (auto& t : ts) t.join();
+    for (long i = 0; i < threads; ++i)
+      std::printf("thread %ld tid %ld calls %ld\n", i, tids[i], (i + 1) * calls);
+    std::printf("ops %d\n", kMixedOps);
+    return 0;
+  }
+  if (mode == "loop") {
+    const void* k = kernel_address();
+    const auto t0 = std::chrono::steady_clock::now();
+    if (rate > 0) {
+      // Paced: call in bursts of 100 and sleep to keep the average at `rate` calls/s.
+      const double period_ns = 1e9 / static_cast<double>(rate);
+      for (long n = 0; n < calls; ++n) {
+        cudaLaunchKernel(k, dim3(1), dim3(1), nullptr, 0, nullptr);
+        if (n % 100 == 99) {
+          const auto due = t0 + std::chrono::nanoseconds(static_cast<long>(period_ns * (n + 1)));
+          std::this_thread::sleep_until(due);
+        }
+      }
+    } else {
+      for (long n = 0; n < calls; ++n) cudaLaunchKernel(k, dim3(1), dim3(1), nullptr, 0, nullptr);
+    }
+    const double ns =
+        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("ns_per_call %.1f calls %ld seconds %.3f\n", ns / calls, calls, ns / 1e9);
+    return 0;
+  }
+  std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+  return 2;
+}
