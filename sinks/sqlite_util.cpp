@@ -151,13 +151,14 @@ ProbeResult probe_sqlite_file(const std::string& path) {
                 " is not a power of two between 512 and 65536)";
     return r;
   }
-  r.has_wal = file_nonempty(path + "-wal");
+  r.has_wal = file_exists(path + "-wal");
+  const bool wal_has_frames = file_nonempty(path + "-wal");
   r.has_journal = file_exists(path + "-journal");
   // The in-header page count is valid only when the "version-valid-for" number equals the change
   // counter (SQLite file format, offsets 24 and 92). With a WAL present the main file may
   // legitimately lag behind, so a short file is only called truncated without one.
   const uint32_t pages = be32(buf + 28);
-  if (pages != 0 && be32(buf + 24) == be32(buf + 92) && !r.has_wal) {
+  if (pages != 0 && be32(buf + 24) == be32(buf + 92) && !wal_has_frames) {
     const uint64_t expected = uint64_t{pages} * page_size;
     if (size < expected) {
       r.problem = "truncated (the header says " + std::to_string(pages) + " pages of " +

@@ -71,7 +71,7 @@ bool exec(sqlite3* db, const char* sql, std::string& error);
 
 struct ProbeResult {
   std::string problem;  // empty: looks like a SQLite database
-  bool has_wal = false;       // a non-empty <path>-wal exists
+  bool has_wal = false;       // a <path>-wal exists (a writer is open, or was killed)
   bool has_journal = false;   // a <path>-journal exists (possibly hot)
 };
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -448,6 +449,42 @@ TEST(SqliteSink, UnrepresentableEventsAreCountedNotWritten) {
   EXPECT_EQ(src->meta().health.reasons.at(
                 "writer: time past year 2262 (not representable as a SQLite integer)"),
             1u);
+}
+
+TEST(SqliteSink, ReaderSeesCommittedEventsWhileWriterIsOpen) {
+  TempDir dir;
+  const std::string p = dir.file("live.db");
+  std::string error;
+  SqliteSink::Options opt;
+  opt.commit_every = 0;  // commit only when asked
+  auto sink = SqliteSink::create(p, error, opt);
+  ASSERT_NE(sink, nullptr) << error;
+  const auto events = varied_events();
+  ASSERT_TRUE(sink->write_events(std::span(events).first(60)));
+  ASSERT_TRUE(sink->commit());
+  ASSERT_TRUE(sink->write_events(std::span(events).subspan(60)));  // pending, not committed
+  auto src = open_sqlite_trace(p, error);
+  ASSERT_NE(src, nullptr) << error;
+  EXPECT_EQ(test::drain(*src).events.size(), 60u);
+  ASSERT_TRUE(sink->close(error)) << error;
+  auto after = open_sqlite_trace(p, error);
+  ASSERT_NE(after, nullptr) << error;
+  EXPECT_EQ(test::drain(*after).events.size(), events.size());
+}
+
+TEST(SqliteSink, ReplayLeavesNoFilesBesideAClosedDatabase) {
+  REQUIRE_SAMPLE(sample, "pytorch-dataloader-starvation.db");
+  TempDir dir;
+  const std::string p = dir.file("copy.db");
+  test::write_file(p, test::read_file(sample));  // WAL-mode file, no -wal beside it
+  std::string error;
+  auto src = open_sqlite_trace(p, error);
+  ASSERT_NE(src, nullptr) << error;
+  EXPECT_EQ(test::drain(*src).events.size(), 3807u);
+  src.reset();
+  // Opened immutable: no -shm/-wal appears (read-only media and the shared folder stay intact).
+  EXPECT_FALSE(std::filesystem::exists(p + "-shm"));
+  EXPECT_FALSE(std::filesystem::exists(p + "-wal"));
 }
 
 // The sink's crash-safety promise: kill -9 mid-write leaves a database that opens, passes
