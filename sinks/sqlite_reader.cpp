@@ -2,6 +2,9 @@
 // See sinks/sqlite_store.h for the contract and docs/storage.md for the column mapping.
 #include <algorithm>
 #include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <string_view>
 #include <unordered_map>
@@ -404,6 +407,16 @@ class Reader {
 };
 
 }  // namespace
+
+bool is_sqlite_file(const std::string& path) {
+  if (path.empty()) return false;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  std::ifstream in(path, std::ios::binary);
+  char magic[16] = {};
+  in.read(magic, sizeof magic);
+  return in.gcount() == 16 && std::memcmp(magic, "SQLite format 3", 16) == 0;
+}
 
 std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::string& error,
                                                size_t batch_size) {

@@ -53,6 +53,10 @@ inline constexpr int64_t kMaxPlausibleDurationNs = int64_t{24} * 3600 * 1'000'00
 std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::string& error,
                                                size_t batch_size = 4096);
 
+// True when `path` is a regular file starting with the 16-byte SQLite magic: lets the CLI pick a
+// reader by content instead of by file extension. Reads 16 bytes; never throws.
+bool is_sqlite_file(const std::string& path);
+
 class SqliteSink {
  public:
   struct Options {

@@ -59,6 +59,18 @@ TEST(SqliteReaderBadInput, TextFile) {
             p + ": not a SQLite database (file is 12 bytes of text, starting \"hello world\")");
 }
 
+TEST(SqliteReaderBadInput, IsSqliteFileLooksAtContent) {
+  TempDir dir;
+  const std::string text = dir.file("a.db"), db = dir.file("b.txt");
+  test::write_file(text, "SQLite format 2 but not really");
+  ASSERT_EQ(test::run_sql(db, "CREATE TABLE t(x)"), "");
+  EXPECT_FALSE(is_sqlite_file(text));
+  EXPECT_TRUE(is_sqlite_file(db));
+  EXPECT_FALSE(is_sqlite_file(dir.path()));
+  EXPECT_FALSE(is_sqlite_file(dir.file("missing")));
+  EXPECT_FALSE(is_sqlite_file(""));
+}
+
 TEST(SqliteReaderBadInput, EmptyFile) {
   TempDir dir;
   const std::string p = dir.file("empty.db");
