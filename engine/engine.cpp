@@ -146,6 +146,8 @@ AnalysisResult run_plan(const Plan& plan, EventSource& source, const EngineOptio
       saw_final = batch.final;
       ++counters.batches;
       const uint64_t dropped = source.meta().health.dropped_events;
+      const size_t n_events = batch.events.size();
+      auto all_events = std::make_shared<const std::vector<Event>>(std::move(batch.events));
       for (unsigned i = 0; i < shards; ++i) {
         parts[i] = std::make_shared<ShardInput>();
         parts[i]->watermark = batch.watermark;
@@ -153,25 +155,31 @@ AnalysisResult run_plan(const Plan& plan, EventSource& source, const EngineOptio
         parts[i]->dropped = i == 0 ? dropped : 0;
       }
       if (shards == 1) {
-        parts[0]->owned = batch.events;
+        parts[0]->owned = all_events;
       } else {
-        for (const auto& e : batch.events) {
+        std::vector<std::vector<Event>> owned(shards), foreign(shards);
+        for (const auto& e : *all_events) {
           const unsigned owner = shard_of(e.pid, shards);
-          parts[owner]->owned.push_back(e);
+          owned[owner].push_back(e);
           if (is_host_wide(e))
             for (unsigned i = 0; i < shards; ++i)
-              if (i != owner) parts[i]->foreign.push_back(e);
+              if (i != owner) foreign[i].push_back(e);
+        }
+        for (unsigned i = 0; i < shards; ++i) {
+          parts[i]->owned = std::make_shared<const std::vector<Event>>(std::move(owned[i]));
+          parts[i]->foreign = std::make_shared<const std::vector<Event>>(std::move(foreign[i]));
         }
       }
       for (unsigned i = 0; i < shards; ++i) nodes[i]->try_put(parts[i]);
       if (global) {
         auto all = std::make_shared<ShardInput>();
-        all->owned = batch.events;
+        all->owned = all_events;
         all->watermark = batch.watermark;
         all->final = batch.final;
         nodes[shards]->try_put(all);
       }
-      done += batch.events.size();
+      batch.events.clear();
+      done += n_events;
       // Bound the batches in flight: the source never runs more than a few batches ahead.
       if (++pending >= 8 || batch.final) {
         g.wait_for_all();

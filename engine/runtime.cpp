@@ -414,8 +414,10 @@ struct Shard::Impl {
   EngineCounters counters;
   uint64_t last_ts = 0;
   uint64_t dropped = 0;
-  // Per-batch stream outputs: owned and all (owned + foreign).
-  std::vector<std::vector<Event>> owned_out, foreign_out;
+  // Per-batch stream outputs, as pointers into the input batch (filters copy nothing) or into
+  // spans_ (off-CPU spans built this batch): owned and foreign events separately.
+  std::vector<std::vector<const Event*>> owned_out, foreign_out;
+  std::vector<std::vector<Event>> spans_;
   std::vector<char> computed;
 
   Impl(const CompiledPlan& p, bool g, bool cs) : plan(p), global(g), compute_stats(cs) {
@@ -440,6 +442,7 @@ struct Shard::Impl {
     outcomes = plan.rules;
     owned_out.resize(plan.streams.size());
     foreign_out.resize(plan.streams.size());
+    spans_.resize(plan.streams.size());
   }
 
   // Computes stream i for this batch (memoised), for owned and foreign events.
@@ -451,27 +454,35 @@ struct Shard::Impl {
     auto& foreign = foreign_out[i];
     own.clear();
     foreign.clear();
-    const std::vector<Event>* src_own = &in.owned;
-    const std::vector<Event>* src_foreign = &in.foreign;
-    if (s.parent >= 0) {
-      compute(static_cast<size_t>(s.parent), in);
-      src_own = &owned_out[static_cast<size_t>(s.parent)];
-      src_foreign = &foreign_out[static_cast<size_t>(s.parent)];
+    if (s.parent < 0 && !s.offcpu && !s.filter) {
+      // The scan itself.
+      if (in.owned)
+        for (const auto& e : *in.owned) own.push_back(&e);
+      if (in.foreign)
+        for (const auto& e : *in.foreign) foreign.push_back(&e);
+      return;
     }
+    size_t parent = static_cast<size_t>(s.parent);
+    compute(parent, in);
+    const auto& src_own = owned_out[parent];
+    const auto& src_foreign = foreign_out[parent];
     if (s.offcpu) {
-      for (const auto& e : *src_own)
-        if (e.source == Source::kHost && e.op == op::kSchedSwitch) builders[i]->add(e, own);
-      if (in.final) builders[i]->finish(last_ts, own);
+      auto& spans = spans_[i];
+      spans.clear();
+      for (const Event* e : src_own)
+        if (e->source == Source::kHost && e->op == op::kSchedSwitch) builders[i]->add(*e, spans);
+      if (in.final) builders[i]->finish(last_ts, spans);
+      for (const auto& e : spans) own.push_back(&e);
       return;  // off-CPU spans are never host-wide
     }
     if (s.filter) {
-      for (const auto& e : *src_own)
-        if (truthy(eval(*s.filter, e))) own.push_back(e);
-      for (const auto& e : *src_foreign)
-        if (truthy(eval(*s.filter, e))) foreign.push_back(e);
+      for (const Event* e : src_own)
+        if (truthy(eval(*s.filter, *e))) own.push_back(e);
+      for (const Event* e : src_foreign)
+        if (truthy(eval(*s.filter, *e))) foreign.push_back(e);
     } else {
-      own = *src_own;
-      foreign = *src_foreign;
+      own = src_own;
+      foreign = src_foreign;
     }
   }
 
@@ -486,11 +497,13 @@ struct Shard::Impl {
   ShardOutput process(const ShardInput& in) {
     ShardOutput out;
     ++counters.batches;
-    counters.events_in += in.owned.size();
     dropped += in.dropped;
-    for (const auto& e : in.owned) last_ts = std::max(last_ts, e.end_ns());
-    if (stats)
-      for (const auto& e : in.owned) stats->add(e);
+    if (in.owned) {
+      counters.events_in += in.owned->size();
+      for (const auto& e : *in.owned) last_ts = std::max(last_ts, e.end_ns());
+      if (stats)
+        for (const auto& e : *in.owned) stats->add(e);
+    }
     computed.assign(plan.streams.size(), 0);
 
     for (size_t p = 0; p < plan.pipes.size(); ++p) {
@@ -504,10 +517,11 @@ struct Shard::Impl {
         compute(static_cast<size_t>(st.right_stream), in);
         for (const auto* list : {&owned_out[static_cast<size_t>(st.right_stream)],
                                  &foreign_out[static_cast<size_t>(st.right_stream)]})
-          for (const auto& e : *list) ps.joins[s]->add_right(join_key(st.join->key, e.pid, e.tid), e);
+          for (const Event* e : *list) ps.joins[s]->add_right(join_key(st.join->key, e->pid, e->tid), *e);
       }
       compute(static_cast<size_t>(def.stream), in);
-      for (const auto& e : owned_out[static_cast<size_t>(def.stream)]) {
+      for (const Event* ep : owned_out[static_cast<size_t>(def.stream)]) {
+        const Event& e = *ep;
         const Key key = def.keys.key_of(e);
         const bool ok = ps.windows->add(e.ts_ns, key, [&](uint64_t, WinState& w) {
           if (!w.ready) {

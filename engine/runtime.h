@@ -111,9 +111,11 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan, std::vector<std::st
 // Host-wide events are broadcast to every pid shard (for joins); all others go to shard_of(pid).
 bool is_host_wide(const Event& e);
 
+using EventsPtr = std::shared_ptr<const std::vector<Event>>;
+
 struct ShardInput {
-  std::vector<Event> owned;    // events this shard owns (windows, stats)
-  std::vector<Event> foreign;  // host-wide events owned by another shard (joins only)
+  EventsPtr owned;             // events this shard owns (windows, stats); shared, never copied
+  EventsPtr foreign;           // host-wide events owned by another shard (joins only); may be null
   uint64_t watermark = 0;
   bool final = false;
   uint64_t dropped = 0;        // events lost upstream (carried to chains)

@@ -5,10 +5,9 @@
 namespace ingero {
 
 OpStatsAccumulator::PerOp& OpStatsAccumulator::slot(Source s, uint8_t op) {
-  auto key = std::make_pair(static_cast<uint8_t>(s), op);
-  auto it = ops_.find(key);
-  if (it == ops_.end()) it = ops_.emplace(key, PerOp{QuantileState(exact_limit_, alpha_), 0, 0}).first;
-  return it->second;
+  auto& p = ops_[static_cast<size_t>(s) << 8 | op];
+  if (!p) p = std::make_unique<PerOp>(PerOp{QuantileState(exact_limit_, alpha_), 0, 0});
+  return *p;
 }
 
 void OpStatsAccumulator::add(const Event& e) {
@@ -19,8 +18,10 @@ void OpStatsAccumulator::add(const Event& e) {
 }
 
 void OpStatsAccumulator::merge(const OpStatsAccumulator& other) {
-  for (const auto& [key, o] : other.ops_) {
-    auto& p = slot(static_cast<Source>(key.first), key.second);
+  for (size_t i = 0; i < other.ops_.size(); ++i) {
+    if (!other.ops_[i]) continue;
+    const auto& o = *other.ops_[i];
+    auto& p = slot(static_cast<Source>(i >> 8), static_cast<uint8_t>(i));
     p.q.merge(o.q);
     p.total = sat_add(p.total, o.total);
     p.errors += o.errors;
@@ -29,10 +30,12 @@ void OpStatsAccumulator::merge(const OpStatsAccumulator& other) {
 
 std::vector<OpStats> OpStatsAccumulator::results() const {
   std::vector<OpStats> out;
-  for (const auto& [key, p] : ops_) {
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    if (!ops_[i]) continue;
+    const auto& p = *ops_[i];
     OpStats s;
-    s.source = static_cast<Source>(key.first);
-    s.op = key.second;
+    s.source = static_cast<Source>(i >> 8);
+    s.op = static_cast<uint8_t>(i);
     s.count = p.q.count();
     s.p50_ns = p.q.quantile(0.50);
     s.p95_ns = p.q.quantile(0.95);

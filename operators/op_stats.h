@@ -7,8 +7,7 @@
 // not depend on the number of shards. Single-threaded per instance.
 #pragma once
 
-#include <map>
-#include <utility>
+#include <memory>
 #include <vector>
 
 #include "engine/event.h"
@@ -33,7 +32,8 @@ class OpStatsAccumulator {
   PerOp& slot(Source s, uint8_t op);
   uint32_t exact_limit_;
   double alpha_;
-  std::map<std::pair<uint8_t, uint8_t>, PerOp> ops_;
+  // Indexed by source << 8 | op: a lookup per event without hashing; iterates in (source, op) order.
+  std::vector<std::unique_ptr<PerOp>> ops_ = std::vector<std::unique_ptr<PerOp>>(1u << 16);
 };
 
 }  // namespace ingero

@@ -61,16 +61,29 @@ class WindowAssigner {
 template <class State>
 class WindowStore {
  public:
-  WindowStore(const WindowNode& w, uint64_t lateness) : assigner_(w), lateness_(lateness) {}
+  WindowStore(const WindowNode& w, uint64_t lateness)
+      : assigner_(w), lateness_(lateness), sliding_(w.kind == WindowKind::kSliding) {}
 
   // Returns the states of every window containing ts for `key`, creating them; false if late.
   template <class Fn>
   bool add(uint64_t ts, const Key& key, Fn&& fn) {
+    // Fast path: consecutive events of one key usually land in the same (single) window.
+    if (cache_ && cache_key_ == key && !sliding_) {
+      const uint64_t k = assigner_.whole() ? 0 : ts / assigner_.size();
+      if (k == cache_k_) {
+        fn(k, *cache_);
+        return true;
+      }
+    }
     bool any = false;
     assigner_.assign(ts, [&](uint64_t k) {
       if (closed_any_ && k <= last_closed_) return;
       any = true;
-      fn(k, windows_[k][key]);
+      State& st = windows_[k][key];
+      cache_ = &st;
+      cache_k_ = k;
+      cache_key_ = key;
+      fn(k, st);
     });
     return any;
   }
@@ -107,12 +120,17 @@ class WindowStore {
     std::sort(keys.begin(), keys.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     for (auto& [key, state] : keys) fn(k, assigner_.start(k), assigner_.end(k), key, *state);
     windows_.erase(it);
+    cache_ = nullptr;
     last_closed_ = closed_any_ ? std::max(last_closed_, k) : k;
     closed_any_ = true;
   }
 
   WindowAssigner assigner_;
   uint64_t lateness_;
+  bool sliding_;
+  State* cache_ = nullptr;  // the state the last event went to (pointers into the maps are stable)
+  uint64_t cache_k_ = 0;
+  Key cache_key_;
   std::map<uint64_t, KeyMap> windows_;
   uint64_t last_closed_ = 0;
   bool closed_any_ = false;
