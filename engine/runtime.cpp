@@ -285,6 +285,40 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
   // Host-wide right streams: a stream carries broadcast events unless it is off-CPU spans.
   for (auto& s : cp->streams) s.host_wide = s.offcpu == nullptr;
   if (!errors.empty()) return nullptr;
+  // Group pipes that window and aggregate the same stream the same way.
+  std::map<std::string, size_t> group_of;
+  for (size_t i = 0; i < cp->pipes.size(); ++i) {
+    auto& pipe = cp->pipes[i];
+    std::string sig = std::to_string(pipe.stream) + "|" + std::to_string(static_cast<int>(pipe.window.kind)) + "|" +
+                      std::to_string(pipe.window.size_ns) + "|" + std::to_string(pipe.window.slide_ns) + "|" +
+                      (pipe.global ? "g" : "s") + "|";
+    for (Field f : pipe.key_fields) sig += std::string(field_name(f)) + ",";
+    const auto& agg = pipe.layout->node();
+    sig += "|" + std::to_string(agg.exact_limit) + "|" + std::to_string(agg.sketch_alpha);
+    for (const auto& a : agg.aggs)
+      sig += "|" + a.name + ":" + agg_name(a.kind) + ":" + field_name(a.field) + ":" + std::to_string(a.q);
+    auto [it, fresh] = group_of.try_emplace(sig, cp->groups.size());
+    if (fresh) {
+      WindowGroup g;
+      g.stream = pipe.stream;
+      g.window = pipe.window;
+      g.global = pipe.global;
+      cp->groups.push_back(g);
+    }
+    auto& g = cp->groups[it->second];
+    g.pipes.push_back(i);
+    g.needs_calls = g.needs_calls || pipe.needs_calls;
+    g.window.lateness_ns = std::max(g.window.lateness_ns, pipe.window.lateness_ns);
+  }
+  // A pipe's windows now close at its group's lateness: its join buffers must keep spans that long.
+  for (const auto& g : cp->groups)
+    for (size_t i : g.pipes) {
+      auto& pipe = cp->pipes[i];
+      pipe.window.lateness_ns = g.window.lateness_ns;
+      const uint64_t wsize = pipe.window.kind == WindowKind::kWhole ? 0 : pipe.window.size_ns;
+      for (auto& st : pipe.stages)
+        if (st.kind == StageKind::kJoin) st.retain_ns = wsize + pipe.window.lateness_ns + st.join->horizon_ns;
+    }
   return cp;
 }
 
@@ -347,7 +381,7 @@ struct WinState {
 };
 
 struct PipeState {
-  std::unique_ptr<WindowStore<WinState>> windows;
+  bool active = false;                               // runs in this shard's tier
   std::vector<std::unique_ptr<IntervalJoin>> joins;  // per stage (null for non-join stages)
   std::vector<std::unique_ptr<TrendOp>> trends;
 };
@@ -408,7 +442,8 @@ struct Shard::Impl {
   bool global;
   bool compute_stats;
   std::vector<std::unique_ptr<OffCpuSpanBuilder>> builders;  // per stream (null unless off-CPU)
-  std::vector<PipeState> pipes;                              // per plan pipe (empty if not ours)
+  std::vector<PipeState> pipes;                              // per plan pipe (inactive if not ours)
+  std::vector<std::unique_ptr<WindowStore<WinState>>> windows;  // per window group (null if not ours)
   std::unique_ptr<OpStatsAccumulator> stats;
   std::vector<RuleOutcome> outcomes;
   EngineCounters counters;
@@ -429,7 +464,7 @@ struct Shard::Impl {
       const auto& def = plan.pipes[i];
       if (def.global != global) continue;
       auto& ps = pipes[i];
-      ps.windows = std::make_unique<WindowStore<WinState>>(def.window, def.window.lateness_ns);
+      ps.active = true;
       ps.joins.resize(def.stages.size());
       ps.trends.resize(def.stages.size());
       for (size_t s = 0; s < def.stages.size(); ++s) {
@@ -438,6 +473,10 @@ struct Shard::Impl {
         if (st.kind == StageKind::kTrend) ps.trends[s] = std::make_unique<TrendOp>(*st.trend);
       }
     }
+    windows.resize(plan.groups.size());
+    for (size_t g = 0; g < plan.groups.size(); ++g)
+      if (plan.groups[g].global == global)
+        windows[g] = std::make_unique<WindowStore<WinState>>(plan.groups[g].window, plan.groups[g].window.lateness_ns);
     if (compute_stats) stats = std::make_unique<OpStatsAccumulator>();
     outcomes = plan.rules;
     owned_out.resize(plan.streams.size());
@@ -506,11 +545,12 @@ struct Shard::Impl {
     }
     computed.assign(plan.streams.size(), 0);
 
+    const uint64_t wm = in.final ? kFinal : in.watermark;
+    // Right sides first, so a window closing in this batch sees this batch's spans.
     for (size_t p = 0; p < plan.pipes.size(); ++p) {
       const auto& def = plan.pipes[p];
       auto& ps = pipes[p];
-      if (!ps.windows) continue;
-      // Right sides first, so a window closing in this batch sees this batch's spans.
+      if (!ps.active) continue;
       for (size_t s = 0; s < def.stages.size(); ++s) {
         const auto& st = def.stages[s];
         if (st.kind != StageKind::kJoin) continue;
@@ -519,23 +559,31 @@ struct Shard::Impl {
                                  &foreign_out[static_cast<size_t>(st.right_stream)]})
           for (const Event* e : *list) ps.joins[s]->add_right(join_key(st.join->key, e->pid, e->tid), *e);
       }
-      compute(static_cast<size_t>(def.stream), in);
-      for (const Event* ep : owned_out[static_cast<size_t>(def.stream)]) {
+    }
+    for (size_t g = 0; g < plan.groups.size(); ++g) {
+      if (!windows[g]) continue;
+      const auto& group = plan.groups[g];
+      const auto& first = plan.pipes[group.pipes.front()];
+      compute(static_cast<size_t>(group.stream), in);
+      for (const Event* ep : owned_out[static_cast<size_t>(group.stream)]) {
         const Event& e = *ep;
-        const Key key = def.keys.key_of(e);
-        const bool ok = ps.windows->add(e.ts_ns, key, [&](uint64_t, WinState& w) {
+        const Key key = first.keys.key_of(e);
+        const bool ok = windows[g]->add(e.ts_ns, key, [&](uint64_t, WinState& w) {
           if (!w.ready) {
-            w.agg = AggregateState(def.layout.get());
+            w.agg = AggregateState(first.layout.get());
             w.ready = true;
           }
           w.agg.add(e);
-          if (def.needs_calls) w.calls.push_back({e.ts_ns, e.dur_ns, e.id, e.pid, e.tid});
+          if (group.needs_calls) w.calls.push_back({e.ts_ns, e.dur_ns, e.id, e.pid, e.tid});
         });
         if (!ok) ++counters.late_events;
       }
-      close_pipe(p, in.final ? kFinal : in.watermark, out);
+      close_group(g, wm, out);
+    }
+    for (size_t p = 0; p < plan.pipes.size(); ++p) {
+      const auto& def = plan.pipes[p];
       for (size_t s = 0; s < def.stages.size(); ++s)
-        if (ps.joins[s]) ps.joins[s]->evict(in.final ? kFinal : in.watermark, def.stages[s].retain_ns);
+        if (pipes[p].active && pipes[p].joins[s]) pipes[p].joins[s]->evict(wm, def.stages[s].retain_ns);
     }
 
     if (in.final) {
@@ -550,43 +598,54 @@ struct Shard::Impl {
     return out;
   }
 
-  void close_pipe(size_t p, uint64_t watermark, ShardOutput& out) {
-    const auto& def = plan.pipes[p];
-    auto& ps = pipes[p];
-    std::vector<Row> peer_rows;  // rows waiting for their peers (same window)
-    int peer_stage = -1;
-    for (size_t s = 0; s < def.stages.size(); ++s)
-      if (def.stages[s].kind == StageKind::kPeer) peer_stage = static_cast<int>(s);
-    uint64_t peer_window = 0;
-    auto flush_peers = [&]() {
-      if (peer_rows.empty()) return;
-      run_peers(p, static_cast<size_t>(peer_stage), peer_rows, out);
-      peer_rows.clear();
+  // Closes the group's windows due at `watermark`; each closed (window, key) becomes one row per
+  // pipe of the group. Rows headed for a Peer stage wait until every key of their window is in.
+  void close_group(size_t g, uint64_t watermark, ShardOutput& out) {
+    const auto& group = plan.groups[g];
+    struct PeerWait {
+      int stage = -1;
+      uint64_t window = 0;
+      std::vector<Row> rows;
+    };
+    std::vector<PeerWait> waits(group.pipes.size());
+    for (size_t i = 0; i < group.pipes.size(); ++i) {
+      const auto& def = plan.pipes[group.pipes[i]];
+      for (size_t s = 0; s < def.stages.size(); ++s)
+        if (def.stages[s].kind == StageKind::kPeer) waits[i].stage = static_cast<int>(s);
+    }
+    auto flush = [&](size_t i) {
+      if (waits[i].rows.empty()) return;
+      run_peers(group.pipes[i], static_cast<size_t>(waits[i].stage), waits[i].rows, out);
+      waits[i].rows.clear();
     };
     auto on_close = [&](uint64_t k, uint64_t start, uint64_t end, const Key& key, WinState& w) {
       ++counters.windows_closed;
-      Row row;
-      row.key = key;
-      row.window = k;
-      row.start = start;
-      row.end = end;
-      row.values.assign(def.slots.size(), kNaN);
-      size_t slot = 0;
-      for (Field f : def.key_fields) row.values[slot++] = KeyBy::field_value(key, f);
-      row.values[static_cast<size_t>(def.slot_start)] = static_cast<double>(start);
-      row.values[static_cast<size_t>(def.slot_end)] = end == kFinal ? kNaN : static_cast<double>(end);
-      row.values[static_cast<size_t>(def.slot_events)] = static_cast<double>(w.agg.count());
-      w.agg.values(def.window.kind == WindowKind::kWhole ? 0 : def.window.size_ns,
-                   row.values.data() + def.slot_aggs);
-      if (peer_stage >= 0 && !peer_rows.empty() && k != peer_window) flush_peers();
-      peer_window = k;
-      run_stages(p, 0, row, &w, peer_stage, peer_rows, out);
+      for (size_t i = 0; i < group.pipes.size(); ++i) {
+        const size_t p = group.pipes[i];
+        const auto& def = plan.pipes[p];
+        Row row;
+        row.key = key;
+        row.window = k;
+        row.start = start;
+        row.end = end;
+        row.values.assign(def.slots.size(), kNaN);
+        size_t slot = 0;
+        for (Field f : def.key_fields) row.values[slot++] = KeyBy::field_value(key, f);
+        row.values[static_cast<size_t>(def.slot_start)] = static_cast<double>(start);
+        row.values[static_cast<size_t>(def.slot_end)] = end == kFinal ? kNaN : static_cast<double>(end);
+        row.values[static_cast<size_t>(def.slot_events)] = static_cast<double>(w.agg.count());
+        w.agg.values(def.window.kind == WindowKind::kWhole ? 0 : def.window.size_ns,
+                     row.values.data() + def.slot_aggs);
+        if (waits[i].stage >= 0 && !waits[i].rows.empty() && k != waits[i].window) flush(i);
+        waits[i].window = k;
+        run_stages(p, 0, row, &w, waits[i].stage, waits[i].rows, out);
+      }
     };
     if (watermark == kFinal)
-      ps.windows->close_all(on_close);
+      windows[g]->close_all(on_close);
     else
-      ps.windows->close(watermark, on_close);
-    flush_peers();
+      windows[g]->close(watermark, on_close);
+    for (size_t i = 0; i < group.pipes.size(); ++i) flush(i);
   }
 
   // Runs stages [from, ...) on a row; stops at a failed predicate or parks the row at a Peer.

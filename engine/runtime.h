@@ -94,11 +94,22 @@ struct PipeDef {
   size_t rule_index = 0;    // index into CompiledPlan::rules
 };
 
+// Pipes whose stream, window and aggregate are identical share one window store: rules that
+// differ only after the aggregate (the tail families) pay for windowing and quantiles once.
+struct WindowGroup {
+  std::vector<size_t> pipes;
+  int stream = -1;
+  WindowNode window;        // lateness = the largest of its pipes'
+  bool global = false;
+  bool needs_calls = false;
+};
+
 struct CompiledPlan {
   Plan plan;                // owns the nodes the defs point into
   std::vector<StreamDef> streams;
   std::vector<int> stream_of_node;  // plan node id -> stream index or -1
   std::vector<PipeDef> pipes;
+  std::vector<WindowGroup> groups;
   std::vector<RuleOutcome> rules;   // template (names/hashes) for outcomes
   std::vector<std::string> node_names;
   std::map<uint32_t, std::string> process_names;
