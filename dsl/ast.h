@@ -238,6 +238,7 @@ struct RuleHead : x3::position_tagged {
 struct Rule : x3::position_tagged {
   RuleHead head;
   std::vector<Clause> clauses;
+  bool syntax_error = false;  // a clause did not parse: later passes stay quiet about what it defined
 };
 
 using Item = std::variant<Import, Param, ListDecl, Def, Rule>;

@@ -113,9 +113,11 @@ std::string did_you_mean(std::string_view word, const std::vector<std::string>& 
   if (word.empty() || word.size() > 64) return {};
   size_t best = SIZE_MAX;
   std::string best_name;
-  std::vector<size_t> prev, cur;
+  // Optimal string alignment distance: an adjacent transposition (p05 -> p50) costs 1.
+  std::vector<size_t> prev2, prev, cur;
   for (const auto& c : candidates) {
     if (c.size() > 64 || c == word) continue;
+    prev2.assign(c.size() + 1, 0);
     prev.assign(c.size() + 1, 0);
     cur.assign(c.size() + 1, 0);
     for (size_t j = 0; j <= c.size(); ++j) prev[j] = j;
@@ -124,7 +126,10 @@ std::string did_you_mean(std::string_view word, const std::vector<std::string>& 
       for (size_t j = 1; j <= c.size(); ++j) {
         const size_t sub = prev[j - 1] + (word[i - 1] == c[j - 1] ? 0 : 1);
         cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+        if (i > 1 && j > 1 && word[i - 1] == c[j - 2] && word[i - 2] == c[j - 1])
+          cur[j] = std::min(cur[j], prev2[j - 2] + 1);
       }
+      prev2 = prev;
       std::swap(prev, cur);
     }
     if (prev[c.size()] < best) {

@@ -165,22 +165,55 @@ const x3::rule<def_class, ast::Def> def = "a def";
 const top_item_type top_item = "a top-level item";
 const rule_head_type rule_head = "a rule";
 
+
+// Rules whose definition ends in a semantic action get their position from a wrapper rule:
+// X3 calls on_success with no attribute for a rule whose right-hand side has an action.
+struct ident_raw_class;
+const x3::rule<ident_raw_class, ast::Ident> ident_raw = "ident";
+struct string_lit_raw_class;
+const x3::rule<string_lit_raw_class, ast::String> string_lit_raw = "string_lit";
+struct list_raw_class;
+const x3::rule<list_raw_class, ast::List> list_raw = "list";
+struct from_clause_raw_class;
+const x3::rule<from_clause_raw_class, ast::FromClause> from_clause_raw = "from_clause";
+struct let_clause_raw_class;
+const x3::rule<let_clause_raw_class, ast::LetClause> let_clause_raw = "let_clause";
+struct require_clause_raw_class;
+const x3::rule<require_clause_raw_class, ast::RequireClause> require_clause_raw = "require_clause";
+struct severity_clause_raw_class;
+const x3::rule<severity_clause_raw_class, ast::SeverityClause> severity_clause_raw = "severity_clause";
+struct category_clause_raw_class;
+const x3::rule<category_clause_raw_class, ast::CategoryClause> category_clause_raw = "category_clause";
+struct fix_clause_raw_class;
+const x3::rule<fix_clause_raw_class, ast::FixClause> fix_clause_raw = "fix_clause";
+struct evidence_clause_raw_class;
+const x3::rule<evidence_clause_raw_class, ast::EvidenceClause> evidence_clause_raw = "evidence_clause";
+struct import__raw_class;
+const x3::rule<import__raw_class, ast::Import> import__raw = "import_";
+
 // ---- definitions -------------------------------------------------------------------------
 inline const auto identchar = x3::alnum | x3::lit('_');
 
 const auto ident_str_def = x3::lexeme[(x3::alpha | x3::char_('_')) >> *(x3::alnum | x3::char_('_'))];
-const auto ident_def = ident_str[assign_to<&ast::Ident::name>{}];
+const auto ident_raw_def = ident_str[assign_to<&ast::Ident::name>{}];
 const auto number_def = x3::lexeme[real >> x3::raw[x3::lit('%') | *(x3::alnum | x3::lit('_'))]];
 const auto string_body_def =
     x3::lexeme['"' > *(escapes | ~x3::char_("\"\\\n\r")) > IP_TOKEN("\"", "`\"` to close the string")];
-const auto string_lit_def = string_body[assign_to<&ast::String::value>{}];
+const auto string_lit_raw_def = string_body[assign_to<&ast::String::value>{}];
 const auto atom_def = number | string_lit | ident;
 const auto atom_list_def = -(atom % ',');
-const auto list_def = (x3::lit('[') > atom_list > IP_TOKEN("]", "`]`"))[assign_to<&ast::List::items>{}];
+const auto list_raw_def = (x3::lit('[') > atom_list > IP_TOKEN("]", "`]`"))[assign_to<&ast::List::items>{}];
 
 const auto args_def = -(expr % ',');
 const auto call_def = ident >> '(' > args > IP_TOKEN(")", "`)`");
-const auto path_def = ident >> -('.' >> ident);
+// Clause and top-level keywords are not names in expressions (`window.start` still is), so an
+// expression cut short by a new line reports the missing operand instead of eating the clause.
+const auto reserved = IP_KW("from") | IP_KW("window") | IP_KW("let") | IP_KW("require") | IP_KW("join") |
+                      IP_KW("trend") | IP_KW("peer") | IP_KW("severity") | IP_KW("category") |
+                      IP_KW("summary") | IP_KW("root_cause") | IP_KW("explanation") | IP_KW("fix") |
+                      IP_KW("evidence") | IP_KW("test") | IP_KW("end") | IP_KW("rule") | IP_KW("param") |
+                      IP_KW("def") | IP_KW("import");
+const auto path_def = !(reserved >> !x3::lit('.')) >> ident >> -('.' >> ident);
 const auto primary_def =
     number | string_lit | list | call | path | (x3::lit('(') > expr > IP_TOKEN(")", "`)`"));
 const auto unop_def = (x3::lit('-') >> x3::attr(ast::UnOp::kNeg)) |
@@ -199,12 +232,12 @@ const auto option_key_def = &(IP_KW("horizon") | IP_KW("exemplars") | IP_KW("z")
                               IP_KW("min_peers")) >> ident;
 const auto option_def = option_key > number;
 
-const auto from_clause_def = (IP_KW("from") > stream)[assign_to<&ast::FromClause::stream>{}];
+const auto from_clause_raw_def = (IP_KW("from") > stream)[assign_to<&ast::FromClause::stream>{}];
 const auto window_clause_def = IP_KW("window") > ident > -number > -(IP_KW("every") > number) >
                                -(IP_KW("by") > (ident % ','));
 const auto binding_def = ident > IP_TOKEN("=", "`=`") > expr;
-const auto let_clause_def = (IP_KW("let") > (binding % ','))[assign_to<&ast::LetClause::bindings>{}];
-const auto require_clause_def = (IP_KW("require") > expr)[assign_to<&ast::RequireClause::pred>{}];
+const auto let_clause_raw_def = (IP_KW("let") > (binding % ','))[assign_to<&ast::LetClause::bindings>{}];
+const auto require_clause_raw_def = (IP_KW("require") > expr)[assign_to<&ast::RequireClause::pred>{}];
 const auto join_clause_def = IP_KW("join") > ident > IP_TOKEN("=", "`=`") > stream > IP_KW("on") >
                              ident > ident > -number > IP_KW("tail") > expr > *option;
 const auto trend_clause_def = IP_KW("trend") > ident > ident > -number >
@@ -212,18 +245,18 @@ const auto trend_clause_def = IP_KW("trend") > ident > ident > -number >
                               IP_KW("windows");
 const auto peer_clause_def = IP_KW("peer") > ident > IP_KW("across") > ident > *option;
 const auto sev_case_def = ident >> -(IP_KW("when") > expr);
-const auto severity_clause_def =
+const auto severity_clause_raw_def =
     (IP_KW("severity") > (sev_case % ','))[assign_to<&ast::SeverityClause::cases>{}];
-const auto category_clause_def =
+const auto category_clause_raw_def =
     (IP_KW("category") > ident)[assign_to<&ast::CategoryClause::value>{}];
 const auto text_kind_def =
     &(IP_KW("summary") | IP_KW("root_cause") | IP_KW("explanation")) >> ident;
 const auto text_clause_def = text_kind > string_lit;
 const auto string_list_def = -(string_lit % ',');
 const auto ident_list_def = -(ident % ',');
-const auto fix_clause_def = (IP_KW("fix") > IP_TOKEN("[", "`[`") > string_list >
+const auto fix_clause_raw_def = (IP_KW("fix") > IP_TOKEN("[", "`[`") > string_list >
                              IP_TOKEN("]", "`]`"))[assign_to<&ast::FixClause::items>{}];
-const auto evidence_clause_def = (IP_KW("evidence") > IP_TOKEN("[", "`[`") > ident_list >
+const auto evidence_clause_raw_def = (IP_KW("evidence") > IP_TOKEN("[", "`[`") > ident_list >
                                   IP_TOKEN("]", "`]`"))[assign_to<&ast::EvidenceClause::names>{}];
 const auto fixture_attr_def = !IP_KW("event") >> !IP_KW("expect") >> ident >> atom;
 const auto fixture_event_def = IP_KW("event") > ident > *fixture_attr;
@@ -234,13 +267,26 @@ const auto clause_def = from_clause | window_clause | let_clause | require_claus
                         trend_clause | peer_clause | severity_clause | category_clause |
                         text_clause | fix_clause | evidence_clause | test_clause;
 
-const auto import__def = (IP_KW("import") > string_lit)[assign_to<&ast::Import::path>{}];
+const auto import__raw_def = (IP_KW("import") > string_lit)[assign_to<&ast::Import::path>{}];
 const auto param_def = IP_KW("param") > ident > IP_TOKEN("=", "`=`") > expr;
 const auto list_decl_def = IP_KW("list") > ident > IP_TOKEN("=", "`=`") > list;
 const auto def_def = IP_KW("def") > ident > IP_TOKEN("=", "`=`") > expr;
 const auto top_item_def = import_ | param | list_decl | def;
 const auto rule_head_def = IP_KW("rule") > ident > -string_lit;
 
+const auto ident_def = ident_raw;
+const auto string_lit_def = string_lit_raw;
+const auto list_def = list_raw;
+const auto from_clause_def = from_clause_raw;
+const auto let_clause_def = let_clause_raw;
+const auto require_clause_def = require_clause_raw;
+const auto severity_clause_def = severity_clause_raw;
+const auto category_clause_def = category_clause_raw;
+const auto fix_clause_def = fix_clause_raw;
+const auto evidence_clause_def = evidence_clause_raw;
+const auto import__def = import__raw;
+
+BOOST_SPIRIT_DEFINE(ident_raw, string_lit_raw, list_raw, from_clause_raw, let_clause_raw, require_clause_raw, severity_clause_raw, category_clause_raw, fix_clause_raw, evidence_clause_raw, import__raw)
 BOOST_SPIRIT_DEFINE(ident_str, ident, number, string_body, string_lit, atom, atom_list, list, args,
                     call, path, primary, unop, unary, binop, operation, expr, stream, option_key,
                     option, from_clause, window_clause, binding, let_clause, require_clause,
@@ -255,8 +301,8 @@ BOOST_SPIRIT_DEFINE(ident_str, ident, number, string_body, string_lit, atom, ato
 }  // namespace ingero::dsl::parser
 
 namespace ingero::dsl {
-inline parser::top_item_type const& top_item_rule() { return parser::top_item; }
-inline parser::rule_head_type const& rule_head_rule() { return parser::rule_head; }
-inline parser::clause_type const& clause_rule() { return parser::clause; }
-inline parser::expr_type const& expr_rule() { return parser::expr; }
+parser::top_item_type const& top_item_rule() { return parser::top_item; }
+parser::rule_head_type const& rule_head_rule() { return parser::rule_head; }
+parser::clause_type const& clause_rule() { return parser::clause; }
+parser::expr_type const& expr_rule() { return parser::expr; }
 }  // namespace ingero::dsl

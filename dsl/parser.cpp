@@ -99,6 +99,13 @@ class Driver {
   }
 
   void report_expectation(It where, const std::string& which, It stop) {
+    // X3 reports the position before the skipper ran; point at the next token instead, except
+    // for an unterminated string (inside a lexeme, where the end of the line is the point).
+    if (which.rfind("`\"` to close", 0) != 0) {
+      It p = where;
+      skip(p);
+      where = std::min(p, stop);
+    }
     std::string what = which;
     if (what.size() >= 2 && (what.front() == '\'' || what.front() == '"') && what.back() == what.front())
       what = "`" + what.substr(1, what.size() - 2) + "`";
@@ -124,6 +131,7 @@ class Driver {
   bool parse_rule(It& it, ast::Rule& rule) {
     const It start = it;
     if (!parse_one(it, rule_head_rule(), rule.head)) {
+      rule.syntax_error = true;
       sync_clause(it, start);
       // fall through and keep reading clauses so their errors are reported too
     }
@@ -153,6 +161,7 @@ class Driver {
         std::string hint = did_you_mean(word_at(it), cands);
         if (hint.empty() && *it == '=') hint = "compare with `==`";
         error("E0002", it, it + token_len(it), "expected a clause or `end`, found " + token_at(it), hint);
+        rule.syntax_error = true;
         sync_clause(it, it);
         continue;
       }
@@ -161,6 +170,7 @@ class Driver {
       if (parse_one(it, clause_rule(), clause)) {
         rule.clauses.push_back(std::move(clause));
       } else {
+        rule.syntax_error = true;
         sync_clause(it, clause_start);
       }
     }

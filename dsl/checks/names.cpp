@@ -391,7 +391,8 @@ TExpr Resolver::name(const ast::Path& p) {
   for (const auto& op : all_ops()) cands.emplace_back(op.name);
   for (const auto& s : state_names()) cands.push_back(s);
   std::string hint = did_you_mean(head, cands);
-  m.error_at(file, p, "E0201", "unknown name `" + head + "`", hint);
+  // After a syntax error in the rule, a missing name is most likely defined by the broken clause.
+  if (!(rule && rule->rule->syntax_error)) m.error_at(file, p, "E0201", "unknown name `" + head + "`", hint);
   return t;
 }
 

@@ -173,7 +173,7 @@ void pass_structure(Module& m) {
         m.error_at(f, head, "E0601", "rule `" + r.name + "` has no `" + what + "` clause", hint);
         r.broken = true;
       };
-      if (!r.name.empty()) {
+      if (!r.name.empty() && !rule->syntax_error) {
         if (!r.from) missing("from", "start the rule with `from SOURCE [where ...]`");
         if (!r.window) missing("window", "add e.g. `window tumbling 10s by pid, op`");
         if (!r.category_clause) missing("category", "add e.g. `category cpu_contention`");

@@ -1,0 +1,83 @@
+// The default rule pack (rules/*.rules compiled by dsl/) against the hand-built plans it
+// replaces (engine/default_plans.cpp), on the foundation's large synthetic trace, one thread.
+// Target: the pack within 20% of the hand-built plans (docs/performance.md, "Rule pack").
+//
+//   ./build/ingero-bench --benchmark_filter=RulePack --benchmark_min_time=1
+#include <benchmark/benchmark.h>
+
+#include "engine/default_plans.h"
+#include "engine/engine.h"
+#include "engine/synth.h"
+#include "rules/pack.h"
+
+namespace ingero {
+namespace {
+
+constexpr uint64_t kEvents = 2'000'000;
+
+const std::vector<Event>& pack_trace() {
+  static const std::vector<Event> events = synth::make_large_trace(kEvents, 42);
+  return events;
+}
+
+// Replays the shared events in batches without copying the whole trace per run.
+class SharedSource final : public EventSource {
+ public:
+  explicit SharedSource(const std::vector<Event>& ev) : ev_(ev) {}
+  bool next(Batch& out) override {
+    if (done_) return false;
+    const size_t n = std::min<size_t>(4096, ev_.size() - pos_);
+    out.events.assign(ev_.begin() + static_cast<std::ptrdiff_t>(pos_),
+                      ev_.begin() + static_cast<std::ptrdiff_t>(pos_ + n));
+    pos_ += n;
+    out.final = pos_ >= ev_.size();
+    out.watermark = out.final ? UINT64_MAX : out.events.back().ts_ns;
+    done_ = out.final;
+    return true;
+  }
+  TraceMeta& meta() override { return meta_; }
+
+ private:
+  const std::vector<Event>& ev_;
+  size_t pos_ = 0;
+  bool done_ = false;
+  TraceMeta meta_;
+};
+
+void run_pack(benchmark::State& state, const Plan& plan) {
+  const auto& ev = pack_trace();
+  EngineOptions opts;
+  opts.threads = 1;
+  size_t chains = 0;
+  for (auto _ : state) {
+    SharedSource src(ev);
+    const auto r = run_plan(plan, src, opts);
+    chains = r.chains.size();
+    benchmark::DoNotOptimize(r.chains.data());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * ev.size()));
+  state.counters["chains"] = static_cast<double>(chains);
+}
+
+void BM_RulePackHandBuilt(benchmark::State& state) {
+  static const Plan plan = default_plan();
+  run_pack(state, plan);
+}
+void BM_RulePackCompiled(benchmark::State& state) {
+  static const Plan plan = rules::default_rule_pack_plan();
+  run_pack(state, plan);
+}
+// Compiling the embedded pack from text (parse + checks + lowering), for the record.
+void BM_RulePackCompile(benchmark::State& state) {
+  const auto sources = rules::default_rule_sources();
+  dsl::CompileOptions o = rules::pack_compile_options();
+  for (auto _ : state) benchmark::DoNotOptimize(dsl::compile_rules(sources, o).plan.nodes.size());
+}
+
+}  // namespace
+
+BENCHMARK(BM_RulePackHandBuilt)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_RulePackCompiled)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_RulePackCompile)->Unit(benchmark::kMillisecond);
+
+}  // namespace ingero

@@ -1,0 +1,66 @@
+// The default rule pack: compiles cleanly, every inline test passes through the engine, it
+// covers every chain family of the hand-built plans, and user files load from outside rules/
+// (and are rejected when their tests fail).
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "engine/default_plans.h"
+#include "rules/pack.h"
+
+using namespace ingero;
+
+TEST(RulePack, CompilesWithoutDiagnostics) {
+  const auto& pack = rules::default_rule_pack();
+  EXPECT_TRUE(pack.diagnostics.empty()) << dsl::render_diagnostics(pack.diagnostics);
+  EXPECT_TRUE(pack.plan.validate().empty());
+  EXPECT_GE(pack.rules.size(), 10u);
+}
+
+TEST(RulePack, EveryInlineTestPasses) {
+  const auto& pack = rules::default_rule_pack();
+  std::map<std::string, std::pair<int, int>> per_rule;  // positive, negative tests
+  for (const auto& o : rules::run_rule_tests(pack)) {
+    EXPECT_TRUE(o.passed) << o.test.file << ":" << o.test.line << " " << o.test.rule << " / " << o.test.name
+                          << ": " << o.detail;
+    (o.test.expect_match ? per_rule[o.test.rule].first : per_rule[o.test.rule].second)++;
+  }
+  for (const auto& r : pack.rules) {
+    EXPECT_GE(per_rule[r.name].first, 1) << r.name << " needs a positive test";
+    EXPECT_GE(per_rule[r.name].second, 1) << r.name << " needs a negative test";
+  }
+}
+
+TEST(RulePack, CoversEveryHandBuiltFamily) {
+  std::set<std::string> hand, pack;
+  for (const auto& n : default_plan().nodes)
+    if (const auto* e = std::get_if<EmitNode>(&n.body)) hand.insert(e->rule + "/" + e->category);
+  for (const auto& n : rules::default_rule_pack_plan().nodes)
+    if (const auto* e = std::get_if<EmitNode>(&n.body)) {
+      pack.insert(e->rule + "/" + e->category);
+      EXPECT_EQ(e->rule_hash.size(), 16u);
+      EXPECT_GT(n.line, 0);
+    }
+  EXPECT_EQ(hand, pack);
+}
+
+TEST(RulePack, LoadsAUserRuleFromOutsideRulesDir) {
+  const std::string path = std::string(INGERO_SOURCE_DIR) + "/tests/dsl/user/cudamalloc_p99_climb.rules";
+  auto loaded = rules::load_rule_files({path}, /*include_default=*/true);
+  EXPECT_TRUE(loaded.ok()) << dsl::render_diagnostics(loaded.diagnostics)
+                           << (loaded.rejected.empty() ? "" : loaded.rejected[0]);
+  ASSERT_EQ(loaded.tests.size(), 2u);
+  for (const auto& t : loaded.tests) EXPECT_TRUE(t.passed) << t.test.name << ": " << t.detail;
+  bool found = false;
+  for (const auto& r : loaded.rules) found = found || r.name == "cudamalloc_tail_climb";
+  EXPECT_TRUE(found);
+  EXPECT_GE(loaded.rules.size(), 11u);
+}
+
+TEST(RulePack, RejectsAFileWhoseTestFails) {
+  const std::string path = std::string(INGERO_SOURCE_DIR) + "/tests/dsl/user/failing_test.rules";
+  auto loaded = rules::load_rule_files({path}, /*include_default=*/false);
+  ASSERT_EQ(loaded.rejected.size(), 1u);
+  EXPECT_NE(loaded.rejected[0].find("claims a match that cannot happen"), std::string::npos) << loaded.rejected[0];
+  EXPECT_TRUE(loaded.rules.empty());
+}
