@@ -147,6 +147,23 @@ TEST(SqliteSink, RoundTripGivesIdenticalEventsAndMeta) {
   EXPECT_EQ(m.first_ts, events.front().ts_ns);
 }
 
+TEST(SqliteSink, EmptyTraceReplaysAsOneFinalBatch) {
+  TempDir dir;
+  const std::string p = dir.file("empty.db");
+  std::string error;
+  auto sink = SqliteSink::create(p, error);
+  ASSERT_NE(sink, nullptr) << error;
+  ASSERT_TRUE(sink->close(error)) << error;
+  auto src = open_sqlite_trace(p, error);
+  ASSERT_NE(src, nullptr) << error;
+  const auto d = test::drain(*src);
+  ASSERT_EQ(d.batches.size(), 1u);
+  EXPECT_TRUE(d.batches[0].final);
+  EXPECT_TRUE(d.events.empty());
+  EXPECT_EQ(src->meta().format, "ingero-pipeline-1");
+  EXPECT_EQ(src->meta().health.rows_read, 0u);
+}
+
 TEST(SqliteSink, WritesIngeroConventionsAndTables) {
   TempDir dir;
   const std::string p = dir.file("compat.db");
