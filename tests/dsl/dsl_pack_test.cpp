@@ -6,6 +6,8 @@
 #include <set>
 
 #include "engine/default_plans.h"
+#include "engine/engine.h"
+#include "engine/synth.h"
 #include "rules/pack.h"
 
 using namespace ingero;
@@ -63,4 +65,34 @@ TEST(RulePack, RejectsAFileWhoseTestFails) {
   ASSERT_EQ(loaded.rejected.size(), 1u);
   EXPECT_NE(loaded.rejected[0].find("claims a match that cannot happen"), std::string::npos) << loaded.rejected[0];
   EXPECT_TRUE(loaded.rules.empty());
+}
+
+// The pack must reproduce the hand-built plans: same chains (rule, severity, key, window,
+// texts) on every synthetic scenario and its control.
+TEST(RulePack, SameChainsAsHandBuiltPlansOnSyntheticTraces) {
+  const Plan hand = default_plan();
+  const Plan pack = rules::default_rule_pack_plan();
+  auto key = [](const Chain& c) {
+    return c.rule + "|" + severity_name(c.severity) + "|" + c.category + "|" + std::to_string(c.pid) + "|" +
+           std::to_string(c.tid) + "|" + std::to_string(c.op) + "|" + std::to_string(c.rank) + "|" +
+           std::to_string(c.window_start) + "|" + c.summary + "|" + c.root_cause + "|" + c.explanation;
+  };
+  size_t total = 0;
+  for (const auto& info : synth::all_scenarios()) {
+    for (bool fault : {true, false}) {
+      SCOPED_TRACE(std::string(info.name) + (fault ? " fault" : " control"));
+      auto trace = synth::make_scenario(info.id, fault, 7);
+      EngineOptions o;
+      o.compute_stats = false;
+      VectorSource a(trace.events, 4096, trace.meta), b(trace.events, 4096, trace.meta);
+      const auto ra = run_plan(hand, a, o);
+      const auto rb = run_plan(pack, b, o);
+      std::multiset<std::string> ka, kb;
+      for (const auto& c : ra.chains) ka.insert(key(c));
+      for (const auto& c : rb.chains) kb.insert(key(c));
+      EXPECT_EQ(ka, kb);
+      total += ra.chains.size();
+    }
+  }
+  EXPECT_GT(total, 0u);
 }
