@@ -4,6 +4,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/pipeline_common.h"
 #include "engine/engine.h"
 #include "sinks/report.h"
 #include "sinks/sqlite_store.h"
@@ -21,17 +22,23 @@ struct ExplainArgs {
   std::string save;
   size_t limit = 0;
   bool verbose = false;
+  bool builtin = false;
 };
 
 int run_explain(const ExplainArgs& a) {
-  Plan plan;
-  std::vector<std::string> errors;
-  if (!build_plan(a.rules, a.no_default_rules, plan, errors)) {
-    for (const auto& e : errors) std::fprintf(stderr, "%s\n", e.c_str());
+  AnalysisSpec spec;
+  spec.use_default = !a.no_default_rules;
+  spec.builtin = a.builtin;
+  spec.rule_files = a.rules;
+  AnalysisPlan analysis;
+  std::string error;
+  if (!build_analysis(spec, analysis, error)) {
+    std::fprintf(stderr, "%s\n", error.c_str());
     return kExitInput;
   }
-  std::string error;
-  auto source = open_trace(a.db, error);
+  const Plan& plan = analysis.plan;
+  std::vector<std::string> errors;
+  auto source = open_any_trace(a.db, error);
   if (!source) {
     print_error(error);
     return kExitInput;
@@ -121,6 +128,8 @@ Registrar reg{"explain", 20, [](CLI::App& app, int& rc) {
                     ->check(CLI::Range(1u, 256u));
                 cmd->add_option("--rules", args->rules, "Rule files to load (in addition to the default pack)");
                 cmd->add_flag("--no-default-rules", args->no_default_rules, "Use only the --rules files");
+                cmd->add_flag("--builtin", args->builtin,
+                              "Run the hand-built C++ plans instead of the rule pack (for comparison)");
                 cmd->add_option("--why-not", args->why_not,
                                 "Say why RULE did not fire: its closest miss, by how much, for which key/window");
                 cmd->add_option("--save", args->save, "Also write the trace and its chains to this SQLite database");

@@ -4,6 +4,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/pipeline_common.h"
 #include "engine/engine.h"
 #include "sinks/report.h"
 
@@ -18,7 +19,7 @@ struct StatsArgs {
 
 int run_stats(const StatsArgs& a) {
   std::string error;
-  auto source = open_trace(a.db, error);
+  auto source = open_any_trace(a.db, error);
   if (!source) {
     print_error(error);
     return kExitInput;
@@ -44,7 +45,7 @@ Registrar reg{"stats", 10, [](CLI::App& app, int& rc) {
                     "  ingero-pipeline stats --db trace.db\n"
                     "  ingero-pipeline stats --db trace.db --json | jq '.ops[] | select(.op==\"cudaLaunchKernel\")'");
                 cmd->add_option("--db", args->db,
-                                "Trace database (Ingero 0.8/0.9 or ours); default: the embedded sample");
+                                "Trace (Ingero 0.8/0.9 SQLite, ours, or an LMDB log); default: the embedded sample");
                 cmd->add_flag("--json", args->json, "Machine-readable output (shape in docs/cli.md)");
                 cmd->add_option("--threads", args->threads, "Engine threads (results do not depend on it)")
                     ->check(CLI::Range(1u, 256u));

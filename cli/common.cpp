@@ -6,7 +6,7 @@
 #include <fstream>
 #include <mutex>
 
-#include "engine/default_plans.h"
+#include "cli/pipeline_common.h"
 #include "sinks/sqlite_store.h"
 
 #ifdef INGERO_SAMPLE_DB
@@ -71,11 +71,16 @@ std::unique_ptr<EventSource> open_trace(const std::string& path, std::string& er
 
 bool build_plan(const std::vector<std::string>& rule_files, bool no_default, Plan& plan,
                 std::vector<std::string>& errors) {
-  if (!rule_files.empty()) {
-    errors.push_back("--rules needs the rule compiler, which this build does not have");
+  AnalysisSpec spec;
+  spec.use_default = !no_default;
+  spec.rule_files = rule_files;
+  AnalysisPlan analysis;
+  std::string error;
+  if (!build_analysis(spec, analysis, error)) {
+    errors.push_back(error);
     return false;
   }
-  if (!no_default) plan = default_plan();
+  plan = std::move(analysis.plan);
   return true;
 }
 

@@ -15,12 +15,13 @@ namespace ingero::cli {
 // written to a private temporary file on first use. Empty if the build has none.
 std::string embedded_sample_path();
 
-// Opens `path` (SQLite or, when built with it, LMDB); an empty path opens the embedded sample and
-// notes that on stderr. Null + message on failure.
+// Opens an SQLite trace at `path`; an empty path opens the embedded sample and notes that on
+// stderr. Null + message on failure. (cli/pipeline_common.h: open_any_trace() also reads LMDB.)
 std::unique_ptr<EventSource> open_trace(const std::string& path, std::string& error, size_t batch_size = 4096);
 
-// The plan for explain/trace/bench: the default analyses plus (or instead of) rule files.
-// Returns false with messages (already formatted for a terminal) on failure.
+// The plan for explain/trace/mcp: the default analyses (the embedded rule pack) plus, or instead
+// of, rule files. A thin wrapper over build_analysis() (cli/pipeline_common.h). Returns false with
+// messages formatted for a terminal on failure.
 bool build_plan(const std::vector<std::string>& rule_files, bool no_default, Plan& plan,
                 std::vector<std::string>& errors);
 

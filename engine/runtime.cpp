@@ -132,6 +132,7 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
 
   // Streams.
   cp->stream_of_node.assign(n, -1);
+  std::map<std::string, int> stream_sig;
   for (const auto& node : plan.nodes) {
     if (!is_stream_node(node.body)) continue;
     StreamDef s;
@@ -143,8 +144,18 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
       errors.push_back("%" + std::to_string(node.id) + ": stream input is not a stream");
       continue;
     }
-    cp->stream_of_node[static_cast<size_t>(node.id)] = static_cast<int>(cp->streams.size());
-    cp->streams.push_back(s);
+    // Identical streams (same parent, same step) are computed once per batch, whichever rule
+    // or rule file declared them.
+    std::string sig = std::to_string(s.parent) + "|";
+    if (s.filter) sig += "filter " + s.filter->to_string();
+    if (s.offcpu) {
+      sig += "offcpu " + std::to_string(s.offcpu->min_ns) + ":";
+      for (auto st : s.offcpu->states) sig += std::to_string(static_cast<int>(st)) + ",";
+    }
+    if (s.parent < 0) sig += "scan";
+    auto [it, fresh] = stream_sig.try_emplace(sig, static_cast<int>(cp->streams.size()));
+    cp->stream_of_node[static_cast<size_t>(node.id)] = it->second;
+    if (fresh) cp->streams.push_back(s);
   }
 
   // Pipes: one per window, walking forward to its Emit.
