@@ -489,8 +489,8 @@ void check_analysis(Checker& c, const YNode& n, const std::string& dir, Analysis
       for (const YNode* r : items) {
         RuleRef ref;
         ref.pos = {r->line, r->col};
-        if (r->value == "default") {
-          ref.name = "default";
+        if (r->value == "default" || r->value == "builtin") {
+          ref.name = r->value;
           ref.builtin = true;
           has_default = true;
         } else {
@@ -498,7 +498,8 @@ void check_analysis(Checker& c, const YNode& n, const std::string& dir, Analysis
           bool is_dir = false;
           if (!path_exists(ref.name, &is_dir) || is_dir)
             c.error(*r, "C0301", "rule file not found: " + ref.name,
-                    "`default` names the built-in analyses; other entries are .rules files relative to the config");
+                    "`default` is the default rule pack, `builtin` the hand-built plans; other entries are .rules "
+                    "files relative to the config");
         }
         a.rules.push_back(ref);
       }

@@ -1,0 +1,99 @@
+// Operators in isolation, per event: quantile state (exact and sketch), keying, off-CPU span
+// building and the interval join, over the large synthetic workload (engine/synth.h).
+// Run: ./build/ingero-bench --benchmark_filter='BM_Op'
+#include <benchmark/benchmark.h>
+
+#include <vector>
+
+#include "engine/synth.h"
+#include "operators/interval_join.h"
+#include "operators/key_by.h"
+#include "operators/offcpu_spans.h"
+#include "operators/quantile.h"
+
+namespace ingero {
+namespace {
+
+const std::vector<Event>& trace() {
+  static const std::vector<Event> events = synth::make_large_trace(1'000'000, 42);
+  return events;
+}
+
+// Exact up to the limit (the small-window path), then DDSketch (the large-window path).
+void BM_OpQuantileAdd(benchmark::State& state) {
+  const auto& ev = trace();
+  const auto limit = static_cast<uint32_t>(state.range(0));
+  for (auto _ : state) {
+    QuantileState q(limit, 0.01);
+    for (const auto& e : ev) q.add(e.dur_ns);
+    benchmark::DoNotOptimize(q.quantile(0.99));
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * ev.size()));
+}
+BENCHMARK(BM_OpQuantileAdd)->Arg(65536)->Arg(1 << 22)->Unit(benchmark::kMillisecond);
+
+void BM_OpKeyBy(benchmark::State& state) {
+  const auto& ev = trace();
+  KeyBy kb({Field::kPid, Field::kSource, Field::kOp});
+  for (auto _ : state) {
+    uint64_t acc = 0;
+    for (const auto& e : ev) acc += KeyHash{}(kb.key_of(e));
+    benchmark::DoNotOptimize(acc);
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * ev.size()));
+}
+BENCHMARK(BM_OpKeyBy)->Unit(benchmark::kMillisecond);
+
+void BM_OpOffCpuSpans(benchmark::State& state) {
+  const auto& ev = trace();
+  OffCpuNode node{0, {OffCpuState::kPreempted, OffCpuState::kUnknown}};
+  std::vector<Event> out;
+  out.reserve(1 << 16);
+  for (auto _ : state) {
+    OffCpuSpanBuilder b(node);
+    size_t n = 0;
+    for (const auto& e : ev) {
+      b.add(e, out);
+      n += out.size();
+      out.clear();
+    }
+    benchmark::DoNotOptimize(n);
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * ev.size()));
+}
+BENCHMARK(BM_OpOffCpuSpans)->Unit(benchmark::kMillisecond);
+
+// Off-CPU spans buffered by tid, every CUDA/driver call probed against them, eviction at the
+// moving watermark: the join the cpu_contention rule runs.
+void BM_OpIntervalJoin(benchmark::State& state) {
+  const auto& ev = trace();
+  for (auto _ : state) {
+    IntervalJoin j(JoinKind::kOverlap, 0);
+    uint64_t overlap = 0, n = 0;
+    for (const auto& e : ev) {
+      if (e.source == Source::kHost && e.op == 1) {
+        j.add_right(e.tid, e);
+      } else if (is_gpu_api(e.source)) {
+        overlap += j.probe(e.tid, e.ts_ns, e.end_ns()).overlap_ns;
+      }
+      if (++n % 4096 == 0) j.evict(e.ts_ns, 2'000'000'000ull);
+    }
+    benchmark::DoNotOptimize(overlap);
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * ev.size()));
+}
+BENCHMARK(BM_OpIntervalJoin)->Unit(benchmark::kMillisecond);
+
+void BM_OpSynthGenerate(benchmark::State& state) {
+  for (auto _ : state) {
+    synth::LargeTraceGenerator g(1'000'000, 7);
+    std::vector<Event> out;
+    out.reserve(4096);
+    while (g.next(out, 4096)) out.clear();
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * 1'000'000));
+}
+BENCHMARK(BM_OpSynthGenerate)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace ingero

@@ -1,0 +1,185 @@
+#include "cli/pipeline_common.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "cli/common.h"
+#include "engine/ops.h"
+#include "sinks/lmdb_store.h"
+
+#ifdef INGERO_HAVE_IP_RULES
+#include "rules/pack.h"
+#endif
+
+namespace ingero::cli {
+
+std::string trace_format_of(const std::string& path) { return is_lmdb_file(path) ? "lmdb" : "sqlite"; }
+
+std::unique_ptr<EventSource> open_any_trace(const std::string& path, std::string& error, size_t batch_size) {
+  if (!path.empty() && is_lmdb_file(path)) {
+    LmdbReadOptions o;
+    o.batch_size = batch_size;
+    return open_lmdb_trace(path, error, o);
+  }
+  return open_trace(path, error, batch_size);
+}
+
+bool have_rule_compiler() {
+#ifdef INGERO_HAVE_IP_RULES
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool build_analysis(const AnalysisSpec& spec, AnalysisPlan& out, std::string& errors) {
+  out = AnalysisPlan{};
+  const bool pack = spec.use_default && !spec.builtin && have_rule_compiler();
+  if (!pack && spec.rule_files.empty()) {
+    if (!spec.use_default) {
+      errors = "no analysis: the default rules are off and no rule file was given\n";
+      return false;
+    }
+    out.plan = default_plan(spec.options);
+    out.description = "built-in analyses (engine/default_plans)";
+    return true;
+  }
+#ifdef INGERO_HAVE_IP_RULES
+  dsl::CompileOptions co;
+  for (const auto& [k, v] : spec.params)
+    if (k != "window") co.params[k] = v;  // the pack's windows are written in its rules
+  rules::LoadResult lr = rules::load_rule_files(spec.rule_files, pack, co);
+  if (!lr.ok()) {
+    errors = dsl::render_diagnostics(lr.diagnostics);
+    for (const auto& r : lr.rejected) errors += "rejected " + r + "\n";
+    return false;
+  }
+  out.plan = std::move(lr.plan);
+  for (auto& r : lr.rules) out.rule_plans.emplace_back(r.name, std::move(r.plan));
+  out.description = pack ? "rule pack (rules/*.rules, " + std::to_string(out.rule_plans.size()) + " rules)"
+                         : std::to_string(out.rule_plans.size()) + " rules from files";
+  if (!spec.rule_files.empty() && pack)
+    out.description = "rule pack + " + std::to_string(spec.rule_files.size()) + " rule file(s), " +
+                      std::to_string(out.rule_plans.size()) + " rules";
+  if (spec.use_default && !pack) {
+    out.plan.merge(default_plan(spec.options));
+    out.description += " + built-in analyses";
+  }
+  return true;
+#else
+  errors = "rule files need the rule compiler, which this build does not have\n";
+  return false;
+#endif
+}
+
+uint64_t peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+  return 0;
+}
+
+// --- MergeSource -------------------------------------------------------------------------------
+
+MergeSource::MergeSource(std::vector<EventSource*> inputs) {
+  for (auto* s : inputs) inputs_.push_back(Input{s, {}, 0, 0, false, {}});
+  meta_.path = inputs.size() == 1 ? inputs[0]->meta().path : "<merged>";
+  meta_.format = inputs.size() == 1 ? inputs[0]->meta().format : "merged";
+  for (auto& in : inputs_) merge_meta(in);
+}
+
+void MergeSource::merge_meta(Input& in) {
+  TraceMeta& m = in.src->meta();
+  in.node_map.resize(m.nodes.size());
+  for (size_t i = 0; i < m.nodes.size(); ++i) in.node_map[i] = meta_.node_index(m.nodes[i]);
+  for (const auto& [pid, name] : m.process_names) meta_.process_names.emplace(pid, name);
+  for (const auto& [id, st] : m.stacks) meta_.stacks.emplace(id, st);
+  if (meta_.sessions.empty()) meta_.sessions = m.sessions;
+}
+
+void MergeSource::pull(Input& in) {
+  Batch b;
+  if (!in.src->next(b)) {
+    in.done = true;
+    return;
+  }
+  if (in.node_map.size() < in.src->meta().nodes.size()) merge_meta(in);
+  if (in.pos > 0) {
+    in.buf.erase(in.buf.begin(), in.buf.begin() + static_cast<std::ptrdiff_t>(in.pos));
+    in.pos = 0;
+  }
+  for (auto& e : b.events) {
+    if (e.node < in.node_map.size()) e.node = in.node_map[e.node];
+    in.buf.push_back(e);
+  }
+  in.watermark = std::max(in.watermark, b.watermark);
+  if (b.final) in.done = true;
+}
+
+bool MergeSource::next(Batch& out) {
+  if (finished_) return false;
+  out.events.clear();
+  // Pull from the input that holds the merged watermark back, once per call.
+  Input* lag = nullptr;
+  for (auto& in : inputs_)
+    if (!in.done && (!lag || in.watermark < lag->watermark)) lag = &in;
+  if (lag) pull(*lag);
+  uint64_t safe = std::numeric_limits<uint64_t>::max();
+  bool all_done = true;
+  for (auto& in : inputs_)
+    if (!in.done) {
+      safe = std::min(safe, in.watermark);
+      all_done = false;
+    }
+  // k-way merge of what every input has buffered up to `safe`.
+  for (;;) {
+    Input* best = nullptr;
+    for (auto& in : inputs_)
+      if (in.pos < in.buf.size() && in.buf[in.pos].ts_ns <= safe &&
+          (!best || in.buf[in.pos].ts_ns < best->buf[best->pos].ts_ns))
+        best = &in;
+    if (!best) break;
+    out.events.push_back(best->buf[best->pos++]);
+  }
+  out.seq = seq_++;
+  out.final = all_done;
+  out.watermark = all_done ? std::numeric_limits<uint64_t>::max() : safe;
+  if (all_done) {
+    finished_ = true;
+    for (auto& in : inputs_) {
+      const TraceMeta& m = in.src->meta();
+      meta_.health.rows_read += m.health.rows_read;
+      meta_.health.rows_skipped += m.health.rows_skipped;
+      meta_.health.dropped_events += m.health.dropped_events;
+      for (const auto& [r, n] : m.health.reasons) meta_.health.reasons[r] += n;
+      if (m.first_ts && (!meta_.first_ts || m.first_ts < meta_.first_ts)) meta_.first_ts = m.first_ts;
+      meta_.last_ts = std::max(meta_.last_ts, m.last_ts);
+    }
+  }
+  return true;
+}
+
+std::string event_json_line(const Event& e, const TraceMeta& meta) {
+  nlohmann::json j{{"id", e.id},
+                   {"ts_ns", e.ts_ns},
+                   {"dur_ns", e.dur_ns},
+                   {"source", source_name(e.source)},
+                   {"op", op_name(e.source, e.op)},
+                   {"pid", e.pid},
+                   {"tid", e.tid}};
+  if (e.node && e.node < meta.nodes.size()) j["node"] = meta.nodes[e.node];
+  if (e.rank >= 0) j["rank"] = e.rank;
+  if (e.ret) j["ret"] = e.ret;
+  if (e.arg0) j["arg0"] = e.arg0;
+  if (e.arg1) j["arg1"] = e.arg1;
+  if (e.stack_id) j["stack_id"] = e.stack_id;
+  if (e.prev_state != OffCpuState::kUnknown) j["prev_state"] = static_cast<int>(e.prev_state);
+  return j.dump();
+}
+
+}  // namespace ingero::cli

@@ -1,0 +1,99 @@
+// Helpers of the pipeline commands (run, bench, convert, demo): opening a trace by its content,
+// building the analysis (rule pack, built-in plans, rule files with parameter overrides), merging
+// and tapping sources, and measuring memory.
+//
+// Contract:
+// - open_any_trace() picks the reader by the file's first bytes (an LMDB meta page or not), never
+//   by its extension; an empty path is the embedded sample (cli/common.h).
+// - build_analysis(): `default` is the rule pack (rules/*.rules, embedded) when the build has the
+//   rule compiler, else the hand-built plans of engine/default_plans.h; `builtin` always the
+//   latter. Parameter overrides go to both (the pack by name through the rule compiler, the
+//   built-in plans through DefaultPlanOptions). Errors are rendered, ready for stderr.
+// - MergeSource merges sources by timestamp with watermarks: an event is released only when
+//   every unfinished source has promised nothing earlier will follow. Node indexes of each input
+//   are remapped into the merged TraceMeta. TapSource hands every batch to a callback first.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/default_plans.h"
+#include "engine/plan.h"
+#include "engine/trace.h"
+
+namespace ingero::cli {
+
+std::unique_ptr<EventSource> open_any_trace(const std::string& path, std::string& error,
+                                            size_t batch_size = 4096);
+
+// "lmdb" when the file starts like an LMDB environment, else "sqlite".
+std::string trace_format_of(const std::string& path);
+
+struct AnalysisSpec {
+  bool use_default = true;   // the default analyses (pack or built-in)
+  bool builtin = false;      // force the hand-built plans for the default analyses
+  std::vector<std::string> rule_files;
+  DefaultPlanOptions options;                 // built-in plans
+  std::map<std::string, std::string> params;  // rule-pack / rule-file overrides, as text
+};
+
+struct AnalysisPlan {
+  Plan plan;
+  std::string description;                                // "rule pack (12 rules)" ...
+  std::vector<std::pair<std::string, Plan>> rule_plans;   // each rule alone (per-rule timing)
+};
+
+bool build_analysis(const AnalysisSpec& spec, AnalysisPlan& out, std::string& errors);
+bool have_rule_compiler();
+
+// Peak resident set size of this process (VmHWM), bytes; 0 if unknown.
+uint64_t peak_rss_bytes();
+
+class MergeSource final : public EventSource {
+ public:
+  explicit MergeSource(std::vector<EventSource*> inputs);
+  bool next(Batch& out) override;
+  TraceMeta& meta() override { return meta_; }
+
+ private:
+  struct Input {
+    EventSource* src;
+    std::vector<Event> buf;
+    size_t pos = 0;
+    uint64_t watermark = 0;
+    bool done = false;
+    std::vector<uint16_t> node_map;
+  };
+  void pull(Input& in);
+  void merge_meta(Input& in);
+
+  std::vector<Input> inputs_;
+  TraceMeta meta_;
+  uint64_t seq_ = 0;
+  bool finished_ = false;
+};
+
+class TapSource final : public EventSource {
+ public:
+  TapSource(EventSource& in, std::function<void(const Batch&, const TraceMeta&)> tap)
+      : in_(in), tap_(std::move(tap)) {}
+  bool next(Batch& out) override {
+    if (!in_.next(out)) return false;
+    if (tap_) tap_(out, in_.meta());
+    return true;
+  }
+  TraceMeta& meta() override { return in_.meta(); }
+
+ private:
+  EventSource& in_;
+  std::function<void(const Batch&, const TraceMeta&)> tap_;
+};
+
+// One event as a JSON line (jsonl sinks fed with events).
+std::string event_json_line(const Event& e, const TraceMeta& meta);
+
+}  // namespace ingero::cli
