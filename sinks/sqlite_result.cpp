@@ -153,6 +153,35 @@ bool read_ours(sqlite3* db, AnalysisResult& r, std::string& error) {
     r.chains.push_back(std::move(c));
   }
   if (rc != SQLITE_DONE) return error = sqlite_detail::describe_sqlite_error(db, rc), false;
+  if (!sqlite_detail::table_exists(db, "ip_rule_outcomes")) return true;  // written before it existed
+  Stmt ro(db,
+          "SELECT rule, rule_hash, category, windows, chains, has_miss, miss_stage, miss, miss_key, "
+          "miss_window_start, miss_window_end, miss_values FROM ip_rule_outcomes "
+          "ORDER BY position, rowid");
+  if (!ro.ok()) return error = "cannot read ip_rule_outcomes: " + ro.error(), false;
+  while ((rc = ro.step()) == SQLITE_ROW) {
+    RuleOutcome o;
+    o.rule = ro.text(0);
+    o.rule_hash = ro.text(1);
+    o.category = ro.text(2);
+    o.windows = static_cast<uint64_t>(ro.i64(3));
+    o.chains = static_cast<uint64_t>(ro.i64(4));
+    o.has_miss = ro.i64(5) != 0;
+    o.miss_stage = static_cast<int>(ro.i64(6));
+    const json m = parse_json(ro.text(7), json::object());
+    if (m.is_object()) {
+      auto it = m.find("passed");
+      o.miss = {str(m, "label"), num(m, "lhs"), num(m, "rhs"), num(m, "margin"),
+                it != m.end() && it->is_boolean() && it->get<bool>()};
+    }
+    o.miss_key = ro.text(8);
+    o.miss_window_start = static_cast<uint64_t>(ro.i64(9));
+    o.miss_window_end = static_cast<uint64_t>(ro.i64(10));
+    for (const auto& v : parse_json(ro.text(11), json::array()))
+      if (v.is_object()) o.miss_values.emplace_back(str(v, "name"), num(v, "value"));
+    r.rules.push_back(std::move(o));
+  }
+  if (rc != SQLITE_DONE) return error = sqlite_detail::describe_sqlite_error(db, rc), false;
   return true;
 }
 

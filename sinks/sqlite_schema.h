@@ -201,6 +201,21 @@ CREATE TABLE ip_chains (
   dropped_events INTEGER NOT NULL
 );
 CREATE INDEX idx_ip_chains_window ON ip_chains(window_start);
+CREATE TABLE ip_rule_outcomes (
+  rule              TEXT PRIMARY KEY,
+  position          INTEGER NOT NULL,      -- plan order
+  rule_hash         TEXT NOT NULL,
+  category          TEXT NOT NULL,
+  windows           INTEGER NOT NULL,      -- window rows that reached the first predicate
+  chains            INTEGER NOT NULL,
+  has_miss          INTEGER NOT NULL,
+  miss_stage        INTEGER NOT NULL,
+  miss              TEXT NOT NULL,         -- JSON {label, lhs, rhs, margin, passed}
+  miss_key          TEXT NOT NULL,
+  miss_window_start INTEGER NOT NULL,
+  miss_window_end   INTEGER NOT NULL,
+  miss_values       TEXT NOT NULL          -- JSON [{name, value}]
+);
 )sql";
 
 }  // namespace ingero::sqlite_detail

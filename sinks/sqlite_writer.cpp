@@ -517,6 +517,33 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
     pc.bind_u64(28, c.dropped_events);
     if (!done(pc)) return err();
   }
+  if (!sqlite_detail::exec(db, "DELETE FROM ip_rule_outcomes", why)) return fail("write result: " + why);
+  Stmt ro(db,
+          "INSERT OR REPLACE INTO ip_rule_outcomes(rule, position, rule_hash, category, windows, "
+          "chains, has_miss, miss_stage, miss, miss_key, miss_window_start, miss_window_end, "
+          "miss_values) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)");
+  if (!ro.ok()) return fail("write result: " + ro.error());
+  position = 0;
+  for (const auto& o : result.rules) {
+    json slots = json::array();
+    for (const auto& [name, value] : o.miss_values) slots.push_back({{"name", name}, {"value", value}});
+    const json miss = {{"label", o.miss.label}, {"lhs", o.miss.lhs},  {"rhs", o.miss.rhs},
+                       {"margin", o.miss.margin}, {"passed", o.miss.passed}};
+    ro.bind(1, o.rule);
+    ro.bind(2, position++);
+    ro.bind(3, o.rule_hash);
+    ro.bind(4, o.category);
+    ro.bind_u64(5, o.windows);
+    ro.bind_u64(6, o.chains);
+    ro.bind(7, static_cast<int64_t>(o.has_miss));
+    ro.bind(8, static_cast<int64_t>(o.miss_stage));
+    ro.bind(9, miss.dump());
+    ro.bind(10, o.miss_key);
+    ro.bind_u64(11, o.miss_window_start);
+    ro.bind_u64(12, o.miss_window_end);
+    ro.bind(13, slots.dump());
+    if (!done(ro)) return err();
+  }
   const auto& k = result.counters;
   const json counters = {{"events_in", k.events_in},           {"batches", k.batches},
                          {"windows_closed", k.windows_closed}, {"late_events", k.late_events},
