@@ -490,9 +490,13 @@ struct LargeTraceGenerator::Impl {
       out.push_back(make(a, Source::kCuda, op::kCudaMalloc, t, d, 64ull << 20));
       t += d + r.range(5 * kUs, 10 * kUs);
     }
+    // Every 6th window a CPU hog shares rank 1's core: 3% of its launches are preempted then,
+    // enough for a real cpu_contention chain; elsewhere a rare preemption that makes no tail.
+    const bool hog = a.rank == 1 && (t - kSynthEpochNs) / kWindowNs % 6 == 3;
+    const double p_preempt = hog ? 0.03 : 0.0005;
     for (int k = 0; k < 40; ++k) {
       uint64_t d = r.jitter(11 * kUs, 0.9);
-      if (r.chance(0.002)) {
+      if (r.chance(p_preempt)) {
         const uint64_t span = r.range(500 * kUs, 3 * kMs);
         out.push_back(make(a, Source::kHost, op::kSchedSwitch, t + 3 * kUs, span, 0, kHogPid));
         out.back().prev_state = OffCpuState::kPreempted;

@@ -111,8 +111,10 @@ SynthTrace make_straggler(bool fault, uint64_t seed = 1);
 // launcher thread (cudaMemcpyAsync H2D, 40 x cudaLaunchKernel with a nested cuLaunchKernel,
 // ncclAllReduce, cudaStreamSynchronize that sleeps off CPU, a cudaMalloc/cudaFree pair every 16
 // steps), two DataLoader workers (sleep/run off-CPU spans, page allocations), a kworker issuing
-// block I/O and rare TCP retransmits. ~0.2% of launches are preempted for 0.5-3 ms by a CPU hog,
-// so the default analyses find real chains in it. Roughly 56k events per simulated second.
+// block I/O and rare TCP retransmits. In every 6th 10 s window (index 3, 9, ...) a CPU hog shares
+// rank 1's core and preempts 3% of its launches for 0.5-3 ms, so the default analyses find real
+// cpu_contention chains there; elsewhere 0.05% of launches are preempted (no tail). Roughly 56k
+// events per simulated second, so a trace that stops mid-window ends with a partial window.
 //
 // LargeTraceGenerator streams it in ts order with O(threads) memory, so traces of hundreds of
 // millions of events can be written without holding them; make_large_trace() collects one.
