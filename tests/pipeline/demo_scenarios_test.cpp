@@ -1,7 +1,8 @@
-// Every demo scenario is a regression test of the default analyses: its chain must be found with
-// the right category (on the right process, thread or rank, inside the fault's windows), and its
-// control - the same workload without the fault - must produce no chain at all. Serial and
-// sharded runs must agree.
+// Every demo scenario is a regression test of the default analyses - the hand-built plans and,
+// when the build has the rule compiler, the default rule pack (what the CLI runs): its chain must
+// be found with the right category (on the right process, thread or rank, inside the fault's
+// windows), and its control - the same workload without the fault - must produce no chain at all.
+// Serial and sharded runs must agree.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -10,6 +11,9 @@
 #include "engine/default_plans.h"
 #include "engine/engine.h"
 #include "engine/synth.h"
+#ifdef INGERO_TEST_RULE_PACK
+#include "rules/pack.h"
+#endif
 
 using namespace ingero;
 using namespace ingero::synth;
@@ -23,12 +27,22 @@ std::set<std::string> allowed_extra(Scenario s) {
   return {};
 }
 
-AnalysisResult run(const SynthTrace& t, unsigned threads) {
+enum class PlanKind { kBuiltin, kRulePack };
+
+Plan plan_of(PlanKind k) {
+#ifdef INGERO_TEST_RULE_PACK
+  if (k == PlanKind::kRulePack) return rules::default_rule_pack_plan();
+#endif
+  (void)k;
+  return default_plan();
+}
+
+AnalysisResult run(const SynthTrace& t, unsigned threads, PlanKind kind) {
   VectorSource src(t.events, 4096, t.meta);
   EngineOptions opts;
   opts.threads = threads;
   std::vector<std::string> errors;
-  auto r = run_plan(default_plan(), src, opts, &errors);
+  auto r = run_plan(plan_of(kind), src, opts, &errors);
   EXPECT_TRUE(errors.empty()) << errors.front();
   return r;
 }
@@ -41,13 +55,17 @@ std::string describe(const std::vector<Chain>& chains) {
   return s;
 }
 
-class DemoScenario : public ::testing::TestWithParam<Scenario> {};
+class DemoScenario : public ::testing::TestWithParam<std::tuple<Scenario, PlanKind>> {
+ protected:
+  Scenario scenario() const { return std::get<0>(GetParam()); }
+  PlanKind kind() const { return std::get<1>(GetParam()); }
+};
 
 TEST_P(DemoScenario, FaultIsFoundWithTheRightCategory) {
-  const SynthTrace t = make_scenario(GetParam(), true, 1);
-  const AnalysisResult r = run(t, 1);
-  ASSERT_FALSE(r.chains.empty()) << "no chain for " << scenario_info(GetParam()).name;
-  const auto extra = allowed_extra(GetParam());
+  const SynthTrace t = make_scenario(scenario(), true, 1);
+  const AnalysisResult r = run(t, 1, kind());
+  ASSERT_FALSE(r.chains.empty()) << "no chain for " << scenario_info(scenario()).name;
+  const auto extra = allowed_extra(scenario());
   int matching = 0;
   for (const auto& c : r.chains) {
     if (c.category == t.category) {
@@ -69,16 +87,16 @@ TEST_P(DemoScenario, FaultIsFoundWithTheRightCategory) {
 }
 
 TEST_P(DemoScenario, ControlProducesNoChain) {
-  const SynthTrace t = make_scenario(GetParam(), false, 1);
-  const AnalysisResult r = run(t, 1);
-  EXPECT_TRUE(r.chains.empty()) << "control of " << scenario_info(GetParam()).name
+  const SynthTrace t = make_scenario(scenario(), false, 1);
+  const AnalysisResult r = run(t, 1, kind());
+  EXPECT_TRUE(r.chains.empty()) << "control of " << scenario_info(scenario()).name
                                 << " produced chains:\n" << describe(r.chains);
   EXPECT_EQ(r.counters.events_in, t.events.size());
 }
 
 TEST_P(DemoScenario, ShardedRunFindsTheSameChains) {
-  const SynthTrace t = make_scenario(GetParam(), true, 1);
-  const AnalysisResult one = run(t, 1), four = run(t, 4);
+  const SynthTrace t = make_scenario(scenario(), true, 1);
+  const AnalysisResult one = run(t, 1, kind()), four = run(t, 4, kind());
   ASSERT_EQ(one.chains.size(), four.chains.size()) << describe(one.chains) << "vs\n" << describe(four.chains);
   for (size_t i = 0; i < one.chains.size(); ++i) {
     EXPECT_EQ(one.chains[i].id, four.chains[i].id);
@@ -86,13 +104,21 @@ TEST_P(DemoScenario, ShardedRunFindsTheSameChains) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(All, DemoScenario,
-                         ::testing::Values(Scenario::kCpuContention, Scenario::kDataLoader,
-                                           Scenario::kCheckpointIo, Scenario::kTcpRetransmit,
-                                           Scenario::kAllocator, Scenario::kThroughputDrop,
-                                           Scenario::kStraggler),
-                         [](const ::testing::TestParamInfo<Scenario>& info) {
-                           return std::string(scenario_info(info.param).name);
-                         });
+const auto kScenarios = ::testing::Values(Scenario::kCpuContention, Scenario::kDataLoader,
+                                          Scenario::kCheckpointIo, Scenario::kTcpRetransmit,
+                                          Scenario::kAllocator, Scenario::kThroughputDrop,
+                                          Scenario::kStraggler);
+
+std::string name_of(const ::testing::TestParamInfo<std::tuple<Scenario, PlanKind>>& info) {
+  return std::string(scenario_info(std::get<0>(info.param)).name) +
+         (std::get<1>(info.param) == PlanKind::kBuiltin ? "_builtin" : "_rule_pack");
+}
+
+INSTANTIATE_TEST_SUITE_P(Builtin, DemoScenario,
+                         ::testing::Combine(kScenarios, ::testing::Values(PlanKind::kBuiltin)), name_of);
+#ifdef INGERO_TEST_RULE_PACK
+INSTANTIATE_TEST_SUITE_P(RulePack, DemoScenario,
+                         ::testing::Combine(kScenarios, ::testing::Values(PlanKind::kRulePack)), name_of);
+#endif
 
 }  // namespace
