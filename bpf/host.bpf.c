@@ -35,6 +35,8 @@ struct {
   __type(value, struct ip_offcpu);
 } offcpu SEC(".maps");
 
+/* Every open-interval value starts with its entry timestamp: user space scans them all the same
+ * way to hold the watermark (probes.cpp oldest_open). */
 struct blk_start {
   __u64 ts;
   __u64 bytes;

@@ -170,24 +170,36 @@ void LiveSource::poller() {
   uint64_t oldest = UINT64_MAX;
   pending_.reserve(4096);
   auto flush = [&] {
-    if (!pending_.empty()) {
+    if (pending_.empty()) return;
+    // Bounded: when the engine falls behind, drop here (counted) rather than grow without limit.
+    if (queue_->q.size_approx() + pending_.size() > opts_.queue_max) {
+      queue_drops_.fetch_add(pending_.size(), std::memory_order_relaxed);
+    } else {
       queue_->q.enqueue_bulk(pending_.data(), pending_.size());
-      pending_.clear();
     }
+    pending_.clear();
   };
+  uint64_t scan_time = 0;
   for (;;) {
     const bool last = stop_.load();
-    // poll() returns as soon as it consumed something; consume() then empties every ring, so all
-    // records committed before `t` are in hand.
     probes_->poll(last ? 0 : opts_.poll_timeout_ms);
+    ProbeCounters c;
+    const bool scan = last || clock::now() >= next_scan;
+    if (scan) {
+      // Open spans first, then the drain: a call open at the scan holds the watermark at its
+      // entry; one that returned before the scan is committed before the drain below.
+      next_scan = clock::now() + std::chrono::milliseconds(20);
+      scan_time = monotonic_ns();
+      oldest = probes_->oldest_open(scan_time, opts_.max_hold_ns);
+      c = probes_->counters();
+    }
+    // poll() returns as soon as it consumed something; this second pass empties every ring, so
+    // all records committed before `t` are in hand.
     const uint64_t t = monotonic_ns();
     probes_->poll(0);
     flush();
 
-    if (last || clock::now() >= next_scan) {
-      next_scan = clock::now() + std::chrono::milliseconds(20);
-      oldest = probes_->oldest_open(t, opts_.max_hold_ns);
-      const ProbeCounters c = probes_->counters();
+    if (scan) {
       dropped_[IP_RING_GPU].store(c.v[IP_CNT_DROP_GPU]);
       dropped_[IP_RING_HOST].store(c.v[IP_CNT_DROP_HOST]);
       depth_.store(c.v[IP_CNT_DEPTH]);
@@ -195,9 +207,8 @@ void LiveSource::poller() {
       no_slot_.store(c.v[IP_CNT_NO_SLOT]);
       {
         std::lock_guard<std::mutex> lk(mu_);
-        const uint64_t total = c.v[IP_CNT_DROP_GPU] + c.v[IP_CNT_DROP_HOST];
-        if (drop_timeline_.empty() || drop_timeline_.back().second != total ||
-            drop_timeline_.size() < 2)
+        const uint64_t total = c.v[IP_CNT_DROP_GPU] + c.v[IP_CNT_DROP_HOST] + queue_drops_.load();
+        if (drop_timeline_.size() < 2 || drop_timeline_.back().second != total)
           drop_timeline_.emplace_back(t, total);
         else
           drop_timeline_.back().first = t;  // unchanged: extend the last sample
@@ -209,21 +220,23 @@ void LiveSource::poller() {
         if (dc > 0) {
           Event e;
           e.ts_ns = conv_.to_unix(page_start);
-          e.dur_ns = t - page_start;
+          e.dur_ns = scan_time - page_start;
           e.arg0 = db;
           e.arg1 = dc;
           e.source = Source::kHost;
           e.op = op::kPageAlloc;
-          queue_->q.enqueue(e);
+          pending_.push_back(e);
+          flush();
         }
         page_bytes = c.v[IP_CNT_PAGE_BYTES];
         page_count = c.v[IP_CNT_PAGE_COUNT];
-        page_start = t;
+        page_start = scan_time;
       }
     }
-    uint64_t wm = t > opts_.lag_ns ? t - opts_.lag_ns : 0;
-    wm = std::min(wm, oldest);
+    // Nothing that started before this can still arrive, except records in flight (the lag).
+    uint64_t wm = std::min({t, scan_time, oldest});
     if (opts_.probes.families.memory) wm = std::min(wm, page_start);
+    wm = wm > opts_.lag_ns ? wm - opts_.lag_ns : 0;
     if (wm > wm_mono_.load(std::memory_order_relaxed))
       wm_mono_.store(wm, std::memory_order_release);
     if (last) break;
@@ -289,7 +302,8 @@ bool LiveSource::next(Batch& out) {
         SessionInfo& si = meta_.sessions.back();
         si.stopped_at = conv_.to_unix(monotonic_ns());
         si.flags += "; dropped_gpu=" + std::to_string(dropped_[IP_RING_GPU].load()) +
-                    "; dropped_host=" + std::to_string(dropped_[IP_RING_HOST].load());
+                    "; dropped_host=" + std::to_string(dropped_[IP_RING_HOST].load()) +
+                    "; dropped_queue=" + std::to_string(queue_drops_.load());
       }
       return true;
     }
@@ -311,6 +325,7 @@ LiveStats LiveSource::stats() const {
   s.delivered = delivered_;
   s.late = late_;
   for (int i = 0; i < IP_NUM_RINGS; ++i) s.dropped[i] = dropped_[i].load();
+  s.queue_dropped = queue_drops_.load();
   s.depth_overflow = depth_.load();
   s.unmatched = unmatched_.load();
   s.no_slot = no_slot_.load();
@@ -322,7 +337,7 @@ LiveStats LiveSource::stats() const {
 }
 
 uint64_t LiveSource::drops_total() const {
-  uint64_t t = 0;
+  uint64_t t = queue_drops_.load();
   for (const auto& d : dropped_) t += d.load();
   return t;
 }

@@ -10,7 +10,8 @@
 //   returns a batch (possibly empty) at least every `batch_interval`.
 // - An event older than a watermark already handed out (a span open longer than max_hold) is
 //   dropped and counted in meta().health ("late" reason), never delivered out of order.
-// - Ring overflow is counted per ring in the kernel; drops() reads the totals and
+// - Ring overflow is counted per ring in the kernel; when the engine falls behind, the queue
+//   (bounded by queue_max) drops and counts too. drops_total() reads the totals and
 //   drops_between() says how many were lost in a time range (for chains whose window lost
 //   events). meta().health.dropped_events holds the total.
 // - stop() may be called from any thread (signal handler code excepted: set a flag and call it
@@ -45,6 +46,7 @@ struct LiveOptions {
   uint64_t page_interval_ns = 50'000'000;       // page-allocation aggregation interval
   uint64_t rediscover_interval_ns = 2'000'000'000;
   int poll_timeout_ms = 10;
+  size_t queue_max = 262144;                    // events between poller and engine (20 MiB)
 };
 
 struct LiveStats {
@@ -52,6 +54,7 @@ struct LiveStats {
   uint64_t delivered = 0;         // handed to the engine
   uint64_t late = 0;              // dropped for arriving behind the watermark
   uint64_t dropped[IP_NUM_RINGS] = {};  // ring overflow (kernel side)
+  uint64_t queue_dropped = 0;     // engine too slow: dropped before the queue (user side)
   uint64_t depth_overflow = 0, unmatched = 0, no_slot = 0;
   size_t reorder_size = 0;
   size_t libraries = 0, uprobes = 0;
@@ -94,7 +97,7 @@ class LiveSource final : public EventSource {
   std::atomic<uint64_t> wm_mono_{0};
   std::atomic<uint64_t> records_{0}, unknown_{0};
   std::atomic<uint64_t> dropped_[IP_NUM_RINGS] = {};
-  std::atomic<uint64_t> depth_{0}, unmatched_{0}, no_slot_{0};
+  std::atomic<uint64_t> depth_{0}, unmatched_{0}, no_slot_{0}, queue_drops_{0};
   std::vector<Event> pending_;  // poller-local: converted, not yet enqueued
 
   mutable std::mutex mu_;  // guards the members below

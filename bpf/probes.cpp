@@ -375,11 +375,14 @@ ProbeCounters BpfProbes::counters() const {
 }
 
 namespace {
-template <typename V, typename F>
-void scan_map(int fd, F&& visit) {
+// Visits every value of a hash map (batched lookups: one syscall per 256 entries).
+template <typename F>
+void scan_map(const bpf_map* m, F&& visit) {
   constexpr uint32_t kChunk = 256;
-  std::vector<uint32_t> keys(kChunk);
-  std::vector<V> vals(kChunk);
+  const int fd = bpf_map__fd(m);
+  const size_t value_size = bpf_map__value_size(m);
+  std::vector<uint8_t> keys(kChunk * bpf_map__key_size(m));
+  std::vector<uint8_t> vals(kChunk * value_size);
   uint32_t in_batch = 0, out_batch = 0;
   bool first = true;
   for (int guard = 0; guard < 1024; ++guard) {
@@ -388,7 +391,7 @@ void scan_map(int fd, F&& visit) {
     const int rc = bpf_map_lookup_batch(fd, first ? nullptr : &in_batch, &out_batch, keys.data(),
                                         vals.data(), &n, &bo);
     const int err = rc ? errno : 0;
-    for (uint32_t i = 0; i < n; ++i) visit(vals[i]);
+    for (uint32_t i = 0; i < n; ++i) visit(vals.data() + i * value_size);
     if (rc != 0 && err != ENOSPC) break;  // ENOENT: done
     in_batch = out_batch;
     first = false;
@@ -403,13 +406,24 @@ uint64_t BpfProbes::oldest_open(uint64_t now_mono, uint64_t max_age_ns) const {
     if (ts >= floor && ts < oldest) oldest = ts;
   };
   if (gpu_)
-    scan_map<ip_call_stack>(bpf_map__fd(host_->maps.call_stacks), [&](const ip_call_stack& s) {
+    scan_map(host_->maps.call_stacks, [&](const uint8_t* p) {
+      ip_call_stack s;
+      std::memcpy(&s, p, sizeof(s));
       const uint32_t d = s.depth < IP_MAX_DEPTH ? s.depth : IP_MAX_DEPTH;
       for (uint32_t i = 0; i < d; ++i) consider(s.frames[i].ts);
     });
-  if (families_.sched)
-    scan_map<ip_offcpu>(bpf_map__fd(host_->maps.offcpu),
-                        [&](const ip_offcpu& o) { consider(o.ts); });
+  // Every other map of open intervals (off-CPU, block requests, socket calls) starts its value
+  // with the entry timestamp.
+  auto scan_ts = [&](bpf_map* m) {
+    scan_map(m, [&](const uint8_t* p) {
+      uint64_t ts;
+      std::memcpy(&ts, p, sizeof(ts));
+      consider(ts);
+    });
+  };
+  if (families_.sched) scan_ts(host_->maps.offcpu);
+  if (families_.block) scan_ts(host_->maps.blk_reqs);
+  if (families_.net) scan_ts(host_->maps.net_calls);
   return oldest;
 }
 

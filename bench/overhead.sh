@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Live-capture overhead and sustained-rate benchmark (not a test: needs root and BPF, and takes
+# minutes). Results and how to read them: docs/performance.md, section "Live capture".
+#
+#   bench/overhead.sh overhead [BUILD_DIR] [ROUNDS] [CALLS]
+#       ns per cudaLaunchKernel call (real libcudart, no GPU: the call fails fast) measured
+#       untraced, under `ingero-pipeline trace`, and under the minimal bpftrace uprobe+uretprobe
+#       timing script, interleaved ROUNDS times in one run; prints each and the ratio.
+#   bench/overhead.sh sustain [BUILD_DIR] [SECONDS] [RATE]
+#       the workload paced at RATE calls/s for SECONDS under `trace --db`; prints drops, late
+#       events and the tracer's peak resident memory (VmHWM).
+set -euo pipefail
+
+mode=${1:-overhead}
+build=${2:-build}
+here=$(cd "$(dirname "$0")/.." && pwd)
+[[ $build = /* ]] || build="$here/$build"
+tracer="$build/ingero-pipeline"
+work="$build/workloads/ip-cuda-workload"
+cudart=$(readlink -f "${CUDART:-/usr/local/cuda/lib64/libcudart.so}")
+tmp=$(mktemp -d /tmp/ip_overhead.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+
+for f in "$tracer" "$work"; do
+  [[ -x $f ]] || { echo "missing $f (build the ingero-pipeline and ip-cuda-workload targets)" >&2; exit 2; }
+done
+[[ $(id -u) = 0 ]] || { echo "needs root (BPF)" >&2; exit 2; }
+
+# Starts the tracer in the background and waits until its uprobes are attached.
+start_tracer() {
+  "$tracer" trace -q --cuda-lib "$cudart" "$@" 2>"$tmp/trace.err" &
+  tracer_pid=$!
+  for _ in $(seq 1 300); do
+    grep -q "^tracing libcudart" "$tmp/trace.err" 2>/dev/null && return 0
+    kill -0 "$tracer_pid" 2>/dev/null || { cat "$tmp/trace.err" >&2; exit 1; }
+    sleep 0.1
+  done
+  echo "tracer did not attach in 30 s" >&2; cat "$tmp/trace.err" >&2; exit 1
+}
+stop_tracer() {
+  kill -INT "$tracer_pid"
+  wait "$tracer_pid" || true
+}
+
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+
+if [[ $mode = overhead ]]; then
+  rounds=${3:-5}
+  calls=${4:-2000000}
+  command -v bpftrace >/dev/null || { echo "bpftrace not installed (apt-get install bpftrace)" >&2; exit 2; }
+  cat >"$tmp/floor.bt" <<BT
+uprobe:$cudart:cudaLaunchKernel { @start[tid] = nsecs; }
+uretprobe:$cudart:cudaLaunchKernel /@start[tid]/ { @ns = stats(nsecs - @start[tid]); delete(@start[tid]); }
+BT
+  : >"$tmp/untraced"; : >"$tmp/ingero"; : >"$tmp/bpftrace"
+  for r in $(seq 1 "$rounds"); do
+    "$work" loop --calls "$calls" | awk '{print $2}' >>"$tmp/untraced"
+
+    start_tracer
+    "$work" loop --calls "$calls" | awk '{print $2}' >>"$tmp/ingero"
+    stop_tracer
+    grep "^trace:" "$tmp/trace.err" >&2 || true
+
+    bpftrace "$tmp/floor.bt" >"$tmp/bt.out" 2>&1 &
+    bt=$!
+    for _ in $(seq 1 300); do grep -q "Attaching" "$tmp/bt.out" && break; sleep 0.1; done
+    sleep 0.5  # "Attaching N probes" is printed just before the attach completes
+    "$work" loop --calls "$calls" | awk '{print $2}' >>"$tmp/bpftrace"
+    kill -INT "$bt"; wait "$bt" || true
+    echo "round $r: untraced $(tail -1 "$tmp/untraced") ns, ingero $(tail -1 "$tmp/ingero") ns, bpftrace $(tail -1 "$tmp/bpftrace") ns" >&2
+  done
+  u=$(median <"$tmp/untraced"); i=$(median <"$tmp/ingero"); b=$(median <"$tmp/bpftrace")
+  echo "calls per run: $calls, rounds: $rounds (medians, ns per cudaLaunchKernel call)"
+  echo "untraced:                 $u"
+  echo "ingero-pipeline trace:    $i"
+  echo "bpftrace uprobe+uretprobe $b"
+  awk -v i="$i" -v b="$b" -v u="$u" 'BEGIN {
+    printf "ratio ingero/bpftrace:    %.3f (target <= 1.25)\n", i / b
+    printf "added per call: ingero %.0f ns, bpftrace %.0f ns\n", i - u, b - u }'
+elif [[ $mode = sustain ]]; then
+  seconds=${3:-60}
+  rate=${4:-200000}
+  calls=$((seconds * rate))
+  start_tracer --duration "$((seconds + 10))s" --db "$tmp/sustain.db"
+  peak=0
+  "$work" loop --calls "$calls" --rate "$rate" >"$tmp/work.out" &
+  wl=$!
+  while kill -0 "$tracer_pid" 2>/dev/null; do
+    hwm=$(awk '/VmHWM/ {print $2}' "/proc/$tracer_pid/status" 2>/dev/null || echo 0)
+    [[ -n $hwm && $hwm -gt $peak ]] && peak=$hwm
+    sleep 0.5
+  done
+  wait "$wl" || true
+  wait "$tracer_pid" || true
+  echo "workload: $(cat "$tmp/work.out")"
+  grep "^trace:" "$tmp/trace.err"
+  echo "tracer peak RSS (VmHWM): $((peak / 1024)) MiB (target <= 64)"
+  echo "events in the database: $(sqlite3 "$tmp/sustain.db" 'select count(*) from events')"
+else
+  echo "usage: $0 overhead|sustain [BUILD_DIR] ..." >&2
+  exit 2
+fi

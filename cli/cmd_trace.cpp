@@ -1,0 +1,372 @@
+// `ingero-pipeline trace`: live capture. eBPF uprobes on the CUDA runtime/driver/NCCL and kernel
+// tracepoints -> the live source -> the engine (default plan and/or --rules) -> a live terminal
+// view, chains as they fire, and (with --db) an Ingero-compatible SQLite database.
+//
+// Stops cleanly at --duration or on Ctrl-C/SIGTERM: the rings are drained, every open window is
+// closed by the final watermark, the database is committed; exit status 0.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <deque>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "cli/command.h"
+#include "cli/common.h"
+#include "engine/engine.h"
+#include "engine/ops.h"
+#include "sinks/report.h"
+#include "sinks/sqlite_store.h"
+#ifdef INGERO_HAVE_BPF
+#include "bpf/live_source.h"
+#include "bpf/tap_source.h"
+#endif
+
+namespace ingero::cli {
+namespace {
+
+struct TraceArgs {
+  std::string duration;
+  std::vector<uint32_t> pids;
+  std::string cgroup;
+  std::string db;
+  std::vector<std::string> rules;
+  bool no_default_rules = false;
+  std::vector<std::string> cuda_libs;
+  std::vector<std::string> disable;
+  unsigned threads = 1;
+  std::string lag = "50ms", max_hold = "2s";
+  bool quiet = false, classic = false;
+};
+
+// "30s", "1.5m", "250ms", "2h", "45" (seconds) -> ns; false when malformed.
+bool parse_duration(const std::string& s, uint64_t& ns) {
+  if (s.empty()) return false;
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &pos);
+  } catch (...) {
+    return false;
+  }
+  const std::string unit = s.substr(pos);
+  double mul = 1e9;
+  if (unit == "ns") mul = 1;
+  else if (unit == "us") mul = 1e3;
+  else if (unit == "ms") mul = 1e6;
+  else if (unit == "s" || unit.empty()) mul = 1e9;
+  else if (unit == "m" || unit == "min") mul = 60e9;
+  else if (unit == "h") mul = 3600e9;
+  else return false;
+  if (v < 0 || !std::isfinite(v)) return false;
+  ns = static_cast<uint64_t>(v * mul);
+  return true;
+}
+
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_signal(int) { g_interrupted.store(true); }
+
+// Per-op latency histogram for the live view: log buckets 2% wide (quantiles within ~1%).
+class LiveHistogram {
+ public:
+  void add(uint64_t ns) {
+    ++count_;
+    max_ = std::max(max_, ns);
+    const size_t b = ns <= 1 ? 0 : static_cast<size_t>(std::log(static_cast<double>(ns)) / kLogBase);
+    if (b >= buckets_.size()) buckets_.resize(b + 1, 0);
+    ++buckets_[b];
+  }
+  uint64_t quantile(double q) const {
+    if (count_ == 0) return 0;
+    const uint64_t rank = static_cast<uint64_t>(std::ceil(q * static_cast<double>(count_)));
+    uint64_t seen = 0;
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      seen += buckets_[b];
+      if (seen >= std::max<uint64_t>(rank, 1))
+        return std::min<uint64_t>(max_, static_cast<uint64_t>(std::exp((b + 0.5) * kLogBase)));
+    }
+    return max_;
+  }
+  uint64_t count() const { return count_; }
+  uint64_t max() const { return max_; }
+
+ private:
+  static constexpr double kLogBase = 0.0198;  // ln(1.02)
+  std::vector<uint64_t> buckets_;
+  uint64_t count_ = 0, max_ = 0;
+};
+
+std::string fmt_ns(uint64_t ns) {
+  char buf[32];
+  if (ns < 10'000) std::snprintf(buf, sizeof(buf), "%lluns", static_cast<unsigned long long>(ns));
+  else if (ns < 10'000'000) std::snprintf(buf, sizeof(buf), "%.1fus", ns / 1e3);
+  else if (ns < 10'000'000'000ull) std::snprintf(buf, sizeof(buf), "%.1fms", ns / 1e6);
+  else std::snprintf(buf, sizeof(buf), "%.1fs", ns / 1e9);
+  return buf;
+}
+
+#ifdef INGERO_HAVE_BPF
+bool apply_disable(const std::vector<std::string>& names, bpf::ProbeFamilies& f) {
+  for (std::string n : names) {
+    for (auto& c : n) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (n == "cuda") f.cuda = false;
+    else if (n == "driver") f.driver = false;
+    else if (n == "graph") f.graph = false;
+    else if (n == "nccl") f.nccl = false;
+    else if (n == "sched") f.sched = false;
+    else if (n == "wakeup") f.wakeup = false;
+    else if (n == "process") f.process = false;
+    else if (n == "memory") f.memory = false;
+    else if (n == "block") f.block = false;
+    else if (n == "tcp") f.tcp = false;
+    else if (n == "net") f.net = false;
+    else {
+      print_error("--disable: unknown probe family '" + n +
+                  "' (expected cuda, driver, graph, nccl, sched, wakeup, process, memory, block, "
+                  "tcp, net)");
+      return false;
+    }
+  }
+  return true;
+}
+
+struct ViewState {
+  std::mutex mu;
+  std::map<std::pair<uint8_t, uint8_t>, LiveHistogram> ops;
+  std::deque<std::string> chains;
+  uint64_t chains_total = 0;
+};
+
+void render(ViewState& v, const bpf::LiveSource& src, double elapsed_s, bool tty) {
+  const bpf::LiveStats st = src.stats();
+  std::string out;
+  if (tty) out += "\x1b[H\x1b[2J";
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "ingero-pipeline trace  %.0fs  events %llu (%.0f/s)  drops gpu=%llu host=%llu "
+                "queue=%llu  late=%llu  libs=%zu uprobes=%zu\n",
+                elapsed_s, static_cast<unsigned long long>(st.delivered),
+                elapsed_s > 0 ? st.delivered / elapsed_s : 0.0,
+                static_cast<unsigned long long>(st.dropped[IP_RING_GPU]),
+                static_cast<unsigned long long>(st.dropped[IP_RING_HOST]),
+                static_cast<unsigned long long>(st.queue_dropped),
+                static_cast<unsigned long long>(st.late), st.libraries, st.uprobes);
+  out += line;
+  if (!tty) {  // a log line per refresh when not on a terminal
+    std::fputs(out.c_str(), stderr);
+    return;
+  }
+  std::snprintf(line, sizeof(line), "\n%-26s %10s %10s %10s %10s %10s\n", "op", "count", "p50",
+                "p95", "p99", "max");
+  out += line;
+  std::lock_guard<std::mutex> lk(v.mu);
+  for (const auto& [key, h] : v.ops) {
+    std::snprintf(line, sizeof(line), "%-26s %10llu %10s %10s %10s %10s\n",
+                  op_name(static_cast<Source>(key.first), key.second).c_str(),
+                  static_cast<unsigned long long>(h.count()), fmt_ns(h.quantile(0.5)).c_str(),
+                  fmt_ns(h.quantile(0.95)).c_str(), fmt_ns(h.quantile(0.99)).c_str(),
+                  fmt_ns(h.max()).c_str());
+    out += line;
+  }
+  out += "\nchains (" + std::to_string(v.chains_total) + ")\n";
+  for (const auto& c : v.chains) out += "  " + c + "\n";
+  out += "\nCtrl-C stops and writes the results.\n";
+  std::fputs(out.c_str(), stdout);
+  std::fflush(stdout);
+}
+
+int run_trace(const TraceArgs& a) {
+  uint64_t duration_ns = 0, lag_ns = 0, hold_ns = 0;
+  if (!a.duration.empty() && !parse_duration(a.duration, duration_ns)) {
+    print_error("--duration '" + a.duration + "': expected a duration such as 30s, 2m, 500ms");
+    return kExitUsage;
+  }
+  if (!parse_duration(a.lag, lag_ns) || !parse_duration(a.max_hold, hold_ns)) {
+    print_error("--lag/--max-hold: expected a duration such as 50ms, 2s");
+    return kExitUsage;
+  }
+  if (!a.pids.empty() && !a.cgroup.empty()) {
+    print_error("--pid and --cgroup are exclusive: choose one target");
+    return kExitUsage;
+  }
+  Plan plan;
+  std::vector<std::string> errors;
+  if (!build_plan(a.rules, a.no_default_rules, plan, errors)) {
+    for (const auto& e : errors) std::fprintf(stderr, "%s\n", e.c_str());
+    return kExitInput;
+  }
+
+  bpf::LiveOptions lo;
+  if (!apply_disable(a.disable, lo.probes.families)) return kExitUsage;
+  if (!a.pids.empty()) {
+    lo.probes.filter = bpf::FilterMode::kPids;
+    lo.probes.pids = a.pids;
+    for (uint32_t p : a.pids)
+      if (::kill(static_cast<pid_t>(p), 0) != 0 && errno == ESRCH) {
+        print_error("--pid " + std::to_string(p) + ": no such process");
+        return kExitUsage;
+      }
+  } else if (!a.cgroup.empty()) {
+    lo.probes.filter = bpf::FilterMode::kCgroup;
+    lo.probes.cgroup_path = a.cgroup;
+  }
+  lo.probes.force_classic = a.classic;
+  lo.discovery.explicit_paths = a.cuda_libs;
+  lo.lag_ns = lag_ns;
+  lo.max_hold_ns = hold_ns;
+
+  std::string error;
+  std::unique_ptr<SqliteSink> sink;
+  if (!a.db.empty()) {
+    sink = SqliteSink::create(a.db, error);
+    if (!sink) {
+      print_error(error);
+      return kExitInput;
+    }
+  }
+  auto src = bpf::LiveSource::start(lo, error);
+  if (!src) {
+    print_error(error + "\n  hint: run `ingero-pipeline check` for what is missing");
+    return kExitRuntime;
+  }
+  for (const auto& w : src->take_warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  for (const auto& l : src->libraries())
+    std::fprintf(stderr, "tracing %s %s (%s)\n", bpf::lib_kind_name(l.kind), l.path.c_str(),
+                 l.found_by.c_str());
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  ViewState view;
+  bool meta_written = false;
+  bool sink_failed = false;
+  bpf::TapSource tap(*src, [&](const Batch& b) {
+    {
+      std::lock_guard<std::mutex> lk(view.mu);
+      for (const Event& e : b.events)
+        if (is_gpu_api(e.source))
+          view.ops[{static_cast<uint8_t>(e.source), e.op}].add(e.dur_ns);
+    }
+    if (sink && !sink_failed) {
+      if (!meta_written) meta_written = sink->write_meta(src->meta());
+      if (!sink->write_events(b.events)) sink_failed = true;
+    }
+  });
+  EngineOptions eo;
+  eo.threads = a.threads;
+  const bool tty = !a.quiet && stdout_is_terminal();
+  eo.on_chain = [&](const Chain& c) {
+    std::lock_guard<std::mutex> lk(view.mu);
+    ++view.chains_total;
+    std::string s = "[" + std::string(severity_name(c.severity)) + "] " + c.category + ": " + c.summary;
+    if (c.dropped_events) s += " (" + std::to_string(c.dropped_events) + " events lost in its window)";
+    view.chains.push_back(s);
+    if (view.chains.size() > 8) view.chains.pop_front();
+    if (!tty && !a.quiet) std::fprintf(stderr, "chain %s\n", s.c_str());
+  };
+
+  AnalysisResult result;
+  std::thread engine([&] { result = run_plan(plan, tap, eo, &errors); });
+  const auto t0 = std::chrono::steady_clock::now();
+  auto next_render = t0;
+  while (!g_interrupted.load()) {
+    const auto now = std::chrono::steady_clock::now();
+    const double elapsed = std::chrono::duration<double>(now - t0).count();
+    if (duration_ns && elapsed * 1e9 >= static_cast<double>(duration_ns)) break;
+    if (!a.quiet && now >= next_render) {
+      render(view, *src, elapsed, tty);
+      next_render = now + std::chrono::seconds(1);
+      for (const auto& w : src->take_warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  src->stop();
+  engine.join();
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!errors.empty()) {
+    for (const auto& e : errors) print_error("plan: " + e);
+    return kExitInput;
+  }
+  const bpf::LiveStats st = src->stats();
+  int rc = kExitOk;
+  if (sink) {
+    sink->write_meta(result.meta);
+    if (sink_failed || !sink->write_result(result) || !sink->close(error)) {
+      print_error(a.db + ": " + (error.empty() ? sink->error() : error));
+      rc = kExitRuntime;
+    }
+  }
+  if (!a.quiet) {
+    if (tty) render(view, *src, elapsed, tty);
+    ReportOptions ro;
+    ro.color = tty;
+    std::cout << "\n" << explain_text(result, ro);
+  }
+  std::fprintf(stderr,
+               "trace: %.1fs, %llu events (%llu records), dropped gpu=%llu host=%llu queue=%llu, "
+               "late=%llu, "
+               "unmatched returns=%llu, %zu chains%s%s\n",
+               elapsed, static_cast<unsigned long long>(st.delivered),
+               static_cast<unsigned long long>(st.records),
+               static_cast<unsigned long long>(st.dropped[IP_RING_GPU]),
+               static_cast<unsigned long long>(st.dropped[IP_RING_HOST]),
+               static_cast<unsigned long long>(st.queue_dropped),
+               static_cast<unsigned long long>(st.late),
+               static_cast<unsigned long long>(st.unmatched), result.chains.size(),
+               a.db.empty() ? "" : ", written to ", a.db.c_str());
+  return rc;
+}
+#endif
+
+Registrar reg{"trace", 5, [](CLI::App& app, int& rc) {
+                auto args = std::make_shared<TraceArgs>();
+                auto* cmd = app.add_subcommand(
+                    "trace",
+                    "Live capture with eBPF (root): CUDA runtime/driver/NCCL calls via uprobes and the\n"
+                    "host via tracepoints, analysed as they arrive. Shows per-op latency, drops and chains\n"
+                    "as they fire; stops at --duration or Ctrl-C and writes everything to --db.\n"
+                    "Examples:\n"
+                    "  sudo ingero-pipeline trace --duration 30s --db run.db\n"
+                    "  sudo ingero-pipeline trace --pid 1234 --disable net,tcp\n"
+                    "  sudo ingero-pipeline trace --cgroup /sys/fs/cgroup/system.slice/docker-<id>.scope");
+                cmd->add_option("--duration", args->duration, "Stop after this long (30s, 2m); default: until Ctrl-C");
+                cmd->add_option("--pid", args->pids, "Trace these processes (all threads, and their children)");
+                cmd->add_option("--cgroup", args->cgroup, "Trace the processes of this cgroup v2 directory (a container)");
+                cmd->add_option("--db", args->db, "Write the trace, stats and chains to this SQLite database");
+                cmd->add_option("--rules", args->rules, "Rule files to load (in addition to the default pack)");
+                cmd->add_flag("--no-default-rules", args->no_default_rules, "Use only the --rules files");
+                cmd->add_option("--cuda-lib", args->cuda_libs,
+                                "A libcudart/libcuda/libnccl file or directory to probe (besides discovery)");
+                cmd->add_option("--disable", args->disable,
+                                "Probe families to switch off: cuda, driver, graph, nccl, sched, wakeup, "
+                                "process, memory, block, tcp, net")
+                    ->delimiter(',');
+                cmd->add_option("--threads", args->threads, "Engine threads")->check(CLI::Range(1u, 256u));
+                cmd->add_option("--lag", args->lag, "Reorder lag before events are released (default 50ms)");
+                cmd->add_option("--max-hold", args->max_hold,
+                                "Longest an open call may hold results back (default 2s)");
+                cmd->add_flag("--classic-tracepoints", args->classic,
+                              "Use classic tracepoints even where tp_btf works");
+                cmd->add_flag("-q,--quiet", args->quiet, "No live view or report (summary line only)");
+                cmd->callback([args, &rc] {
+#ifdef INGERO_HAVE_BPF
+                  rc = run_trace(*args);
+#else
+                  print_error("this ingero-pipeline was built without eBPF support (INGERO_BUILD_BPF=OFF, or "
+                              "clang/bpftool/libbpf missing at build time); replay a recorded trace with "
+                              "`explain --db FILE` instead");
+                  rc = kExitRuntime;
+#endif
+                });
+              }};
+
+}  // namespace
+}  // namespace ingero::cli
