@@ -30,6 +30,7 @@ struct PredicateResult {
   double lhs = 0, rhs = 0;    // the two sides when it is a comparison
   double margin = 0;          // how far past the threshold (lhs - rhs; negative = failed)
   bool passed = false;
+  std::string lhs_text, rhs_text;  // both sides formatted with their units ("87%", "3.4ms")
 };
 
 struct EvidenceItem {

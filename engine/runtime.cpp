@@ -219,6 +219,14 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
         st.kind = StageKind::kRequire;
         st.pred = resolve(r->pred, pipe.slots, missing);
         st.label = r->label.empty() ? r->pred->to_string() : r->label;
+        const Expr* cmp = st.pred.get();
+        while (cmp->op == ExprOp::kAnd && cmp->args.size() == 2) cmp = cmp->args[0].get();
+        if (cmp->args.size() == 2) {
+          st.lhs_unit = infer_unit(*cmp->args[0], pipe.slots);
+          st.rhs_unit = infer_unit(*cmp->args[1], pipe.slots);
+          if (st.rhs_unit == Unit::kNone) st.rhs_unit = st.lhs_unit;
+          if (st.lhs_unit == Unit::kNone) st.lhs_unit = st.rhs_unit;
+        }
       } else if (const auto* j = std::get_if<JoinNode>(&body)) {
         st.kind = StageKind::kJoin;
         st.join = j;
@@ -674,6 +682,8 @@ struct Shard::Impl {
           break;
         case StageKind::kRequire: {
           PredicateResult r = judge(*st.pred, st.label, v);
+          r.lhs_text = format_value(r.lhs, st.lhs_unit);
+          r.rhs_text = format_value(r.rhs, st.rhs_unit);
           if (!r.passed) {
             record_miss(def, static_cast<int>(s), r, row);
             return;

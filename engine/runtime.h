@@ -62,6 +62,7 @@ struct Stage {
   // kRequire
   ExprPtr pred;
   std::string label;
+  Unit lhs_unit = Unit::kNone, rhs_unit = Unit::kNone;  // of the comparison's two sides
   // kJoin
   const JoinNode* join = nullptr;
   int right_stream = -1;

@@ -103,7 +103,9 @@ json chain_json(const Chain& c, const TraceMeta& meta) {
                           {"value", num_or_null(p.lhs)},
                           {"threshold", num_or_null(p.rhs)},
                           {"margin", num_or_null(p.margin)},
-                          {"passed", p.passed}});
+                          {"passed", p.passed},
+                          {"value_text", p.lhs_text},
+                          {"threshold_text", p.rhs_text}});
   json values = json::object();
   for (const auto& [k, v] : c.values) values[k] = num_or_null(v);
   const std::string node = c.node < meta.nodes.size() ? meta.nodes[c.node] : "";
@@ -244,9 +246,10 @@ std::string why_not_text(const RuleOutcome& o) {
   }
   if (!o.has_miss) return s.str();
   s << "  closest miss: " << o.miss.label << "\n";
-  s << "    value " << format_value(o.miss.lhs, Unit::kNone) << " vs threshold " << format_value(o.miss.rhs, Unit::kNone)
+  s << "    value " << (o.miss.lhs_text.empty() ? format_value(o.miss.lhs, Unit::kNone) : o.miss.lhs_text)
+    << " vs threshold " << (o.miss.rhs_text.empty() ? format_value(o.miss.rhs, Unit::kNone) : o.miss.rhs_text)
     << " (short by " << format_value(-o.miss.margin, Unit::kNone) << ")\n";
-  s << "    for " << o.miss_key << ", window starting at " << o.miss_window_start << " ns\n";
+  s << "    for " << o.miss_key << ", window [" << o.miss_window_start << ", " << o.miss_window_end << ") ns\n";
   s << "    row:";
   int shown = 0;
   for (const auto& [k, v] : o.miss_values) {
@@ -303,7 +306,8 @@ std::string explain_text(const AnalysisResult& r, const ReportOptions& opt) {
     }
     if (!c.predicates.empty()) {
       o << "  Checks passed:";
-      for (const auto& p : c.predicates) o << "  " << p.label << " (" << format_value(p.lhs, Unit::kNone) << ")";
+      for (const auto& p : c.predicates)
+        o << "  " << p.label << " (" << (p.lhs_text.empty() ? format_value(p.lhs, Unit::kNone) : p.lhs_text) << ")";
       o << "\n";
     }
     if (c.dropped_events) o << "  Note: " << c.dropped_events << " event(s) were dropped at capture in this trace.\n";
