@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "engine/ops.h"
 #include "engine/synth.h"
 #include "operators/interval_join.h"
 #include "operators/key_by.h"
