@@ -78,6 +78,26 @@ ExprPtr resolve(const ExprPtr& e, const std::vector<Slot>& slots, std::vector<st
   return copy;
 }
 
+bool reads_only_source_op(const Expr& e) {
+  if (e.op == ExprOp::kField) return e.field == Field::kSource || e.field == Field::kOp;
+  if (e.op == ExprOp::kRef) return false;
+  for (const auto& a : e.args)
+    if (!reads_only_source_op(*a)) return false;
+  return true;
+}
+
+std::vector<uint8_t> source_op_table(const Expr& e) {
+  std::vector<uint8_t> mask(1u << 16);
+  Event ev;
+  for (unsigned s = 0; s < 256; ++s)
+    for (unsigned o = 0; o < 256; ++o) {
+      ev.source = static_cast<Source>(s);
+      ev.op = static_cast<uint8_t>(o);
+      mask[s << 8 | o] = truthy(eval(e, ev)) ? 1 : 0;
+    }
+  return mask;
+}
+
 int add_slot(std::vector<Slot>& slots, std::string name, Unit unit) {
   slots.push_back({std::move(name), unit});
   return static_cast<int>(slots.size() - 1);
@@ -155,7 +175,10 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
     if (s.parent < 0) sig += "scan";
     auto [it, fresh] = stream_sig.try_emplace(sig, static_cast<int>(cp->streams.size()));
     cp->stream_of_node[static_cast<size_t>(node.id)] = it->second;
-    if (fresh) cp->streams.push_back(s);
+    if (fresh) {
+      if (s.filter && reads_only_source_op(*s.filter)) s.source_op_mask = source_op_table(*s.filter);
+      cp->streams.push_back(s);
+    }
   }
 
   // Pipes: one per window, walking forward to its Emit.
@@ -533,7 +556,14 @@ struct Shard::Impl {
       for (const auto& e : spans) own.push_back(&e);
       return;  // off-CPU spans are never host-wide
     }
-    if (s.filter) {
+    if (!s.source_op_mask.empty()) {
+      const uint8_t* mask = s.source_op_mask.data();
+      auto keep = [mask](const Event* e) { return mask[static_cast<unsigned>(e->source) << 8 | e->op] != 0; };
+      for (const Event* e : src_own)
+        if (keep(e)) own.push_back(e);
+      for (const Event* e : src_foreign)
+        if (keep(e)) foreign.push_back(e);
+    } else if (s.filter) {
       for (const Event* e : src_own)
         if (truthy(eval(*s.filter, *e))) own.push_back(e);
       for (const Event* e : src_foreign)

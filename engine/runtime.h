@@ -44,6 +44,9 @@ struct StreamDef {
   int node = -1;
   int parent = -1;          // stream index, -1 for the scan
   ExprPtr filter;           // step: filter
+  // When the filter reads only source and op (the usual `from cuda where op in [...]`), its
+  // value for every (source, op) pair, precomputed: one table lookup per event instead of a tree walk.
+  std::vector<uint8_t> source_op_mask;
   const OffCpuNode* offcpu = nullptr;  // step: off-CPU span builder
   bool host_wide = false;   // carries broadcast (host-wide) events
 };
