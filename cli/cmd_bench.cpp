@@ -11,6 +11,7 @@
 // - peak_rss_bytes: VmHWM of the process after the run (LMDB replay releases decoded pages, so
 //   it does not grow with the trace).
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -31,6 +32,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// CPU time of the whole process (every thread), seconds: on a shared machine events per
+// CPU-second is steadier than events per wall-second.
+double cpu_seconds() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  auto s = [](const timeval& tv) { return static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) / 1e6; };
+  return s(ru.ru_utime) + s(ru.ru_stime);
+}
 
 struct BenchArgs {
   std::string trace;
@@ -107,6 +117,7 @@ int run_bench(const BenchArgs& a) {
   const double load_s = since(tl);
 
   const auto tr = Clock::now();
+  const double cpu0 = cpu_seconds();
   uint64_t events = 0;
   AnalysisResult result;
   if (a.replay_only) {
@@ -124,6 +135,7 @@ int run_bench(const BenchArgs& a) {
     events = result.counters.events_in;
   }
   const double run_s = since(tr);
+  const double run_cpu = cpu_seconds() - cpu0;
   const uint64_t rss = peak_rss_bytes();
   src.reset();
 
@@ -153,6 +165,8 @@ int run_bench(const BenchArgs& a) {
                      {"plan_seconds", plan_s},
                      {"run_seconds", run_s},
                      {"events_per_s", eps},
+                     {"run_cpu_seconds", run_cpu},
+                     {"events_per_cpu_s", run_cpu > 0 ? static_cast<double>(events) / run_cpu : 0},
                      {"peak_rss_bytes", rss},
                      {"threads", a.threads},
                      {"replay_only", a.replay_only},
@@ -172,8 +186,9 @@ int run_bench(const BenchArgs& a) {
   std::printf("events       %llu\n", static_cast<unsigned long long>(events));
   std::printf("load         %.3f s\n", load_s);
   if (!a.replay_only) std::printf("plan         %.3f s\n", plan_s);
-  std::printf("run          %.3f s  (%sevents/s, %u thread%s)\n", run_s, human_rate(eps).c_str(), a.threads,
-              a.threads == 1 ? "" : "s");
+  std::printf("run          %.3f s  (%sevents/s, %u thread%s; %.3f CPU-s, %sevents/CPU-s)\n", run_s,
+              human_rate(eps).c_str(), a.threads, a.threads == 1 ? "" : "s", run_cpu,
+              human_rate(run_cpu > 0 ? static_cast<double>(events) / run_cpu : 0).c_str());
   std::printf("peak RSS     %.1f MiB\n", static_cast<double>(rss) / (1 << 20));
   if (!a.replay_only) {
     std::printf("chains       %zu", result.chains.size());

@@ -86,7 +86,14 @@ TEST_F(LmdbStoreTest, RoundTripEventsMetaAndChains) {
   c.severity = Severity::kHigh;
   c.tid = 4242;
   c.evidence.push_back({"offcpu", "thread off CPU", 0.93, "ratio", {1, 2, 3}});
-  c.predicates.push_back({"p99 / p50 >= 3", 200, 3, 197, true});
+  PredicateResult pred;
+  pred.label = "p99 / p50 >= 3";
+  pred.lhs = 200;
+  pred.rhs = 3;
+  pred.margin = 197;
+  pred.passed = true;
+  pred.lhs_text = "200x";
+  c.predicates.push_back(pred);
   c.values.emplace_back("share", 0.93);
   ASSERT_TRUE(sink->write_chains(std::span(&c, 1))) << sink->error();
   ASSERT_TRUE(sink->close(err)) << err;
@@ -121,6 +128,7 @@ TEST_F(LmdbStoreTest, RoundTripEventsMetaAndChains) {
   EXPECT_EQ(chains[0].evidence[0].event_ids, (std::vector<uint64_t>{1, 2, 3}));
   ASSERT_EQ(chains[0].predicates.size(), 1u);
   EXPECT_DOUBLE_EQ(chains[0].predicates[0].margin, 197);
+  EXPECT_EQ(chains[0].predicates[0].lhs_text, "200x");
 }
 
 TEST_F(LmdbStoreTest, EmptyTraceGivesOneFinalBatch) {
