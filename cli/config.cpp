@@ -537,7 +537,9 @@ void check_analysis(Checker& c, const YNode& n, const std::string& dir, Analysis
         if (c.integer(v, "analysis.params.min_calls", 1, 1'000'000'000, u)) a.min_calls = u;
       } else if (k.value == "min_tail_ratio") {
         double d = 0;
-        if (!parse_number(v.value, d) || d < 1)
+        std::string num = v.value;
+        if (!num.empty() && num.back() == 'x') num.pop_back();  // "3x", the rule language's ratio
+        if (!parse_number(num, d) || d < 1)
           c.error(v, "C0202", "analysis.params.min_tail_ratio must be a ratio >= 1, found `" + v.value + "`");
         else
           a.min_tail_ratio = d;

@@ -61,7 +61,7 @@ TEST_F(ConfigTest, ValidGraphResolvesWithDefaults) {
                            "  - name: demo\n    type: synthetic\n    scenario: straggler\n    fault: false\n"
                            "engine:\n  threads: 2\n  window: 5s\n"
                            "analysis:\n  from: [rec, demo]\n  rules: [default, extra.rules]\n"
-                           "  params:\n    min_share: 60%\n    min_calls: 20\n"
+                           "  params:\n    min_share: 60%\n    min_calls: 20\n    min_tail_ratio: 4x\n"
                            "sinks:\n  - name: store\n    type: lmdb\n    path: out.lmdb\n    from: [rec, analysis]\n"
                            "    max_size: 1GiB\n    durable: false\n  - type: jsonl\n",
                        &cfg);
@@ -74,6 +74,7 @@ TEST_F(ConfigTest, ValidGraphResolvesWithDefaults) {
   EXPECT_EQ(cfg.analysis.window_ns, 5'000'000'000ull);
   EXPECT_DOUBLE_EQ(cfg.analysis.min_share, 0.6);
   EXPECT_EQ(cfg.analysis.min_calls, 20u);
+  EXPECT_DOUBLE_EQ(cfg.analysis.min_tail_ratio, 4.0);
   ASSERT_EQ(cfg.analysis.rules.size(), 2u);
   EXPECT_TRUE(cfg.analysis.rules[0].builtin);
   EXPECT_EQ(cfg.analysis.rules[1].name, dir_.string() + "/extra.rules");
@@ -85,7 +86,7 @@ TEST_F(ConfigTest, ValidGraphResolvesWithDefaults) {
   EXPECT_EQ(cfg.sinks[1].from[0].node, "analysis");
   const std::string text = describe_config(cfg);
   EXPECT_NE(text.find("analysis from=[rec,demo] rules=[default," + dir_.string() +
-                      "/extra.rules] window=5s min_calls=20 min_tail_ratio=3 min_share=60%"),
+                      "/extra.rules] window=5s min_calls=20 min_tail_ratio=4 min_share=60%"),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("sink store type=lmdb path=" + dir_.string() +
