@@ -3,6 +3,7 @@
 //   rules test FILE...    run every inline test; exit 0 all pass, 1 any failure or compile error
 //   rules plan FILE...    the compiled plan's canonical text (--ast: the parse tree)
 // FILE may be `default` for the embedded pack.
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -35,14 +36,17 @@ bool gather(const RulesArgs& a, std::vector<ingero::dsl::RuleSource>& out, inger
       out.insert(out.end(), d.begin(), d.end());
       continue;
     }
+    std::error_code ec;
     std::ifstream in(f, std::ios::binary);
-    if (!in) {
-      std::cerr << "error: cannot read " << f << "\n";
+    if (!std::filesystem::is_regular_file(f, ec) || !in) {
+      std::cerr << "error: cannot read " << f << " (not a regular file)\n";
       return false;
     }
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    out.push_back({f, ss.str()});
+    // One byte past the compiler's limit is enough for it to report the file as too large.
+    std::string text(ingero::dsl::ParseLimits{}.max_bytes + 1, '\0');
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
+    text.resize(static_cast<size_t>(in.gcount()));
+    out.push_back({f, std::move(text)});
   }
   opts = ingero::rules::pack_compile_options(opts);
   return true;

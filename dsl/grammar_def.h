@@ -205,7 +205,7 @@ const auto atom_list_def = -(atom % ',');
 const auto list_raw_def = (x3::lit('[') > atom_list > IP_TOKEN("]", "`]`"))[assign_to<&ast::List::items>{}];
 
 const auto args_def = -(expr % ',');
-const auto call_def = ident >> '(' > args > IP_TOKEN(")", "`)`");
+const auto call_def = (ident >> '(') > args > IP_TOKEN(")", "`)`");
 // Clause and top-level keywords are not names in expressions (`window.start` still is), so an
 // expression cut short by a new line reports the missing operand instead of eating the clause.
 const auto reserved = IP_KW("from") | IP_KW("window") | IP_KW("let") | IP_KW("require") | IP_KW("join") |

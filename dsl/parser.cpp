@@ -61,6 +61,10 @@ class Driver {
   bool parse_expr(It pos, It end, ast::Expr& out) {
     int depth = 0;
     for (It p = pos; p != end; ++p) {
+      if (static_cast<unsigned char>(*p) >= 0x80) {
+        error("E0007", p, p + 1, "non-ASCII character in a placeholder");
+        return false;
+      }
       if (*p == '(' || *p == '[') ++depth;
       if (*p == ')' || *p == ']') --depth;
       if (depth > limits_.max_nesting) {
@@ -277,6 +281,13 @@ bool prescan(const SourceText& src, std::vector<Diagnostic>& diags, const ParseL
       if (c == '\\') ++i;
       else if (c == '"' || c == '\n') in_string = false;
       continue;
+    }
+    if (static_cast<unsigned char>(c) >= 0x80) {
+      // X3's character classes take ASCII only (they assert, or read outside their tables).
+      diags.push_back(src.make(DiagLevel::kError, "E0007", i, i + 1,
+                               "non-ASCII character outside a string or comment",
+                               "names and operators are ASCII; UTF-8 text belongs in strings"));
+      return false;
     }
     if (c == '#') {
       while (i < t.size() && t[i] != '\n') ++i;

@@ -15,9 +15,10 @@ bool read_disk(const std::string& path, std::string& text) {
   if (!std::filesystem::is_regular_file(path, ec)) return false;
   std::ifstream in(path, std::ios::binary);
   if (!in) return false;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  text = ss.str();
+  // One byte past the compiler's size limit is enough for it to report the file as too large.
+  text.assign(dsl::ParseLimits{}.max_bytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
   return true;
 }
 

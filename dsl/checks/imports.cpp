@@ -12,12 +12,16 @@ namespace {
 constexpr int kMaxDepth = 8;
 constexpr size_t kMaxFiles = 64;
 
-bool default_read(const std::string& path, std::string& text) {
+// Regular files only (an import of /dev/zero or a FIFO must not hang), and at most one byte past
+// the size limit: the parser then reports the file as too large (E0005).
+bool default_read(const std::string& path, std::string& text, size_t max_bytes) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
   std::ifstream in(path, std::ios::binary);
   if (!in) return false;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  text = ss.str();
+  text.assign(max_bytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
   return true;
 }
 
@@ -50,7 +54,7 @@ void load(Module& m, FileUnit& f, std::vector<std::string>& stack) {
         continue;
       }
       std::string text;
-      const bool found = m.opts.read_file ? m.opts.read_file(path, text) : default_read(path, text);
+      const bool found = m.opts.read_file ? m.opts.read_file(path, text) : default_read(path, text, m.opts.limits.max_bytes);
       if (!found) {
         m.error_at(f, imp->path, "E0101", "cannot read imported file `" + path + "`");
         continue;

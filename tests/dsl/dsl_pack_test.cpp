@@ -3,7 +3,10 @@
 // (and are rejected when their tests fail).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <fstream>
 #include <set>
+#include <sstream>
 
 #include "engine/default_plans.h"
 #include "engine/engine.h"
@@ -17,6 +20,27 @@ TEST(RulePack, CompilesWithoutDiagnostics) {
   EXPECT_TRUE(pack.diagnostics.empty()) << dsl::render_diagnostics(pack.diagnostics);
   EXPECT_TRUE(pack.plan.validate().empty());
   EXPECT_GE(pack.rules.size(), 10u);
+}
+
+// The whole pack's plan as canonical text: any change to a rule or to lowering shows up here.
+// Regenerate after an intended change: INGERO_UPDATE_GOLDEN=1 ./dsl_pack_test
+TEST(RulePack, PlanMatchesGolden) {
+  const std::string golden = std::string(INGERO_SOURCE_DIR) + "/tests/dsl/golden/default_pack.plan";
+  const std::string actual = rules::default_rule_pack_plan().to_string();
+  if (std::getenv("INGERO_UPDATE_GOLDEN")) {
+    std::ofstream(golden) << actual;
+    return;
+  }
+  std::ifstream in(golden);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_EQ(ss.str(), actual);
+}
+
+TEST(RulePack, ImportOfANonRegularFileIsAnError) {
+  const auto r = dsl::compile_rules({{"x.rules", "import \"/dev/zero\"\n"}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.diagnostics[0].code, "E0101");
 }
 
 TEST(RulePack, EveryInlineTestPasses) {
