@@ -659,6 +659,11 @@ void check_graph(Checker& c, PipelineConfig& cfg, const YNode& root) {
       }
     }
     if (s.path.empty()) continue;
+    for (const auto& src : cfg.sources)
+      if (!src.path.empty() && src.path == s.path)
+        c.error(s.pos.line, s.pos.col, 1, "C0403",
+                "sink `" + s.name + "` would overwrite the file that source `" + src.name + "` reads",
+                "write to another path");
     const std::string key = s.path == "-" ? "stdout" : s.path;
     if (s.kind == SinkKind::kMcp) {
       // The MCP server speaks JSON-RPC on stdout: nothing else may write there.

@@ -214,6 +214,13 @@ TEST_F(ConfigTest, McpNeedsStdoutAlone) {
             "run.yaml:7:5: error[C0403]: sink `mcp` (mcp) needs stdout, which sink `jsonl` already writes");
 }
 
+TEST_F(ConfigTest, SinkOverwritingItsSource) {
+  std::string hint;
+  EXPECT_EQ(only(std::string(kSource) + "sinks:\n  - type: sqlite\n    path: trace.db\n", &hint),
+            "run.yaml:6:5: error[C0403]: sink `sqlite` would overwrite the file that source `rec` reads");
+  EXPECT_EQ(hint, "write to another path");
+}
+
 TEST_F(ConfigTest, MissingOutputDirectory) {
   EXPECT_EQ(only(std::string(kSource) + "sinks:\n  - type: sqlite\n    path: no/such/dir/out.db\n"),
             "run.yaml:7:11: error[C0302]: output directory not found: no/such/dir");
