@@ -68,6 +68,7 @@ struct {
   __type(value, struct net_start);
 } net_calls SEC(".maps");
 
+/* Records are submitted with BPF_RB_NO_WAKEUP: the poller drains on a timer (gpu.bpf.c says why). */
 static __always_inline struct ip_record* reserve(void) {
   struct ip_record* r = bpf_ringbuf_reserve(&host_events, sizeof(struct ip_record), 0);
   if (!r) {
@@ -123,7 +124,7 @@ static __always_inline void switch_in(__u32 tid, __u64 now, __u8 flags) {
     r->op = 1; /* sched_switch */
     r->state = o->state;
     r->flags = flags;
-    bpf_ringbuf_submit(r, 0);
+    bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
   }
   bpf_map_delete_elem(&offcpu, &tid);
 }
@@ -174,7 +175,7 @@ static __always_inline void wakeup(__u32 tgid, __u32 tid, __u8 flags) {
   r->source = IP_SRC_HOST;
   r->op = 2;
   r->flags = flags;
-  bpf_ringbuf_submit(r, 0);
+  bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
 }
 
 SEC("tp_btf/sched_wakeup")
@@ -208,7 +209,7 @@ static __always_inline void proc_record(__u8 op, __u32 tgid, __u32 tid, __u64 a0
   r->source = IP_SRC_HOST;
   r->op = op;
   r->flags = flags;
-  bpf_ringbuf_submit(r, 0);
+  bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
 }
 
 SEC("tp_btf/sched_process_fork")
@@ -324,7 +325,7 @@ static __always_inline void blk_complete(__u64 key, int error, __u8 flags) {
     r->source = IP_SRC_IO;
     r->op = s->op;
     r->flags = flags;
-    bpf_ringbuf_submit(r, 0);
+    bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
   }
   bpf_map_delete_elem(&blk_reqs, &key);
 }
@@ -384,7 +385,7 @@ static __always_inline void tcp_record(__u16 family, __u16 dport_be, __u64 a1, _
   r->source = IP_SRC_TCP;
   r->op = 1;
   r->flags = flags;
-  bpf_ringbuf_submit(r, 0);
+  bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
 }
 
 SEC("tp_btf/tcp_retransmit_skb")
@@ -446,7 +447,7 @@ static __always_inline int net_exit(struct trace_event_raw_sys_exit* ctx) {
     r->tid = tid;
     r->source = IP_SRC_NET;
     r->op = s->op;
-    bpf_ringbuf_submit(r, 0);
+    bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
   }
   bpf_map_delete_elem(&net_calls, &tid);
   return 0;

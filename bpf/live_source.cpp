@@ -249,6 +249,12 @@ void LiveSource::poller() {
   poller_done_.store(true, std::memory_order_release);
 }
 
+void LiveSource::late(const Event& e) {
+  ++late_;
+  meta_.health.skip(op_name(e.source, e.op) + " older than the watermark already delivered (open "
+                    "longer than --max-hold); dropped");
+}
+
 bool LiveSource::next(Batch& out) {
   if (finished_) return false;
   out.events.clear();
@@ -262,11 +268,7 @@ bool LiveSource::next(Batch& out) {
     for (;;) {
       const size_t n = queue_->q.try_dequeue_bulk(buf.data(), buf.size());
       for (size_t i = 0; i < n; ++i)
-        if (!reorder_.push(buf[i])) {
-          ++late_;
-          meta_.health.skip("event older than the watermark already delivered (a span open longer "
-                            "than --max-hold); dropped");
-        }
+        if (!reorder_.push(buf[i])) late(buf[i]);
       if (n < buf.size()) break;
     }
     const uint64_t wm = done ? UINT64_MAX : conv_.to_unix(wm_mono);
@@ -310,11 +312,7 @@ bool LiveSource::next(Batch& out) {
     // Wait for records (or the next watermark step) without spinning.
     Event first;
     if (queue_->q.wait_dequeue_timed(first, std::chrono::milliseconds(5))) {
-      if (!reorder_.push(first)) {
-        ++late_;
-        meta_.health.skip("event older than the watermark already delivered (a span open longer "
-                          "than --max-hold); dropped");
-      }
+      if (!reorder_.push(first)) late(first);
     }
   }
 }

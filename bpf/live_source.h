@@ -85,6 +85,7 @@ class LiveSource final : public EventSource {
   void poller();
   void attach_found(const std::vector<CudaLibrary>& libs);
   void warn(std::string w);
+  void late(const Event& e);
 
   struct Queue;
   LiveOptions opts_;
