@@ -22,29 +22,6 @@ const std::vector<Event>& trace() {
   return events;
 }
 
-// A zero-copy source over the shared vector (VectorSource would copy and sort 800 MB per run).
-class SpanSource final : public EventSource {
- public:
-  SpanSource(const std::vector<Event>& ev, size_t batch) : ev_(ev), batch_(batch) {}
-  bool next(Batch& out) override {
-    if (done_) return false;
-    const size_t n = std::min(batch_, ev_.size() - pos_);
-    out.events.assign(ev_.begin() + static_cast<std::ptrdiff_t>(pos_),
-                      ev_.begin() + static_cast<std::ptrdiff_t>(pos_ + n));
-    pos_ += n;
-    out.final = pos_ >= ev_.size();
-    out.watermark = out.final ? UINT64_MAX : out.events.back().ts_ns;
-    done_ = out.final;
-    return true;
-  }
-  TraceMeta& meta() override { return meta_; }
-
- private:
-  const std::vector<Event>& ev_;
-  size_t batch_, pos_ = 0;
-  bool done_ = false;
-  TraceMeta meta_;
-};
 
 void run(benchmark::State& state, const Plan& plan) {
   const auto& ev = trace();
@@ -52,7 +29,7 @@ void run(benchmark::State& state, const Plan& plan) {
   opts.threads = static_cast<unsigned>(state.range(0));
   size_t chains = 0;
   for (auto _ : state) {
-    SpanSource src(ev, 4096);
+    BorrowedSource src(ev, 4096);
     const auto r = run_plan(plan, src, opts);
     chains = r.chains.size();
     benchmark::DoNotOptimize(r.ops.data());

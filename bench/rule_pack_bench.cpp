@@ -20,37 +20,13 @@ const std::vector<Event>& pack_trace() {
   return events;
 }
 
-// Replays the shared events in batches without copying the whole trace per run.
-class SharedSource final : public EventSource {
- public:
-  explicit SharedSource(const std::vector<Event>& ev) : ev_(ev) {}
-  bool next(Batch& out) override {
-    if (done_) return false;
-    const size_t n = std::min<size_t>(4096, ev_.size() - pos_);
-    out.events.assign(ev_.begin() + static_cast<std::ptrdiff_t>(pos_),
-                      ev_.begin() + static_cast<std::ptrdiff_t>(pos_ + n));
-    pos_ += n;
-    out.final = pos_ >= ev_.size();
-    out.watermark = out.final ? UINT64_MAX : out.events.back().ts_ns;
-    done_ = out.final;
-    return true;
-  }
-  TraceMeta& meta() override { return meta_; }
-
- private:
-  const std::vector<Event>& ev_;
-  size_t pos_ = 0;
-  bool done_ = false;
-  TraceMeta meta_;
-};
-
 void run_pack(benchmark::State& state, const Plan& plan) {
   const auto& ev = pack_trace();
   EngineOptions opts;
   opts.threads = 1;
   size_t chains = 0;
   for (auto _ : state) {
-    SharedSource src(ev);
+    BorrowedSource src(ev);
     const auto r = run_plan(plan, src, opts);
     chains = r.chains.size();
     benchmark::DoNotOptimize(r.chains.data());

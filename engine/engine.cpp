@@ -36,17 +36,7 @@ void merge_outcome(RuleOutcome& into, const RuleOutcome& from) {
   into.windows += from.windows;
   into.chains += from.chains;
   if (!from.has_miss) return;
-  bool take = !into.has_miss || from.miss_stage > into.miss_stage;
-  if (into.has_miss && from.miss_stage == into.miss_stage) {
-    auto rel = [](const PredicateResult& x) { return x.margin / std::max(std::abs(x.rhs), 1e-12); };
-    if (rel(from.miss) != rel(into.miss))
-      take = rel(from.miss) > rel(into.miss);
-    else if (from.miss_window_start != into.miss_window_start)
-      take = from.miss_window_start < into.miss_window_start;
-    else
-      take = from.miss_key < into.miss_key;
-  }
-  if (!take) return;
+  if (!better_miss(from.miss_stage, from.miss, from.miss_window_start, from.miss_key, into)) return;
   into.has_miss = true;
   into.miss_stage = from.miss_stage;
   into.miss = from.miss;

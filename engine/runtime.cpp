@@ -463,6 +463,8 @@ PredicateResult judge(const Expr& pred, const std::string& label, const double* 
   return r;
 }
 
+}  // namespace
+
 bool better_miss(int stage, const PredicateResult& p, uint64_t window, const std::string& key,
                  const RuleOutcome& cur) {
   if (!cur.has_miss) return true;
@@ -476,6 +478,8 @@ bool better_miss(int stage, const PredicateResult& p, uint64_t window, const std
   if (window != cur.miss_window_start) return window < cur.miss_window_start;
   return key < cur.miss_key;
 }
+
+namespace {
 
 }  // namespace
 

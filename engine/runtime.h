@@ -155,6 +155,13 @@ class Shard {
   std::unique_ptr<Impl> impl_;
 };
 
+// Whether a failed predicate at `stage` is a closer miss than the one `cur` holds: further along
+// the rule first, then the smaller shortfall relative to the threshold (so ratios and nanoseconds
+// compare fairly), then the earlier window, then the key - a total order, so the merged closest
+// miss does not depend on which shard saw it.
+bool better_miss(int stage, const PredicateResult& p, uint64_t window, const std::string& key,
+                 const RuleOutcome& cur);
+
 std::string expand_template(const std::string& tmpl, const CompiledPlan& plan, const PipeDef& pipe,
                             const Key& key, const double* row);
 

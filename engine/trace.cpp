@@ -32,4 +32,17 @@ bool VectorSource::next(Batch& out) {
   return true;
 }
 
+bool BorrowedSource::next(Batch& out) {
+  if (done_) return false;
+  const size_t n = std::min(batch_size_, events_.size() - pos_);
+  out.events.assign(events_.begin() + static_cast<std::ptrdiff_t>(pos_),
+                    events_.begin() + static_cast<std::ptrdiff_t>(pos_ + n));
+  pos_ += n;
+  out.seq = seq_++;
+  out.final = pos_ >= events_.size();
+  out.watermark = out.final ? std::numeric_limits<uint64_t>::max() : (n ? out.events.back().ts_ns : 0);
+  done_ = out.final;
+  return true;
+}
+
 }  // namespace ingero

@@ -97,4 +97,22 @@ class VectorSource final : public EventSource {
   TraceMeta meta_;
 };
 
+// A source over events already sorted by ts_ns that it does not own (benchmarks replaying one
+// in-memory trace many times): batches are copied out, the vector never is.
+class BorrowedSource final : public EventSource {
+ public:
+  explicit BorrowedSource(const std::vector<Event>& sorted, size_t batch_size = 4096)
+      : events_(sorted), batch_size_(batch_size ? batch_size : 4096) {}
+  bool next(Batch& out) override;
+  TraceMeta& meta() override { return meta_; }
+
+ private:
+  const std::vector<Event>& events_;
+  size_t batch_size_;
+  size_t pos_ = 0;
+  uint64_t seq_ = 0;
+  bool done_ = false;
+  TraceMeta meta_;
+};
+
 }  // namespace ingero
