@@ -140,7 +140,7 @@ int run_bench(const BenchArgs& a) {
   src.reset();
 
   // Each rule alone over the same trace: its own cost, including the shared replay and sharding.
-  std::vector<std::tuple<std::string, double, size_t>> per_rule;
+  std::vector<std::tuple<std::string, double, size_t, double>> per_rule;  // name, wall, chains, CPU
   if (!a.replay_only && !a.no_per_rule) {
     for (const auto& [name, plan] : ap.rule_plans) {
       auto s = open_bench_source(a, error);
@@ -149,8 +149,9 @@ int run_bench(const BenchArgs& a) {
       eo.threads = a.threads;
       eo.compute_stats = false;
       const auto t = Clock::now();
+      const double c0 = cpu_seconds();
       const AnalysisResult r = run_plan(plan, *s, eo);
-      per_rule.emplace_back(name, since(t), r.chains.size());
+      per_rule.emplace_back(name, since(t), r.chains.size(), cpu_seconds() - c0);
     }
   }
 
@@ -174,9 +175,10 @@ int run_bench(const BenchArgs& a) {
                      {"chains", result.chains.size()},
                      {"chains_by_category", by_category}};
     nlohmann::json pr = nlohmann::json::array();
-    for (const auto& [name, secs, chains] : per_rule)
-      pr.push_back({{"rule", name}, {"run_seconds", secs}, {"chains", chains},
-                    {"events_per_s", secs > 0 ? static_cast<double>(events) / secs : 0}});
+    for (const auto& [name, secs, chains, cpu] : per_rule)
+      pr.push_back({{"rule", name}, {"run_seconds", secs}, {"run_cpu_seconds", cpu}, {"chains", chains},
+                    {"events_per_s", secs > 0 ? static_cast<double>(events) / secs : 0},
+                    {"events_per_cpu_s", cpu > 0 ? static_cast<double>(events) / cpu : 0}});
     j["per_rule"] = pr;
     std::cout << j.dump(2) << "\n";
     return kExitOk;
@@ -201,9 +203,9 @@ int run_bench(const BenchArgs& a) {
   }
   if (!per_rule.empty()) {
     std::printf("per rule (each alone over the whole trace):\n");
-    for (const auto& [name, secs, chains] : per_rule)
-      std::printf("  %-28s %8.3f s  %10sevents/s  %zu chains\n", name.c_str(), secs,
-                  human_rate(secs > 0 ? static_cast<double>(events) / secs : 0).c_str(), chains);
+    for (const auto& [name, secs, chains, cpu] : per_rule)
+      std::printf("  %-28s %8.3f s  %8.3f CPU-s  %10sevents/CPU-s  %zu chains\n", name.c_str(), secs, cpu,
+                  human_rate(cpu > 0 ? static_cast<double>(events) / cpu : 0).c_str(), chains);
   }
   return kExitOk;
 }
