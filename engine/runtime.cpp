@@ -687,8 +687,11 @@ struct Shard::Impl {
         row.values[static_cast<size_t>(def.slot_start)] = static_cast<double>(start);
         row.values[static_cast<size_t>(def.slot_end)] = end == kFinal ? kNaN : static_cast<double>(end);
         row.values[static_cast<size_t>(def.slot_events)] = static_cast<double>(w.agg.count());
-        w.agg.values(def.window.kind == WindowKind::kWhole ? 0 : def.window.size_ns,
-                     row.values.data() + def.slot_aggs);
+        // A window the trace ends inside covers only [start, last event end): rates over it use
+        // that span, or every trace that stops mid-window would end in a "throughput drop".
+        uint64_t covered = def.window.kind == WindowKind::kWhole ? 0 : def.window.size_ns;
+        if (covered && watermark == kFinal && end > last_ts && last_ts > start) covered = last_ts - start;
+        w.agg.values(covered, row.values.data() + def.slot_aggs);
         if (waits[i].stage >= 0 && !waits[i].rows.empty() && k != waits[i].window) flush(i);
         waits[i].window = k;
         run_stages(p, 0, row, &w, waits[i].stage, waits[i].rows, out);

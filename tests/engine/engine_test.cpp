@@ -142,6 +142,21 @@ TEST(Engine, QuietTraceHasNoChain) {
   EXPECT_TRUE(r.chains.empty()) << testing::PrintToString(categories(r));
 }
 
+TEST(Engine, TraceEndingMidWindowIsNotAThroughputDrop) {
+  // A steady 1,000 launches/s for 45 s: the last window is half covered, not half as busy.
+  std::vector<Event> ev;
+  uint64_t id = 1;
+  for (uint64_t t = 0; t < 45'000; ++t) ev.push_back(call(10, 11, kT0 + t * kMs, 20 * kUs, id++));
+  const auto r = analyse(ev);
+  EXPECT_FALSE(has(r, "throughput_drop")) << testing::PrintToString(categories(r));
+  // The same trace with the rate really cut in the last full window does fire.
+  std::vector<Event> drop;
+  id = 1;
+  for (uint64_t t = 0; t < 50'000; ++t)
+    if (t < 40'000 || t % 5 == 0) drop.push_back(call(10, 11, kT0 + t * kMs, 20 * kUs, id++));
+  EXPECT_TRUE(has(analyse(drop), "throughput_drop"));
+}
+
 TEST(Engine, EmptyTrace) {
   const auto r = analyse({});
   EXPECT_TRUE(r.chains.empty());
