@@ -112,6 +112,9 @@ int authorize(void* ctx, int action, const char* a3, const char* a4, const char*
       return deny(std::string("PRAGMA ") + (a3 ? a3 : "?") + (a4 ? " with an argument" : "") +
                   " is not allowed (only table_info, index_list and similar read-only pragmas)");
     default:
+      if ((action == SQLITE_DELETE || action == SQLITE_INSERT) &&
+          (equals_nocase(a3, "sqlite_master") || equals_nocase(a3, "sqlite_temp_master")))
+        return deny("schema changes (CREATE, DROP, ALTER) are not allowed: the database is read-only");
       return deny(std::string(action_name(action)) + " is not allowed: the database is read-only");
   }
 }

@@ -42,6 +42,29 @@ Json tool_error(const std::string& message) {
 
 std::string untrusted_text(std::string_view s) { return untrusted(s); }
 
+// Rule templates substitute {process} and {node} with names from the trace: mark each occurrence
+// of those names inside generated text as untrusted. Names shorter than 3 bytes are left alone
+// (they would match inside ordinary words).
+std::string mark_names(const std::string& text, std::vector<std::string> names) {
+  names.erase(std::remove_if(names.begin(), names.end(), [](const std::string& n) { return n.size() < 3; }), names.end());
+  if (names.empty()) return text;
+  std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    bool hit = false;
+    for (const auto& n : names) {
+      if (text.compare(i, n.size(), n) == 0) {
+        out += untrusted(n);
+        i += n.size();
+        hit = true;
+        break;
+      }
+    }
+    if (!hit) out += text[i++];
+  }
+  return out;
+}
+
 const char* type_name(ArgType t) {
   switch (t) {
     case ArgType::kString: return "string";
@@ -536,13 +559,16 @@ Json TraceTools::get_trace_stats(const Json& a, RequestContext* ctx) {
 }
 
 Json TraceTools::chain_json(const Chain& c, const AnalysisResult& r, bool full) const {
+  std::vector<std::string> names;
+  if (c.pid) names.push_back(process_name(r, c.pid));
+  if (c.node < r.meta.nodes.size()) names.push_back(r.meta.nodes[c.node]);
   Json j = {{"id", c.id},
             {"severity", severity_name(c.severity)},
             {"category", c.category},
             {"rule", c.rule},
             {"window", {{"start_ns", c.window_start}, {"end_ns", c.window_end}}},
-            {"summary", c.summary},
-            {"root_cause", c.root_cause}};
+            {"summary", mark_names(c.summary, names)},
+            {"root_cause", mark_names(c.root_cause, names)}};
   if (c.op != 0 || c.source != Source::kUnknown) j["op"] = op_name(c.source, c.op);
   if (c.pid) {
     j["pid"] = c.pid;
@@ -562,7 +588,7 @@ Json TraceTools::chain_json(const Chain& c, const AnalysisResult& r, bool full) 
   for (const auto& e : c.evidence) {
     Json ids = Json::array();
     for (size_t i = 0; i < e.event_ids.size() && (full || i < 5); ++i) ids.push_back(e.event_ids[i]);
-    evidence.push_back({{"kind", e.kind}, {"detail", e.detail}, {"value", round3(e.value)}, {"unit", e.unit},
+    evidence.push_back({{"kind", e.kind}, {"detail", mark_names(e.detail, names)}, {"value", round3(e.value)}, {"unit", e.unit},
                         {"exemplar_event_ids", ids}});
   }
   j["evidence"] = evidence;
@@ -573,7 +599,7 @@ Json TraceTools::chain_json(const Chain& c, const AnalysisResult& r, bool full) 
   j["provenance"] = {{"rule", c.rule}, {"rule_hash", c.rule_hash}, {"predicates", preds}};
   j["dropped_events_in_window"] = c.dropped_events;
   if (full) {
-    j["explanation"] = c.explanation;
+    j["explanation"] = mark_names(c.explanation, names);
     Json values = Json::object();
     for (const auto& [k, v] : c.values) values[k] = std::isfinite(v) ? Json(v) : Json(nullptr);
     j["values"] = values;
@@ -944,7 +970,9 @@ Json TraceTools::why_not(const Json& a) {
     if (!cands.front().preds.empty()) {
       for (const auto& p : cands.front().preds)
         if (!p.passed) {
-          verdict += " The closest missed `" + p.label + "` by " + std::to_string(round3(std::fabs(p.margin))) + ".";
+          char detail[96];
+          std::snprintf(detail, sizeof detail, "by %.4g (%.4g against %.4g)", std::fabs(p.margin), p.lhs, p.rhs);
+          verdict += " The closest missed `" + p.label + "` " + detail + ".";
           break;
         }
     }

@@ -327,6 +327,13 @@ TEST_F(McpServerTest, CausalChainsAreRankedFilteredAndExplained) {
   Json none = ok("get_causal_chains", {{"start_ns", 4000000000000000000}});
   EXPECT_EQ(none["total"], 0);
   EXPECT_TRUE(none.contains("hint"));
+  // Names from the trace inside generated text are marked as untrusted.
+  for (const auto& c : all["chains"]) {
+    const std::string summary = c["summary"];
+    if (summary.find("python3") != std::string::npos) {
+      EXPECT_NE(summary.find("<untrusted>python3</untrusted>"), std::string::npos) << summary;
+    }
+  }
   // explain_chain: predicates with both sides and margins, exemplar events read back.
   Json ex = ok("explain_chain", {{"chain_id", first["id"]}});
   EXPECT_EQ(ex["id"], first["id"]);
@@ -445,6 +452,47 @@ TEST_F(McpServerTest, RulesListAndWhyNot) {
     EXPECT_TRUE(some_failed);
   }
   EXPECT_NE(error_text("why_not", {{"rule", "no_such_rule"}}).find("unknown rule"), std::string::npos);
+}
+
+TEST_F(McpServerTest, CheckRuleCompilesWithoutLoadingOrReadingFiles) {
+  open("sample-gpu-node-01.db");
+  initialize();
+  const std::string good = R"rule(import "common.rules"
+rule agent_slow_sync "syncs with a heavy tail"
+  from cuda where op in [cudaStreamSynchronize, cudaDeviceSynchronize]
+  window tumbling 10s by pid, op
+  let n = count(), p50 = p50(duration), p99 = p99(duration)
+  require n >= min_calls
+  require p50 > 0ns
+  let tail_ratio = p99 / p50
+  require tail_ratio >= 5x
+  severity medium
+  category sync_tail
+  summary "{op} p99={p99} ({tail_ratio} p50)"
+end
+)rule";
+  Json r = call("check_rule", {{"text", good}});
+  if (r["isError"] == true && r["content"][0]["text"].get<std::string>().find("no rule compiler") != std::string::npos)
+    GTEST_SKIP() << "built without the rule compiler";
+  ASSERT_EQ(r["isError"], false) << r.dump().substr(0, 1200);
+  Json ok_result = r["structuredContent"];
+  EXPECT_EQ(ok_result["ok"], true) << ok_result["rendered"];
+  EXPECT_EQ(ok_result["rules"], Json::array({"agent_slow_sync"}));
+  EXPECT_EQ(ok_result["loaded"], false);
+  // Never loaded: the rule is not in list_rules afterwards.
+  EXPECT_NE(error_text("list_rules", {{"name", "agent_slow_sync"}}).find("no rule"), std::string::npos);
+  // A broken rule: diagnostics with positions and codes.
+  Json bad = ok("check_rule", {{"text", "rule r \"t\"\n  from cuda where durration > 5ms\nend\n"}, {"file_name", "mine.rules"}});
+  EXPECT_EQ(bad["ok"], false);
+  EXPECT_GT(bad["errors"].get<int>(), 0);
+  ASSERT_FALSE(bad["diagnostics"].empty());
+  EXPECT_EQ(bad["diagnostics"][0]["file"], "mine.rules");
+  EXPECT_GT(bad["diagnostics"][0]["line"].get<int>(), 0);
+  EXPECT_NE(bad["rendered"].get<std::string>().find("mine.rules:"), std::string::npos);
+  // Imports never reach the filesystem.
+  Json leak = ok("check_rule", {{"text", "import \"/etc/passwd\"\n"}});
+  EXPECT_EQ(leak["ok"], false);
+  EXPECT_EQ(leak.dump().find("root:"), std::string::npos) << leak.dump();
 }
 
 TEST_F(McpServerTest, PromptsAndResources) {
