@@ -193,10 +193,9 @@ void LiveSource::poller() {
       oldest = probes_->oldest_open(scan_time, opts_.max_hold_ns);
       c = probes_->counters();
     }
-    // poll() returns as soon as it consumed something; this second pass empties every ring, so
-    // all records committed before `t` are in hand.
+    // This pass empties every ring, so all records committed before `t` are in hand.
     const uint64_t t = monotonic_ns();
-    probes_->poll(0);
+    probes_->consume();
     flush();
 
     if (scan) {
@@ -283,6 +282,8 @@ bool LiveSource::next(Batch& out) {
       }
     }
     reorder_size_.store(reorder_.size(), std::memory_order_relaxed);
+    if (reorder_.size() > reorder_peak_.load(std::memory_order_relaxed))
+      reorder_peak_.store(reorder_.size(), std::memory_order_relaxed);
     if (wm > last_wm_) last_wm_ = wm;
     if (done || out.events.size() >= opts_.batch_max ||
         std::chrono::steady_clock::now() >= deadline) {
@@ -328,6 +329,7 @@ LiveStats LiveSource::stats() const {
   s.unmatched = unmatched_.load();
   s.no_slot = no_slot_.load();
   s.reorder_size = reorder_size_.load();
+  s.reorder_peak = reorder_peak_.load();
   std::lock_guard<std::mutex> lk(mu_);
   s.libraries = libs_.size();
   s.uprobes = probes_->uprobes_attached();

@@ -56,7 +56,7 @@ struct LiveStats {
   uint64_t dropped[IP_NUM_RINGS] = {};  // ring overflow (kernel side)
   uint64_t queue_dropped = 0;     // engine too slow: dropped before the queue (user side)
   uint64_t depth_overflow = 0, unmatched = 0, no_slot = 0;
-  size_t reorder_size = 0;
+  size_t reorder_size = 0, reorder_peak = 0;  // events held for ordering (now, at most)
   size_t libraries = 0, uprobes = 0;
 };
 
@@ -110,7 +110,7 @@ class LiveSource final : public EventSource {
   ReorderBuffer reorder_;
   TraceMeta meta_;
   uint64_t seq_ = 0, next_id_ = 0, last_wm_ = 0, delivered_ = 0, late_ = 0;
-  std::atomic<size_t> reorder_size_{0};
+  std::atomic<size_t> reorder_size_{0}, reorder_peak_{0};
   bool finished_ = false;
 };
 

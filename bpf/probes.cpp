@@ -359,7 +359,15 @@ int BpfProbes::attach_library(const CudaLibrary& lib) {
   return attached;
 }
 
-int BpfProbes::poll(int timeout_ms) { return ring_buffer__poll(rb_, timeout_ms); }
+int BpfProbes::poll(int timeout_ms) {
+  // Records are submitted without wakeups, so epoll mostly just waits out the timeout; the
+  // consume pass is what reads the rings.
+  const int n = ring_buffer__poll(rb_, timeout_ms);
+  const int m = ring_buffer__consume(rb_);
+  return n < 0 ? n : (m < 0 ? m : n + m);
+}
+
+int BpfProbes::consume() { return ring_buffer__consume(rb_); }
 
 ProbeCounters BpfProbes::counters() const {
   ProbeCounters c;

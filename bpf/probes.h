@@ -79,9 +79,12 @@ class BpfProbes {
   // device and inode) is skipped.
   int attach_library(const CudaLibrary& lib);
 
-  // Consumes ring buffer records (calls on_record for each); returns the number consumed or a
-  // negative errno. Returns early once it has consumed something (libbpf behaviour).
+  // Waits up to `timeout_ms` (records are submitted without wakeups, so usually the whole time),
+  // then consumes every ring (calls on_record for each); returns the number consumed or a
+  // negative errno.
   int poll(int timeout_ms);
+  // Consumes every ring now, without waiting.
+  int consume();
 
   ProbeCounters counters() const;
   // Oldest entry timestamp (CLOCK_MONOTONIC ns) among open probed calls and open off-CPU spans no

@@ -313,14 +313,14 @@ int run_trace(const TraceArgs& a) {
   std::fprintf(stderr,
                "trace: %.1fs, %llu events (%llu records), dropped gpu=%llu host=%llu queue=%llu, "
                "late=%llu, "
-               "unmatched returns=%llu, %zu chains%s%s\n",
+               "unmatched returns=%llu, reorder peak=%zu events, %zu chains%s%s\n",
                elapsed, static_cast<unsigned long long>(st.delivered),
                static_cast<unsigned long long>(st.records),
                static_cast<unsigned long long>(st.dropped[IP_RING_GPU]),
                static_cast<unsigned long long>(st.dropped[IP_RING_HOST]),
                static_cast<unsigned long long>(st.queue_dropped),
                static_cast<unsigned long long>(st.late),
-               static_cast<unsigned long long>(st.unmatched), result.chains.size(),
+               static_cast<unsigned long long>(st.unmatched), st.reorder_peak, result.chains.size(),
                a.db.empty() ? "" : ", written to ", a.db.c_str());
   return rc;
 }
