@@ -45,6 +45,7 @@ struct TraceArgs {
   bool quiet = false, classic = false;
 };
 
+#ifdef INGERO_HAVE_BPF
 // "30s", "1.5m", "250ms", "2h", "45" (seconds) -> ns; false when malformed.
 bool parse_duration(const std::string& s, uint64_t& ns) {
   if (s.empty()) return false;
@@ -111,7 +112,6 @@ std::string fmt_ns(uint64_t ns) {
   return buf;
 }
 
-#ifdef INGERO_HAVE_BPF
 bool apply_disable(const std::vector<std::string>& names, bpf::ProbeFamilies& f) {
   for (std::string n : names) {
     for (auto& c : n) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
