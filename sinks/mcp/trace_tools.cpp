@@ -593,9 +593,13 @@ Json TraceTools::chain_json(const Chain& c, const AnalysisResult& r, bool full) 
   }
   j["evidence"] = evidence;
   Json preds = Json::array();
-  for (const auto& p : c.predicates)
-    preds.push_back({{"predicate", p.label}, {"lhs", round3(p.lhs)}, {"rhs", round3(p.rhs)},
-                     {"margin", round3(p.margin)}, {"passed", p.passed}});
+  for (const auto& p : c.predicates) {
+    Json pj = {{"predicate", p.label}, {"lhs", round3(p.lhs)}, {"rhs", round3(p.rhs)},
+               {"margin", round3(p.margin)}, {"passed", p.passed}};
+    if (!p.lhs_text.empty()) pj["lhs_text"] = p.lhs_text;  // with units: "87%", "3.4ms"
+    if (!p.rhs_text.empty()) pj["rhs_text"] = p.rhs_text;
+    preds.push_back(std::move(pj));
+  }
   j["provenance"] = {{"rule", c.rule}, {"rule_hash", c.rule_hash}, {"predicates", preds}};
   j["dropped_events_in_window"] = c.dropped_events;
   if (full) {
