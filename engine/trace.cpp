@@ -17,32 +17,25 @@ VectorSource::VectorSource(std::vector<Event> events, size_t batch_size, TraceMe
   }
 }
 
-bool VectorSource::next(Batch& out) {
-  if (done_) return false;
-  out.events.clear();
-  const size_t n = std::min(batch_size_, events_.size() - pos_);
-  out.events.assign(events_.begin() + static_cast<std::ptrdiff_t>(pos_),
-                    events_.begin() + static_cast<std::ptrdiff_t>(pos_ + n));
-  pos_ += n;
-  out.seq = seq_++;
-  out.final = pos_ >= events_.size();
-  out.watermark = out.final ? std::numeric_limits<uint64_t>::max()
-                            : (n ? out.events.back().ts_ns : 0);
-  if (out.final) done_ = true;
-  return true;
-}
-
-bool BorrowedSource::next(Batch& out) {
-  if (done_) return false;
-  const size_t n = std::min(batch_size_, events_.size() - pos_);
-  out.events.assign(events_.begin() + static_cast<std::ptrdiff_t>(pos_),
-                    events_.begin() + static_cast<std::ptrdiff_t>(pos_ + n));
-  pos_ += n;
-  out.seq = seq_++;
-  out.final = pos_ >= events_.size();
+namespace {
+// Copies the next batch of an already sorted vector; the watermark is the batch's last start.
+bool next_slice(const std::vector<Event>& events, size_t batch_size, size_t& pos, uint64_t& seq, bool& done,
+                Batch& out) {
+  if (done) return false;
+  const size_t n = std::min(batch_size, events.size() - pos);
+  out.events.assign(events.begin() + static_cast<std::ptrdiff_t>(pos),
+                    events.begin() + static_cast<std::ptrdiff_t>(pos + n));
+  pos += n;
+  out.seq = seq++;
+  out.final = pos >= events.size();
   out.watermark = out.final ? std::numeric_limits<uint64_t>::max() : (n ? out.events.back().ts_ns : 0);
-  done_ = out.final;
+  done = out.final;
   return true;
 }
+}  // namespace
+
+bool VectorSource::next(Batch& out) { return next_slice(events_, batch_size_, pos_, seq_, done_, out); }
+
+bool BorrowedSource::next(Batch& out) { return next_slice(events_, batch_size_, pos_, seq_, done_, out); }
 
 }  // namespace ingero

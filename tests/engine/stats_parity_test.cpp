@@ -21,7 +21,10 @@ struct Truth {
 std::map<std::pair<int, int>, Truth> sql_truth(const std::string& path) {
   std::map<std::pair<int, int>, std::vector<int64_t>> durs;
   sqlite3* db = nullptr;
-  EXPECT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  // immutable=1: a read-only open of a WAL database would otherwise create -shm/-wal files beside
+  // the shared samples, which are not ours to write to.
+  const std::string uri = "file:" + path + "?immutable=1";
+  EXPECT_EQ(sqlite3_open_v2(uri.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, nullptr), SQLITE_OK);
   sqlite3_stmt* st = nullptr;
   sqlite3_prepare_v2(db, "SELECT source, op, duration FROM events ORDER BY duration", -1, &st, nullptr);
   while (sqlite3_step(st) == SQLITE_ROW)
