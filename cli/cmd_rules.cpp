@@ -57,6 +57,17 @@ void print_diags(const ingero::dsl::CompileResult& r, bool json) {
   else std::cerr << ingero::dsl::render_diagnostics(r.diagnostics);
 }
 
+// The rule files of a subcommand with its options; on failure the exit status is set.
+struct Inputs {
+  std::vector<ingero::dsl::RuleSource> sources;
+  ingero::dsl::CompileOptions options;
+};
+bool load_inputs(const RulesArgs& a, Inputs& in, int& rc) {
+  if (gather(a, in.sources, in.options)) return true;
+  rc = ingero::cli::kExitInput;
+  return false;
+}
+
 }  // namespace
 
 static ingero::cli::Registrar reg{"rules", 40, [](CLI::App& app, int& rc) {
@@ -72,12 +83,10 @@ static ingero::cli::Registrar reg{"rules", 40, [](CLI::App& app, int& rc) {
   add_common(check);
   check->add_flag("--json", args->json, "Diagnostics as JSON on stdout");
   check->callback([args, &rc] {
-    std::vector<ingero::dsl::RuleSource> src;
-    ingero::dsl::CompileOptions opts;
-    if (!gather(*args, src, opts)) {
-      rc = ingero::cli::kExitInput;
-      return;
-    }
+    Inputs in;
+    if (!load_inputs(*args, in, rc)) return;
+    const auto& src = in.sources;
+    const auto& opts = in.options;
     auto r = ingero::dsl::compile_rules(src, opts);
     print_diags(r, args->json);
     if (!args->json && r.ok())
@@ -88,12 +97,10 @@ static ingero::cli::Registrar reg{"rules", 40, [](CLI::App& app, int& rc) {
   auto* test = cmd->add_subcommand("test", "Run the inline tests of rule files");
   add_common(test);
   test->callback([args, &rc] {
-    std::vector<ingero::dsl::RuleSource> src;
-    ingero::dsl::CompileOptions opts;
-    if (!gather(*args, src, opts)) {
-      rc = ingero::cli::kExitInput;
-      return;
-    }
+    Inputs in;
+    if (!load_inputs(*args, in, rc)) return;
+    const auto& src = in.sources;
+    const auto& opts = in.options;
     auto r = ingero::dsl::compile_rules(src, opts);
     print_diags(r, false);
     if (!r.ok()) {
@@ -118,12 +125,10 @@ static ingero::cli::Registrar reg{"rules", 40, [](CLI::App& app, int& rc) {
   add_common(plan);
   plan->add_flag("--ast", args->ast, "Print the parse tree instead");
   plan->callback([args, &rc] {
-    std::vector<ingero::dsl::RuleSource> src;
-    ingero::dsl::CompileOptions opts;
-    if (!gather(*args, src, opts)) {
-      rc = ingero::cli::kExitInput;
-      return;
-    }
+    Inputs in;
+    if (!load_inputs(*args, in, rc)) return;
+    const auto& src = in.sources;
+    const auto& opts = in.options;
     if (args->ast) {
       for (const auto& s : src) std::cout << ingero::dsl::dump_ast(s);
       rc = ingero::cli::kExitOk;

@@ -38,13 +38,20 @@ Streams add_streams(Plan& p) {
   return s;
 }
 
-// Window -> tail statistics -> gates shared by every tail family. Returns the last node.
-int tail_head(Plan& p, int stream, const DefaultPlanOptions& o) {
+// A tumbling window of the configured size over `stream`, keyed by `keys`; returns its node.
+int tumbling(Plan& p, int stream, std::vector<Field> keys, const DefaultPlanOptions& o) {
   WindowNode w;
   w.kind = WindowKind::kTumbling;
   w.size_ns = w.slide_ns = o.window_ns;
-  w.keys = {Field::kPid, Field::kSource, Field::kOp};
-  int id = p.add(w, {stream});
+  w.keys = std::move(keys);
+  return p.add(w, {stream});
+}
+
+const std::vector<Field> kPerProcessOp = {Field::kPid, Field::kSource, Field::kOp};
+
+// Window -> tail statistics -> gates shared by every tail family. Returns the last node.
+int tail_head(Plan& p, int stream, const DefaultPlanOptions& o) {
+  int id = tumbling(p, stream, kPerProcessOp, o);
   AggregateNode agg;
   agg.aggs = {{"n", AggKind::kCount, Field::kDuration, 0},
               {"p50", AggKind::kQuantile, Field::kDuration, 0.50},
@@ -207,10 +214,7 @@ Plan default_plan(const DefaultPlanOptions& o) {
   }
   // allocator: allocation latency climbing over consecutive windows.
   {
-    WindowNode w;
-    w.size_ns = w.slide_ns = o.window_ns;
-    w.keys = {Field::kPid, Field::kSource, Field::kOp};
-    int id = p.add(w, {s.allocs});
+    int id = tumbling(p, s.allocs, kPerProcessOp, o);
     AggregateNode agg;
     agg.aggs = {{"n", AggKind::kCount, Field::kDuration, 0},
                 {"p50", AggKind::kQuantile, Field::kDuration, 0.50},
@@ -234,10 +238,7 @@ Plan default_plan(const DefaultPlanOptions& o) {
   }
   // throughput_drop: launch rate below 0.6x its recent peak.
   {
-    WindowNode w;
-    w.size_ns = w.slide_ns = o.window_ns;
-    w.keys = {Field::kPid, Field::kSource, Field::kOp};
-    int id = p.add(w, {s.launches});
+    int id = tumbling(p, s.launches, kPerProcessOp, o);
     AggregateNode agg;
     agg.aggs = {{"n", AggKind::kCount, Field::kDuration, 0}, {"rate", AggKind::kRate, Field::kDuration, 0}};
     id = p.add(agg, {id});
@@ -257,10 +258,7 @@ Plan default_plan(const DefaultPlanOptions& o) {
   }
   // straggler: one rank's CUDA API time is an outlier among its peers (same window).
   {
-    WindowNode w;
-    w.size_ns = w.slide_ns = o.window_ns;
-    w.keys = {Field::kRank};
-    int id = p.add(w, {s.gpu_calls});
+    int id = tumbling(p, s.gpu_calls, {Field::kRank}, o);
     AggregateNode agg;
     agg.aggs = {{"n", AggKind::kCount, Field::kDuration, 0}, {"busy", AggKind::kSum, Field::kDuration, 0}};
     id = p.add(agg, {id});
