@@ -89,6 +89,7 @@ AnalysisResult run_plan(const Plan& plan, EventSource& source, const EngineOptio
               counters.late_events += out->counters.late_events;
               counters.node_errors += out->counters.node_errors;
               counters.evicted_spans += out->counters.evicted_spans;
+              counters.tail_windows_capped += out->counters.tail_windows_capped;
             }
           } catch (...) {
             ++counters.node_errors;

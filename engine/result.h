@@ -69,6 +69,7 @@ struct EngineCounters {
   uint64_t late_events = 0;         // arrived behind the watermark: counted, not used
   uint64_t node_errors = 0;         // exceptions caught inside graph nodes
   uint64_t evicted_spans = 0;
+  uint64_t tail_windows_capped = 0;  // join windows judged on their kMaxTailCalls slowest calls
   unsigned threads = 1;
 };
 

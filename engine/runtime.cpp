@@ -416,10 +416,59 @@ struct Call {
   uint32_t pid, tid;
 };
 
+// Total order on calls by slowness (duration, then time, id, tid as tie-breaks), so which calls
+// a capped buffer keeps never depends on arrival order, batch size or thread count.
+bool slower(const Call& a, const Call& b) {
+  if (a.dur != b.dur) return a.dur > b.dur;
+  if (a.ts != b.ts) return a.ts > b.ts;
+  if (a.id != b.id) return a.id > b.id;
+  return a.tid > b.tid;
+}
+
+// The calls a join may look at when the window closes. Joins only look at the window's tail (the
+// slow calls, chosen by the rule's `tail` condition once the window's quantiles are known), so
+// the buffer keeps every call up to kMaxTailCalls and, beyond that, the kMaxTailCalls slowest
+// (a min-heap on slowness): exact whenever the tail has at most kMaxTailCalls calls, and bounded
+// memory (kMaxTailCalls x 32 bytes per window and key) at any rate. A capped window's joins are
+// judged on its slowest calls, and say so (evidence text, EngineCounters::tail_windows_capped).
+class CallBuffer {
+ public:
+  void add(const Call& c) {
+    ++seen_;
+    if (calls_.size() < kMaxTailCalls) {
+      calls_.push_back(c);
+      if (calls_.size() == kMaxTailCalls) std::make_heap(calls_.begin(), calls_.end(), slower);
+      return;
+    }
+    if (!slower(c, calls_.front())) return;  // not slower than the fastest call kept
+    std::pop_heap(calls_.begin(), calls_.end(), slower);
+    calls_.back() = c;
+    std::push_heap(calls_.begin(), calls_.end(), slower);
+  }
+  // The kept calls in time order (arrival order while under the cap: events reach a window in
+  // time order).
+  const std::vector<Call>& calls() {
+    if (seen_ >= kMaxTailCalls && !sorted_) {
+      std::sort(calls_.begin(), calls_.end(), [](const Call& a, const Call& b) {
+        return a.ts != b.ts ? a.ts < b.ts : a.id != b.id ? a.id < b.id : a.tid < b.tid;
+      });
+      sorted_ = true;
+    }
+    return calls_;
+  }
+  uint64_t seen() const { return seen_; }
+  bool capped() const { return seen_ > calls_.size(); }
+
+ private:
+  std::vector<Call> calls_;
+  uint64_t seen_ = 0;
+  bool sorted_ = false;
+};
+
 struct WinState {
   bool ready = false;  // the aggregate is bound to its layout on the first event
   AggregateState agg;
-  std::vector<Call> calls;
+  CallBuffer calls;
 };
 
 struct PipeState {
@@ -627,7 +676,7 @@ struct Shard::Impl {
             w.ready = true;
           }
           w.agg.add(e);
-          if (group.needs_calls) w.calls.push_back({e.ts_ns, e.dur_ns, e.id, e.pid, e.tid});
+          if (group.needs_calls) w.calls.add({e.ts_ns, e.dur_ns, e.id, e.pid, e.tid});
         });
         if (!ok) ++counters.late_events;
       }
@@ -819,7 +868,8 @@ struct Shard::Impl {
     JoinOutcome jo;
     if (w) {
       Event probe{};
-      for (const auto& c : w->calls) {
+      if (w->calls.capped()) ++counters.tail_windows_capped;
+      for (const auto& c : w->calls.calls()) {
         probe.ts_ns = c.ts;
         probe.dur_ns = c.dur;
         probe.id = c.id;
@@ -851,6 +901,10 @@ struct Shard::Impl {
                 format_value(jo.share(), Unit::kPercent) + ")";
     if (jo.sum_arg0 && st.join->name.find("mem") != std::string::npos)
       ev.detail += ", " + format_bytes(static_cast<double>(jo.sum_arg0));
+    if (w && w->calls.capped())
+      ev.detail += "; judged on the " + format_value(static_cast<double>(kMaxTailCalls), Unit::kCount) +
+                   " slowest of the window's " +
+                   format_value(static_cast<double>(w->calls.seen()), Unit::kCount) + " calls";
     for (const auto& e : jo.exemplars) {
       ev.event_ids.push_back(e.call_id);
       for (uint64_t r : e.right_ids) ev.event_ids.push_back(r);

@@ -35,6 +35,11 @@
 
 namespace ingero {
 
+// Calls a join window keeps for its tail (per window and key; 32 bytes each): every call up to
+// this many, then the slowest this many. Joins are exact while a window's tail (its slow calls)
+// has at most this many calls; a busier window is judged on its slowest calls and says so.
+inline constexpr size_t kMaxTailCalls = 16384;
+
 struct Slot {
   std::string name;
   Unit unit = Unit::kNone;

@@ -18,7 +18,7 @@ namespace ingero {
 
 class OpStatsAccumulator {
  public:
-  explicit OpStatsAccumulator(uint32_t exact_limit = 1u << 20, double alpha = 0.01)
+  explicit OpStatsAccumulator(uint32_t exact_limit = 1u << 16, double alpha = 0.01)
       : exact_limit_(exact_limit), alpha_(alpha) {}
   void add(const Event& e);
   void merge(const OpStatsAccumulator& other);

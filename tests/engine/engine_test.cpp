@@ -7,6 +7,7 @@
 #include "engine/default_plans.h"
 #include "engine/engine.h"
 #include "engine/ops.h"
+#include "engine/runtime.h"
 
 namespace ingero {
 namespace {
@@ -213,6 +214,68 @@ TEST(Engine, SameResultWithOneOrSeveralThreadsAndAnyBatchSize) {
   for (unsigned threads : {2u, 3u, 4u})
     EXPECT_EQ(fingerprint(analyse(ev, threads, 4096)), base) << threads << " threads";
   for (size_t batch : {1u, 7u, 100u}) EXPECT_EQ(fingerprint(analyse(ev, 2, batch)), base) << "batch " << batch;
+}
+
+// A window busier than the join buffer (kMaxTailCalls) whose tail still fits in it: the buffer
+// keeps the slowest calls, so the join result is exact.
+std::vector<Event> busy_window(uint32_t fast, uint32_t slow_every, uint64_t fast_dur, uint64_t slow_dur,
+                               uint64_t gap) {
+  std::vector<Event> ev;
+  uint64_t id = 1, ts = kT0 + kMs;
+  for (uint32_t i = 0; i < fast; ++i) {
+    const bool slow = i % slow_every == 0;
+    const uint64_t dur = slow ? slow_dur : fast_dur;
+    ev.push_back(call(10, 11, ts, dur, id++));
+    if (slow) ev.push_back(offcpu(10, 11, ts + dur / 10, dur / 2, id++));
+    ts += dur + gap;
+  }
+  return ev;
+}
+
+double value(const Chain& c, const std::string& name) {
+  for (const auto& [k, v] : c.values)
+    if (k == name) return v;
+  return -1;
+}
+
+TEST(Engine, BusyWindowWhoseTailFitsTheBufferIsExact) {
+  // 150,000 calls in one 10 s window, every 50th 1 ms long with the thread off CPU for half of
+  // it: 3,000 slow calls, fewer than kMaxTailCalls, among many more calls than that.
+  const auto ev = busy_window(150'000, 50, 20 * kUs, 1 * kMs, 10 * kUs);
+  ASSERT_GT(ev.size(), kMaxTailCalls);
+  const auto r = analyse(ev);
+  ASSERT_TRUE(has(r, "cpu_contention")) << testing::PrintToString(categories(r));
+  const Chain& c = *std::find_if(r.chains.begin(), r.chains.end(), [](const Chain& c) { return c.category == "cpu_contention"; });
+  EXPECT_EQ(value(c, "offcpu.calls"), 3000);
+  EXPECT_EQ(value(c, "offcpu.hit_calls"), 3000);
+  EXPECT_NEAR(value(c, "offcpu.share"), 0.5, 1e-9);
+  EXPECT_GE(r.counters.tail_windows_capped, 1u);
+  EXPECT_EQ(fingerprint(analyse(ev, 3, 333)), fingerprint(r));
+}
+
+TEST(Engine, TailLargerThanTheBufferIsJudgedOnItsSlowestCalls) {
+  // 30% of 100,000 calls tie at the slow duration, so the tail (>= p95) holds 30,000 calls: more
+  // than kMaxTailCalls. The join is judged on the kMaxTailCalls slowest and the evidence says so.
+  const auto ev = busy_window(100'000, 10, 10 * kUs, 200 * kUs, 20 * kUs);
+  std::vector<Event> more = ev;
+  uint64_t id = ev.size() + 1, ts = ev.back().ts_ns + 30 * kUs;
+  for (uint32_t i = 0; i < 20'000; ++i, ts += 230 * kUs) {  // more slow calls: 30% of all
+    more.push_back(call(10, 11, ts, 200 * kUs, id++));
+    more.push_back(offcpu(10, 11, ts + 20 * kUs, 100 * kUs, id++));
+  }
+  const auto r = analyse(more);
+  ASSERT_TRUE(has(r, "cpu_contention")) << testing::PrintToString(categories(r));
+  const Chain& c = *std::find_if(r.chains.begin(), r.chains.end(), [](const Chain& c) { return c.category == "cpu_contention"; });
+  EXPECT_EQ(value(c, "offcpu.calls"), static_cast<double>(kMaxTailCalls));
+  EXPECT_EQ(value(c, "offcpu.hit_calls"), static_cast<double>(kMaxTailCalls));
+  EXPECT_NEAR(value(c, "offcpu.share"), 0.5, 1e-9);
+  bool said = false;
+  for (const auto& e : c.evidence)
+    if (e.kind == "offcpu" && e.detail.find("judged on the 16,384 slowest of the window's 120,000 calls") !=
+                                  std::string::npos)
+      said = true;
+  EXPECT_TRUE(said) << testing::PrintToString(c.evidence.size());
+  EXPECT_GE(r.counters.tail_windows_capped, 1u);
 }
 
 TEST(Engine, InvalidPlanIsRejectedWithMessages) {
