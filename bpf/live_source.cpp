@@ -15,7 +15,9 @@
 namespace ingero::bpf {
 
 struct LiveSource::Queue {
-  moodycamel::BlockingConcurrentQueue<Event> q{1 << 16};
+  // Blocks are allocated as the queue fills and kept: the initial size is a typical backlog, the
+  // bound (LiveOptions::queue_max) is enforced by the poller.
+  moodycamel::BlockingConcurrentQueue<Event> q{1 << 13};
 };
 
 namespace {
@@ -260,7 +262,8 @@ bool LiveSource::next(Batch& out) {
   out.final = false;
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::nanoseconds(opts_.batch_interval_ns);
-  std::vector<Event> buf(4096);
+  std::vector<Event>& buf = dequeued_;
+  buf.resize(4096);
   for (;;) {
     const bool done = poller_done_.load(std::memory_order_acquire);
     const uint64_t wm_mono = wm_mono_.load(std::memory_order_acquire);

@@ -46,7 +46,7 @@ struct LiveOptions {
   uint64_t page_interval_ns = 50'000'000;       // page-allocation aggregation interval
   uint64_t rediscover_interval_ns = 2'000'000'000;
   int poll_timeout_ms = 10;
-  size_t queue_max = 262144;                    // events between poller and engine (20 MiB)
+  size_t queue_max = 65536;                     // events between poller and engine (5 MiB)
 };
 
 struct LiveStats {
@@ -108,6 +108,7 @@ class LiveSource final : public EventSource {
 
   // Engine-thread state (next()).
   ReorderBuffer reorder_;
+  std::vector<Event> dequeued_;  // next()'s bulk-dequeue buffer
   TraceMeta meta_;
   uint64_t seq_ = 0, next_id_ = 0, last_wm_ = 0, delivered_ = 0, late_ = 0;
   std::atomic<size_t> reorder_size_{0}, reorder_peak_{0};

@@ -243,6 +243,7 @@ bool BpfProbes::load(const ProbeOptions& opts, std::string& error) {
     if (on) to_attach.emplace_back(prog, name + "=classic");
   }
 
+  bpf_map__set_max_entries(host_->maps.host_events, opts.ring_bytes);
   if (int err = ip_host_bpf__load(host_); err != 0) {
     error = std::string("cannot load the host BPF programs: ") + std::strerror(-err) +
             (err == -EPERM ? " (run as root or grant CAP_BPF and CAP_PERFMON)" : "");
@@ -277,6 +278,7 @@ bool BpfProbes::load(const ProbeOptions& opts, std::string& error) {
       const std::string sym = name.substr(name.find('_') + 1);
       bpf_program__set_autoload(prog, symbol_enabled(sym, opts.families));
     }
+    bpf_map__set_max_entries(gpu_->maps.gpu_events, opts.ring_bytes);
     if (int err = ip_gpu_bpf__load(gpu_); err != 0) {
       error = std::string("cannot load the GPU uprobe programs: ") + std::strerror(-err);
       return false;

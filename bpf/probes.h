@@ -55,6 +55,11 @@ struct ProbeOptions {
   std::string cgroup_path;      // kCgroup: a cgroup v2 directory
   bool force_classic = false;   // classic tracepoints even where tp_btf works (tests)
   std::string tracefs;          // empty: /sys/kernel/tracing, then /sys/kernel/debug/tracing
+  // Size of each ring buffer (GPU calls, host events): a power of two, at least one page. The
+  // poller empties the rings every 10 ms; 4 MiB holds ~58,000 records (~0.3 s at 200k records/s)
+  // of slack for a descheduled poller. The kernel maps a ring's data twice, so each ring shows in
+  // the tracer's RSS at twice its size.
+  uint32_t ring_bytes = 4u << 20;
 };
 
 // Sums over CPUs of the kernel-side counters (IP_CNT_*).
