@@ -133,10 +133,18 @@ AnalysisResult run_plan(const Plan& plan, EventSource& source, const EngineOptio
       b.watermark = UINT64_MAX;
       return true;
     };
+    size_t names_known = compiled->process_names.size();
+    std::shared_ptr<const std::map<uint32_t, std::string>> names;
     while (next(batch)) {
       saw_final = batch.final;
       ++counters.batches;
       const uint64_t dropped = source.meta().health.dropped_events;
+      // A live source names processes as their first events arrive: pass the new names along so
+      // chains name the process as a replay of the same trace would.
+      if (source.meta().process_names.size() != names_known) {
+        names_known = source.meta().process_names.size();
+        names = std::make_shared<const std::map<uint32_t, std::string>>(source.meta().process_names);
+      }
       const size_t n_events = batch.events.size();
       auto all_events = std::make_shared<const std::vector<Event>>(std::move(batch.events));
       for (unsigned i = 0; i < shards; ++i) {
@@ -144,6 +152,7 @@ AnalysisResult run_plan(const Plan& plan, EventSource& source, const EngineOptio
         parts[i]->watermark = batch.watermark;
         parts[i]->final = batch.final;
         parts[i]->dropped = i == 0 ? dropped : 0;
+        parts[i]->process_names = names;
       }
       if (shards == 1) {
         parts[0]->owned = all_events;
@@ -167,6 +176,7 @@ AnalysisResult run_plan(const Plan& plan, EventSource& source, const EngineOptio
         all->owned = all_events;
         all->watermark = batch.watermark;
         all->final = batch.final;
+        all->process_names = names;
         nodes[shards]->try_put(all);
       }
       batch.events.clear();

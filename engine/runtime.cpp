@@ -365,7 +365,9 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
 }
 
 std::string expand_template(const std::string& tmpl, const CompiledPlan& plan, const PipeDef& pipe,
-                            const Key& key, const double* row) {
+                            const Key& key, const double* row,
+                            const std::map<uint32_t, std::string>* names) {
+  const auto& process_names = names ? *names : plan.process_names;
   std::string out;
   out.reserve(tmpl.size() + 32);
   for (size_t i = 0; i < tmpl.size(); ++i) {
@@ -389,8 +391,8 @@ std::string expand_template(const std::string& tmpl, const CompiledPlan& plan, c
       out += idx < plan.node_names.size() && !plan.node_names[idx].empty() ? plan.node_names[idx]
                                                                            : std::to_string(idx);
     } else if (name == "process") {
-      auto it = plan.process_names.find(key.pid());
-      out += it != plan.process_names.end() ? it->second : "pid " + std::to_string(key.pid());
+      auto it = process_names.find(key.pid());
+      out += it != process_names.end() ? it->second : "pid " + std::to_string(key.pid());
     } else if (name == "key") {
       out += key_text(pipe, key);
     } else {
@@ -544,6 +546,7 @@ struct Shard::Impl {
   EngineCounters counters;
   uint64_t last_ts = 0;
   uint64_t dropped = 0;
+  std::shared_ptr<const std::map<uint32_t, std::string>> names;  // latest from the input, if any
   // Per-batch stream outputs, as pointers into the input batch (filters copy nothing) or into
   // spans_ (off-CPU spans built this batch): owned and foreign events separately.
   std::vector<std::vector<const Event*>> owned_out, foreign_out;
@@ -639,6 +642,7 @@ struct Shard::Impl {
     ShardOutput out;
     ++counters.batches;
     dropped += in.dropped;
+    if (in.process_names) names = in.process_names;
     if (in.owned) {
       counters.events_in += in.owned->size();
       for (const auto& e : *in.owned) last_ts = std::max(last_ts, e.end_ns());
@@ -949,10 +953,10 @@ struct Shard::Impl {
     c.rank = def.keys.has(Field::kRank) ? row.key.rank() : -1;
     c.window_start = row.start;
     c.window_end = row.end == kFinal ? last_ts : row.end;
-    c.summary = expand_template(em.summary, plan, def, row.key, v);
-    c.root_cause = expand_template(em.root_cause, plan, def, row.key, v);
-    c.explanation = expand_template(em.explanation, plan, def, row.key, v);
-    for (const auto& r : em.recommendations) c.recommendations.push_back(expand_template(r, plan, def, row.key, v));
+    c.summary = expand_template(em.summary, plan, def, row.key, v, names.get());
+    c.root_cause = expand_template(em.root_cause, plan, def, row.key, v, names.get());
+    c.explanation = expand_template(em.explanation, plan, def, row.key, v, names.get());
+    for (const auto& r : em.recommendations) c.recommendations.push_back(expand_template(r, plan, def, row.key, v, names.get()));
     for (size_t i = 0; i < def.slots.size(); ++i) {
       const auto& name = def.slots[i].name;
       c.values.emplace_back(name, v[i]);

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -139,6 +140,9 @@ struct ShardInput {
   uint64_t watermark = 0;
   bool final = false;
   uint64_t dropped = 0;        // events lost upstream (carried to chains)
+  // Process names known when this batch was read, when they changed since the plan was compiled
+  // (a live source learns them as processes appear); null: CompiledPlan::process_names.
+  std::shared_ptr<const std::map<uint32_t, std::string>> process_names;
 };
 
 struct ShardOutput {
@@ -167,7 +171,10 @@ class Shard {
 bool better_miss(int stage, const PredicateResult& p, uint64_t window, const std::string& key,
                  const RuleOutcome& cur);
 
+// Fills {op}, {process}, {key}, slot names... in a rule's text. `names` overrides the plan's
+// process names when given.
 std::string expand_template(const std::string& tmpl, const CompiledPlan& plan, const PipeDef& pipe,
-                            const Key& key, const double* row);
+                            const Key& key, const double* row,
+                            const std::map<uint32_t, std::string>* names = nullptr);
 
 }  // namespace ingero

@@ -278,6 +278,34 @@ TEST(Engine, TailLargerThanTheBufferIsJudgedOnItsSlowestCalls) {
   EXPECT_GE(r.counters.tail_windows_capped, 1u);
 }
 
+// Like a live source: the name of a process becomes known only after its first batch.
+class LateNamingSource final : public EventSource {
+ public:
+  explicit LateNamingSource(std::vector<Event> ev) : inner_(std::move(ev), 16) {}
+  bool next(Batch& out) override {
+    const bool more = inner_.next(out);
+    if (more && ++batches_ == 2) meta_.process_names[10] = "train.py";
+    return more;
+  }
+  TraceMeta& meta() override { return meta_; }
+
+ private:
+  VectorSource inner_;
+  TraceMeta meta_;
+  int batches_ = 0;
+};
+
+TEST(Engine, ChainsNameProcessesLearnedWhileRunning) {
+  LateNamingSource src(launch_trace(OffCpuWhere::kSameThreadInsideCalls));
+  std::vector<std::string> errors;
+  const auto r = run_plan(default_plan(), src, EngineOptions{}, &errors);
+  ASSERT_TRUE(has(r, "cpu_contention")) << testing::PrintToString(categories(r));
+  for (const auto& c : r.chains) {
+    EXPECT_NE(c.summary.find("train.py"), std::string::npos) << c.summary;
+    EXPECT_EQ(c.summary.find("pid 10"), std::string::npos) << c.summary;
+  }
+}
+
 TEST(Engine, InvalidPlanIsRejectedWithMessages) {
   Plan p;
   const int scan = p.add(ScanNode{});
