@@ -315,11 +315,12 @@ struct ContentionRun {
   uint32_t pid = 0;
   AnalysisResult live, replay;
   std::string db;
+  std::vector<std::pair<std::string, std::string>> tracepoints;  // (name, tp_btf|classic)
 };
 
 // The contention workload traced live through the engine's default plan, with a tap writing the
 // database; then the database replayed through the same plan.
-bool contention_run(bool contended, ContentionRun& run, std::string& why) {
+bool contention_run(bool contended, ContentionRun& run, std::string& why, bool classic = false) {
   Child child;
   std::vector<std::string> args = {IP_CONTENTION_WORKLOAD, "--seconds", "2.5", "--spin-us", "200",
                                    "--cpu", "0", "--wait"};
@@ -334,12 +335,14 @@ bool contention_run(bool contended, ContentionRun& run, std::string& why) {
   }
   run.pid = static_cast<uint32_t>(child.pid);
   LiveOptions o = options_for(run.pid, IP_FAKE_CUDART);
+  o.probes.force_classic = classic;
   std::string err;
   auto src = LiveSource::start(o, err);
   if (!src) {
     why = "BPF unavailable: " + err;
     return false;
   }
+  run.tracepoints = src->probes().tracepoints();
   run.db = std::string("/tmp/ip_live_") + (contended ? "busy" : "quiet") + "_" +
            std::to_string(::getpid()) + ".db";
   auto sink = SqliteSink::create(run.db, err);
@@ -396,11 +399,18 @@ bool has_contention_chain(const AnalysisResult& r, uint32_t pid) {
 
 }  // namespace
 
-TEST(LiveCapture, OffCpuSpansLineUpWithSlowCallsAndContentionChainFires) {
+// The contended run's checks; `classic` runs it on the classic-tracepoint fallback (what a kernel
+// without BTF for the scheduler tracepoints gets).
+void check_contention(bool classic) {
   std::string why;
   if (skip_reason(why)) GTEST_SKIP() << why;
   ContentionRun run;
-  if (!contention_run(true, run, why)) GTEST_SKIP() << why;
+  if (!contention_run(true, run, why, classic)) GTEST_SKIP() << why;
+  bool switch_kind_ok = false;
+  for (const auto& [name, kind] : run.tracepoints)
+    if (name == "sched_switch") switch_kind_ok = kind == (classic ? "classic" : "tp_btf");
+  if (!classic && !switch_kind_ok) GTEST_SKIP() << "this kernel has no tp_btf for sched_switch";
+  EXPECT_TRUE(switch_kind_ok) << "sched_switch not attached as " << (classic ? "classic" : "tp_btf");
   ASSERT_GT(run.worker, 0);
   const uint32_t tid = static_cast<uint32_t>(run.worker);
 
@@ -441,6 +451,10 @@ TEST(LiveCapture, OffCpuSpansLineUpWithSlowCallsAndContentionChainFires) {
   EXPECT_EQ(chain_keys(run.live), chain_keys(run.replay));
   ::unlink(run.db.c_str());
 }
+
+TEST(LiveCapture, OffCpuSpansLineUpWithSlowCallsAndContentionChainFires) { check_contention(false); }
+
+TEST(LiveCapture, ClassicTracepointFallbackSeesTheSameContention) { check_contention(true); }
 
 TEST(LiveCapture, QuietWorkloadHasNoContentionChain) {
   std::string why;
