@@ -5,6 +5,7 @@
 // - events.id is TEXT NOT NULL without PRIMARY KEY: synthetic and merged inputs may repeat ids,
 //   and a sink must never drop an event over a uniqueness rule (indexed instead).
 // - events gains prev_state and flags (Ingero does not record why a thread was off CPU).
+// - The four `events` indexes live in kEventIndexSql, created after the data (see there).
 // - ip_* tables hold what Ingero has no place for: full chains with provenance, op statistics,
 //   the format/tool version and input health.
 #pragma once
@@ -34,10 +35,6 @@ CREATE TABLE events (
   prev_state INTEGER NOT NULL DEFAULT 0, -- ingero-pipeline: 0 unknown, 1 preempted, 2 sleeping, 3 disk wait, 4 other
   flags      INTEGER NOT NULL DEFAULT 0  -- ingero-pipeline: 1 truncated span, 2 synthetic
 );
-CREATE INDEX idx_events_timestamp ON events(timestamp);
-CREATE INDEX idx_events_pid ON events(pid);
-CREATE INDEX idx_events_id ON events(id);
-CREATE INDEX idx_events_source_op_stack ON events(source, op, stack_hash);
 CREATE TABLE stack_traces (
   hash   INTEGER PRIMARY KEY,
   ips    TEXT NOT NULL,
@@ -217,5 +214,21 @@ CREATE TABLE ip_rule_outcomes (
   miss_values       TEXT NOT NULL          -- JSON [{name, value}]
 );
 )sql";
+
+// The `events` table's secondary indexes (Ingero's names and columns). Kept apart from kSchemaSql
+// because maintaining four B-trees per INSERT is most of the cost of a live capture: SqliteSink
+// creates them after the last event when Options::defer_indexes is set (the default), and with
+// the schema otherwise. IF NOT EXISTS makes the statement safe to run on either kind of file.
+// A database whose writer was killed before close() has no indexes; every reader and `query`
+// still work on it (full scans instead of index lookups).
+inline constexpr const char* kEventIndexSql = R"sql(
+CREATE INDEX IF NOT EXISTS idx_events_timestamp ON events(timestamp);
+CREATE INDEX IF NOT EXISTS idx_events_pid ON events(pid);
+CREATE INDEX IF NOT EXISTS idx_events_id ON events(id);
+CREATE INDEX IF NOT EXISTS idx_events_source_op_stack ON events(source, op, stack_hash);
+)sql";
+
+inline constexpr const char* kEventIndexNames[] = {"idx_events_timestamp", "idx_events_pid",
+                                                   "idx_events_id", "idx_events_source_op_stack"};
 
 }  // namespace ingero::sqlite_detail

@@ -20,13 +20,20 @@
 //   work) plus our own `ip_*` tables and two extra `events` columns (prev_state, flags).
 // - WAL mode, synchronous=NORMAL; events are inserted in transactions of `commit_every` events,
 //   so a killed process leaves a readable database holding every committed transaction.
-// - Single writer, single thread. Methods return false on failure and keep the message in
-//   error(); they never throw.
+// - The `events` table's four secondary indexes are built by close() after the last commit
+//   (Options::defer_indexes, the default): inserting into an unindexed table costs about a third
+//   of keeping four B-trees up to date per row. A database whose writer died before close() has
+//   no indexes and is still fully readable (open_sqlite_trace, read_result, `query`).
+// - Memory: SQLite's page cache stays at its default (about 2 MB); pages are `page_size` bytes.
+// - Single writer, one thread at a time (it may be handed between threads with a happens-before,
+//   as SpoolingWriter does). Methods return false on failure and keep the message in error();
+//   they never throw.
 // - Writing events and reading them back with open_sqlite_trace gives identical Events.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -57,11 +64,16 @@ std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::str
 // reader by content instead of by file extension. Reads 16 bytes; never throws.
 bool is_sqlite_file(const std::string& path);
 
+// Progress lines for long steps (e.g. "indexing 12,021,147 events"), for the CLI to print.
+using ProgressFn = std::function<void(const std::string&)>;
+
 class SqliteSink {
  public:
   struct Options {
     size_t commit_every = 4096;  // events per transaction (0 = only on commit()/close())
     bool overwrite = true;       // replace an existing SQLite file at `path`; never a non-SQLite one
+    bool defer_indexes = true;   // build the events indexes in close(), not per insert
+    int page_size = 16384;       // bytes per database page (a power of two, 512..65536)
   };
 
   static std::unique_ptr<SqliteSink> create(const std::string& path, std::string& error);
@@ -82,14 +94,23 @@ class SqliteSink {
   bool write_result(const AnalysisResult& result);
   // Commits pending events now.
   bool commit();
-  // Commits and closes; the sink is unusable afterwards. Idempotent.
+  // Records `count` events lost on the way to this database (kind 'drop' in ip_health, which
+  // readers add to meta().health.dropped_events). A later write_meta() replaces 'drop' rows, so
+  // call it after the last write_meta(). Commits.
+  bool record_drops(const std::string& reason, uint64_t count);
+  // Commits, builds the deferred indexes (telling `progress` first: it may take seconds on a
+  // long capture) and closes; the sink is unusable afterwards. Idempotent. Returns false with
+  // `error` set when the last commit or the index build failed (the committed events stay
+  // readable either way).
   bool close(std::string& error);
+  bool close(std::string& error, const ProgressFn& progress);
 
   const std::string& error() const { return error_; }
   const std::string& path() const { return path_; }
   uint64_t events_written() const { return events_written_; }  // committed or pending
   uint64_t events_committed() const { return events_committed_; }
   uint64_t events_rejected() const { return events_rejected_; }  // unrepresentable (see .cpp)
+  bool failed() const { return !error_.empty(); }
 
  private:
   struct Impl;

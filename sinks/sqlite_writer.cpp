@@ -3,7 +3,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -25,7 +27,19 @@ struct SqliteSink::Impl {
   sqlite_detail::Db db;
   Stmt insert_event;
   std::vector<std::string> nodes{""};
+  // events.id prefix per node ("" for the unnamed node, else "name:"): built once per
+  // write_meta so the per-event path formats ids without allocating.
+  std::vector<std::string> id_prefixes{""};
+  std::string id;        // reused buffer for one event's id
+  std::string fallback;  // name of a node index the meta does not list ("node#N")
   bool meta_written = false;
+  bool indexes_built = false;
+
+  void set_nodes(std::vector<std::string> names) {
+    nodes = names.empty() ? std::vector<std::string>{""} : std::move(names);
+    id_prefixes.clear();
+    for (const auto& n : nodes) id_prefixes.push_back(n.empty() ? n : n + ":");
+  }
 };
 
 namespace {
@@ -78,6 +92,15 @@ json evidence_json(const std::vector<EvidenceItem>& evidence) {
   return a;
 }
 
+std::string with_commas(uint64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0) out.push_back(',');
+    out.push_back(digits[i]);
+  }
+  return out;
+}
+
 }  // namespace
 
 SqliteSink::SqliteSink(std::string path, Options options)
@@ -96,6 +119,12 @@ std::unique_ptr<SqliteSink> SqliteSink::create(const std::string& path, std::str
                                                const Options& options) {
   if (path.empty()) {
     error = "(empty path): no output database path given";
+    return nullptr;
+  }
+  if (options.page_size < 512 || options.page_size > 65536 ||
+      !std::has_single_bit(static_cast<unsigned>(options.page_size))) {
+    error = path + ": page_size " + std::to_string(options.page_size) +
+            " is not a power of two between 512 and 65536";
     return nullptr;
   }
   bool exists = false;
@@ -125,12 +154,17 @@ std::unique_ptr<SqliteSink> SqliteSink::create(const std::string& path, std::str
   sqlite3_extended_result_codes(raw, 1);
   sqlite3_busy_timeout(raw, 5000);
   std::string why;
+  // The page size only takes effect before the first write, and WAL fixes it: set it first.
+  // Larger pages mean fewer page splits and WAL frames per inserted row (see docs/storage.md
+  // for the measurement); the page cache keeps SQLite's default byte budget (about 2 MB).
   // WAL: readers (replay, `query`) never block the writer, and a killed writer loses only the
   // transaction in flight. synchronous=NORMAL keeps commits durable against a process crash;
   // after a power cut the last transactions may be gone but the file stays consistent.
-  if (!sqlite_detail::exec(raw, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", why) ||
-      !sqlite_detail::exec(raw, "BEGIN", why) ||
-      !sqlite_detail::exec(raw, sqlite_detail::kSchemaSql, why)) {
+  const std::string pragmas = "PRAGMA page_size=" + std::to_string(options.page_size) +
+                              "; PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;";
+  if (!sqlite_detail::exec(raw, pragmas.c_str(), why) || !sqlite_detail::exec(raw, "BEGIN", why) ||
+      !sqlite_detail::exec(raw, sqlite_detail::kSchemaSql, why) ||
+      (!options.defer_indexes && !sqlite_detail::exec(raw, sqlite_detail::kEventIndexSql, why))) {
     error = path + ": cannot create database (" + why + ")";
     return nullptr;
   }
@@ -192,6 +226,7 @@ std::unique_ptr<SqliteSink> SqliteSink::create(const std::string& path, std::str
     error = path + ": cannot create database (" + why + ")";
     return nullptr;
   }
+  sink->impl_->indexes_built = !options.defer_indexes;
   sink->impl_->insert_event = Stmt(
       raw,
       "INSERT INTO events(id, timestamp, pid, tid, source, op, duration, gpu_id, arg0, arg1, "
@@ -238,8 +273,9 @@ bool SqliteSink::commit() {
 bool SqliteSink::write_events(std::span<const Event> events) {
   if (closed_) return fail("sink is closed");
   auto& st = impl_->insert_event;
-  const auto& nodes = impl_->nodes;
-  std::string id;
+  sqlite3_stmt* raw = st.get();
+  Impl& im = *impl_;
+  std::string& id = im.id;
   for (const Event& e : events) {
     // SQLite integers are signed 64-bit; times past year 2262 cannot be stored as Ingero does.
     uint64_t stored_ts = e.ts_ns;
@@ -250,10 +286,21 @@ bool SqliteSink::write_events(std::span<const Event> events) {
       continue;
     }
     if (!begin_if_needed()) return false;
-    const std::string node_name =
-        e.node < nodes.size() ? nodes[e.node] : "node#" + std::to_string(e.node);
-    id = node_name.empty() ? std::to_string(e.id) : node_name + ":" + std::to_string(e.id);
-    st.bind(1, id);
+    std::string_view node_name;
+    if (e.node < im.nodes.size()) {
+      node_name = im.nodes[e.node];
+      id.assign(im.id_prefixes[e.node]);
+    } else {
+      im.fallback = "node#" + std::to_string(e.node);
+      node_name = im.fallback;
+      id.assign(im.fallback).push_back(':');
+    }
+    char digits[24];
+    const auto conv = std::to_chars(digits, digits + sizeof digits, e.id);
+    id.append(digits, conv.ptr);
+    // SQLITE_STATIC: `id` and the node name stay untouched until the step below has copied
+    // them into the row, and every parameter is rebound for the next event.
+    sqlite3_bind_text(raw, 1, id.data(), static_cast<int>(id.size()), SQLITE_STATIC);
     st.bind(2, static_cast<int64_t>(stored_ts));
     st.bind(3, static_cast<int64_t>(e.pid));
     st.bind(4, static_cast<int64_t>(e.tid));
@@ -265,7 +312,7 @@ bool SqliteSink::write_events(std::span<const Event> events) {
     st.bind_u64(10, e.arg1);
     st.bind(11, static_cast<int64_t>(e.ret));
     st.bind_u64(12, e.stack_id);
-    st.bind(13, node_name);
+    sqlite3_bind_text(raw, 13, node_name.data(), static_cast<int>(node_name.size()), SQLITE_STATIC);
     if (e.rank < 0)
       st.bind_null(14);
     else
@@ -274,7 +321,7 @@ bool SqliteSink::write_events(std::span<const Event> events) {
     st.bind(16, static_cast<int64_t>(e.prev_state));
     st.bind(17, static_cast<int64_t>(e.flags));
     const int rc = st.step();
-    st.reset();
+    sqlite3_reset(raw);  // no clear_bindings: all 17 parameters are bound for every row
     if (rc != SQLITE_DONE) return fail("insert event: " + std::string(sqlite3_errmsg(impl_->db.get())));
     ++events_written_;
     ++pending_;
@@ -310,7 +357,7 @@ bool SqliteSink::write_meta(const TraceMeta& meta) {
   if (closed_) return fail("sink is closed");
   sqlite3* db = impl_->db.get();
   if (!begin_if_needed()) return false;
-  impl_->nodes = meta.nodes.empty() ? std::vector<std::string>{""} : meta.nodes;
+  impl_->set_nodes(meta.nodes);
   impl_->meta_written = true;
 
   Stmt kv(db, "INSERT OR REPLACE INTO ip_meta(key, value) VALUES(?1, ?2)");
@@ -555,7 +602,24 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
   return commit_pending();
 }
 
-bool SqliteSink::close(std::string& error) {
+bool SqliteSink::record_drops(const std::string& reason, uint64_t count) {
+  if (closed_) return fail("sink is closed");
+  if (!count) return true;
+  if (!begin_if_needed()) return false;
+  Stmt ins(impl_->db.get(),
+           "INSERT INTO ip_health(kind, reason, count) VALUES('drop', ?1, ?2) "
+           "ON CONFLICT(kind, reason) DO UPDATE SET count = count + excluded.count");
+  if (!ins.ok()) return fail("record drops: " + ins.error());
+  ins.bind(1, reason);
+  ins.bind_u64(2, count);
+  if (ins.step() != SQLITE_DONE)
+    return fail("record drops: " + std::string(sqlite3_errmsg(impl_->db.get())));
+  return commit_pending();
+}
+
+bool SqliteSink::close(std::string& error) { return close(error, ProgressFn{}); }
+
+bool SqliteSink::close(std::string& error, const ProgressFn& progress) {
   if (closed_) return true;
   bool ok = true;
   if (impl_->db) {
@@ -575,6 +639,21 @@ bool SqliteSink::close(std::string& error) {
     if (!ok) {
       std::string ignored;
       sqlite_detail::exec(impl_->db.get(), "ROLLBACK", ignored);
+    }
+    // Built in one transaction after every event is committed: a kill during the build leaves
+    // the committed data without indexes (readable), never a half-built index.
+    if (ok && !impl_->indexes_built) {
+      if (progress) progress("indexing " + with_commas(events_committed_) + " events");
+      std::string why;
+      if (sqlite_detail::exec(impl_->db.get(), "BEGIN IMMEDIATE", why) &&
+          sqlite_detail::exec(impl_->db.get(), sqlite_detail::kEventIndexSql, why) &&
+          sqlite_detail::exec(impl_->db.get(), "COMMIT", why)) {
+        impl_->indexes_built = true;
+      } else {
+        std::string ignored;
+        sqlite_detail::exec(impl_->db.get(), "ROLLBACK", ignored);
+        ok = fail("building the events indexes (the events are stored, unindexed): " + why);
+      }
     }
     impl_->insert_event = Stmt();
     impl_->db.reset();  // every statement is finalized by now, so this closes the file

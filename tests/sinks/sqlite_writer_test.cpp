@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/ops.h"
+#include "sinks/sql_query.h"
 #include "sinks/sqlite_store.h"
 #include "tests/sinks/sqlite_test_util.h"
 
@@ -540,6 +541,84 @@ TEST(SqliteSink, ReplayLeavesNoFilesBesideAClosedDatabase) {
   EXPECT_FALSE(std::filesystem::exists(p + "-wal"));
 }
 
+int64_t event_index_count(const std::string& p) {
+  return test::query_int(p, "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name IN "
+                            "('idx_events_timestamp', 'idx_events_pid', 'idx_events_id', "
+                            "'idx_events_source_op_stack')");
+}
+
+// Deferred indexes: absent while the sink writes (readers and SQL work without them), built by
+// close() after the last commit, announced through the progress callback.
+TEST(SqliteSink, DeferredIndexesAreBuiltByClose) {
+  TempDir dir;
+  const std::string p = dir.file("deferred.db");
+  std::string error;
+  auto sink = SqliteSink::create(p, error);
+  ASSERT_NE(sink, nullptr) << error;
+  const auto events = varied_events();
+  ASSERT_TRUE(sink->write_meta(varied_meta()));
+  ASSERT_TRUE(sink->write_events(events));
+  ASSERT_TRUE(sink->commit());
+
+  EXPECT_EQ(event_index_count(p), 0);
+  {
+    auto src = open_sqlite_trace(p, error);
+    ASSERT_NE(src, nullptr) << error;
+    expect_same_events(test::drain(*src).events, events);
+    auto runner = SqlQueryRunner::open(p, error);
+    ASSERT_NE(runner, nullptr) << error;
+    const SqlResult q = runner->run("SELECT id FROM events WHERE id = 'gpu-a:3'", {});
+    ASSERT_TRUE(q.ok) << q.error;
+    ASSERT_EQ(q.rows.size(), 1u);
+  }
+
+  std::vector<std::string> lines;
+  ASSERT_TRUE(sink->close(error, [&](const std::string& l) { lines.push_back(l); })) << error;
+  EXPECT_EQ(lines, (std::vector<std::string>{"indexing 82 events"}));
+  EXPECT_EQ(event_index_count(p), 4);
+  EXPECT_EQ(test::query_text(p, "PRAGMA integrity_check"), "ok");
+  EXPECT_EQ(test::query_int(p, "PRAGMA page_size"), 16384);
+  EXPECT_EQ(test::query_int(p, "SELECT count(*) FROM pragma_index_list('events')"), 4);
+  auto src = open_sqlite_trace(p, error);
+  ASSERT_NE(src, nullptr) << error;
+  expect_same_events(test::drain(*src).events, events);
+}
+
+TEST(SqliteSink, EagerIndexesAndPageSizeOption) {
+  TempDir dir;
+  const std::string p = dir.file("eager.db");
+  std::string error;
+  SqliteSink::Options opt;
+  opt.defer_indexes = false;
+  opt.page_size = 4096;
+  auto sink = SqliteSink::create(p, error, opt);
+  ASSERT_NE(sink, nullptr) << error;
+  EXPECT_EQ(event_index_count(p), 4);
+  std::vector<std::string> lines;
+  ASSERT_TRUE(sink->close(error, [&](const std::string& l) { lines.push_back(l); })) << error;
+  EXPECT_TRUE(lines.empty());
+  EXPECT_EQ(test::query_int(p, "PRAGMA page_size"), 4096);
+
+  opt.page_size = 1000;
+  EXPECT_EQ(SqliteSink::create(dir.file("bad.db"), error, opt), nullptr);
+  EXPECT_NE(error.find("page_size 1000"), std::string::npos) << error;
+}
+
+TEST(SqliteSink, RecordedDropsReachTheReader) {
+  TempDir dir;
+  const std::string p = dir.file("drops.db");
+  std::string error;
+  auto sink = SqliteSink::create(p, error);
+  ASSERT_NE(sink, nullptr) << error;
+  ASSERT_TRUE(sink->write_meta(varied_meta()));  // 17 dropped at capture
+  ASSERT_TRUE(sink->record_drops("writer: spill failed", 5));
+  ASSERT_TRUE(sink->record_drops("writer: spill failed", 2));
+  ASSERT_TRUE(sink->close(error)) << error;
+  auto src = open_sqlite_trace(p, error);
+  ASSERT_NE(src, nullptr) << error;
+  EXPECT_EQ(src->meta().health.dropped_events, 17u + 7u);
+}
+
 // The sink's crash-safety promise: kill -9 mid-write leaves a database that opens, passes
 // integrity_check and holds a prefix of the events including every committed transaction.
 Event crash_event(uint64_t i) {
@@ -591,7 +670,18 @@ TEST(SqliteSink, KillDashNineLeavesReadablePrefix) {
   ASSERT_GE(committed, 5000u);
 
   EXPECT_EQ(test::query_text(p, "PRAGMA integrity_check"), "ok");
+  // Killed before close(): the deferred indexes were never built, and SQL still works.
+  EXPECT_EQ(test::query_int(p, "SELECT count(*) FROM sqlite_master WHERE name LIKE 'idx_events_%'"), 0);
   std::string error;
+  auto runner = SqlQueryRunner::open(p, error);
+  ASSERT_NE(runner, nullptr) << error;
+  const SqlResult q = runner->run("SELECT count(*) FROM events WHERE pid = 4242 AND op = 3", {});
+  ASSERT_TRUE(q.ok) << q.error;
+  ASSERT_EQ(q.rows.size(), 1u);
+  EXPECT_GT(q.rows[0][0].integer, 0);
+  runner.reset();
+  AnalysisResult stored;
+  EXPECT_TRUE(read_result(p, stored, error)) << error;
   auto src = open_sqlite_trace(p, error);
   ASSERT_NE(src, nullptr) << error;
   const auto d = test::drain(*src);
