@@ -228,7 +228,4 @@ CREATE INDEX IF NOT EXISTS idx_events_id ON events(id);
 CREATE INDEX IF NOT EXISTS idx_events_source_op_stack ON events(source, op, stack_hash);
 )sql";
 
-inline constexpr const char* kEventIndexNames[] = {"idx_events_timestamp", "idx_events_pid",
-                                                   "idx_events_id", "idx_events_source_op_stack"};
-
 }  // namespace ingero::sqlite_detail
