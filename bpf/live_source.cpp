@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <iterator>
 #include <chrono>
 #include <concurrentqueue/blockingconcurrentqueue.h>
 #include <fstream>
@@ -192,7 +193,7 @@ void LiveSource::poller() {
       // entry; one that returned before the scan is committed before the drain below.
       next_scan = clock::now() + std::chrono::milliseconds(20);
       scan_time = monotonic_ns();
-      oldest = probes_->oldest_open(scan_time, opts_.max_hold_ns);
+      oldest = probes_->oldest_open(scan_time, opts_.max_hold_ns, opts_.context_hold_ns);
       c = probes_->counters();
     }
     // This pass empties every ring, so all records committed before `t` are in hand.
@@ -251,6 +252,12 @@ void LiveSource::poller() {
 }
 
 void LiveSource::late(const Event& e) {
+  if (!is_gpu_api(e.source)) {
+    // A context interval open longer than context_hold: deliver it (first in the next batch).
+    late_context_.push_back(e);
+    late_context_.back().flags |= event_flags::kLate;
+    return;
+  }
   ++late_;
   meta_.health.skip(op_name(e.source, e.op) + " older than the watermark already delivered (open "
                     "longer than --max-hold); dropped");
@@ -274,22 +281,39 @@ bool LiveSource::next(Batch& out) {
       if (n < buf.size()) break;
     }
     const uint64_t wm = done ? UINT64_MAX : conv_.to_unix(wm_mono);
-    const size_t before = out.events.size();
-    reorder_.release(wm, out.events);
-    for (size_t i = before; i < out.events.size(); ++i) {
-      Event& e = out.events[i];
-      e.id = ++next_id_;
-      if (e.pid && !meta_.process_names.count(e.pid)) {
-        std::string comm = read_first_line("/proc/" + std::to_string(e.pid) + "/comm");
-        meta_.process_names[e.pid] = comm.empty() ? "pid " + std::to_string(e.pid) : comm;
+    if (!late_context_.empty()) {
+      // Behind every event still held (they start before the released watermark): sorted, they
+      // go before this call's releases and keep the batch sorted.
+      std::sort(late_context_.begin(), late_context_.end(),
+                [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+      if (!out.events.empty() && out.events.back().ts_ns > late_context_.front().ts_ns) {
+        // Events already in this batch are newer: merge to keep it sorted.
+        std::vector<Event> merged;
+        merged.reserve(out.events.size() + late_context_.size());
+        std::merge(out.events.begin(), out.events.end(), late_context_.begin(), late_context_.end(),
+                   std::back_inserter(merged),
+                   [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+        out.events.swap(merged);
+      } else {
+        out.events.insert(out.events.end(), late_context_.begin(), late_context_.end());
       }
+      late_delivered_.fetch_add(late_context_.size(), std::memory_order_relaxed);
+      late_context_.clear();
     }
+    reorder_.release(wm, out.events);
     reorder_size_.store(reorder_.size(), std::memory_order_relaxed);
     if (reorder_.size() > reorder_peak_.load(std::memory_order_relaxed))
       reorder_peak_.store(reorder_.size(), std::memory_order_relaxed);
     if (wm > last_wm_) last_wm_ = wm;
     if (done || out.events.size() >= opts_.batch_max ||
         std::chrono::steady_clock::now() >= deadline) {
+      for (Event& e : out.events) {
+        e.id = ++next_id_;
+        if (e.pid && !meta_.process_names.count(e.pid)) {
+          std::string comm = read_first_line("/proc/" + std::to_string(e.pid) + "/comm");
+          meta_.process_names[e.pid] = comm.empty() ? "pid " + std::to_string(e.pid) : comm;
+        }
+      }
       delivered_ += out.events.size();
       out.watermark = last_wm_;
       out.seq = seq_++;
@@ -326,6 +350,7 @@ LiveStats LiveSource::stats() const {
   s.records = records_.load();
   s.delivered = delivered_;
   s.late = late_;
+  s.late_delivered = late_delivered_.load();
   for (int i = 0; i < IP_NUM_RINGS; ++i) s.dropped[i] = dropped_[i].load();
   s.queue_dropped = queue_drops_.load();
   s.depth_overflow = depth_.load();

@@ -40,7 +40,11 @@ struct LiveOptions {
   ProbeOptions probes;
   DiscoveryOptions discovery;
   uint64_t lag_ns = 50'000'000;                 // in-flight records (per-CPU commit order)
-  uint64_t max_hold_ns = 2'000'000'000;         // longest an open span may hold the watermark
+  uint64_t max_hold_ns = 2'000'000'000;         // longest an open probed call may hold the watermark
+  // Longest an open context interval (off-CPU span, block request, socket call) holds it: one open
+  // longer is delivered late (flagged event_flags::kLate) instead, so a thread asleep for seconds
+  // or a slow disk never holds every other event in memory (reorder memory ~ rate x this).
+  uint64_t context_hold_ns = 250'000'000;
   uint64_t batch_interval_ns = 100'000'000;     // a batch at least this often
   size_t batch_max = 16384;                     // events per batch at most
   uint64_t page_interval_ns = 50'000'000;       // page-allocation aggregation interval
@@ -52,7 +56,8 @@ struct LiveOptions {
 struct LiveStats {
   uint64_t records = 0;           // consumed from the rings
   uint64_t delivered = 0;         // handed to the engine
-  uint64_t late = 0;              // dropped for arriving behind the watermark
+  uint64_t late = 0;              // probed calls dropped for arriving behind the watermark
+  uint64_t late_delivered = 0;    // context intervals delivered behind it (flagged kLate)
   uint64_t dropped[IP_NUM_RINGS] = {};  // ring overflow (kernel side)
   uint64_t queue_dropped = 0;     // engine too slow: dropped before the queue (user side)
   uint64_t depth_overflow = 0, unmatched = 0, no_slot = 0;
@@ -109,6 +114,8 @@ class LiveSource final : public EventSource {
   // Engine-thread state (next()).
   ReorderBuffer reorder_;
   std::vector<Event> dequeued_;  // next()'s bulk-dequeue buffer
+  std::vector<Event> late_context_;  // context intervals behind the watermark, for the next batch
+  std::atomic<uint64_t> late_delivered_{0};
   TraceMeta meta_;
   uint64_t seq_ = 0, next_id_ = 0, last_wm_ = 0, delivered_ = 0, late_ = 0;
   std::atomic<size_t> reorder_size_{0}, reorder_peak_{0};

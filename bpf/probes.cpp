@@ -409,9 +409,10 @@ void scan_map(const bpf_map* m, F&& visit) {
 }
 }  // namespace
 
-uint64_t BpfProbes::oldest_open(uint64_t now_mono, uint64_t max_age_ns) const {
+uint64_t BpfProbes::oldest_open(uint64_t now_mono, uint64_t call_max_age_ns,
+                                uint64_t context_max_age_ns) const {
   uint64_t oldest = UINT64_MAX;
-  const uint64_t floor = now_mono > max_age_ns ? now_mono - max_age_ns : 0;
+  uint64_t floor = now_mono > call_max_age_ns ? now_mono - call_max_age_ns : 0;
   auto consider = [&](uint64_t ts) {
     if (ts >= floor && ts < oldest) oldest = ts;
   };
@@ -431,6 +432,7 @@ uint64_t BpfProbes::oldest_open(uint64_t now_mono, uint64_t max_age_ns) const {
       consider(ts);
     });
   };
+  floor = now_mono > context_max_age_ns ? now_mono - context_max_age_ns : 0;
   if (families_.sched) scan_ts(host_->maps.offcpu);
   if (families_.block) scan_ts(host_->maps.blk_reqs);
   if (families_.net) scan_ts(host_->maps.net_calls);

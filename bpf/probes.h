@@ -92,9 +92,11 @@ class BpfProbes {
   int consume();
 
   ProbeCounters counters() const;
-  // Oldest entry timestamp (CLOCK_MONOTONIC ns) among open probed calls and open off-CPU spans no
-  // older than `max_age_ns` before `now_mono`; UINT64_MAX when none.
-  uint64_t oldest_open(uint64_t now_mono, uint64_t max_age_ns) const;
+  // Oldest entry timestamp (CLOCK_MONOTONIC ns) among open probed calls no older than
+  // `call_max_age_ns` before `now_mono` and open context intervals (off-CPU spans, block
+  // requests, socket calls) no older than `context_max_age_ns`; UINT64_MAX when none.
+  uint64_t oldest_open(uint64_t now_mono, uint64_t call_max_age_ns,
+                       uint64_t context_max_age_ns) const;
   // Marks a process as traced (kPids/kCgroup seeding).
   void trace_pid(uint32_t pid);
 

@@ -45,6 +45,10 @@ inline constexpr uint8_t kSynthetic = 1u << 1;   // made by an operator, not obs
 // off-CPU span at ts_ns (dur 0), the next switch-in of the same tid closes it (operators/offcpu_spans.h).
 inline constexpr uint8_t kSwitchOut = 1u << 2;
 inline constexpr uint8_t kSwitchIn = 1u << 3;
+// A context interval (off-CPU span, I/O request, socket call; never a probed call) delivered after
+// a watermark later than its start: it was open longer than the live source holds results back
+// for (engine/trace.h, Batch).
+inline constexpr uint8_t kLate = 1u << 4;
 }  // namespace event_flags
 
 struct Event {

@@ -13,7 +13,12 @@ namespace ingero {
 
 // A batch moves between flow-graph nodes as one message (never single events).
 // Contract: events are sorted by ts_ns; `watermark` promises that no later batch holds an event
-// with ts_ns < watermark. `final` marks the last batch of a source (watermark = +inf).
+// with ts_ns < watermark, with one exception: a context interval (not a probed GPU API call)
+// flagged event_flags::kLate, which started before an earlier watermark and ended after it (a
+// live source does not hold every result back for a thread asleep for seconds or a slow disk
+// request). Such events come first in their batch, so the batch stays sorted; the engine uses
+// them wherever their windows and joins are still open (lateness) and counts the rest as late.
+// `final` marks the last batch of a source (watermark = +inf).
 struct Batch {
   std::vector<Event> events;
   uint64_t watermark = 0;

@@ -127,8 +127,12 @@ class Collector {
     while (src_.next(b)) {
       for (size_t i = 0; i < b.events.size(); ++i) {
         const Event& e = b.events[i];
-        if (cap_.violation.empty() && e.ts_ns < wm)
+        // Only context intervals flagged kLate may start behind an earlier watermark.
+        const bool late_ok = (e.flags & event_flags::kLate) && !is_gpu_api(e.source);
+        if (cap_.violation.empty() && e.ts_ns < wm && !late_ok)
           cap_.violation = "event ts " + std::to_string(e.ts_ns) + " below earlier watermark";
+        if (cap_.violation.empty() && (e.flags & event_flags::kLate) && is_gpu_api(e.source))
+          cap_.violation = "a probed call flagged late";
         if (cap_.violation.empty() && i > 0 && e.ts_ns < b.events[i - 1].ts_ns)
           cap_.violation = "batch not sorted";
         cap_.events.push_back(e);
@@ -305,6 +309,40 @@ TEST(LiveCapture, PairsNestedAndRecursiveCalls) {
       EXPECT_GT(sync[g + k - 1].end_ns(), sync[g + k].end_ns());
       EXPECT_EQ(sync[g + k - 1].arg1, 4 - k);  // the event argument counts the depth down
     }
+}
+
+TEST(LiveCapture, LongOffCpuSpansAreDeliveredLateNotDropped) {
+  std::string why;
+  if (skip_reason(why)) GTEST_SKIP() << why;
+  // The worker spins 500 ms inside cudaStreamSynchronize, then sleeps 500 ms: each sleep is an
+  // off-CPU span open longer than context_hold (250 ms). It must arrive whole, flagged late, and
+  // the probed calls must still come in order.
+  Child child;
+  Capture cap;
+  if (!capture({IP_CONTENTION_WORKLOAD, "--seconds", "2.2", "--spin-us", "500000", "--cpu", "0",
+                "--fifo", "--wait"},
+               IP_FAKE_CUDART, cap, child, why))
+    GTEST_SKIP() << why;
+  EXPECT_TRUE(cap.violation.empty()) << cap.violation;
+  const auto ids = parse_tids(child.output);
+  ASSERT_TRUE(ids.count("worker"));
+  const uint32_t tid = static_cast<uint32_t>(ids.at("worker"));
+  size_t long_sleeps = 0, late_flagged = 0, calls = 0;
+  for (const Event& e : cap.events) {
+    if (e.tid != tid) continue;
+    if (e.source == Source::kCuda && e.op == op::kCudaStreamSync) ++calls;
+    if (e.source != Source::kHost || e.op != op::kSchedSwitch) continue;
+    if (e.dur_ns >= 400'000'000) {
+      ++long_sleeps;
+      EXPECT_EQ(e.prev_state, OffCpuState::kSleeping);
+      if (e.flags & event_flags::kLate) ++late_flagged;
+    }
+  }
+  EXPECT_EQ(static_cast<long>(calls), ids.at("calls"));
+  EXPECT_GE(long_sleeps, 2u);
+  EXPECT_EQ(late_flagged, long_sleeps);
+  EXPECT_GE(cap.stats.late_delivered, long_sleeps);
+  EXPECT_EQ(cap.stats.late, 0u);
 }
 
 namespace {
