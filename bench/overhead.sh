@@ -81,21 +81,30 @@ elif [[ $mode = sustain ]]; then
   seconds=${3:-60}
   rate=${4:-200000}
   calls=$((seconds * rate))
-  start_tracer --duration "$((seconds + 10))s" --db "$tmp/sustain.db"
-  peak=0
+  start_tracer --duration "$((seconds + 10))s" --db "$tmp/sustain.db" ${TRACE_ARGS:-}
+  peak=0; at_peak=""; cpu=0
   "$work" loop --calls "$calls" --rate "$rate" >"$tmp/work.out" &
   wl=$!
   while kill -0 "$tracer_pid" 2>/dev/null; do
     hwm=$(awk '/VmHWM/ {print $2}' "/proc/$tracer_pid/status" 2>/dev/null || echo 0)
-    [[ -n $hwm && $hwm -gt $peak ]] && peak=$hwm
+    if [[ -n $hwm && $hwm -gt $peak ]]; then
+      peak=$hwm
+      at_peak=$(awk '/RssAnon|RssFile/ {printf "%s %d MiB  ", $1, $2 / 1024}' "/proc/$tracer_pid/status" 2>/dev/null)
+    fi
+    # utime + stime of the whole tracer (all threads), in clock ticks
+    c=$(awk '{print $14 + $15}' "/proc/$tracer_pid/stat" 2>/dev/null || true)
+    [[ -n $c ]] && cpu=$c
     sleep 0.5
   done
   wait "$wl" || true
   wait "$tracer_pid" || true
   echo "workload: $(cat "$tmp/work.out")"
-  grep "^trace:" "$tmp/trace.err"
-  echo "tracer peak RSS (VmHWM): $((peak / 1024)) MiB (target <= 64)"
+  grep -E "^(trace|db):" "$tmp/trace.err"
+  echo "tracer peak RSS (VmHWM): $((peak / 1024)) MiB (target <= 64); last sample at the peak: $at_peak"
+  echo "  (each BPF ring counts twice its --ring-mb in RssFile: the kernel maps ring data twice)"
+  echo "tracer CPU: $(awk -v c="$cpu" -v t="$(getconf CLK_TCK)" 'BEGIN {printf "%.1f", c / t}') s"
   echo "events in the database: $(sqlite3 "$tmp/sustain.db" 'select count(*) from events')"
+  echo "indexes in the database: $(sqlite3 "$tmp/sustain.db" "select count(*) from sqlite_master where type = 'index' and tbl_name = 'events'")"
 else
   echo "usage: $0 overhead|sustain [BUILD_DIR] ..." >&2
   exit 2

@@ -21,8 +21,10 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "engine/engine.h"
+#include "engine/format.h"
 #include "engine/ops.h"
 #include "sinks/report.h"
+#include "sinks/spooling_writer.h"
 #include "sinks/sqlite_store.h"
 #ifdef INGERO_HAVE_BPF
 #include "bpf/live_source.h"
@@ -145,7 +147,20 @@ struct ViewState {
   uint64_t chains_total = 0;
 };
 
-void render(ViewState& v, const bpf::LiveSource& src, double elapsed_s, bool tty) {
+std::string count_text(uint64_t n) { return format_value(static_cast<double>(n), Unit::kCount); }
+
+// "db 1,234,567 written, backlog 2,048 (spilled 0)" for the live view and the summary.
+std::string db_text(const SpoolingWriter* w) {
+  if (!w) return "";
+  const SpoolingWriter::Stats s = w->stats();
+  std::string t = "  db " + count_text(s.events_written) + " written, backlog " + count_text(s.backlog);
+  if (s.events_spilled) t += " (" + count_text(s.events_spilled) + " spilled to disk)";
+  if (s.lost) t += ", LOST " + count_text(s.lost);
+  return t;
+}
+
+void render(ViewState& v, const bpf::LiveSource& src, const SpoolingWriter* writer, double elapsed_s,
+            bool tty) {
   const bpf::LiveStats st = src.stats();
   std::string out;
   if (tty) out += "\x1b[H\x1b[2J";
@@ -160,6 +175,7 @@ void render(ViewState& v, const bpf::LiveSource& src, double elapsed_s, bool tty
                 static_cast<unsigned long long>(st.queue_dropped),
                 static_cast<unsigned long long>(st.late), st.libraries, st.uprobes);
   out += line;
+  if (writer) out += db_text(writer).substr(2) + "\n";
   if (!tty) {  // a log line per refresh when not on a terminal
     std::fputs(out.c_str(), stderr);
     return;
@@ -234,10 +250,18 @@ int run_trace(const TraceArgs& a) {
   lo.max_hold_ns = hold_ns;
 
   std::string error;
-  std::unique_ptr<SqliteSink> sink;
+  // The database is written on its own thread (SpoolingWriter): the engine never waits for
+  // SQLite; a backlog beyond 4 MiB of events goes to an unlinked spill file beside the database
+  // instead of memory, so nothing is dropped and memory stays bounded.
+  std::unique_ptr<SpoolingWriter> writer;
   if (!a.db.empty()) {
-    sink = SqliteSink::create(a.db, error);
-    if (!sink) {
+    auto sink = SqliteSink::create(a.db, error);
+    if (sink) {
+      SpoolingWriter::Options wo;
+      wo.memory_cap_bytes = size_t{4} << 20;
+      writer = SpoolingWriter::start(std::move(sink), wo, error);
+    }
+    if (!writer) {
       print_error(error);
       return kExitInput;
     }
@@ -259,7 +283,6 @@ int run_trace(const TraceArgs& a) {
 
   ViewState view;
   bool meta_written = false;
-  bool sink_failed = false;
   bpf::TapSource tap(*src, [&](const Batch& b) {
     {
       std::lock_guard<std::mutex> lk(view.mu);
@@ -267,9 +290,12 @@ int run_trace(const TraceArgs& a) {
         if (is_gpu_api(e.source))
           view.ops[{static_cast<uint8_t>(e.source), e.op}].add(e.dur_ns);
     }
-    if (sink && !sink_failed) {
-      if (!meta_written) meta_written = sink->write_meta(src->meta());
-      if (!sink->write_events(b.events)) sink_failed = true;
+    if (writer) {
+      if (!meta_written) {
+        writer->write_meta(src->meta());
+        meta_written = true;
+      }
+      writer->write_events(b.events);
     }
   });
   EngineOptions eo;
@@ -294,7 +320,7 @@ int run_trace(const TraceArgs& a) {
     const double elapsed = std::chrono::duration<double>(now - t0).count();
     if (duration_ns && elapsed * 1e9 >= static_cast<double>(duration_ns)) break;
     if (!a.quiet && now >= next_render) {
-      render(view, *src, elapsed, tty);
+      render(view, *src, writer.get(), elapsed, tty);
       next_render = now + std::chrono::seconds(1);
       for (const auto& w : src->take_warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
     }
@@ -309,31 +335,36 @@ int run_trace(const TraceArgs& a) {
   }
   const bpf::LiveStats st = src->stats();
   int rc = kExitOk;
-  if (sink) {
-    sink->write_meta(result.meta);
-    if (sink_failed || !sink->write_result(result) || !sink->close(error)) {
-      print_error(a.db + ": " + (error.empty() ? sink->error() : error));
+  std::string db_summary;
+  if (writer) {
+    writer->write_meta(result.meta);
+    const auto progress = [](const std::string& m) { std::fprintf(stderr, "db: %s\n", m.c_str()); };
+    if (!writer->finish(&result, error, progress)) {
+      print_error(a.db + ": " + error);
       rc = kExitRuntime;
     }
+    db_summary = db_text(writer.get());
   }
   if (!a.quiet) {
-    if (tty) render(view, *src, elapsed, tty);
+    if (tty) render(view, *src, writer.get(), elapsed, tty);
     ReportOptions ro;
     ro.color = tty;
     std::cout << "\n" << explain_text(result, ro);
   }
   std::fprintf(stderr,
                "trace: %.1fs, %llu events (%llu records), dropped gpu=%llu host=%llu queue=%llu, "
-               "late=%llu, "
-               "unmatched returns=%llu, reorder peak=%zu events, %zu chains%s%s\n",
+               "late=%llu (long spans delivered late: %llu, unused by the engine: %llu), "
+               "unmatched returns=%llu, reorder peak=%zu events, %zu chains%s%s%s\n",
                elapsed, static_cast<unsigned long long>(st.delivered),
                static_cast<unsigned long long>(st.records),
                static_cast<unsigned long long>(st.dropped[IP_RING_GPU]),
                static_cast<unsigned long long>(st.dropped[IP_RING_HOST]),
                static_cast<unsigned long long>(st.queue_dropped),
                static_cast<unsigned long long>(st.late),
+               static_cast<unsigned long long>(st.late_delivered),
+               static_cast<unsigned long long>(result.counters.late_events),
                static_cast<unsigned long long>(st.unmatched), st.reorder_peak, result.chains.size(),
-               a.db.empty() ? "" : ", written to ", a.db.c_str());
+               a.db.empty() ? "" : ", written to ", a.db.c_str(), db_summary.c_str());
   return rc;
 }
 #endif
