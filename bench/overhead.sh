@@ -105,6 +105,8 @@ elif [[ $mode = sustain ]]; then
   echo "tracer CPU: $(awk -v c="$cpu" -v t="$(getconf CLK_TCK)" 'BEGIN {printf "%.1f", c / t}') s"
   echo "events in the database: $(sqlite3 "$tmp/sustain.db" 'select count(*) from events')"
   echo "indexes in the database: $(sqlite3 "$tmp/sustain.db" "select count(*) from sqlite_master where type = 'index' and tbl_name = 'events'")"
+  echo "chains: $(sqlite3 "$tmp/sustain.db" "select count(*) from causal_chains")"
+  sqlite3 "$tmp/sustain.db" "select '  [' || severity || '] ' || summary from causal_chains"
 else
   echo "usage: $0 overhead|sustain [BUILD_DIR] ..." >&2
   exit 2

@@ -23,6 +23,7 @@
 #include "engine/synth.h"
 #include "sinks/lmdb_store.h"
 #include "sinks/report.h"
+#include "sinks/spooling_writer.h"
 #include "sinks/sqlite_store.h"
 
 #ifdef INGERO_HAVE_IP_BPF
@@ -46,7 +47,9 @@ struct RunArgs {
 
 struct SinkRt {
   const SinkConfig* cfg = nullptr;
-  std::unique_ptr<SqliteSink> sqlite;  // sqlite and mcp
+  // sqlite and mcp: the database is written on its own thread (sinks/spooling_writer.h), so a
+  // live source never waits for SQLite.
+  std::unique_ptr<SpoolingWriter> sqlite;
   std::unique_ptr<LmdbSink> lmdb;
   FILE* out = nullptr;                 // jsonl
   bool owns_out = false;
@@ -148,7 +151,11 @@ bool open_sink(SinkRt& s, std::string& error) {
   switch (c.kind) {
     case SinkKind::kSqlite:
     case SinkKind::kMcp:
-      s.sqlite = SqliteSink::create(c.path, error);
+      if (auto sink = SqliteSink::create(c.path, error)) {
+        SpoolingWriter::Options o;
+        o.memory_cap_bytes = size_t{4} << 20;
+        s.sqlite = SpoolingWriter::start(std::move(sink), o, error);
+      }
       return s.sqlite != nullptr;
     case SinkKind::kLmdb: {
       LmdbSink::Options o;
@@ -178,8 +185,11 @@ bool open_sink(SinkRt& s, std::string& error) {
 void write_events(SinkRt& s, const Batch& b, const TraceMeta& meta) {
   if (s.failed) return;
   if (s.sqlite) {
-    if (!s.meta_written) s.meta_written = s.sqlite->write_meta(meta);
-    if (!s.sqlite->write_events(b.events)) s.fail(s.sqlite->error());
+    if (!s.meta_written) {
+      s.sqlite->write_meta(meta);
+      s.meta_written = true;
+    }
+    s.sqlite->write_events(b.events);
   } else if (s.lmdb) {
     if (!s.meta_written) s.meta_written = s.lmdb->write_meta(meta);
     if (!s.lmdb->write_events(b.events)) s.fail(s.lmdb->error());
@@ -351,9 +361,11 @@ int run_pipeline(const RunArgs& a) {
     std::string error;
     const TraceMeta& meta = result.meta;
     if (s.sqlite) {
-      if (s.takes_chains && !s.sqlite->write_meta(meta)) s.fail(s.sqlite->error());
-      if (s.takes_chains && !s.failed && !s.sqlite->write_result(result)) s.fail(s.sqlite->error());
-      if (!s.sqlite->close(error)) s.fail(error);
+      if (s.takes_chains) s.sqlite->write_meta(meta);
+      const auto progress = [&](const std::string& m) {
+        if (!a.quiet) std::fprintf(stderr, "%s: %s\n", s.cfg->name.c_str(), m.c_str());
+      };
+      if (!s.sqlite->finish(s.takes_chains ? &result : nullptr, error, progress)) s.fail(error);
     } else if (s.lmdb) {
       if (s.takes_chains && !s.lmdb->write_meta(meta)) s.fail(s.lmdb->error());
       if (s.takes_chains && !s.failed && !s.lmdb->write_result(result)) s.fail(s.lmdb->error());
