@@ -147,7 +147,7 @@ struct ViewState {
   uint64_t chains_total = 0;
 };
 
-std::string count_text(uint64_t n) { return format_value(static_cast<double>(n), Unit::kCount); }
+std::string count_text(uint64_t n) { return format_count(static_cast<double>(n)); }
 
 // "db 1,234,567 written, backlog 2,048 (spilled 0)" for the live view and the summary.
 std::string db_text(const SpoolingWriter* w) {

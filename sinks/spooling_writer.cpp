@@ -15,6 +15,8 @@
 #include <filesystem>
 #include <system_error>
 
+#include "engine/format.h"
+
 namespace ingero {
 
 namespace {
@@ -22,15 +24,6 @@ namespace {
 constexpr size_t kSpillReadEvents = 4096;             // 320 KiB read-back buffer
 constexpr uint64_t kPunchEvery = uint64_t{1} << 20;   // give back consumed spill space per MiB
 constexpr int kProgressSeconds = 5;
-
-std::string with_commas(uint64_t n) {
-  std::string digits = std::to_string(n), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i && (digits.size() - i) % 3 == 0) out.push_back(',');
-    out.push_back(digits[i]);
-  }
-  return out;
-}
 
 // An unnamed file in `dir`: O_TMPFILE never gives it a name; where the filesystem lacks it, a
 // mkstemp name is unlinked at once. Either way nothing survives the process, even kill -9.
@@ -119,8 +112,8 @@ std::unique_ptr<SpoolingWriter> SpoolingWriter::start(std::unique_ptr<SqliteSink
     return nullptr;
   }
   if (capacity && !w->ring_) {
-    error = "spooling writer: cannot allocate the " + with_commas(options.memory_cap_bytes) +
-            "-byte event buffer";
+    error = "spooling writer: cannot allocate the " +
+            format_count(static_cast<double>(options.memory_cap_bytes)) + "-byte event buffer";
     w->finished_ = true;  // no thread to drain or join
     return nullptr;
   }
@@ -361,8 +354,8 @@ bool SpoolingWriter::finish(const AnalysisResult* result, std::string& error,
     work_cv_.notify_one();
   }
   if (progress && backlog) {
-    std::string line = "writing " + with_commas(backlog) + " queued events";
-    if (spilled) line += " (" + with_commas(spilled) + " spilled)";
+    std::string line = "writing " + format_count(static_cast<double>(backlog)) + " queued events";
+    if (spilled) line += " (" + format_count(static_cast<double>(spilled)) + " spilled)";
     progress(line);
   }
   {
@@ -374,7 +367,7 @@ bool SpoolingWriter::finish(const AnalysisResult* result, std::string& error,
         const uint64_t left =
             stats_.events_in - stats_.events_written - stats_.events_rejected - stats_.lost;
         lk.unlock();
-        progress(with_commas(left) + " events left to write");
+        progress(format_count(static_cast<double>(left)) + " events left to write");
         lk.lock();
       }
     }
@@ -410,8 +403,8 @@ bool SpoolingWriter::finish(const AnalysisResult* result, std::string& error,
     if (!ok) {
       finish_error_ = stats_.error.empty() ? sink_->path() + ": writing failed" : stats_.error;
       if (stats_.lost)
-        finish_error_ += " (" + with_commas(stats_.lost) + " of " + with_commas(stats_.events_in) +
-                         " events not stored)";
+        finish_error_ += " (" + format_count(static_cast<double>(stats_.lost)) + " of " +
+                         format_count(static_cast<double>(stats_.events_in)) + " events not stored)";
     }
   }
   finish_ok_ = ok;

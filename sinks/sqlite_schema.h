@@ -33,7 +33,7 @@ CREATE TABLE events (
   stack_ips  TEXT NOT NULL DEFAULT '',
   cgroup_id  INTEGER NOT NULL DEFAULT 0,
   prev_state INTEGER NOT NULL DEFAULT 0, -- ingero-pipeline: 0 unknown, 1 preempted, 2 sleeping, 3 disk wait, 4 other
-  flags      INTEGER NOT NULL DEFAULT 0  -- ingero-pipeline: 1 truncated span, 2 synthetic
+  flags      INTEGER NOT NULL DEFAULT 0  -- ingero-pipeline: 1 truncated span, 2 synthetic, 16 delivered late (live)
 );
 CREATE TABLE stack_traces (
   hash   INTEGER PRIMARY KEY,

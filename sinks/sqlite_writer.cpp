@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/format.h"
 #include "engine/ops.h"
 #include "sinks/sqlite_schema.h"
 #include "sinks/sqlite_store.h"
@@ -90,15 +91,6 @@ json evidence_json(const std::vector<EvidenceItem>& evidence) {
     a.push_back({{"kind", ev.kind}, {"detail", ev.detail}, {"value", ev.value}, {"unit", ev.unit},
                  {"event_ids", ev.event_ids}});
   return a;
-}
-
-std::string with_commas(uint64_t n) {
-  std::string digits = std::to_string(n), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i && (digits.size() - i) % 3 == 0) out.push_back(',');
-    out.push_back(digits[i]);
-  }
-  return out;
 }
 
 }  // namespace
@@ -643,7 +635,7 @@ bool SqliteSink::close(std::string& error, const ProgressFn& progress) {
     // Built in one transaction after every event is committed: a kill during the build leaves
     // the committed data without indexes (readable), never a half-built index.
     if (ok && !impl_->indexes_built) {
-      if (progress) progress("indexing " + with_commas(events_committed_) + " events");
+      if (progress) progress("indexing " + format_count(static_cast<double>(events_committed_)) + " events");
       std::string why;
       if (sqlite_detail::exec(impl_->db.get(), "BEGIN IMMEDIATE", why) &&
           sqlite_detail::exec(impl_->db.get(), sqlite_detail::kEventIndexSql, why) &&
