@@ -203,7 +203,7 @@ int run_trace(const TraceArgs& a) {
   // Event batches (up to 1.3 MB each) are allocated and freed several times a second. glibc raises
   // its mmap threshold after the first such free, so later batches land in the heap and fragment
   // it; a fixed threshold keeps them mmap-backed and returned on free (measured at 200k events/s:
-  // 28 -> 14 MB anonymous memory; docs/performance.md).
+  // peak 56 -> 46 MiB, anonymous 33 -> 13 MiB; docs/performance.md).
   mallopt(M_MMAP_THRESHOLD, 128 * 1024);
   uint64_t duration_ns = 0, lag_ns = 0, hold_ns = 0;
   if (!a.duration.empty() && !parse_duration(a.duration, duration_ns)) {
