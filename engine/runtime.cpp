@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <unordered_map>
 
 #include "engine/format.h"
 #include "engine/ops.h"
@@ -547,6 +548,8 @@ struct Shard::Impl {
   uint64_t last_ts = 0;
   uint64_t dropped = 0;
   std::shared_ptr<const std::map<uint32_t, std::string>> names;  // latest from the input, if any
+  // pid -> when it exited (HOST process_exit): a window keyed by pid ends there for rates.
+  std::unordered_map<uint32_t, uint64_t> exited;
   // Per-batch stream outputs, as pointers into the input batch (filters copy nothing) or into
   // spans_ (off-CPU spans built this batch): owned and foreign events separately.
   std::vector<std::vector<const Event*>> owned_out, foreign_out;
@@ -645,7 +648,10 @@ struct Shard::Impl {
     if (in.process_names) names = in.process_names;
     if (in.owned) {
       counters.events_in += in.owned->size();
-      for (const auto& e : *in.owned) last_ts = std::max(last_ts, e.end_ns());
+      for (const auto& e : *in.owned) {
+        last_ts = std::max(last_ts, e.end_ns());
+        if (e.source == Source::kHost && e.op == op::kProcessExit) exited[e.pid] = e.ts_ns;
+      }
       if (stats)
         for (const auto& e : *in.owned) stats->add(e);
     }
@@ -744,6 +750,13 @@ struct Shard::Impl {
         // that span, or every trace that stops mid-window would end in a "throughput drop".
         uint64_t covered = def.window.kind == WindowKind::kWhole ? 0 : def.window.size_ns;
         if (covered && watermark == kFinal && end > last_ts && last_ts > start) covered = last_ts - start;
+        // Likewise a process that exited inside the window: its rate is over the time it lived,
+        // or every job that ends while the capture goes on would end in a "throughput drop".
+        if (covered && def.keys.has(Field::kPid)) {
+          const auto ex = exited.find(key.pid());
+          if (ex != exited.end() && ex->second > start && ex->second - start < covered)
+            covered = ex->second - start;
+        }
         w.agg.values(covered, row.values.data() + def.slot_aggs);
         if (waits[i].stage >= 0 && !waits[i].rows.empty() && k != waits[i].window) flush(i);
         waits[i].window = k;

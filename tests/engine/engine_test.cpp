@@ -306,6 +306,37 @@ TEST(Engine, ChainsNameProcessesLearnedWhileRunning) {
   }
 }
 
+// A job that ends while the capture goes on: its last window is short, not slow.
+std::vector<Event> job_ends_mid_window(bool with_exit_event) {
+  std::vector<Event> ev;
+  uint64_t id = 1;
+  for (uint64_t t = 0; t < 55'000 * kMs; t += 10 * kMs) {
+    if (t < 35'000 * kMs) ev.push_back(call(10, 11, kT0 + t, 20 * kUs, id++));
+    ev.push_back(call(99, 99, kT0 + t + kMs, 20 * kUs, id++));  // another process goes on
+  }
+  if (with_exit_event) {
+    Event exit;
+    exit.source = Source::kHost;
+    exit.op = op::kProcessExit;
+    exit.pid = exit.tid = 10;
+    exit.ts_ns = kT0 + 35'500 * kMs;
+    exit.id = id++;
+    ev.push_back(exit);
+  }
+  std::sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+  return ev;
+}
+
+TEST(Engine, ProcessExitingMidWindowIsNotAThroughputDrop) {
+  // Without the exit event the last window of pid 10 holds 5 s of calls over 10 s: a drop to 50%
+  // of its peak (what the rule must say when a process silently stops launching).
+  const auto silent = analyse(job_ends_mid_window(false));
+  ASSERT_TRUE(has(silent, "throughput_drop")) << testing::PrintToString(categories(silent));
+  // With it, the window's rate is over the 5.5 s the process lived: 91% of its peak, no chain.
+  const auto exited = analyse(job_ends_mid_window(true));
+  EXPECT_FALSE(has(exited, "throughput_drop")) << testing::PrintToString(categories(exited));
+}
+
 TEST(Engine, InvalidPlanIsRejectedWithMessages) {
   Plan p;
   const int scan = p.add(ScanNode{});
