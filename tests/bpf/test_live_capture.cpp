@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sqlite3.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +18,8 @@
 #include <set>
 #include <sstream>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "bpf/live_source.h"
 #include "bpf/tap_source.h"
@@ -504,3 +507,118 @@ TEST(LiveCapture, QuietWorkloadHasNoContentionChain) {
   EXPECT_EQ(chain_keys(run.live), chain_keys(run.replay));
   ::unlink(run.db.c_str());
 }
+
+#ifdef IP_PIPELINE_BIN
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::string s;
+  if (FILE* f = std::fopen(path.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) s.append(buf, n);
+    std::fclose(f);
+  }
+  return s;
+}
+
+// Runs one SQL query returning a single integer.
+long long sql_int(sqlite3* db, const std::string& sql) {
+  sqlite3_stmt* st = nullptr;
+  long long v = -1;
+  if (sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+    v = sqlite3_column_int64(st, 0);
+  sqlite3_finalize(st);
+  return v;
+}
+
+}  // namespace
+
+// The whole binary: `ingero-pipeline trace --pid N --db F` on the contended workload, stopped with
+// Ctrl-C (SIGINT): exit 0, no drops, every call of the worker in the database (written by the
+// spooling writer, indexes built at stop), and `explain --db F` replays to the chains it stored.
+TEST(LiveCapture, TraceCommandStoresEveryCallAndReplaysToTheSameChains) {
+  std::string why;
+  if (skip_reason(why)) GTEST_SKIP() << why;
+  Child child;
+  if (!child.spawn({IP_CONTENTION_WORKLOAD, "--seconds", "2.5", "--spin-us", "200", "--cpu", "0",
+                    "--hogs", "2", "--wait"}))
+    GTEST_SKIP() << "cannot start the contention workload";
+  const std::string base = "/tmp/ip_trace_cli_" + std::to_string(::getpid());
+  const std::string db = base + ".db", err = base + ".err";
+  const std::string pid = std::to_string(child.pid);
+  const pid_t tracer = ::fork();
+  if (tracer == 0) {
+    const int null_fd = ::open("/dev/null", O_WRONLY);
+    const int err_fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(null_fd, 1);
+    ::dup2(err_fd, 2);
+    ::execl(IP_PIPELINE_BIN, IP_PIPELINE_BIN, "trace", "-q", "--pid", pid.c_str(), "--cuda-lib",
+            IP_FAKE_CUDART, "--db", db.c_str(), "--disable", "driver,nccl,block,tcp,net,memory",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ASSERT_GT(tracer, 0);
+  bool attached = false;
+  for (int i = 0; i < 300 && !attached; ++i) {
+    attached = read_file(err).find("tracing libcudart") != std::string::npos;
+    int st = 0;
+    if (!attached && ::waitpid(tracer, &st, WNOHANG) == tracer) break;  // it gave up
+    if (!attached) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!attached) {
+    ::kill(tracer, SIGKILL);
+    ::waitpid(tracer, nullptr, 0);
+    child.go();
+    child.finish();
+    GTEST_SKIP() << "trace did not attach: " << read_file(err);
+  }
+  child.go();
+  EXPECT_EQ(child.finish(), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ::kill(tracer, SIGINT);
+  int status = 0;
+  ::waitpid(tracer, &status, 0);
+  const std::string log = read_file(err);
+  ASSERT_TRUE(WIFEXITED(status)) << log;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << log;
+  EXPECT_NE(log.find("dropped gpu=0 host=0 queue=0, late=0"), std::string::npos) << log;
+  EXPECT_NE(log.find("db: indexing"), std::string::npos) << log;
+
+  const auto ids = parse_tids(child.output);
+  ASSERT_TRUE(ids.count("worker")) << child.output;
+  sqlite3* h = nullptr;
+  ASSERT_EQ(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  EXPECT_EQ(sql_int(h, "SELECT count(*) FROM events WHERE source = 1 AND op = " +
+                           std::to_string(op::kCudaStreamSync) +
+                           " AND tid = " + std::to_string(ids.at("worker"))),
+            ids.at("calls"));
+  EXPECT_EQ(sql_int(h, "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = 'events'"), 4);
+  std::vector<std::string> stored;
+  sqlite3_stmt* st = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(h, "SELECT id FROM causal_chains ORDER BY id", -1, &st, nullptr), SQLITE_OK);
+  while (sqlite3_step(st) == SQLITE_ROW) stored.emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(st, 0)));
+  sqlite3_finalize(st);
+  sqlite3_close(h);
+  bool contention = false;
+  for (const auto& id : stored) contention = contention || id.rfind("cpu_contention:", 0) == 0;
+  EXPECT_TRUE(contention) << testing::PrintToString(stored);
+
+  const std::string cmd = std::string(IP_PIPELINE_BIN) + " explain --json --db " + db + " 2>/dev/null";
+  std::string out;
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+    ::pclose(p);
+  }
+  const auto j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out.substr(0, 500);
+  std::vector<std::string> replayed;
+  for (const auto& c : j["chains"]) replayed.push_back(c["id"].get<std::string>());
+  std::sort(replayed.begin(), replayed.end());
+  EXPECT_EQ(replayed, stored);
+  ::unlink(db.c_str());
+  ::unlink(err.c_str());
+}
+#endif
