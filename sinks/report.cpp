@@ -183,6 +183,7 @@ json explain_json(const AnalysisResult& r) {
             {"batches", r.counters.batches},
             {"windows_closed", r.counters.windows_closed},
             {"late_events", r.counters.late_events},
+            {"tail_windows_capped", r.counters.tail_windows_capped},
             {"node_errors", r.counters.node_errors}}}};
 }
 

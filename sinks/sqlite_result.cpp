@@ -76,6 +76,7 @@ bool read_ours(sqlite3* db, AnalysisResult& r, std::string& error) {
         r.counters.late_events = u("late_events");
         r.counters.node_errors = u("node_errors");
         r.counters.evicted_spans = u("evicted_spans");
+        r.counters.tail_windows_capped = u("tail_windows_capped");
         r.counters.threads = static_cast<unsigned>(u("threads"));
       } else if (k == "first_ts") {
         r.meta.first_ts = std::strtoull(v.c_str(), nullptr, 10);

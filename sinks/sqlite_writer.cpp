@@ -587,7 +587,7 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
   const json counters = {{"events_in", k.events_in},           {"batches", k.batches},
                          {"windows_closed", k.windows_closed}, {"late_events", k.late_events},
                          {"node_errors", k.node_errors},       {"evicted_spans", k.evicted_spans},
-                         {"threads", k.threads}};
+                         {"tail_windows_capped", k.tail_windows_capped}, {"threads", k.threads}};
   kv.bind(1, "engine_counters");
   kv.bind(2, counters.dump());
   if (!done(kv)) return err();
