@@ -549,7 +549,10 @@ struct Shard::Impl {
   uint64_t dropped = 0;
   std::shared_ptr<const std::map<uint32_t, std::string>> names;  // latest from the input, if any
   // pid -> when it exited (HOST process_exit): a window keyed by pid ends there for rates.
+  // Entries older than every window still open are pruned (exit_horizon), so a capture of many
+  // short-lived processes does not grow it without bound.
   std::unordered_map<uint32_t, uint64_t> exited;
+  uint64_t exit_horizon = 0;
   // Per-batch stream outputs, as pointers into the input batch (filters copy nothing) or into
   // spans_ (off-CPU spans built this batch): owned and foreign events separately.
   std::vector<std::vector<const Event*>> owned_out, foreign_out;
@@ -557,6 +560,8 @@ struct Shard::Impl {
   std::vector<char> computed;
 
   Impl(const CompiledPlan& p, bool g, bool cs) : plan(p), global(g), compute_stats(cs) {
+    for (const auto& grp : plan.groups)
+      exit_horizon = std::max(exit_horizon, grp.window.size_ns + grp.window.lateness_ns);
     builders.resize(plan.streams.size());
     for (size_t i = 0; i < plan.streams.size(); ++i)
       if (plan.streams[i].offcpu) builders[i] = std::make_unique<OffCpuSpanBuilder>(*plan.streams[i].offcpu);
@@ -658,6 +663,8 @@ struct Shard::Impl {
     computed.assign(plan.streams.size(), 0);
 
     const uint64_t wm = in.final ? kFinal : in.watermark;
+    if (exited.size() > 1024 && !in.final && wm > exit_horizon)
+      std::erase_if(exited, [&](const auto& kv) { return kv.second + exit_horizon < wm; });
     // Right sides first, so a window closing in this batch sees this batch's spans.
     for (size_t p = 0; p < plan.pipes.size(); ++p) {
       const auto& def = plan.pipes[p];
