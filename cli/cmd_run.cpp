@@ -128,6 +128,7 @@ std::unique_ptr<EventSource> open_source(const SourceConfig& s, const EngineSett
         o.probes.filter = bpf::FilterMode::kCgroup;
         o.probes.cgroup_path = s.cgroup;
       }
+      keep_large_buffers_out_of_the_heap();
       auto live = bpf::LiveSource::start(o, error);
       if (!live) return nullptr;
       rt.live = true;

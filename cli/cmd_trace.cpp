@@ -4,7 +4,6 @@
 //
 // Stops cleanly at --duration or on Ctrl-C/SIGTERM: the rings are drained, every open window is
 // closed by the final watermark, the database is committed; exit status 0.
-#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -200,11 +199,7 @@ void render(ViewState& v, const bpf::LiveSource& src, const SpoolingWriter* writ
 }
 
 int run_trace(const TraceArgs& a) {
-  // Event batches (up to 1.3 MB each) are allocated and freed several times a second. glibc raises
-  // its mmap threshold after the first such free, so later batches land in the heap and fragment
-  // it; a fixed threshold keeps them mmap-backed and returned on free (measured at 200k events/s:
-  // peak 56 -> 46 MiB, anonymous 33 -> 13 MiB; docs/performance.md).
-  mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+  keep_large_buffers_out_of_the_heap();
   uint64_t duration_ns = 0, lag_ns = 0, hold_ns = 0;
   if (!a.duration.empty() && !parse_duration(a.duration, duration_ns)) {
     print_error("--duration '" + a.duration + "': expected a duration such as 30s, 2m, 500ms");

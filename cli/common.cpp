@@ -1,5 +1,6 @@
 #include "cli/common.h"
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -83,6 +84,8 @@ bool build_plan(const std::vector<std::string>& rule_files, bool no_default, Pla
   plan = std::move(analysis.plan);
   return true;
 }
+
+void keep_large_buffers_out_of_the_heap() { mallopt(M_MMAP_THRESHOLD, 128 * 1024); }
 
 void print_error(const std::string& message) { std::fprintf(stderr, "ingero-pipeline: error: %s\n", message.c_str()); }
 
