@@ -152,7 +152,7 @@ std::string count_text(uint64_t n) { return format_count(static_cast<double>(n))
 std::string db_text(const SpoolingWriter* w) {
   if (!w) return "";
   const SpoolingWriter::Stats s = w->stats();
-  std::string t = "  db " + count_text(s.events_written) + " written, backlog " + count_text(s.backlog);
+  std::string t = "db " + count_text(s.events_written) + " written, backlog " + count_text(s.backlog);
   if (s.events_spilled) t += " (" + count_text(s.events_spilled) + " spilled to disk)";
   if (s.lost) t += ", LOST " + count_text(s.lost);
   return t;
@@ -174,7 +174,7 @@ void render(ViewState& v, const bpf::LiveSource& src, const SpoolingWriter* writ
                 static_cast<unsigned long long>(st.queue_dropped),
                 static_cast<unsigned long long>(st.late), st.libraries, st.uprobes);
   out += line;
-  if (writer) out += db_text(writer).substr(2) + "\n";
+  if (writer) out += db_text(writer) + "\n";
   if (!tty) {  // a log line per refresh when not on a terminal
     std::fputs(out.c_str(), stderr);
     return;
@@ -338,7 +338,7 @@ int run_trace(const TraceArgs& a) {
       print_error(a.db + ": " + error);
       rc = kExitRuntime;
     }
-    db_summary = db_text(writer.get());
+    db_summary = "  " + db_text(writer.get());
   }
   if (!a.quiet) {
     if (tty) render(view, *src, writer.get(), elapsed, tty);
