@@ -42,6 +42,8 @@ constexpr std::array kOps{
     OpInfo{S::kHost, op::kProcessExec, "process_exec", "", K::kInstant, true, "Process exec"},
     OpInfo{S::kHost, op::kProcessExit, "process_exit", "", K::kInstant, true, "Process exit"},
     OpInfo{S::kHost, op::kProcessFork, "process_fork", "", K::kInstant, true, "Process fork"},
+    OpInfo{S::kHost, op::kCpuSample, "cpu_sample", "", K::kInstant, false,
+           "On-CPU stack sample of a traced thread (stack_id = the sampled stack)"},
     OpInfo{S::kDriver, op::kCuLaunchKernel, "cuLaunchKernel", "", K::kCall, true, "Launch a kernel"},
     OpInfo{S::kDriver, op::kCuMemcpy, "cuMemcpy", "", K::kCall, true, "Synchronous copy"},
     OpInfo{S::kDriver, op::kCuMemcpyAsync, "cuMemcpyAsync", "", K::kCall, true, "Asynchronous copy"},

@@ -24,7 +24,8 @@ inline constexpr uint8_t kCudaMalloc = 1, kCudaFree = 2, kCudaLaunchKernel = 3, 
                          kCudaEventSync = 9;  // ours
 // HOST (source 3): Ingero ids 1-7.
 inline constexpr uint8_t kSchedSwitch = 1, kSchedWakeup = 2, kPageAlloc = 3, kOomKill = 4,
-                         kProcessExec = 5, kProcessExit = 6, kProcessFork = 7;
+                         kProcessExec = 5, kProcessExit = 6, kProcessFork = 7,
+                         kCpuSample = 8;  // ours: an on-CPU stack sample of a traced thread
 // DRIVER (source 4): Ingero ids 1-6, ours from 7.
 inline constexpr uint8_t kCuLaunchKernel = 1, kCuMemcpy = 2, kCuMemcpyAsync = 3,
                          kCuCtxSynchronize = 4, kCuMemAlloc = 5, kCuMemAllocManaged = 6,

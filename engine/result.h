@@ -8,6 +8,7 @@
 
 #include "engine/event.h"
 #include "engine/plan.h"
+#include "engine/stack.h"
 #include "engine/trace.h"
 
 namespace ingero {
@@ -41,6 +42,35 @@ struct EvidenceItem {
   std::vector<uint64_t> event_ids;  // exemplars
 };
 
+// A thread that issued a chain's slow calls, with its share of their total time.
+struct ThreadShare {
+  uint32_t tid = 0;
+  std::string name;      // thread name (comm) when known, else the process name, else ""
+  double share = 0;      // of the chain's slow-call time (or of its calls, for rate chains)
+};
+
+// One of a chain's top stacks: which code path issued its slow calls (or where its thread
+// waited, or computed), with the share of time it accounts for.
+struct ChainStack {
+  std::string role;      // "call" (slow calls), "offcpu" (where the thread waited), "sample" (on CPU)
+  uint64_t stack_id = 0;
+  double share = 0;      // of the role's total (slow-call time, off-CPU time, samples)
+  uint64_t calls = 0;    // events with this stack (calls, spans or samples)
+  bool truncated = false;
+  std::vector<StackFrame> frames;  // innermost first
+};
+
+// Where the launching thread's time went over a chain's window (shares sum to 1):
+// in_calls = inside probed calls (whether on or off CPU there); off_cpu_* = off CPU outside any
+// probed call, by state; on_cpu = the rest (running, or runnable without a recorded span).
+struct TimeSplit {
+  bool present = false;
+  uint32_t tid = 0;
+  uint64_t start_ns = 0, end_ns = 0;  // the interval the shares are of
+  double in_calls = 0, off_cpu_preempted = 0, off_cpu_blocked = 0, off_cpu_unknown = 0, on_cpu = 0;
+  std::string dominant;  // the largest of the five names above
+};
+
 struct Chain {
   std::string id;             // stable: "<rule>:<key>:<window start>"
   std::string rule, rule_hash;
@@ -60,6 +90,10 @@ struct Chain {
   uint64_t p50_ns = 0, p99_ns = 0;                     // for Ingero's causal_chains columns
   double tail_ratio = 0;
   uint64_t dropped_events = 0;  // events lost in this chain's window (live capture)
+  // Where in the code (engine/annotate.h fills these after the rules ran).
+  std::vector<ThreadShare> threads;  // largest share first; tid above = threads[0].tid
+  std::vector<ChainStack> stacks;    // top stacks: role "call" first, then "offcpu", "sample"
+  TimeSplit time_split;              // rate and gap chains: the launching thread
 };
 
 struct EngineCounters {

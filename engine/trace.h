@@ -62,7 +62,8 @@ struct TraceMeta {
   std::string format;                     // "ingero-0.8", "ingero-0.9", "ingero-pipeline-1", ...
   std::vector<std::string> nodes{""};     // Event::node indexes this; 0 = local / unnamed
   std::map<uint32_t, std::string> process_names;
-  std::map<uint64_t, StackTrace> stacks;  // by Event::stack_id
+  std::map<uint32_t, std::string> thread_names;  // tid -> comm, when the source knows it
+  std::map<uint64_t, StackTrace> stacks;  // by Event::stack_id (engine/stack.h parses them)
   std::vector<SessionInfo> sessions;
   std::vector<SystemSnapshot> snapshots;
   InputHealth health;
