@@ -1,0 +1,615 @@
+#include "operators/chain_annotate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+
+#include "engine/format.h"
+#include "engine/ops.h"
+#include "engine/stack.h"
+
+namespace ingero {
+
+namespace {
+
+bool is_rate_or_gap(const Chain& c) { return c.category == "throughput_drop" || c.category == "launch_gap"; }
+
+double value_of(const Chain& c, const char* name) {
+  for (const auto& [k, v] : c.values)
+    if (k == name) return v;
+  return std::nan("");
+}
+
+bool finite_pos(double v) { return v == v && std::isfinite(v) && v > 0; }
+
+std::string pct(double share) { return format_value(share, Unit::kPercent); }
+
+// Weight and count per stack id, then the top N as ChainStacks of one role.
+struct StackTally {
+  std::unordered_map<uint64_t, std::pair<double, uint64_t>> by_id;  // id -> (weight, events)
+  double total = 0;
+  void add(uint64_t id, double w) {
+    total += w;
+    if (!id) return;
+    auto& slot = by_id[id];
+    slot.first += w;
+    ++slot.second;
+  }
+};
+
+std::string thread_name(const TraceMeta& meta, uint32_t pid, uint32_t tid) {
+  if (auto it = meta.thread_names.find(tid); it != meta.thread_names.end() && !it->second.empty())
+    return it->second;
+  if (auto it = meta.process_names.find(pid); it != meta.process_names.end()) return it->second;
+  return {};
+}
+
+// The sentence of the throughput rule that a time split replaces (rules/trends.rules).
+constexpr std::string_view kGenericSentence = "The GPU is being fed less";
+
+}  // namespace
+
+bool is_launch_op(Source s, uint8_t op) {
+  return (s == Source::kCuda && op == op::kCudaLaunchKernel) ||
+         (s == Source::kDriver && op == op::kCuLaunchKernel) ||
+         (s == Source::kGraph && op == op::kGraphLaunch);
+}
+
+bool chain_canonical_order(const Chain& a, const Chain& b) {
+  if (a.severity != b.severity) return a.severity > b.severity;
+  if (a.window_start != b.window_start) return a.window_start < b.window_start;
+  if (a.rule != b.rule) return a.rule < b.rule;
+  if (a.pid != b.pid) return a.pid < b.pid;
+  if (a.tid != b.tid) return a.tid < b.tid;
+  if (a.source != b.source) return a.source < b.source;
+  if (a.op != b.op) return a.op < b.op;
+  if (a.node != b.node) return a.node < b.node;
+  if (a.rank != b.rank) return a.rank < b.rank;
+  return a.id < b.id;
+}
+
+ChainAnnotator::ChainAnnotator(AnnotateOptions o) : opt_(o) {
+  if (opt_.top_stacks == 0) opt_.top_stacks = 3;
+  if (opt_.gap_window_ns == 0) opt_.gap_window_ns = 10'000'000'000;
+  if (opt_.max_records == 0) opt_.max_records = 1;
+}
+
+void ChainAnnotator::insert(Series& s, const Rec& r, AnnotateCounters& c) {
+  if (s.recs.empty() || s.recs.back().ts <= r.ts) {
+    s.recs.push_back(r);
+  } else {
+    auto it = std::upper_bound(s.recs.begin(), s.recs.end(), r.ts,
+                               [](uint64_t ts, const Rec& x) { return ts < x.ts; });
+    s.recs.insert(it, r);
+    ++c.out_of_order;
+  }
+  s.max_dur = std::max(s.max_dur, r.dur);
+}
+
+// Indexes [first, last) of the records that START in [start, end).
+std::pair<size_t, size_t> ChainAnnotator::range(const Series& s, uint64_t start, uint64_t end) {
+  auto lo = std::lower_bound(s.recs.begin(), s.recs.end(), start,
+                             [](const Rec& x, uint64_t ts) { return x.ts < ts; });
+  auto hi = std::lower_bound(lo, s.recs.end(), end, [](const Rec& x, uint64_t ts) { return x.ts < ts; });
+  return {static_cast<size_t>(lo - s.recs.begin()), static_cast<size_t>(hi - s.recs.begin())};
+}
+
+void ChainAnnotator::note_launch(Thread& t, const Event& e) {
+  if (!opt_.detect_gaps) return;
+  if (t.have_launch && e.ts_ns >= t.last_launch_end && e.ts_ns - t.last_launch_end >= opt_.gap_min_ns) {
+    Gap g;
+    g.key = thread_key(t.node, t.tid);
+    g.start = t.last_launch_end;
+    g.end = e.ts_ns;
+    g.before_id = t.last_launch_id;
+    g.after_id = e.id;
+    g.source = e.source;
+    g.op = e.op;
+    pending_gaps_.push_back(g);
+    ++counters_.gaps;
+  }
+  if (!t.have_launch || e.end_ns() > t.last_launch_end) {
+    t.last_launch_end = e.end_ns();
+    t.last_launch_id = e.id;
+  }
+  t.have_launch = true;
+}
+
+void ChainAnnotator::add(std::span<const Event> events) {
+  for (const Event& e : events) {
+    ++counters_.events;
+    Series Thread::*series = nullptr;
+    if (is_gpu_api(e.source)) {
+      series = &Thread::calls;
+      ++counters_.calls;
+    } else if (e.source == Source::kHost && e.op == op::kSchedSwitch && e.dur_ns > 0 &&
+               !(e.flags & (event_flags::kSwitchOut | event_flags::kSwitchIn))) {
+      series = &Thread::offcpu;
+      ++counters_.offcpu_spans;
+    } else if (e.source == Source::kHost && e.op == op::kCpuSample) {
+      series = &Thread::samples;
+      ++counters_.samples;
+    } else {
+      ++counters_.ignored;
+      continue;
+    }
+    if (e.ts_ns > newest_) newest_ = e.ts_ns;
+    Thread& t = threads_[thread_key(e.node, e.tid)];
+    t.pid = e.pid;
+    t.tid = e.tid;
+    t.node = e.node;
+    if (e.rank >= 0) t.rank = e.rank;
+    Rec r;
+    r.ts = e.ts_ns;
+    r.dur = e.dur_ns;
+    r.id = e.id;
+    r.stack = e.stack_id;
+    r.pid = e.pid;
+    r.rank = e.rank;
+    r.source = e.source;
+    r.op = e.op;
+    r.state = e.prev_state;
+    insert(t.*series, r, counters_);
+    ++records_;
+    if (series == &Thread::calls && is_launch_op(e.source, e.op)) note_launch(t, e);
+  }
+  if (opt_.retention_ns && newest_ > opt_.retention_ns) evict(newest_ - opt_.retention_ns);
+  if (records_ > opt_.max_records) enforce_cap();
+}
+
+void ChainAnnotator::evict(uint64_t horizon) {
+  for (auto it = threads_.begin(); it != threads_.end();) {
+    Thread& t = it->second;
+    for (Series* s : {&t.calls, &t.offcpu, &t.samples}) {
+      // A record goes once it ended before the horizon; one that started more than a retention
+      // before it goes regardless (a span open for minutes must not pin everything behind it).
+      while (!s->recs.empty()) {
+        const Rec& f = s->recs.front();
+        const uint64_t keep_until = f.ts + std::min(f.dur, opt_.retention_ns ? opt_.retention_ns : f.dur);
+        if (keep_until >= horizon) break;
+        s->recs.pop_front();
+        --records_;
+        ++counters_.evicted;
+      }
+      if (s->recs.empty()) s->max_dur = 0;
+    }
+    const bool empty = t.calls.recs.empty() && t.offcpu.recs.empty() && t.samples.recs.empty();
+    // An idle thread's launch-gap state goes with it: a gap longer than the retention has no
+    // context left to judge it anyway.
+    if (empty && (!t.have_launch || t.last_launch_end < horizon)) it = threads_.erase(it);
+    else ++it;
+  }
+}
+
+void ChainAnnotator::enforce_cap() {
+  while (records_ > opt_.max_records) {
+    uint64_t oldest = UINT64_MAX;
+    for (const auto& [k, t] : threads_)
+      for (const Series* s : {&t.calls, &t.offcpu, &t.samples})
+        if (!s->recs.empty()) oldest = std::min(oldest, s->recs.front().ts);
+    if (oldest == UINT64_MAX) return;
+    const uint64_t step = std::max<uint64_t>(1'000'000, (newest_ > oldest ? newest_ - oldest : 0) / 8);
+    const uint64_t horizon = oldest + step;
+    for (auto& [k, t] : threads_)
+      for (Series* s : {&t.calls, &t.offcpu, &t.samples}) {
+        while (!s->recs.empty() && s->recs.front().ts < horizon) {
+          s->recs.pop_front();
+          --records_;
+          ++counters_.evicted;
+          ++counters_.capped;
+        }
+        if (s->recs.empty()) s->max_dur = 0;
+      }
+  }
+}
+
+size_t ChainAnnotator::launches_in(const Thread& t, uint64_t start, uint64_t end) const {
+  const auto [lo, hi] = range(t.calls, start, end);
+  size_t n = 0;
+  for (size_t i = lo; i < hi; ++i)
+    if (is_launch_op(t.calls.recs[i].source, t.calls.recs[i].op)) ++n;
+  return n;
+}
+
+TimeSplit ChainAnnotator::time_split(uint16_t node, uint32_t tid, uint64_t start, uint64_t end) const {
+  TimeSplit ts;
+  auto it = threads_.find(thread_key(node, tid));
+  if (it == threads_.end() || end <= start) return ts;
+  const Thread& t = it->second;
+  const double span = static_cast<double>(end - start);
+  // Union of the call intervals clipped to the window (calls nest: runtime over driver).
+  std::vector<std::pair<uint64_t, uint64_t>> u;
+  {
+    const uint64_t from = start > t.calls.max_dur ? start - t.calls.max_dur : 0;
+    const auto [lo, hi] = range(t.calls, from, end);
+    for (size_t i = lo; i < hi; ++i) {
+      const Rec& r = t.calls.recs[i];
+      const uint64_t a = std::max(r.ts, start), b = std::min(r.end(), end);
+      if (a >= b) continue;
+      if (!u.empty() && a <= u.back().second) u.back().second = std::max(u.back().second, b);
+      else u.emplace_back(a, b);
+    }
+  }
+  uint64_t in_calls = 0;
+  for (const auto& [a, b] : u) in_calls += b - a;
+  auto overlap_calls = [&u](uint64_t a, uint64_t b) {
+    auto i = std::lower_bound(u.begin(), u.end(), a,
+                              [](const std::pair<uint64_t, uint64_t>& x, uint64_t v) { return x.second <= v; });
+    uint64_t o = 0;
+    for (; i != u.end() && i->first < b; ++i) o += std::min(b, i->second) - std::max(a, i->first);
+    return o;
+  };
+  uint64_t pre = 0, blocked = 0, unknown = 0;
+  {
+    const uint64_t from = start > t.offcpu.max_dur ? start - t.offcpu.max_dur : 0;
+    const auto [lo, hi] = range(t.offcpu, from, end);
+    uint64_t covered = start;  // spans of one thread should not overlap; never count twice if they do
+    for (size_t i = lo; i < hi; ++i) {
+      const Rec& r = t.offcpu.recs[i];
+      const uint64_t a = std::max({r.ts, start, covered}), b = std::min(r.end(), end);
+      if (a >= b) continue;
+      covered = b;
+      const uint64_t out = (b - a) - overlap_calls(a, b);
+      switch (r.state) {
+        case OffCpuState::kPreempted: pre += out; break;
+        case OffCpuState::kUnknown: unknown += out; break;
+        default: blocked += out; break;
+      }
+    }
+  }
+  const uint64_t busy = in_calls + pre + blocked + unknown;
+  const uint64_t on_cpu = busy < end - start ? (end - start) - busy : 0;
+  ts.present = true;
+  ts.tid = tid;
+  ts.start_ns = start;
+  ts.end_ns = end;
+  ts.in_calls = static_cast<double>(in_calls) / span;
+  ts.off_cpu_preempted = static_cast<double>(pre) / span;
+  ts.off_cpu_blocked = static_cast<double>(blocked) / span;
+  ts.off_cpu_unknown = static_cast<double>(unknown) / span;
+  ts.on_cpu = static_cast<double>(on_cpu) / span;
+  const std::pair<const char*, double> parts[] = {{"in_calls", ts.in_calls},
+                                                  {"off_cpu_preempted", ts.off_cpu_preempted},
+                                                  {"off_cpu_blocked", ts.off_cpu_blocked},
+                                                  {"off_cpu_unknown", ts.off_cpu_unknown},
+                                                  {"on_cpu", ts.on_cpu}};
+  double best = -1;
+  for (const auto& [name, v] : parts)
+    if (v > best) {
+      best = v;
+      ts.dominant = name;
+    }
+  return ts;
+}
+
+void ChainAnnotator::annotate(std::vector<Chain>& chains, const TraceMeta& meta) {
+  for (Chain& c : chains) annotate(c, meta);
+}
+
+namespace {
+
+// Parsed stacks of one annotate() call's metadata.
+const ParsedStack* lookup_stack(const TraceMeta& meta, uint64_t id,
+                                std::unordered_map<uint64_t, ParsedStack>& cache, uint64_t& missing) {
+  if (auto it = cache.find(id); it != cache.end()) return &it->second;
+  auto m = meta.stacks.find(id);
+  if (m == meta.stacks.end()) {
+    ++missing;
+    return nullptr;
+  }
+  return &cache.emplace(id, parse_stack(m->second)).first->second;
+}
+
+void top_stacks(const StackTally& t, const char* role, size_t n, const TraceMeta& meta,
+                std::unordered_map<uint64_t, ParsedStack>& cache, uint64_t& missing,
+                std::vector<ChainStack>& out) {
+  if (t.total <= 0) return;
+  std::vector<std::pair<uint64_t, std::pair<double, uint64_t>>> v(t.by_id.begin(), t.by_id.end());
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
+    if (a.second.first != b.second.first) return a.second.first > b.second.first;
+    return a.first < b.first;
+  });
+  for (size_t i = 0; i < v.size() && i < n; ++i) {
+    ChainStack s;
+    s.role = role;
+    s.stack_id = v[i].first;
+    s.share = v[i].second.first / t.total;
+    s.calls = v[i].second.second;
+    if (const ParsedStack* p = lookup_stack(meta, s.stack_id, cache, missing)) {
+      s.frames = p->frames;
+      s.truncated = p->truncated;
+    }
+    out.push_back(std::move(s));
+  }
+}
+
+const ChainStack* first_of_role(const Chain& c, const char* role) {
+  for (const auto& s : c.stacks)
+    if (s.role == role && !s.frames.empty()) return &s;
+  return nullptr;
+}
+
+std::string site_of(const ChainStack* s) {
+  if (!s) return {};
+  ParsedStack p;
+  p.frames = s->frames;
+  const StackFrame* f = call_site(p);
+  return f ? frame_text(*f) : std::string();
+}
+
+// Root cause, summary suffix, explanation and first fix from the launching thread's time split.
+void apply_split(Chain& c, const std::string& tname) {
+  const TimeSplit& s = c.time_split;
+  const std::string who = "tid " + std::to_string(s.tid) + (tname.empty() ? "" : " (" + tname + ")");
+  const std::string sample_site = site_of(first_of_role(c, "sample"));
+  const std::string wait_site = site_of(first_of_role(c, "offcpu"));
+  std::string root, suffix, fix;
+  if (s.dominant == "on_cpu") {
+    root = "CPU-bound work in the launching thread between launches: " + who + " was on CPU outside CUDA calls for " +
+           pct(s.on_cpu) + " of the window";
+    if (!sample_site.empty()) root += "; top sampled stack at " + sample_site;
+    suffix = "on CPU between launches for " + pct(s.on_cpu) + " of the window";
+    fix = "Profile what the launching thread computes between launches (the sampled stacks; py-spy) and move it off "
+          "the launch path or onto the GPU";
+  } else if (s.dominant == "off_cpu_preempted") {
+    root = "CPU contention: the launching thread " + who + " was runnable but preempted for " +
+           pct(s.off_cpu_preempted) + " of the window";
+    suffix = "preempted for " + pct(s.off_cpu_preempted) + " of the window";
+    fix = "Pin the launching thread's process to dedicated cores and move CPU-heavy neighbours away";
+  } else if (s.dominant == "off_cpu_blocked") {
+    root = "Waiting: the launching thread " + who + " was blocked off CPU for " + pct(s.off_cpu_blocked) +
+           " of the window";
+    if (!wait_site.empty()) root += ", waiting at " + wait_site;
+    suffix = "blocked for " + pct(s.off_cpu_blocked) + " of the window";
+    fix = "Look at the off-CPU stacks for what the launching thread waits on (input queue, lock, I/O)";
+  } else if (s.dominant == "off_cpu_unknown") {
+    root = "The launching thread " + who + " was off CPU (state not recorded) for " + pct(s.off_cpu_unknown) +
+           " of the window";
+    if (!wait_site.empty()) root += ", at " + wait_site;
+    suffix = "off CPU for " + pct(s.off_cpu_unknown) + " of the window";
+    fix = "Record with live capture (it records why a thread was off CPU) to tell contention from waiting";
+  } else {
+    root = "Time inside CUDA calls: the launching thread " + who + " spent " + pct(s.in_calls) +
+           " of the window inside CUDA/driver calls (GPU-bound work or synchronisation)";
+    suffix = "inside CUDA calls for " + pct(s.in_calls) + " of the window";
+    fix = "Look at the slowest calls' stacks for synchronisations (.item(), .cpu(), cudaStreamSynchronize) in the loop";
+  }
+  c.root_cause = root;
+  c.summary += "; launching thread tid " + std::to_string(s.tid) + " " + suffix;
+  const std::string split_text = "Where the launching thread " + who + " spent the window: in CUDA calls " +
+                                 pct(s.in_calls) + ", on CPU between calls " + pct(s.on_cpu) + ", preempted " +
+                                 pct(s.off_cpu_preempted) + ", blocked " + pct(s.off_cpu_blocked) +
+                                 ", off CPU with unknown state " + pct(s.off_cpu_unknown) + ".";
+  const size_t at = c.explanation.find(kGenericSentence);
+  if (at != std::string::npos) c.explanation.erase(at);
+  if (!c.explanation.empty() && c.explanation.back() != ' ') c.explanation += ' ';
+  c.explanation += split_text;
+  c.recommendations.insert(c.recommendations.begin(), fix);
+}
+
+}  // namespace
+
+void ChainAnnotator::annotate(Chain& c, const TraceMeta& meta) {
+  if (stack_cache_.size() > 65536) stack_cache_.clear();
+  c.threads.clear();
+  c.stacks.clear();
+  c.time_split = TimeSplit{};
+  const uint64_t ws = c.window_start, we = c.window_end;
+  if (we <= ws) return;
+  const bool gap = c.category == "launch_gap";
+  const double p50 = value_of(c, "p50"), p95 = value_of(c, "p95");
+  const bool by_time = finite_pos(p50);
+  const double thr = by_time ? std::max(finite_pos(p95) ? p95 : 0.0, 3 * p50) : 0.0;
+
+  // The chain's threads: its key, as far as the chain names one.
+  std::vector<const Thread*> cand;
+  for (const auto& [k, t] : threads_) {
+    if (t.node != c.node) continue;
+    if (c.pid && t.pid != c.pid) continue;
+    if (c.tid && t.tid != c.tid) continue;
+    if (!c.pid && !c.tid && c.rank >= 0 && t.rank != c.rank) continue;
+    cand.push_back(&t);
+  }
+  std::sort(cand.begin(), cand.end(), [](const Thread* a, const Thread* b) { return a->tid < b->tid; });
+
+  struct Slow {
+    const Thread* t;
+    uint64_t ts, end;
+  };
+  std::vector<Slow> slow;
+  std::map<uint32_t, std::pair<double, uint32_t>> per_tid;  // tid -> (weight, pid)
+  StackTally calls_tally;
+  if (!gap) {
+    for (const Thread* t : cand) {
+      const auto [lo, hi] = range(t->calls, ws, we);
+      for (size_t i = lo; i < hi; ++i) {
+        const Rec& r = t->calls.recs[i];
+        if (c.op) {
+          if (r.source != c.source || r.op != c.op) continue;
+        } else if (c.source != Source::kUnknown && r.source != c.source) {
+          continue;
+        }
+        if (by_time && static_cast<double>(r.dur) < thr) continue;
+        const double w = by_time ? static_cast<double>(r.dur) : 1.0;
+        auto& slot = per_tid[t->tid];
+        slot.first += w;
+        slot.second = t->pid;
+        calls_tally.add(r.stack, w);
+        if (slow.size() < (1u << 20)) slow.push_back({t, r.ts, r.end()});
+      }
+    }
+  } else if (c.tid) {
+    per_tid[c.tid] = {1.0, c.pid};
+  }
+  if (calls_tally.total > 0 || gap) {
+    const double total = gap ? 1.0 : calls_tally.total;
+    for (const auto& [tid, wp] : per_tid)
+      c.threads.push_back({tid, thread_name(meta, wp.second, tid), total > 0 ? wp.first / total : 0});
+    std::stable_sort(c.threads.begin(), c.threads.end(),
+                     [](const ThreadShare& a, const ThreadShare& b) { return a.share > b.share; });
+    if (c.tid == 0 && !c.threads.empty()) c.tid = c.threads.front().tid;
+  }
+  top_stacks(calls_tally, "call", opt_.top_stacks, meta, stack_cache_, counters_.stacks_missing, c.stacks);
+
+  // Where the slow calls' threads were while off CPU.
+  if (c.category == "cpu_contention" || c.category == "blocking") {
+    const bool want_blocked = c.category == "blocking";
+    StackTally off;
+    for (const Slow& s : slow) {
+      const Series& sp = s.t->offcpu;
+      const uint64_t from = s.ts > sp.max_dur ? s.ts - sp.max_dur : 0;
+      const auto [lo, hi] = range(sp, from, s.end);
+      for (size_t i = lo; i < hi; ++i) {
+        const Rec& r = sp.recs[i];
+        const bool blocked = r.state == OffCpuState::kSleeping || r.state == OffCpuState::kDiskWait;
+        const bool preempted = r.state == OffCpuState::kPreempted || r.state == OffCpuState::kUnknown;
+        if (want_blocked ? !blocked : !preempted) continue;
+        const uint64_t a = std::max(r.ts, s.ts), b = std::min(r.end(), s.end);
+        if (a < b) off.add(r.stack, static_cast<double>(b - a));
+      }
+    }
+    top_stacks(off, "offcpu", opt_.top_stacks, meta, stack_cache_, counters_.stacks_missing, c.stacks);
+  }
+
+  if (!is_rate_or_gap(c)) return;
+  // The launching thread: most launches of the process in the window, else most GPU API calls.
+  const Thread* launcher = nullptr;
+  if (gap) {
+    for (const Thread* t : cand)
+      if (t->tid == c.tid) launcher = t;
+  } else {
+    size_t best_launch = 0, best_calls = 0;
+    for (const Thread* t : cand) {
+      const auto [lo, hi] = range(t->calls, ws, we);
+      size_t launches = 0;
+      for (size_t i = lo; i < hi; ++i)
+        if (is_launch_op(t->calls.recs[i].source, t->calls.recs[i].op)) ++launches;
+      const size_t calls = hi - lo;
+      if (launches > best_launch || (launches == best_launch && calls > best_calls)) {
+        if (launches || calls) launcher = t;
+        best_launch = launches;
+        best_calls = calls;
+      }
+    }
+  }
+  if (!launcher) return;
+  c.time_split = time_split(launcher->node, launcher->tid, ws, we);
+  if (!c.time_split.present) return;
+  StackTally off, samples;
+  {
+    const Series& sp = launcher->offcpu;
+    const uint64_t from = ws > sp.max_dur ? ws - sp.max_dur : 0;
+    const auto [lo, hi] = range(sp, from, we);
+    for (size_t i = lo; i < hi; ++i) {
+      const Rec& r = sp.recs[i];
+      const uint64_t a = std::max(r.ts, ws), b = std::min(r.end(), we);
+      if (a < b) off.add(r.stack, static_cast<double>(b - a));
+    }
+    const auto [slo, shi] = range(launcher->samples, ws, we);
+    for (size_t i = slo; i < shi; ++i) samples.add(launcher->samples.recs[i].stack, 1.0);
+  }
+  top_stacks(off, "offcpu", opt_.top_stacks, meta, stack_cache_, counters_.stacks_missing, c.stacks);
+  top_stacks(samples, "sample", opt_.top_stacks, meta, stack_cache_, counters_.stacks_missing, c.stacks);
+  apply_split(c, thread_name(meta, launcher->pid, launcher->tid));
+}
+
+Chain ChainAnnotator::gap_chain(const GapGroup& g, const TraceMeta& meta) {
+  const Gap& gp = g.longest;
+  const auto it = threads_.find(gp.key);
+  Chain c;
+  c.rule = "launch_gap";
+  c.rule_hash = "builtin";
+  c.category = "launch_gap";
+  c.source = gp.source;
+  c.op = gp.op;
+  c.tid = static_cast<uint32_t>(gp.key & 0xffffffffu);
+  c.node = static_cast<uint16_t>(gp.key >> 32);
+  if (it != threads_.end()) {
+    c.pid = it->second.pid;
+    c.rank = it->second.rank;
+  }
+  c.window_start = gp.start;
+  c.window_end = gp.end;
+  const uint64_t len = gp.end - gp.start;
+  c.severity = len >= opt_.gap_high_ns ? Severity::kHigh : Severity::kMedium;
+  const std::string proc = meta.process_names.count(c.pid) ? meta.process_names.at(c.pid)
+                                                           : "pid " + std::to_string(c.pid);
+  c.summary = "tid " + std::to_string(c.tid) + " of " + proc + " went " + format_ns(static_cast<double>(len)) +
+              " without launching GPU work (" + format_count(static_cast<double>(g.gaps)) + " gap(s) >= " +
+              format_ns(static_cast<double>(opt_.gap_min_ns)) + " in this " +
+              format_ns(static_cast<double>(opt_.gap_window_ns)) + " window, " +
+              format_ns(static_cast<double>(g.total_ns)) + " in all)";
+  c.root_cause = "Launch gap: the thread that launches the GPU work stopped launching for a while";
+  c.explanation = "Thread " + std::to_string(c.tid) + " launched GPU work before and after a pause of " +
+                  format_ns(static_cast<double>(len)) + " (the longest of " + format_count(static_cast<double>(g.gaps)) +
+                  " in this window); the GPU had nothing new from it in between.";
+  c.recommendations = {"Compare with throughput_drop and blocking chains of the same process and window"};
+  EvidenceItem ev;
+  ev.kind = "gap";
+  ev.unit = "ns";
+  ev.value = static_cast<double>(len);
+  ev.detail = "no launch between event " + std::to_string(gp.before_id) + " and event " + std::to_string(gp.after_id) +
+              " (" + format_ns(static_cast<double>(len)) + ")";
+  ev.event_ids = {gp.before_id, gp.after_id};
+  c.evidence.push_back(ev);
+  PredicateResult p;
+  p.label = "gap >= " + format_ns(static_cast<double>(opt_.gap_min_ns));
+  p.lhs = static_cast<double>(len);
+  p.rhs = static_cast<double>(opt_.gap_min_ns);
+  p.margin = p.lhs - p.rhs;
+  p.passed = true;
+  p.lhs_text = format_ns(p.lhs);
+  p.rhs_text = format_ns(p.rhs);
+  c.predicates.push_back(p);
+  c.values = {{"gap", static_cast<double>(len)},
+              {"gaps", static_cast<double>(g.gaps)},
+              {"gap_total", static_cast<double>(g.total_ns)},
+              {"gap_min", static_cast<double>(opt_.gap_min_ns)}};
+  c.id = "launch_gap:pid=" + std::to_string(c.pid) + ",tid=" + std::to_string(c.tid) + ":" + std::to_string(gp.start);
+  annotate(c, meta);
+  return c;
+}
+
+std::vector<Chain> ChainAnnotator::take_gap_chains(const TraceMeta& meta, bool final) {
+  std::vector<Chain> out;
+  if (!opt_.detect_gaps) return out;
+  const uint64_t ctx = opt_.gap_context_ns;
+  std::vector<Gap> still;
+  for (const Gap& g : pending_gaps_) {
+    if (!final && newest_ < g.end + ctx) {
+      still.push_back(g);
+      continue;
+    }
+    auto it = threads_.find(g.key);
+    if (it == threads_.end()) continue;
+    const size_t before = launches_in(it->second, g.start > ctx ? g.start - ctx : 0, g.start + 1);
+    const size_t after = launches_in(it->second, g.end, g.end + ctx);
+    if (before < opt_.gap_min_launches || after < opt_.gap_min_launches) continue;
+    GapGroup& grp = groups_[{g.key, g.start / opt_.gap_window_ns}];
+    ++grp.gaps;
+    grp.total_ns += g.end - g.start;
+    grp.window_end = (g.start / opt_.gap_window_ns + 1) * opt_.gap_window_ns;
+    if (g.end - g.start > grp.longest.end - grp.longest.start) grp.longest = g;
+  }
+  pending_gaps_ = std::move(still);
+  for (auto it = groups_.begin(); it != groups_.end();) {
+    if (final || newest_ >= it->second.window_end + ctx) {
+      out.push_back(gap_chain(it->second, meta));
+      ++counters_.gap_chains;
+      it = groups_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  std::sort(out.begin(), out.end(), chain_canonical_order);
+  return out;
+}
+
+void annotate_result(AnalysisResult& r, ChainAnnotator& a) {
+  a.annotate(r.chains, r.meta);
+  auto gaps = a.take_gap_chains(r.meta, true);
+  for (auto& g : gaps) r.chains.push_back(std::move(g));
+  std::sort(r.chains.begin(), r.chains.end(), chain_canonical_order);
+}
+
+}  // namespace ingero

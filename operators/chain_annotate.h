@@ -1,0 +1,166 @@
+// Chain annotation: which thread issued a chain's slow calls, from where in the code, and where
+// the launching thread's time went. Runs after the rules: it fills Chain::tid/threads/stacks/
+// time_split (engine/result.h) from the trace's events and TraceMeta::stacks, and it is the
+// built-in detector of `launch_gap` chains (a thread that stopped launching GPU work for a while).
+//
+// Contract:
+// - Feed it the same events the engine saw, in batch order (add()); then annotate() the chains.
+//   Replay feeds the whole trace (retention 0 = keep everything); live capture keeps only the
+//   recent horizon (`retention_ns` behind the newest event, plus a hard cap on records), so its
+//   memory is bounded by event rate x horizon, never by trace length. What it keeps per thread:
+//   probed GPU API calls (CUDA/DRIVER/GRAPH/NCCL), off-CPU spans (HOST sched_switch with a
+//   duration; unpaired live halves are ignored) and on-CPU samples (HOST cpu_sample). Every other
+//   event is counted and dropped.
+// - Slow calls of a chain = the calls of its key (pid, source, op; tid/rank when the chain has
+//   them) that START in its window with duration >= max(p95, 3 x p50) — the tail rules'
+//   definition (rules/common.rules, `slow_threshold`), read from the chain's `p50`/`p95` values.
+//   Chains without p50 (rate chains) use all their calls, weighted by count instead of time.
+// - threads: the slow calls' time by thread, largest first; Chain::tid is set to threads[0] when
+//   the chain had no thread (pid-keyed rules). stacks: the top `top_stacks` stacks of the slow
+//   calls (role "call", share of slow-call time), then for cpu_contention/blocking the off-CPU
+//   stacks of those threads overlapping the slow calls (role "offcpu", by overlap time), and for
+//   rate/gap chains the launching thread's off-CPU stacks and on-CPU samples in the window (roles
+//   "offcpu" and "sample"). A share is of the role's total, stack-less events included, so shares
+//   of listed stacks may sum below 1.
+// - time_split (throughput_drop and launch_gap chains): for the launching thread (most launch
+//   calls of the process in the window; else most GPU API calls) over the window: in_calls = union
+//   of its call intervals, off_cpu_* = its off-CPU spans outside any call by state (preempted;
+//   sleeping/disk wait/other = blocked; unknown), on_cpu = the rest. The chain's root cause, a
+//   summary suffix and the explanation's generic "input starvation, blocking, or a phase change"
+//   sentence are replaced by what the dominant share says.
+// - launch_gap: a thread whose consecutive launches (cudaLaunchKernel, cuLaunchKernel,
+//   cudaGraphLaunch) are >= gap_min_ns apart, with >= gap_min_launches launches in the
+//   gap_context_ns before the gap and after it; one chain per (node, pid, tid) and tumbling
+//   gap_window_ns window of the gap start, for its longest gap (the others are counted in it).
+//   take_gap_chains() returns each chain once, when its window and the context after it are in
+//   (or at `final`).
+// - Never throws, data plane: odd input is counted (AnnotateCounters). Work per chain is a binary
+//   search plus a walk over the chain window's events of the threads involved.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/event.h"
+#include "engine/result.h"
+#include "engine/stack.h"
+#include "engine/trace.h"
+
+namespace ingero {
+
+struct AnnotateOptions {
+  uint64_t retention_ns = 0;         // 0 = keep every event (replay); live: largest window + lateness
+  size_t max_records = 8u << 20;     // hard cap on kept events; the oldest thread data goes first
+  size_t top_stacks = 3;
+  bool detect_gaps = true;
+  uint64_t gap_min_ns = 100'000'000;       // 100 ms without a launch
+  uint64_t gap_context_ns = 1'000'000'000;  // launches looked for before and after the gap
+  uint64_t gap_min_launches = 5;           // ... at least this many on each side
+  uint64_t gap_window_ns = 10'000'000'000;  // one chain per thread and window (its longest gap)
+  uint64_t gap_high_ns = 1'000'000'000;    // severity high from this gap length
+};
+
+struct AnnotateCounters {
+  uint64_t events = 0;          // seen by add()
+  uint64_t calls = 0, offcpu_spans = 0, samples = 0;  // kept
+  uint64_t ignored = 0;         // not a call, a span with a duration, or a sample
+  uint64_t out_of_order = 0;    // inserted behind newer events of their thread (late spans)
+  uint64_t evicted = 0;         // dropped by retention or the record cap
+  uint64_t capped = 0;          // of those, dropped by the record cap before their horizon
+  uint64_t gaps = 0;            // launch gaps >= gap_min_ns seen
+  uint64_t gap_chains = 0;      // launch_gap chains returned
+  uint64_t stacks_missing = 0;  // stack ids an event referenced that TraceMeta::stacks lacks
+};
+
+class ChainAnnotator {
+ public:
+  explicit ChainAnnotator(AnnotateOptions o = {});
+
+  void add(const Batch& b) { add(std::span<const Event>(b.events)); }
+  void add(std::span<const Event> events);
+
+  // Fills threads/stacks/time_split of every chain (and tid when 0). Never throws.
+  void annotate(std::vector<Chain>& chains, const TraceMeta& meta);
+  void annotate(Chain& c, const TraceMeta& meta);
+
+  // launch_gap chains whose window (and the context after it) is complete, annotated; each is
+  // returned once. `final` flushes every pending one (end of trace).
+  std::vector<Chain> take_gap_chains(const TraceMeta& meta, bool final);
+
+  // The time split of one thread over [start, end) from its retained events (tests use it too).
+  TimeSplit time_split(uint16_t node, uint32_t tid, uint64_t start, uint64_t end) const;
+
+  const AnnotateCounters& counters() const { return counters_; }
+  size_t retained() const { return records_; }
+  const AnnotateOptions& options() const { return opt_; }
+
+ private:
+  struct Rec {
+    uint64_t ts = 0, dur = 0, id = 0, stack = 0;
+    uint32_t pid = 0;
+    int16_t rank = -1;
+    Source source = Source::kUnknown;
+    uint8_t op = 0;
+    OffCpuState state = OffCpuState::kUnknown;
+    uint64_t end() const { return ts + dur; }
+  };
+  struct Series {
+    std::deque<Rec> recs;  // sorted by ts
+    uint64_t max_dur = 0;  // longest kept, so a window search can start early enough
+  };
+  struct Thread {
+    uint32_t pid = 0, tid = 0;
+    uint16_t node = 0;
+    int16_t rank = -1;
+    Series calls, offcpu, samples;
+    // launch_gap detection
+    bool have_launch = false;
+    uint64_t last_launch_end = 0, last_launch_id = 0;
+  };
+  struct Gap {
+    uint64_t key = 0;  // thread key
+    uint64_t start = 0, end = 0, before_id = 0, after_id = 0;
+    Source source = Source::kUnknown;
+    uint8_t op = 0;
+  };
+  struct GapGroup {  // per thread and window
+    Gap longest;
+    uint64_t gaps = 0, total_ns = 0;
+    uint64_t window_end = 0;
+  };
+
+  static uint64_t thread_key(uint16_t node, uint32_t tid) { return uint64_t{node} << 32 | tid; }
+  static void insert(Series& s, const Rec& r, AnnotateCounters& c);
+  static std::pair<size_t, size_t> range(const Series& s, uint64_t start, uint64_t end);
+  void evict(uint64_t horizon);
+  void enforce_cap();
+  void note_launch(Thread& t, const Event& e);
+  size_t launches_in(const Thread& t, uint64_t start, uint64_t end) const;
+  Chain gap_chain(const GapGroup& g, const TraceMeta& meta);
+
+  AnnotateOptions opt_;
+  AnnotateCounters counters_;
+  std::unordered_map<uint64_t, Thread> threads_;
+  size_t records_ = 0;
+  uint64_t newest_ = 0;
+  std::vector<Gap> pending_gaps_;               // waiting for their after-context
+  std::map<std::pair<uint64_t, uint64_t>, GapGroup> groups_;  // (thread key, window) -> group
+  std::unordered_map<uint64_t, ParsedStack> stack_cache_;     // parsed TraceMeta::stacks by id
+};
+
+// The replay path: annotates every chain of `r` from an annotator fed with the whole trace, adds
+// the launch_gap chains and puts all chains back in the engine's canonical order.
+void annotate_result(AnalysisResult& r, ChainAnnotator& a);
+
+// The engine's canonical chain order (severity desc, window, rule, key), for merged chain lists.
+bool chain_canonical_order(const Chain& a, const Chain& b);
+
+// True for launch ops (cudaLaunchKernel, cuLaunchKernel, cudaGraphLaunch).
+bool is_launch_op(Source s, uint8_t op);
+
+}  // namespace ingero
