@@ -6,6 +6,7 @@
 #include "cli/common.h"
 #include "cli/pipeline_common.h"
 #include "engine/engine.h"
+#include "operators/chain_annotate.h"
 #include "sinks/report.h"
 #include "sinks/sqlite_store.h"
 
@@ -70,11 +71,16 @@ int run_explain(const ExplainArgs& a) {
 
   EngineOptions opts;
   opts.threads = a.threads;
-  const AnalysisResult r = run_plan(plan, tee, opts, &errors);
+  // Every chain gets its threads, top stacks and (rate/gap chains) the launching thread's time
+  // split; launch_gap chains come from the annotator's built-in detector.
+  ChainAnnotator annotator;
+  AnnotatingSource annotated(tee, annotator);
+  AnalysisResult r = run_plan(plan, annotated, opts, &errors);
   if (!errors.empty()) {
     for (const auto& e : errors) print_error("plan: " + e);
     return kExitInput;
   }
+  annotate_result(r, annotator);
   if (sink) {
     sink->write_meta(r.meta);
     if (!sink->write_result(r) || !sink->close(error)) {

@@ -20,6 +20,7 @@
 #include "cli/config.h"
 #include "cli/pipeline_common.h"
 #include "engine/engine.h"
+#include "operators/chain_annotate.h"
 #include "engine/synth.h"
 #include "sinks/lmdb_store.h"
 #include "sinks/report.h"
@@ -337,8 +338,15 @@ int run_pipeline(const RunArgs& a) {
         }
       };
     }
+    // Threads, stacks, time split and launch_gap chains for the final chains (chains streamed
+    // live above go out as the engine emits them, before annotation). Live input keeps only the
+    // recent horizon; replay keeps the whole trace (up to the annotator's record cap).
+    AnnotateOptions ao;
+    if (any_live) ao.retention_ns = 60'000'000'000ull;
+    ChainAnnotator annotator(ao);
+    AnnotatingSource annotated(input, annotator);
     std::vector<std::string> errs;
-    result = run_plan(ap.plan, input, eo, &errs);
+    result = run_plan(ap.plan, annotated, eo, &errs);
     if (!errs.empty()) {
       for (const auto& e : errs) print_error("plan: " + e);
       finished = true;
@@ -346,6 +354,7 @@ int run_pipeline(const RunArgs& a) {
       return kExitInput;
     }
     if (inputs.size() > 1) result.meta = merged.meta();
+    annotate_result(result, annotator);
   }
   for (size_t i = 0; i < sources.size(); ++i) {
     if (in_analysis[i]) continue;

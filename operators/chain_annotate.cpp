@@ -158,6 +158,7 @@ void ChainAnnotator::add(std::span<const Event> events) {
 }
 
 void ChainAnnotator::evict(uint64_t horizon) {
+  horizon_ = std::max(horizon_, horizon);
   for (auto it = threads_.begin(); it != threads_.end();) {
     Thread& t = it->second;
     for (Series* s : {&t.calls, &t.offcpu, &t.samples}) {
@@ -190,6 +191,7 @@ void ChainAnnotator::enforce_cap() {
     if (oldest == UINT64_MAX) return;
     const uint64_t step = std::max<uint64_t>(1'000'000, (newest_ > oldest ? newest_ - oldest : 0) / 8);
     const uint64_t horizon = oldest + step;
+    horizon_ = std::max(horizon_, horizon);
     for (auto& [k, t] : threads_)
       for (Series* s : {&t.calls, &t.offcpu, &t.samples}) {
         while (!s->recs.empty() && s->recs.front().ts < horizon) {
@@ -396,6 +398,10 @@ void ChainAnnotator::annotate(Chain& c, const TraceMeta& meta) {
   c.time_split = TimeSplit{};
   const uint64_t ws = c.window_start, we = c.window_end;
   if (we <= ws) return;
+  if (horizon_ && ws < horizon_) {
+    ++counters_.too_old;
+    return;
+  }
   const bool gap = c.category == "launch_gap";
   const double p50 = value_of(c, "p50"), p95 = value_of(c, "p95");
   const bool by_time = finite_pos(p50);

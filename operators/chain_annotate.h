@@ -34,6 +34,8 @@
 //   gap_window_ns window of the gap start, for its longest gap (the others are counted in it).
 //   take_gap_chains() returns each chain once, when its window and the context after it are in
 //   (or at `final`).
+// - A chain whose window starts before what retention or the record cap already evicted is left
+//   unannotated (counted in too_old) rather than annotated from partial data.
 // - Never throws, data plane: odd input is counted (AnnotateCounters). Work per chain is a binary
 //   search plus a walk over the chain window's events of the threads involved.
 #pragma once
@@ -75,6 +77,7 @@ struct AnnotateCounters {
   uint64_t gaps = 0;            // launch gaps >= gap_min_ns seen
   uint64_t gap_chains = 0;      // launch_gap chains returned
   uint64_t stacks_missing = 0;  // stack ids an event referenced that TraceMeta::stacks lacks
+  uint64_t too_old = 0;         // chains left unannotated: their window starts before the horizon
 };
 
 class ChainAnnotator {
@@ -148,9 +151,30 @@ class ChainAnnotator {
   std::unordered_map<uint64_t, Thread> threads_;
   size_t records_ = 0;
   uint64_t newest_ = 0;
+  uint64_t horizon_ = 0;  // everything that started before it may have been evicted
   std::vector<Gap> pending_gaps_;               // waiting for their after-context
   std::map<std::pair<uint64_t, uint64_t>, GapGroup> groups_;  // (thread key, window) -> group
   std::unordered_map<uint64_t, ParsedStack> stack_cache_;     // parsed TraceMeta::stacks by id
+};
+
+// A pass-through source that feeds every batch to an annotator first: the tap that every path
+// producing chains from a trace puts in front of run_plan (explain, run, mcp; `trace` can do the
+// same). Afterwards call annotate_result() (or annotate() + take_gap_chains() for chains of a live
+// view). The annotator must outlive the source's use; both are single-threaded (the engine pulls
+// batches on one thread).
+class AnnotatingSource final : public EventSource {
+ public:
+  AnnotatingSource(EventSource& in, ChainAnnotator& a) : in_(in), a_(a) {}
+  bool next(Batch& out) override {
+    if (!in_.next(out)) return false;
+    a_.add(out);
+    return true;
+  }
+  TraceMeta& meta() override { return in_.meta(); }
+
+ private:
+  EventSource& in_;
+  ChainAnnotator& a_;
 };
 
 // The replay path: annotates every chain of `r` from an annotator fed with the whole trace, adds

@@ -89,6 +89,55 @@ json op_stats_json(const OpStats& s) {
           {"relative_error", s.rel_error}};
 }
 
+json frame_json(const StackFrame& f) {
+  return {{"kind", frame_kind_name(f.kind)},
+          {"function", f.function},
+          {"file", f.file},
+          {"line", f.line},
+          {"module", f.module}};
+}
+
+json chain_stack_json(const ChainStack& s) {
+  json frames = json::array();
+  for (const auto& f : s.frames) frames.push_back(frame_json(f));
+  return {{"role", s.role},
+          {"stack_id", s.stack_id},
+          {"share", num_or_null(s.share)},
+          {"calls", s.calls},
+          {"truncated", s.truncated},
+          {"frames", frames}};
+}
+
+json time_split_json(const TimeSplit& t) {
+  if (!t.present) return nullptr;
+  return {{"tid", t.tid},
+          {"start_ns", t.start_ns},
+          {"end_ns", t.end_ns},
+          {"in_calls", num_or_null(t.in_calls)},
+          {"off_cpu_preempted", num_or_null(t.off_cpu_preempted)},
+          {"off_cpu_blocked", num_or_null(t.off_cpu_blocked)},
+          {"off_cpu_unknown", num_or_null(t.off_cpu_unknown)},
+          {"on_cpu", num_or_null(t.on_cpu)},
+          {"dominant", t.dominant}};
+}
+
+json threads_json(const std::vector<ThreadShare>& threads) {
+  json out = json::array();
+  for (const auto& t : threads) out.push_back({{"tid", t.tid}, {"name", t.name}, {"share", num_or_null(t.share)}});
+  return out;
+}
+
+std::string chain_call_site(const Chain& c) {
+  for (const char* role : {"call", "sample", "offcpu"})
+    for (const auto& s : c.stacks) {
+      if (s.role != role || s.frames.empty()) continue;
+      ParsedStack p;
+      p.frames = s.frames;
+      if (const StackFrame* f = call_site(p)) return "from " + frame_text(*f);
+    }
+  return {};
+}
+
 json chain_json(const Chain& c, const TraceMeta& meta) {
   json evidence = json::array();
   for (const auto& e : c.evidence)
@@ -109,6 +158,8 @@ json chain_json(const Chain& c, const TraceMeta& meta) {
   json values = json::object();
   for (const auto& [k, v] : c.values) values[k] = num_or_null(v);
   const std::string node = c.node < meta.nodes.size() ? meta.nodes[c.node] : "";
+  json stacks = json::array();
+  for (const auto& st : c.stacks) stacks.push_back(chain_stack_json(st));
   return {{"id", c.id},
           {"rule", c.rule},
           {"rule_hash", c.rule_hash},
@@ -133,7 +184,10 @@ json chain_json(const Chain& c, const TraceMeta& meta) {
           {"p50_ns", c.p50_ns},
           {"p99_ns", c.p99_ns},
           {"tail_ratio", num_or_null(c.tail_ratio)},
-          {"dropped_events", c.dropped_events}};
+          {"dropped_events", c.dropped_events},
+          {"threads", threads_json(c.threads)},
+          {"stacks", stacks},
+          {"time_split", time_split_json(c.time_split)}};
 }
 
 json rule_outcome_json(const RuleOutcome& o) {
@@ -290,7 +344,25 @@ std::string explain_text(const AnalysisResult& r, const ReportOptions& opt) {
     if (c.node && c.node < r.meta.nodes.size()) o << "  node " << r.meta.nodes[c.node];
     o << "  window " << trace_offset(r.meta, c.window_start) << " .. " << trace_offset(r.meta, c.window_end) << "\n";
     o << "  " << c.summary << "\n";
+    if (const std::string site = chain_call_site(c); !site.empty()) o << "  " << site << "\n";
     o << "  Root cause: " << c.root_cause << "\n";
+    if (c.time_split.present) {
+      const TimeSplit& t = c.time_split;
+      o << "  Launching thread tid " << t.tid << " over " << trace_offset(r.meta, t.start_ns) << " .. "
+        << trace_offset(r.meta, t.end_ns) << ": in calls " << format_value(t.in_calls, Unit::kPercent)
+        << ", on CPU " << format_value(t.on_cpu, Unit::kPercent) << ", preempted "
+        << format_value(t.off_cpu_preempted, Unit::kPercent) << ", blocked "
+        << format_value(t.off_cpu_blocked, Unit::kPercent) << ", off CPU (unknown) "
+        << format_value(t.off_cpu_unknown, Unit::kPercent) << "\n";
+    }
+    if (c.threads.size() > 1) {
+      o << "  Threads:";
+      for (size_t i = 0; i < c.threads.size() && i < 4; ++i)
+        o << "  tid " << c.threads[i].tid << (c.threads[i].name.empty() ? "" : " (" + c.threads[i].name + ")") << " "
+          << format_value(c.threads[i].share, Unit::kPercent);
+      if (c.threads.size() > 4) o << "  ...";
+      o << "\n";
+    }
     if (!c.explanation.empty()) o << "  Why: " << c.explanation << "\n";
     if (!c.evidence.empty()) {
       o << "  Evidence:\n";
@@ -315,6 +387,15 @@ std::string explain_text(const AnalysisResult& r, const ReportOptions& opt) {
     if (!c.recommendations.empty()) {
       o << "  Fix:\n";
       for (size_t i = 0; i < c.recommendations.size(); ++i) o << "    " << (i + 1) << ". " << c.recommendations[i] << "\n";
+    }
+    if (opt.show_values && !c.stacks.empty()) {
+      o << "  Stacks:\n";
+      for (const auto& st : c.stacks) {
+        o << "    " << st.role << " stack " << st.stack_id << ": " << format_value(st.share, Unit::kPercent) << ", "
+          << st.calls << " event(s)" << (st.truncated ? ", truncated" : "") << "\n";
+        for (const auto& f : st.frames) o << "      " << frame_text(f) << "\n";
+        if (st.frames.empty()) o << "      (frames not in the trace)\n";
+      }
     }
     if (opt.show_values) {
       o << "  Values:";

@@ -17,12 +17,24 @@ namespace ingero {
 struct ReportOptions {
   bool color = false;        // ANSI colours for severities (only on a terminal)
   size_t max_chains = 0;     // 0 = all
-  bool show_values = false;  // every row slot of each chain (verbose)
+  bool show_values = false;  // every row slot of each chain (verbose); also every stack in full
 };
 
 nlohmann::json trace_json(const TraceMeta& meta, const AnalysisResult& r);
 nlohmann::json op_stats_json(const OpStats& s);
 nlohmann::json chain_json(const Chain& c, const TraceMeta& meta);
+// The "where in the code" parts of a chain (docs/cli.md): a frame is
+// {kind: "python"|"native"|"kernel", function, file, line, module}; a stack
+// {role, stack_id, share, calls, truncated, frames: innermost first}; the time split
+// {tid, start_ns, end_ns, in_calls, off_cpu_preempted, off_cpu_blocked, off_cpu_unknown, on_cpu,
+// dominant} or null when the chain has none; threads [{tid, name, share}].
+nlohmann::json frame_json(const StackFrame& f);
+nlohmann::json chain_stack_json(const ChainStack& s);
+nlohmann::json time_split_json(const TimeSplit& t);
+nlohmann::json threads_json(const std::vector<ThreadShare>& threads);
+// "from train.py:142 in forward": the call site of the chain's first stack with frames (role
+// "call" first, then "sample", then "offcpu"), or "" when it has none.
+std::string chain_call_site(const Chain& c);
 nlohmann::json rule_outcome_json(const RuleOutcome& o);
 nlohmann::json health_json(const InputHealth& h);
 

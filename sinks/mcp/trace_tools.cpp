@@ -13,6 +13,7 @@
 #include "engine/default_plans.h"
 #include "engine/engine.h"
 #include "engine/ops.h"
+#include "operators/chain_annotate.h"
 #include "sinks/mcp/rule_inspect.h"
 #include "sinks/sqlite_store.h"
 #ifdef INGERO_MCP_HAVE_DSL
@@ -344,8 +345,11 @@ const AnalysisResult* TraceTools::analysis(std::string& error) {
       EngineOptions eo;
       eo.threads = options_.engine_threads;
       std::vector<std::string> errors;
-      auto result = std::make_unique<AnalysisResult>(run_plan(plan(), *source, eo, &errors));
+      ChainAnnotator annotator;  // threads, stacks, time split and launch_gap chains
+      AnnotatingSource annotated(*source, annotator);
+      auto result = std::make_unique<AnalysisResult>(run_plan(plan(), annotated, eo, &errors));
       if (errors.empty()) {
+        annotate_result(*result, annotator);
         analysis_ = std::move(result);
       } else {
         analysis_error_ = "the analysis plan was refused: " + errors.front();
