@@ -43,6 +43,14 @@ struct MapEntry {
   uint64_t dev = 0, ino = 0;                // (major<<32|minor, inode) from maps; 0 for anonymous
 };
 
+// One ELF file mapped by a process, as the unwinder reports it to libdw.
+struct LoadedModule {
+  std::string path;     // the path in the maps (may be " (deleted)" or in another mount namespace)
+  int fd = -1;          // an open fd on the file, owned by the Symbolizer (dup it to hand it on)
+  uint64_t bias = 0;    // load bias: process address = ELF vaddr + bias
+  uint64_t lo = 0, hi = 0;  // lowest and highest process address mapped from the file
+};
+
 class Symbolizer {  // thread-compatible (one owner thread: the live poller)
  public:
   static constexpr size_t kMaxElfs = 256;
@@ -73,6 +81,10 @@ class Symbolizer {  // thread-compatible (one owner thread: the live poller)
   // file-backed in the snapshot or the read falls outside the file.
   bool read_mapped(uint32_t pid, uint64_t addr, void* out, size_t len);
 
+  // The pid's ELF modules (one per file) with their load bias; `generation` (if not null) is set
+  // to a number that changes whenever the pid's snapshot is re-read. Null when the pid is unknown.
+  const std::vector<LoadedModule>* modules(uint32_t pid, uint64_t* generation = nullptr);
+
   // The build-id (hex) of the ELF mapped at `addr` in pid, "" when unknown or absent.
   std::string build_id_at(uint32_t pid, uint64_t addr);
 
@@ -85,10 +97,9 @@ class Symbolizer {  // thread-compatible (one owner thread: the live poller)
   };
   Stats stats() const;
 
-  struct Impl;  // public so the unwinder's callbacks can reach it; not part of the API
+  struct Impl;
 
  private:
-  friend class Unwinder;
   std::unique_ptr<Impl> impl_;
 };
 
