@@ -63,6 +63,8 @@ struct PyProcess {
   std::string module;        // the ELF holding _PyRuntime (exe or libpython3.X.so.1.0), full path
   uint64_t runtime_addr = 0;  // absolute address of _PyRuntime in the process
   uint32_t tss_key = 0;      // the autoTSSkey value read from the process (must be < 32 for glibc's fast path)
+  uint64_t interp_head = 0;  // the main interpreter (interpreters.head) at inspection time
+  uint64_t code_type_addr = 0;  // &PyCode_Type in the process: frames whose code is not a code object are skipped
   PyOffsets off;
 };
 

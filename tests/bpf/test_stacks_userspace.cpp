@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -373,4 +374,277 @@ TEST(Symbolizer, ExitedChildResolvesFromSnapshot) {
   expect_chain(fr, {"ust_capture", "ust_nofp_level3", "ust_nofp_level2", "ust_nofp_level1", "child_main()"});
   EXPECT_GE(find_frame(fr, "_start"), 0) << dump(fr);  // the outermost frame (the hook runs before main)
   EXPECT_FALSE(truncated);
+}
+
+// ---------------------------------------------------------------------------------------------
+// CPython: every interpreter of 3.10-3.13 on the machine (pyenv) and Debian's python3.
+
+#include <nlohmann/json.hpp>
+
+struct PyInterp {
+  std::string label;  // test name suffix
+  std::string path;
+  int minor;
+};
+
+static std::vector<PyInterp> interpreters() {
+  std::vector<PyInterp> out;
+  for (int minor = 10; minor <= 13; ++minor) {
+    std::string found;
+    std::error_code ec;
+    const fs::path root = "/root/.pyenv/versions";
+    if (fs::is_directory(root, ec))
+      for (const auto& d : fs::directory_iterator(root, ec)) {
+        const std::string v = d.path().filename().string();
+        if (v.rfind("3." + std::to_string(minor) + ".", 0) != 0) continue;
+        const fs::path exe = d.path() / "bin" / ("python3." + std::to_string(minor));
+        if (fs::exists(exe, ec)) found = exe.string();
+      }
+    out.push_back({"pyenv3" + std::to_string(minor), found, minor});
+  }
+  out.push_back({"debian_python3", fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "", 0});
+  return out;
+}
+
+static std::string workload(const char* name) {
+  return std::string(INGERO_SOURCE_DIR) + "/tests/workloads/" + name;
+}
+
+// Line numbers of the "@marker" comments of a script.
+static std::map<std::string, uint32_t> markers(const std::string& path) {
+  std::map<std::string, uint32_t> out;
+  std::ifstream in(path);
+  std::string line;
+  uint32_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    const size_t at = line.find("# @");
+    if (at != std::string::npos) out[line.substr(at + 3)] = n;
+  }
+  return out;
+}
+
+// A child process with pipes to its stdin/stdout, killed and reaped by the destructor.
+struct Child {
+  pid_t pid = -1;
+  int in = -1, out = -1;
+  bool start(const std::vector<std::string>& args) {
+    int a[2], b[2];
+    if (pipe(a) != 0 || pipe(b) != 0) return false;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, a[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, b[1], 1);
+    posix_spawn_file_actions_addclose(&fa, a[1]);
+    posix_spawn_file_actions_addclose(&fa, b[0]);
+    std::vector<char*> argv;
+    for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
+    argv.push_back(nullptr);
+    const int rc = posix_spawn(&pid, args[0].c_str(), &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(a[0]);
+    close(b[1]);
+    in = a[1];
+    out = b[0];
+    return rc == 0;
+  }
+  std::string read_line() {
+    std::string s;
+    char c;
+    while (read(out, &c, 1) == 1 && c != '\n') s.push_back(c);
+    return s;
+  }
+  std::string read_all() {
+    std::string s;
+    char buf[65536];
+    ssize_t r;
+    while ((r = read(out, buf, sizeof buf)) > 0) s.append(buf, static_cast<size_t>(r));
+    return s;
+  }
+  ~Child() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    if (in >= 0) close(in);
+    if (out >= 0) close(out);
+  }
+};
+
+class PyStacks : public ::testing::TestWithParam<PyInterp> {};
+
+static std::string fdump(const std::vector<StackFrame>& fr) {
+  std::ostringstream os;
+  for (const auto& f : fr) os << "  " << f.file << ":" << f.line << " in " << f.function << "\n";
+  return os.str();
+}
+
+TEST_P(PyStacks, WalksMainThreadAndThreadWithExactLines) {
+  const PyInterp& py = GetParam();
+  if (py.path.empty()) GTEST_SKIP() << py.label << ": interpreter not installed on this machine";
+  const std::string script = workload("py_stack_target.py");
+  const auto mk = markers(script);
+  Child c;
+  ASSERT_TRUE(c.start({py.path, script}));
+  std::istringstream ready(c.read_line());
+  std::string word;
+  uint32_t pid = 0, thread_tid = 0;
+  ready >> word >> pid >> thread_tid;
+  ASSERT_EQ(word, "ready");
+  ASSERT_EQ(pid, static_cast<uint32_t>(c.pid));
+  {
+    std::ifstream mem("/proc/" + std::to_string(pid) + "/mem");
+    if (!mem) GTEST_SKIP() << "cannot read /proc/" << pid << "/mem (needs root or ptrace rights)";
+  }
+  std::string why;
+  auto p = inspect_python(pid, why);
+  ASSERT_TRUE(p) << py.path << ": " << why;
+  if (py.minor) {
+    EXPECT_EQ(p->minor, py.minor);
+  }
+  EXPECT_LT(p->tss_key, 32u);
+  EXPECT_NE(p->code_type_addr, 0u);
+
+  const std::vector<StackFrame> want_main = {
+      {FrameKind::kPython, "grüße_inner", script, mk.at("main_block"), "", 0, 0},
+      {FrameKind::kPython, "outer", script, mk.at("main_call"), "", 0, 0},
+      {FrameKind::kPython, "<module>", script, mk.at("module_call"), "", 0, 0},
+  };
+  const std::string body = p->minor >= 11 ? "Worker.body" : "body";
+  const std::vector<StackFrame> want_thread = {
+      {FrameKind::kPython, "wait_в_потоке", script, mk.at("thread_block"), "", 0, 0},
+      {FrameKind::kPython, body, script, mk.at("thread_call"), "", 0, 0},
+  };
+  auto same = [](const std::vector<StackFrame>& got, const std::vector<StackFrame>& want, bool exact_size) {
+    if (exact_size ? got.size() != want.size() : got.size() < want.size()) return false;
+    for (size_t i = 0; i < want.size(); ++i)
+      if (got[i].function != want[i].function || got[i].file != want[i].file || got[i].line != want[i].line ||
+          got[i].kind != FrameKind::kPython)
+        return false;
+    return true;
+  };
+  // The process printed "ready" just before entering the blocking calls: retry briefly until both
+  // threads stand still at their blocking lines.
+  std::vector<StackFrame> main_fr, thr_fr;
+  for (int i = 0; i < 60; ++i) {
+    main_fr = py_walk_thread(*p, pid, why);
+    thr_fr = py_walk_thread(*p, thread_tid, why);
+    if (same(main_fr, want_main, true) && same(thr_fr, want_thread, false)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(same(main_fr, want_main, true)) << py.path << " main thread:\n" << fdump(main_fr) << why;
+  EXPECT_TRUE(same(thr_fr, want_thread, false)) << py.path << " thread:\n" << fdump(thr_fr) << why;
+  ASSERT_GE(thr_fr.size(), 3u);
+  EXPECT_TRUE(thr_fr[2].file.size() > 12 && thr_fr[2].file.ends_with("threading.py")) << fdump(thr_fr);
+  EXPECT_EQ(thr_fr[2].function, p->minor >= 11 ? "Thread.run" : "run");
+
+  // The TSS path (what BPF does: fsbase + 0x310 + 16*key + 8) finds the same thread states as the
+  // interpreter's own thread list matched by native_thread_id (3.11+).
+  for (uint32_t tid : {pid, thread_tid}) {
+    std::string w;
+    const auto fs_base = thread_fsbase(pid, tid, w);
+    ASSERT_TRUE(fs_base) << w;
+    const uint64_t via_tss = py_tstate_via_tss(*p, *fs_base);
+    EXPECT_NE(via_tss, 0u) << "tid " << tid;
+    const auto all = py_thread_states(*p, 64, w);
+    EXPECT_NE(std::find(all.begin(), all.end(), via_tss), all.end()) << "tid " << tid;
+    bool trunc = false;
+    const auto fr = py_walk_tstate(*p, via_tss, 256, trunc, w);
+    EXPECT_TRUE(same(fr, tid == pid ? want_main : want_thread, tid == pid)) << fdump(fr);
+    if (p->minor >= 11) {
+      uint64_t ntid = 0;
+      std::ifstream mem("/proc/" + std::to_string(pid) + "/mem", std::ios::binary);
+      mem.seekg(static_cast<std::streamoff>(via_tss + p->off.tstate_native_thread_id));
+      mem.read(reinterpret_cast<char*>(&ntid), 8);
+      EXPECT_EQ(ntid, tid);
+    }
+  }
+  // A walk limited to 2 frames is flagged truncated.
+  bool trunc = false;
+  const auto all = py_thread_states(*p, 64, why);
+  ASSERT_FALSE(all.empty());
+  std::string w;
+  const auto fs_base = thread_fsbase(pid, pid, w);
+  ASSERT_TRUE(fs_base);
+  const auto two = py_walk_tstate(*p, py_tstate_via_tss(*p, *fs_base), 2, trunc, w);
+  EXPECT_EQ(two.size(), 2u);
+  EXPECT_TRUE(trunc);
+}
+
+TEST_P(PyStacks, LineTableDecoderMatchesTheInterpreter) {
+  const PyInterp& py = GetParam();
+  if (py.path.empty()) GTEST_SKIP() << py.label << ": interpreter not installed on this machine";
+  Child c;
+  ASSERT_TRUE(c.start({py.path, workload("py_linetable_dump.py")}));
+  close(c.in);
+  c.in = -1;
+  std::istringstream all(c.read_all());
+  int minor = py.minor;
+  if (minor == 0) {  // Debian's python3: ask it
+    Child v;
+    ASSERT_TRUE(v.start({py.path, "-c", "import sys; print(sys.version_info[1])"}));
+    minor = std::stoi(v.read_line());
+  }
+  std::string line;
+  size_t codes = 0, checked = 0, wrong = 0;
+  while (std::getline(all, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << line;
+    const std::string hexs = j["table"];
+    std::vector<uint8_t> table;
+    for (size_t i = 0; i + 1 < hexs.size(); i += 2) table.push_back(static_cast<uint8_t>(std::stoul(hexs.substr(i, 2), nullptr, 16)));
+    const auto& lines = j["lines"];
+    ++codes;
+    for (size_t u = 0; u < lines.size(); ++u) {
+      const uint32_t want = lines[u].get<uint32_t>();
+      const uint32_t got = python_line(minor, table, j["first"].get<int>(), static_cast<uint32_t>(2 * u));
+      ++checked;
+      if (got != want && ++wrong <= 5)
+        ADD_FAILURE() << j["name"] << " unit " << u << ": decoded " << got << ", CPython says " << want;
+    }
+  }
+  EXPECT_GT(codes, 50u);
+  EXPECT_GT(checked, 2000u);
+  EXPECT_EQ(wrong, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Interpreters, PyStacks, ::testing::ValuesIn(interpreters()),
+                         [](const ::testing::TestParamInfo<PyInterp>& i) { return i.param.label; });
+
+TEST(PyIntrospect, StringKinds) {
+  const PyOffsets* o12 = py_offsets_for(12);
+  const PyOffsets* o10 = py_offsets_for(10);
+  ASSERT_TRUE(o12 && o10);
+  EXPECT_EQ(py_offsets_for(9), nullptr);
+  EXPECT_EQ(py_offsets_for(14), nullptr);
+  auto make = [](const PyOffsets& o, uint32_t kind, bool ascii, const std::vector<uint32_t>& cps) {
+    std::vector<uint8_t> b(ascii ? o.str_ascii_data : o.str_compact_data, 0);
+    const int64_t len = static_cast<int64_t>(cps.size());
+    std::memcpy(b.data() + 16, &len, 8);
+    const uint32_t state = (kind << 2) | (1u << 5) | (ascii ? 1u << 6 : 0);
+    std::memcpy(b.data() + o.str_state, &state, 4);
+    for (uint32_t cp : cps)
+      for (uint32_t k = 0; k < kind; ++k) b.push_back(static_cast<uint8_t>(cp >> (8 * k)));
+    return b;
+  };
+  EXPECT_EQ(py_string(*o12, make(*o12, 1, true, {'a', 'b', 'c'})), "abc");
+  EXPECT_EQ(py_string(*o10, make(*o10, 1, true, {'x', '.', 'p', 'y'})), "x.py");
+  EXPECT_EQ(py_string(*o12, make(*o12, 1, false, {0xfc, 'b'})), "üb");
+  EXPECT_EQ(py_string(*o10, make(*o10, 2, false, {0x0432})), "в");
+  EXPECT_EQ(py_string(*o12, make(*o12, 4, false, {0x1F600})), "\xF0\x9F\x98\x80");
+  // Truncated read: decodes what is there; garbage state: empty.
+  auto t = make(*o12, 1, true, {'a', 'b', 'c', 'd'});
+  t.resize(t.size() - 2);
+  EXPECT_EQ(py_string(*o12, t), "ab");
+  std::vector<uint8_t> junk(64, 0xff);
+  EXPECT_EQ(py_string(*o12, junk), "");
+  EXPECT_EQ(py_string(*o12, std::vector<uint8_t>(8, 0)), "");
+}
+
+TEST(PyIntrospect, RefusesNonPythonProcess) {
+  std::string why;
+  EXPECT_FALSE(inspect_python(static_cast<uint32_t>(getpid()), why));
+  EXPECT_NE(why.find("not a CPython process"), std::string::npos) << why;
+  EXPECT_FALSE(inspect_python(999999999u, why));
+  EXPECT_FALSE(why.empty());
 }
