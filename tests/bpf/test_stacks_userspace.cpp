@@ -648,3 +648,104 @@ TEST(PyIntrospect, RefusesNonPythonProcess) {
   EXPECT_FALSE(inspect_python(999999999u, why));
   EXPECT_FALSE(why.empty());
 }
+
+// ---------------------------------------------------------------------------------------------
+// Native unwinding of a real interpreter (no frame pointers anywhere): stop the thread blocked in
+// libc read() called through ctypes, copy its registers and 16 KiB of stack as the BPF side does,
+// and unwind from .eh_frame through libffi, _ctypes and the eval loop to _start.
+
+#include <sys/ptrace.h>
+#include <sys/user.h>
+
+static bool capture_thread(uint32_t tid, UserRegs& regs, std::vector<uint8_t>& stack, std::string& why) {
+  const pid_t t = static_cast<pid_t>(tid);
+  if (ptrace(PTRACE_SEIZE, t, nullptr, nullptr) != 0) {
+    why = std::string("PTRACE_SEIZE: ") + std::strerror(errno);
+    return false;
+  }
+  bool ok = false;
+  int st = 0;
+  if (ptrace(PTRACE_INTERRUPT, t, nullptr, nullptr) == 0 && waitpid(t, &st, __WALL) == t) {
+    user_regs_struct r;
+    if (ptrace(PTRACE_GETREGS, t, nullptr, &r) == 0) {
+      regs = UserRegs{r.rip, r.rsp, r.rbp};
+      std::ifstream mem("/proc/" + std::to_string(tid) + "/mem", std::ios::binary);
+      stack.assign(16384, 0);
+      size_t got = 0;
+      // Read page by page up to the first unreadable one (above the top of the stack).
+      while (got < stack.size()) {
+        const uint64_t a = regs.sp + got;
+        const size_t chunk = std::min<size_t>(4096 - (a & 4095), stack.size() - got);
+        mem.clear();
+        mem.seekg(static_cast<std::streamoff>(a));
+        if (!mem.read(reinterpret_cast<char*>(stack.data() + got), static_cast<std::streamsize>(chunk))) break;
+        got += chunk;
+      }
+      stack.resize(std::min(got, stack.size()));
+      ok = !stack.empty();
+      if (!ok) why = "cannot read the thread's stack";
+    } else {
+      why = std::string("PTRACE_GETREGS: ") + std::strerror(errno);
+    }
+  } else {
+    why = "the thread did not stop";
+  }
+  ptrace(PTRACE_DETACH, t, nullptr, nullptr);
+  return ok;
+}
+
+TEST_P(PyStacks, NativeUnwindThroughCtypesAndTheEvalLoop) {
+  const PyInterp& py = GetParam();
+  if (py.path.empty()) GTEST_SKIP() << py.label << ": interpreter not installed on this machine";
+  const std::string script = workload("py_ctypes_block.py");
+  const auto mk = markers(script);
+  Child c;
+  ASSERT_TRUE(c.start({py.path, script}));
+  std::istringstream ready(c.read_line());
+  std::string word;
+  uint32_t pid = 0;
+  ready >> word >> pid;
+  ASSERT_EQ(word, "ready");
+  std::string why;
+  auto p = inspect_python(pid, why);
+  if (!p && why.find("/mem") != std::string::npos) GTEST_SKIP() << why;
+  ASSERT_TRUE(p) << why;
+  Symbolizer sym;
+  ASSERT_TRUE(sym.note_process(pid));
+  Unwinder uw(sym);
+  std::vector<StackFrame> fr, pyfr;
+  bool truncated = true;
+  for (int i = 0; i < 60; ++i) {  // until the thread sits in read()
+    UserRegs regs;
+    std::vector<uint8_t> stack;
+    if (!capture_thread(pid, regs, stack, why)) GTEST_SKIP() << "cannot stop the thread: " << why;
+    const auto ips = uw.unwind(pid, regs, stack, 256, truncated);
+    fr = sym.symbolize_user(pid, ips);
+    pyfr = py_walk_thread(*p, pid, why);
+    if (find_frame(fr, "ffi_call") >= 0 && !pyfr.empty() && pyfr[0].line == mk.at("ctypes_block")) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // libc read -> libffi (ffi_call_unix64, ffi_call_int, ffi_call) -> _ctypes -> the eval loop -> _start.
+  const long ffi = find_frame(fr, "ffi_call");
+  ASSERT_GE(ffi, 0) << dump(fr);
+  EXPECT_EQ(fr[static_cast<size_t>(ffi)].module.rfind("libffi.so", 0), 0u) << dump(fr);
+  // ffi_call_unix64 / ffi_call_int are local symbols of a stripped libffi (.dynsym only): they
+  // stay unresolved, but the unwind passes through them (CFI) and keeps the module.
+  ASSERT_GE(ffi, 1);
+  EXPECT_EQ(fr[static_cast<size_t>(ffi) - 1].module, fr[static_cast<size_t>(ffi)].module) << dump(fr);
+  EXPECT_EQ(fr[0].function.find("read"), fr[0].function.size() - 4) << dump(fr);
+  bool ctypes_mod = false;
+  for (const auto& f : fr) ctypes_mod |= f.module.rfind("_ctypes", 0) == 0;
+  EXPECT_TRUE(ctypes_mod) << "no frame in the _ctypes extension:\n" << dump(fr);
+  EXPECT_GE(find_frame(fr, "_PyEval_EvalFrameDefault"), 0) << dump(fr);
+  EXPECT_EQ(fr.back().function, "_start") << dump(fr);
+  EXPECT_FALSE(truncated);
+  // And the Python frames of the same moment, GIL released inside the ctypes call.
+  ASSERT_EQ(pyfr.size(), 3u) << fdump(pyfr);
+  EXPECT_EQ(pyfr[0].function, "call_read");
+  EXPECT_EQ(pyfr[0].line, mk.at("ctypes_block"));
+  EXPECT_EQ(pyfr[1].function, "level2");
+  EXPECT_EQ(pyfr[1].line, mk.at("ctypes_call"));
+  EXPECT_EQ(pyfr[2].function, "<module>");
+  EXPECT_EQ(pyfr[2].line, mk.at("ctypes_module"));
+}
