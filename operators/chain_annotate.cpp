@@ -105,6 +105,8 @@ void ChainAnnotator::note_launch(Thread& t, const Event& e) {
     g.after_id = e.id;
     g.source = e.source;
     g.op = e.op;
+    const uint64_t ctx = opt_.gap_context_ns;
+    g.before = launches_in(t, g.start > ctx ? g.start - ctx : 0, g.start + 1);
     pending_gaps_.push_back(g);
     ++counters_.gaps;
   }
@@ -588,7 +590,7 @@ std::vector<Chain> ChainAnnotator::take_gap_chains(const TraceMeta& meta, bool f
     }
     auto it = threads_.find(g.key);
     if (it == threads_.end()) continue;
-    const size_t before = launches_in(it->second, g.start > ctx ? g.start - ctx : 0, g.start + 1);
+    const size_t before = g.before;
     const size_t after = launches_in(it->second, g.end, g.end + ctx);
     if (before < opt_.gap_min_launches || after < opt_.gap_min_launches) continue;
     GapGroup& grp = groups_[{g.key, g.start / opt_.gap_window_ns}];

@@ -33,7 +33,9 @@
 //   gap_context_ns before the gap and after it; one chain per (node, pid, tid) and tumbling
 //   gap_window_ns window of the gap start, for its longest gap (the others are counted in it).
 //   take_gap_chains() returns each chain once, when its window and the context after it are in
-//   (or at `final`).
+//   (or at `final`). The launches before a gap are counted when the gap is seen; its time split
+//   and stacks when its chain is built, so live retention must cover gap_window_ns +
+//   gap_context_ns + the gap (older gaps are counted in too_old and come out unannotated).
 // - A chain whose window starts before what retention or the record cap already evicted is left
 //   unannotated (counted in too_old) rather than annotated from partial data.
 // - Never throws, data plane: odd input is counted (AnnotateCounters). Work per chain is a binary
@@ -127,6 +129,7 @@ class ChainAnnotator {
   };
   struct Gap {
     uint64_t key = 0;  // thread key
+    size_t before = 0;  // launches in the context before the gap
     uint64_t start = 0, end = 0, before_id = 0, after_id = 0;
     Source source = Source::kUnknown;
     uint8_t op = 0;

@@ -1,0 +1,444 @@
+// The chain annotator (operators/chain_annotate.h) on replayed and synthetic traces:
+// - the synthetic contention scenario's chain names the preempted thread;
+// - stacks of Ingero's recorded traces reach the chains with exactly the stored frames, and
+//   Python frames (pf/pfn/pl) of a synthetic trace come out as Python frames with the call site;
+// - the launching thread's time split on a throughput drop equals the shares SQL computes
+//   independently over the same spans, written to SQLite by the sink (on-CPU, preempted and
+//   blocked dominant cases);
+// - the built-in launch_gap detector, the live (bounded retention) mode, and the JSON shape.
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "engine/default_plans.h"
+#include "engine/engine.h"
+#include "engine/ops.h"
+#include "engine/stack.h"
+#include "engine/synth.h"
+#include "operators/chain_annotate.h"
+#include "sinks/report.h"
+#include "sinks/sqlite_store.h"
+#ifdef INGERO_TEST_RULE_PACK
+#include "rules/pack.h"
+#endif
+
+using namespace ingero;
+
+namespace {
+
+constexpr uint64_t kMs = 1'000'000, kUs = 1'000;
+
+Plan the_plan() {
+#ifdef INGERO_TEST_RULE_PACK
+  return rules::default_rule_pack_plan();
+#else
+  return default_plan();
+#endif
+}
+
+AnalysisResult analyse(EventSource& src, AnnotateOptions ao = {}) {
+  ChainAnnotator a(ao);
+  AnnotatingSource tap(src, a);
+  std::vector<std::string> errors;
+  AnalysisResult r = run_plan(the_plan(), tap, EngineOptions{}, &errors);
+  EXPECT_TRUE(errors.empty());
+  annotate_result(r, a);
+  return r;
+}
+
+AnalysisResult analyse(const std::vector<Event>& events, const TraceMeta& meta, AnnotateOptions ao = {}) {
+  VectorSource src(events, 4096, meta);
+  return analyse(src, ao);
+}
+
+const Chain* find_chain(const AnalysisResult& r, const std::string& category) {
+  for (const auto& c : r.chains)
+    if (c.category == category) return &c;
+  return nullptr;
+}
+
+StackTrace python_stack(const std::string& file, const std::string& fn, uint32_t line) {
+  ParsedStack p;
+  StackFrame lib;
+  lib.kind = FrameKind::kNative;
+  lib.function = "cudaLaunchKernel";
+  lib.module = "libcudart.so.13";
+  p.frames.push_back(lib);
+  StackFrame py;
+  py.kind = FrameKind::kPython;
+  py.file = file;
+  py.function = fn;
+  py.line = line;
+  p.frames.push_back(py);
+  StackFrame outer = py;
+  outer.function = "<module>";
+  outer.line = 7;
+  p.frames.push_back(outer);
+  return encode_stack(p);
+}
+
+// --- contention: the chain names the preempted thread, with its stacks ------------------------
+
+TEST(ChainAnnotate, ContentionChainNamesThePreemptedThreadAndItsPythonStack) {
+  auto t = synth::make_cpu_contention(true);
+  constexpr uint64_t kSlowStack = 0x1111, kFastStack = 0x2222, kWaitStack = 0x3333;
+  t.meta.stacks[kSlowStack] = python_stack("train.py", "Model.forward", 142);
+  t.meta.stacks[kFastStack] = python_stack("train.py", "Model.backward", 200);
+  ParsedStack k;
+  StackFrame kf;
+  kf.kind = FrameKind::kKernel;
+  kf.function = "schedule";
+  k.frames.push_back(kf);
+  t.meta.stacks[kWaitStack] = encode_stack(k);
+  t.meta.thread_names[t.tid] = "pt_main_thread";
+  for (auto& e : t.events) {
+    if (e.source == Source::kCuda && e.tid == t.tid) e.stack_id = e.dur_ns > 1 * kMs ? kSlowStack : kFastStack;
+    if (e.source == Source::kHost && e.op == op::kSchedSwitch && e.prev_state == OffCpuState::kPreempted)
+      e.stack_id = kWaitStack;
+  }
+  const auto r = analyse(t.events, t.meta);
+  const Chain* c = find_chain(r, "cpu_contention");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->tid, t.tid);
+  ASSERT_FALSE(c->threads.empty());
+  EXPECT_EQ(c->threads[0].tid, t.tid);
+  EXPECT_EQ(c->threads[0].name, "pt_main_thread");
+  EXPECT_NEAR(c->threads[0].share, 1.0, 1e-12);
+  ASSERT_FALSE(c->stacks.empty());
+  EXPECT_EQ(c->stacks[0].role, "call");
+  EXPECT_EQ(c->stacks[0].stack_id, kSlowStack);
+  EXPECT_GT(c->stacks[0].share, 0.9);
+  ASSERT_EQ(c->stacks[0].frames.size(), 3u);
+  EXPECT_EQ(c->stacks[0].frames[1].kind, FrameKind::kPython);
+  EXPECT_EQ(c->stacks[0].frames[1].file, "train.py");
+  EXPECT_EQ(c->stacks[0].frames[1].line, 142u);
+  EXPECT_EQ(chain_call_site(*c), "from train.py:142 in Model.forward");
+  bool offcpu = false;
+  for (const auto& s : c->stacks)
+    if (s.role == "offcpu") {
+      offcpu = true;
+      EXPECT_EQ(s.stack_id, kWaitStack);
+      ASSERT_FALSE(s.frames.empty());
+      EXPECT_EQ(s.frames[0].kind, FrameKind::kKernel);
+    }
+  EXPECT_TRUE(offcpu) << "a cpu_contention chain carries the off-CPU stacks of its thread";
+  // The JSON shape of docs/cli.md.
+  const auto j = chain_json(*c, r.meta);
+  EXPECT_EQ(j["tid"], t.tid);
+  EXPECT_EQ(j["threads"][0]["tid"], t.tid);
+  EXPECT_EQ(j["stacks"][0]["frames"][1]["kind"], "python");
+  EXPECT_EQ(j["stacks"][0]["frames"][1]["line"], 142);
+  EXPECT_EQ(j["stacks"][0]["frames"][0]["module"], "libcudart.so.13");
+  EXPECT_TRUE(j["time_split"].is_null());
+  const std::string text = explain_text(r);
+  EXPECT_NE(text.find("from train.py:142 in Model.forward"), std::string::npos) << text;
+}
+
+TEST(ChainAnnotate, ChainWithoutStacksStillGetsItsThread) {
+  const auto t = synth::make_cpu_contention(true);
+  const auto r = analyse(t.events, t.meta);
+  const Chain* c = find_chain(r, "cpu_contention");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->tid, t.tid);
+  for (const auto& s : c->stacks) EXPECT_NE(s.role, "call");  // no event had a stack
+}
+
+// --- Ingero's recorded traces: stacks reach the chains as stored --------------------------------
+
+TEST(ChainAnnotate, IngeroTracesWithStacksCarryTheStoredFrames) {
+  std::filesystem::path dir = INGERO_SHARED_DATA;
+  if (!std::filesystem::exists(dir / "sample-cluster.db")) dir /= "ingero";
+  if (!std::filesystem::exists(dir)) GTEST_SKIP() << "no shared Ingero traces at " << dir;
+  size_t with_stacks = 0, traces = 0;
+  for (const char* name : {"pytorch-dataloader-starvation.db", "sample-cluster.db", "sample-gpu-node-02.db",
+                           "sample-gpu-node-03.db"}) {
+    const auto path = (dir / name).string();
+    if (!std::filesystem::exists(path)) continue;
+    std::string error;
+    auto src = open_sqlite_trace(path, error);
+    ASSERT_TRUE(src) << error;
+    ++traces;
+    const auto r = analyse(*src);
+    for (const auto& c : r.chains) {
+      if (c.pid) EXPECT_NE(c.tid, 0u) << name << " " << c.id << ": a chain whose calls have a thread names it";
+      for (const auto& s : c.stacks) {
+        auto it = r.meta.stacks.find(s.stack_id);
+        ASSERT_NE(it, r.meta.stacks.end()) << name << ": stack " << s.stack_id;
+        const ParsedStack p = parse_stack(it->second);
+        ASSERT_EQ(s.frames.size(), p.frames.size());
+        for (size_t i = 0; i < p.frames.size(); ++i) {
+          EXPECT_EQ(s.frames[i].function, p.frames[i].function);
+          EXPECT_EQ(s.frames[i].module, p.frames[i].module);
+        }
+        if (s.role == "call" && !s.frames.empty()) ++with_stacks;
+      }
+    }
+  }
+  if (traces == 0) GTEST_SKIP() << "no Ingero trace with stacks under " << dir;
+  EXPECT_GT(with_stacks, 0u) << "some chain of the recorded traces should carry a call stack";
+}
+
+// --- time split on a throughput drop vs SQL over the same spans -----------------------------
+
+enum class Fill { kOnCpu, kPreempted, kBlocked };
+
+// The synthetic throughput drop (tid 9000 launches 1000/s, then 300/s from window 6), with the
+// time between launches in the drop windows filled as asked: left on CPU (with 99 Hz samples at
+// a known function), or 2 ms off-CPU spans after each launch's calls (preempted or sleeping).
+synth::SynthTrace drop_with(Fill fill) {
+  auto t = synth::make_throughput_drop(true);
+  constexpr uint64_t kSampleStack = 0xabc;
+  t.meta.stacks[kSampleStack] = python_stack("serve.py", "busy_tokenize", 77);
+  std::vector<Event> extra;
+  for (const auto& e : t.events) {
+    if (e.ts_ns < t.fault_start || e.op != op::kCudaLaunchKernel || e.source != Source::kCuda) continue;
+    if (fill == Fill::kOnCpu) continue;
+    Event s{};
+    s.source = Source::kHost;
+    s.op = op::kSchedSwitch;
+    s.pid = s.tid = t.tid;
+    s.ts_ns = e.ts_ns + 400 * kUs;  // after the launch and its (every 20th) synchronize
+    s.dur_ns = 2 * kMs;
+    s.prev_state = fill == Fill::kPreempted ? OffCpuState::kPreempted : OffCpuState::kSleeping;
+    extra.push_back(s);
+  }
+  if (fill == Fill::kOnCpu)
+    for (uint64_t ts = t.fault_start; ts < t.fault_end; ts += 1'000'000'000 / 99) {
+      Event s{};
+      s.source = Source::kHost;
+      s.op = op::kCpuSample;
+      s.pid = s.tid = t.tid;
+      s.ts_ns = ts;
+      s.stack_id = kSampleStack;
+      extra.push_back(s);
+    }
+  t.events.insert(t.events.end(), extra.begin(), extra.end());
+  std::stable_sort(t.events.begin(), t.events.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+  for (size_t i = 0; i < t.events.size(); ++i) t.events[i].id = i + 1;
+  return t;
+}
+
+double sql_double(sqlite3* db, const std::string& q) {
+  sqlite3_stmt* st = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(db, q.c_str(), -1, &st, nullptr), SQLITE_OK) << q << ": " << sqlite3_errmsg(db);
+  double v = 0;
+  if (st && sqlite3_step(st) == SQLITE_ROW) v = sqlite3_column_double(st, 0);
+  sqlite3_finalize(st);
+  return v;
+}
+
+void check_split_against_sql(Fill fill, const char* dominant) {
+  const auto t = drop_with(fill);
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("annotate_split_" + std::to_string(::getpid()) + "_" + dominant + ".db"))
+          .string();
+  {
+    std::string error;
+    auto sink = SqliteSink::create(path, error);
+    ASSERT_TRUE(sink) << error;
+    ASSERT_TRUE(sink->write_meta(t.meta));
+    ASSERT_TRUE(sink->write_events(t.events));
+    ASSERT_TRUE(sink->close(error)) << error;
+  }
+  std::string error;
+  auto src = open_sqlite_trace(path, error);
+  ASSERT_TRUE(src) << error;
+  const auto r = analyse(*src);
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  size_t checked = 0;
+  for (const auto& c : r.chains) {
+    if (c.category != "throughput_drop") continue;
+    ++checked;
+    const TimeSplit& s = c.time_split;
+    ASSERT_TRUE(s.present) << c.id;
+    EXPECT_EQ(s.tid, t.tid);
+    EXPECT_EQ(s.dominant, dominant) << c.summary;
+    const std::string ws = std::to_string(c.window_start), we = std::to_string(c.window_end);
+    const std::string tid = std::to_string(t.tid);
+    const double span = static_cast<double>(c.window_end - c.window_start);
+    // Calls do not overlap one another in this trace, nor do spans overlap calls: plain sums.
+    const double in_calls = sql_double(
+        db, "SELECT TOTAL(MIN(timestamp + duration, " + we + ") - MAX(timestamp, " + ws +
+                ")) FROM events WHERE tid = " + tid + " AND source IN (1, 4, 8, 9) AND timestamp < " + we +
+                " AND timestamp + duration > " + ws);
+    auto off = [&](const std::string& states) {
+      // sched_switch rows are stored at the switch-in: the span is [timestamp - duration, timestamp).
+      return sql_double(db, "SELECT TOTAL(MIN(timestamp, " + we + ") - MAX(timestamp - duration, " + ws +
+                                ")) FROM events WHERE tid = " + tid + " AND source = 3 AND op = 1 AND prev_state IN (" +
+                                states + ") AND timestamp - duration < " + we + " AND timestamp > " + ws);
+    };
+    const double pre = off("1"), blocked = off("2, 3, 4"), unknown = off("0");
+    EXPECT_NEAR(s.in_calls, in_calls / span, 1e-9);
+    EXPECT_NEAR(s.off_cpu_preempted, pre / span, 1e-9);
+    EXPECT_NEAR(s.off_cpu_blocked, blocked / span, 1e-9);
+    EXPECT_NEAR(s.off_cpu_unknown, unknown / span, 1e-9);
+    EXPECT_NEAR(s.on_cpu, 1.0 - (in_calls + pre + blocked + unknown) / span, 1e-9);
+    EXPECT_NEAR(s.in_calls + s.off_cpu_preempted + s.off_cpu_blocked + s.off_cpu_unknown + s.on_cpu, 1.0, 1e-9);
+    EXPECT_EQ(c.tid, t.tid);
+    EXPECT_EQ(c.explanation.find("input starvation"), std::string::npos) << c.explanation;
+    if (fill == Fill::kOnCpu) {
+      EXPECT_NE(c.root_cause.find("CPU-bound work in the launching thread"), std::string::npos) << c.root_cause;
+      EXPECT_NE(c.root_cause.find("serve.py:77 in busy_tokenize"), std::string::npos) << c.root_cause;
+      bool sample = false;
+      for (const auto& st : c.stacks) sample = sample || (st.role == "sample" && st.share > 0.99);
+      EXPECT_TRUE(sample);
+    } else if (fill == Fill::kPreempted) {
+      EXPECT_NE(c.root_cause.find("CPU contention"), std::string::npos) << c.root_cause;
+    } else {
+      EXPECT_NE(c.root_cause.find("blocked"), std::string::npos) << c.root_cause;
+    }
+  }
+  sqlite3_close(db);
+  std::filesystem::remove(path);
+  std::filesystem::remove(path + "-wal");
+  std::filesystem::remove(path + "-shm");
+  EXPECT_GE(checked, 1u) << "the synthetic drop must give a throughput_drop chain";
+}
+
+TEST(ChainAnnotate, TimeSplitOnCpuDominantMatchesSql) { check_split_against_sql(Fill::kOnCpu, "on_cpu"); }
+TEST(ChainAnnotate, TimeSplitPreemptedDominantMatchesSql) {
+  check_split_against_sql(Fill::kPreempted, "off_cpu_preempted");
+}
+TEST(ChainAnnotate, TimeSplitBlockedDominantMatchesSql) { check_split_against_sql(Fill::kBlocked, "off_cpu_blocked"); }
+
+// --- time split arithmetic on nested calls and a span across a call ----------------------------
+
+TEST(ChainAnnotate, TimeSplitCountsNestedCallsOnceAndSpansOutsideCalls) {
+  std::vector<Event> ev;
+  auto call = [&](Source s, uint8_t o, uint64_t ts, uint64_t dur) {
+    Event e{};
+    e.source = s;
+    e.op = o;
+    e.pid = e.tid = 7;
+    e.ts_ns = ts;
+    e.dur_ns = dur;
+    ev.push_back(e);
+  };
+  call(Source::kCuda, op::kCudaLaunchKernel, 100, 100);  // [100, 200)
+  call(Source::kDriver, op::kCuLaunchKernel, 120, 50);   // nested: counted once
+  Event off{};
+  off.source = Source::kHost;
+  off.op = op::kSchedSwitch;
+  off.pid = off.tid = 7;
+  off.ts_ns = 150;  // [150, 400): 50 inside the call, 200 outside
+  off.dur_ns = 250;
+  off.prev_state = OffCpuState::kDiskWait;
+  ev.push_back(off);
+  ChainAnnotator a;
+  a.add(std::span<const Event>(ev));
+  const TimeSplit s = a.time_split(0, 7, 0, 1000);
+  ASSERT_TRUE(s.present);
+  EXPECT_DOUBLE_EQ(s.in_calls, 0.1);
+  EXPECT_DOUBLE_EQ(s.off_cpu_blocked, 0.2);
+  EXPECT_DOUBLE_EQ(s.on_cpu, 0.7);
+  EXPECT_EQ(s.dominant, "on_cpu");
+  EXPECT_FALSE(a.time_split(0, 8, 0, 1000).present) << "an unknown thread has no split";
+  EXPECT_FALSE(a.time_split(0, 7, 10, 10).present) << "an empty window has no split";
+}
+
+// --- launch_gap ---------------------------------------------------------------------------
+
+std::vector<Event> bursty_launcher(TraceMeta& meta) {
+  // tid 300 launches every 1 ms; from 2 s to 2.5 s it runs pure Python instead (samples at
+  // spin_loop), then launches again until 4 s. A second thread of the process never launches.
+  constexpr uint64_t kT0 = 1'700'000'000'000'000'000ull, kStack = 0x5151;
+  meta.stacks[kStack] = python_stack("bench.py", "spin_loop", 31);
+  meta.process_names[300] = "python3 bench.py";
+  std::vector<Event> ev;
+  for (uint64_t t = 0; t < 4000 * kMs; t += 1 * kMs) {
+    if (t >= 2000 * kMs && t < 2500 * kMs) {
+      if (t % (10 * kMs) == 0) {
+        Event s{};
+        s.source = Source::kHost;
+        s.op = op::kCpuSample;
+        s.pid = s.tid = 300;
+        s.ts_ns = kT0 + t;
+        s.stack_id = kStack;
+        ev.push_back(s);
+      }
+      continue;
+    }
+    Event e{};
+    e.source = Source::kCuda;
+    e.op = op::kCudaLaunchKernel;
+    e.pid = e.tid = 300;
+    e.ts_ns = kT0 + t;
+    e.dur_ns = 10 * kUs;
+    ev.push_back(e);
+  }
+  for (size_t i = 0; i < ev.size(); ++i) ev[i].id = i + 1;
+  meta.first_ts = ev.front().ts_ns;
+  meta.last_ts = ev.back().ts_ns;
+  return ev;
+}
+
+TEST(ChainAnnotate, LaunchGapChainPointsAtTheBusyFunction) {
+  TraceMeta meta;
+  const auto ev = bursty_launcher(meta);
+  const auto r = analyse(ev, meta);
+  const Chain* c = find_chain(r, "launch_gap");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->tid, 300u);
+  EXPECT_EQ(c->pid, 300u);
+  EXPECT_EQ(c->window_end - c->window_start, 500 * kMs + 990 * kUs);  // last launch's end to the next launch
+  ASSERT_TRUE(c->time_split.present);
+  EXPECT_EQ(c->time_split.dominant, "on_cpu");
+  EXPECT_GT(c->time_split.on_cpu, 0.99);
+  const ChainStack* sample = nullptr;
+  for (const auto& s : c->stacks)
+    if (s.role == "sample") sample = &s;
+  ASSERT_NE(sample, nullptr);
+  EXPECT_EQ(sample->calls, 50u);
+  EXPECT_EQ(chain_call_site(*c), "from bench.py:31 in spin_loop");
+  EXPECT_NE(c->root_cause.find("bench.py:31 in spin_loop"), std::string::npos) << c->root_cause;
+  size_t gaps = 0;
+  for (const auto& ch : r.chains) gaps += ch.category == "launch_gap";
+  EXPECT_EQ(gaps, 1u);
+}
+
+TEST(ChainAnnotate, NoLaunchGapWithoutLaunchesAroundIt) {
+  // Three launches after the pause (fewer than gap_min_launches): the job wound down, no gap chain.
+  TraceMeta meta;
+  auto ev = bursty_launcher(meta);
+  const uint64_t resume = meta.first_ts + 2500 * kMs;
+  size_t after = 0;
+  std::erase_if(ev, [&](const Event& e) { return e.source == Source::kCuda && e.ts_ns >= resume && ++after > 3; });
+  const auto r = analyse(ev, meta);
+  EXPECT_EQ(find_chain(r, "launch_gap"), nullptr);
+}
+
+TEST(ChainAnnotate, LiveModeKeepsOnlyTheHorizonAndRefusesOlderWindows) {
+  TraceMeta meta;
+  const auto ev = bursty_launcher(meta);
+  AnnotateOptions ao;
+  ao.retention_ns = 2600 * kMs;  // >= gap window + context + the gap: the gap is judged whole
+  ao.gap_window_ns = 1000 * kMs;
+  ChainAnnotator a(ao);
+  size_t peak = 0;
+  std::vector<Chain> gaps;
+  for (size_t i = 0; i < ev.size(); i += 256) {
+    a.add(std::span<const Event>(ev).subspan(i, std::min<size_t>(256, ev.size() - i)));
+    peak = std::max(peak, a.retained());
+    for (auto& c : a.take_gap_chains(meta, false)) gaps.push_back(std::move(c));
+  }
+  for (auto& c : a.take_gap_chains(meta, true)) gaps.push_back(std::move(c));
+  EXPECT_LE(peak, 2600u + 256u) << "the horizon's 1 kHz launches and samples, plus a batch";
+  EXPECT_GT(a.counters().evicted, 0u);
+  ASSERT_EQ(gaps.size(), 1u);
+  EXPECT_TRUE(gaps[0].time_split.present) << "the gap was inside the horizon when it was judged";
+  Chain old;
+  old.category = "throughput_drop";
+  old.pid = 300;
+  old.window_start = meta.first_ts;
+  old.window_end = meta.first_ts + 1000 * kMs;
+  a.annotate(old, meta);
+  EXPECT_FALSE(old.time_split.present);
+  EXPECT_EQ(a.counters().too_old, 1u);
+}
+
+}  // namespace
