@@ -1,6 +1,9 @@
 #include "operators/chain_annotate.h"
 
+#include <cxxabi.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <unordered_map>
 
@@ -292,7 +295,17 @@ void ChainAnnotator::annotate(std::vector<Chain>& chains, const TraceMeta& meta)
 
 namespace {
 
-// Parsed stacks of one annotate() call's metadata.
+// Ingero stores C++ symbols mangled; chains show them as a person reads them.
+std::string demangled(const std::string& sym) {
+  if (sym.rfind("_Z", 0) != 0) return sym;
+  int status = 0;
+  char* out = abi::__cxa_demangle(sym.c_str(), nullptr, nullptr, &status);
+  std::string s = status == 0 && out ? std::string(out) : sym;
+  std::free(out);
+  return s;
+}
+
+// Parsed stacks (symbols demangled) by id, cached across annotate() calls.
 const ParsedStack* lookup_stack(const TraceMeta& meta, uint64_t id,
                                 std::unordered_map<uint64_t, ParsedStack>& cache, uint64_t& missing) {
   if (auto it = cache.find(id); it != cache.end()) return &it->second;
@@ -301,7 +314,10 @@ const ParsedStack* lookup_stack(const TraceMeta& meta, uint64_t id,
     ++missing;
     return nullptr;
   }
-  return &cache.emplace(id, parse_stack(m->second)).first->second;
+  ParsedStack p = parse_stack(m->second);
+  for (auto& f : p.frames)
+    if (f.kind != FrameKind::kPython) f.function = demangled(f.function);
+  return &cache.emplace(id, std::move(p)).first->second;
 }
 
 void top_stacks(const StackTally& t, const char* role, size_t n, const TraceMeta& meta,

@@ -13,6 +13,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "sinks/report.h"
+
 namespace ingero {
 namespace {
 
@@ -235,6 +237,8 @@ json chain_to_json(const Chain& c) {
                      {"passed", p.passed}, {"lhs_text", p.lhs_text}, {"rhs_text", p.rhs_text}});
   json values = json::array();
   for (const auto& [k, v] : c.values) values.push_back({k, v});
+  json stacks = json::array();
+  for (const auto& st : c.stacks) stacks.push_back(chain_stack_json(st));
   return {{"id", c.id}, {"rule", c.rule}, {"rule_hash", c.rule_hash},
           {"severity", static_cast<int>(c.severity)}, {"category", c.category},
           {"source", static_cast<int>(c.source)}, {"op", c.op}, {"pid", c.pid}, {"tid", c.tid},
@@ -243,7 +247,8 @@ json chain_to_json(const Chain& c) {
           {"explanation", c.explanation}, {"recommendations", c.recommendations},
           {"evidence", ev}, {"predicates", preds}, {"values", values}, {"p50_ns", c.p50_ns},
           {"p99_ns", c.p99_ns}, {"tail_ratio", c.tail_ratio},
-          {"dropped_events", c.dropped_events}};
+          {"dropped_events", c.dropped_events}, {"threads", threads_json(c.threads)},
+          {"stacks", stacks}, {"time_split", time_split_json(c.time_split)}};
 }
 
 Chain chain_from_json(const json& j) {
@@ -291,6 +296,12 @@ Chain chain_from_json(const json& j) {
   c.p99_ns = jget<uint64_t>(j, "p99_ns", 0);
   c.tail_ratio = jget<double>(j, "tail_ratio", 0);
   c.dropped_events = jget<uint64_t>(j, "dropped_events", 0);
+  auto field = [&j](const char* k, json fallback) {
+    auto it = j.find(k);
+    return it != j.end() ? *it : fallback;
+  };
+  chain_where_from_json(field("threads", json::array()), field("stacks", json::array()),
+                        field("time_split", json(nullptr)), c);
   return c;
 }
 

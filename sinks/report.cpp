@@ -127,6 +127,77 @@ json threads_json(const std::vector<ThreadShare>& threads) {
   return out;
 }
 
+namespace {
+
+uint64_t u64_of(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end()) return 0;
+  if (it->is_number_unsigned()) return it->get<uint64_t>();
+  if (it->is_number_integer()) return static_cast<uint64_t>(std::max<int64_t>(0, it->get<int64_t>()));
+  return 0;
+}
+
+double num_of(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
+}
+
+std::string str_of(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+FrameKind frame_kind_of(const std::string& k) {
+  if (k == "python") return FrameKind::kPython;
+  if (k == "kernel") return FrameKind::kKernel;
+  return FrameKind::kNative;
+}
+
+}  // namespace
+
+void chain_where_from_json(const json& threads, const json& stacks, const json& split, Chain& c) {
+  if (threads.is_array())
+    for (const auto& t : threads)
+      if (t.is_object())
+        c.threads.push_back({static_cast<uint32_t>(u64_of(t, "tid")), str_of(t, "name"), num_of(t, "share")});
+  if (stacks.is_array())
+    for (const auto& st : stacks) {
+      if (!st.is_object()) continue;
+      ChainStack cs;
+      cs.role = str_of(st, "role");
+      cs.stack_id = u64_of(st, "stack_id");
+      cs.share = num_of(st, "share");
+      cs.calls = u64_of(st, "calls");
+      auto tr = st.find("truncated");
+      cs.truncated = tr != st.end() && tr->is_boolean() && tr->get<bool>();
+      if (auto fr = st.find("frames"); fr != st.end() && fr->is_array())
+        for (const auto& f : *fr) {
+          if (!f.is_object()) continue;
+          StackFrame sf;
+          sf.kind = frame_kind_of(str_of(f, "kind"));
+          sf.function = str_of(f, "function");
+          sf.file = str_of(f, "file");
+          sf.line = static_cast<uint32_t>(std::min<uint64_t>(u64_of(f, "line"), UINT32_MAX));
+          sf.module = str_of(f, "module");
+          cs.frames.push_back(std::move(sf));
+        }
+      c.stacks.push_back(std::move(cs));
+    }
+  if (split.is_object()) {
+    TimeSplit& t = c.time_split;
+    t.present = true;
+    t.tid = static_cast<uint32_t>(u64_of(split, "tid"));
+    t.start_ns = u64_of(split, "start_ns");
+    t.end_ns = u64_of(split, "end_ns");
+    t.in_calls = num_of(split, "in_calls");
+    t.off_cpu_preempted = num_of(split, "off_cpu_preempted");
+    t.off_cpu_blocked = num_of(split, "off_cpu_blocked");
+    t.off_cpu_unknown = num_of(split, "off_cpu_unknown");
+    t.on_cpu = num_of(split, "on_cpu");
+    t.dominant = str_of(split, "dominant");
+  }
+}
+
 std::string chain_call_site(const Chain& c) {
   for (const char* role : {"call", "sample", "offcpu"})
     for (const auto& s : c.stacks) {

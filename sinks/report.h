@@ -32,6 +32,10 @@ nlohmann::json frame_json(const StackFrame& f);
 nlohmann::json chain_stack_json(const ChainStack& s);
 nlohmann::json time_split_json(const TimeSplit& t);
 nlohmann::json threads_json(const std::vector<ThreadShare>& threads);
+// The inverse of the three above, for stores that keep them as JSON (SQLite ip_chains, LMDB):
+// fills c.threads, c.stacks and c.time_split; anything malformed is skipped, never thrown.
+void chain_where_from_json(const nlohmann::json& threads, const nlohmann::json& stacks,
+                           const nlohmann::json& time_split, Chain& c);
 // "from train.py:142 in forward": the call site of the chain's first stack with frames (role
 // "call" first, then "sample", then "offcpu"), or "" when it has none.
 std::string chain_call_site(const Chain& c);

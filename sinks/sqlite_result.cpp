@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/ops.h"
+#include "sinks/report.h"
 #include "sinks/sqlite_store.h"
 #include "sinks/sqlite_util.h"
 
@@ -110,11 +111,15 @@ bool read_ours(sqlite3* db, AnalysisResult& r, std::string& error) {
     }
     if (rc != SQLITE_DONE) return error = sqlite_detail::describe_sqlite_error(db, rc), false;
   }
+  // threads/stacks/time_split were added later: older databases read without them.
+  const auto chain_cols = sqlite_detail::table_columns(db, "ip_chains");
+  const bool has_where = std::find(chain_cols.begin(), chain_cols.end(), "stacks") != chain_cols.end();
   Stmt s(db,
-         "SELECT id, rule, rule_hash, severity, category, source, op, pid, tid, node_index, rank, "
-         "window_start, window_end, summary, root_cause, explanation, recommendations, evidence, "
-         "predicates, slot_values, p50_ns, p99_ns, tail_ratio, dropped_events "
-         "FROM ip_chains ORDER BY position, rowid");
+         std::string("SELECT id, rule, rule_hash, severity, category, source, op, pid, tid, node_index, rank, "
+                     "window_start, window_end, summary, root_cause, explanation, recommendations, evidence, "
+                     "predicates, slot_values, p50_ns, p99_ns, tail_ratio, dropped_events, ") +
+             (has_where ? "threads, stacks, time_split" : "'[]', '[]', 'null'") +
+             " FROM ip_chains ORDER BY position, rowid");
   if (!s.ok()) return error = "cannot read ip_chains: " + s.error(), false;
   int rc;
   while ((rc = s.step()) == SQLITE_ROW) {
@@ -151,6 +156,8 @@ bool read_ours(sqlite3* db, AnalysisResult& r, std::string& error) {
     c.p99_ns = static_cast<uint64_t>(s.i64(21));
     c.tail_ratio = s.f64(22);
     c.dropped_events = static_cast<uint64_t>(s.i64(23));
+    chain_where_from_json(parse_json(s.text(24), json::array()), parse_json(s.text(25), json::array()),
+                          parse_json(s.text(26), json(nullptr)), c);
     r.chains.push_back(std::move(c));
   }
   if (rc != SQLITE_DONE) return error = sqlite_detail::describe_sqlite_error(db, rc), false;

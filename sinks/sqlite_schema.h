@@ -195,7 +195,10 @@ CREATE TABLE ip_chains (
   p50_ns         INTEGER NOT NULL,
   p99_ns         INTEGER NOT NULL,
   tail_ratio     REAL NOT NULL,
-  dropped_events INTEGER NOT NULL
+  dropped_events INTEGER NOT NULL,
+  threads        TEXT NOT NULL DEFAULT '[]',   -- JSON [{tid, name, share}], largest share first
+  stacks         TEXT NOT NULL DEFAULT '[]',   -- JSON [{role, stack_id, share, calls, truncated, frames: [{kind, function, file, line, module}]}]
+  time_split     TEXT NOT NULL DEFAULT 'null'  -- JSON {tid, start_ns, end_ns, in_calls, off_cpu_*, on_cpu, dominant} or null
 );
 CREATE INDEX idx_ip_chains_window ON ip_chains(window_start);
 CREATE TABLE ip_rule_outcomes (

@@ -15,6 +15,7 @@
 
 #include "engine/format.h"
 #include "engine/ops.h"
+#include "sinks/report.h"
 #include "sinks/sqlite_schema.h"
 #include "sinks/sqlite_store.h"
 #include "sinks/sqlite_util.h"
@@ -446,9 +447,9 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
           "INSERT OR REPLACE INTO ip_chains(id, position, rule, rule_hash, severity, category, "
           "source, op, op_name, pid, tid, node, node_index, rank, window_start, window_end, "
           "summary, root_cause, explanation, recommendations, evidence, predicates, slot_values, "
-          "exemplars, p50_ns, p99_ns, tail_ratio, dropped_events) VALUES(?1, ?2, ?3, ?4, ?5, ?6, "
-          "?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, "
-          "?25, ?26, ?27, ?28)");
+          "exemplars, p50_ns, p99_ns, tail_ratio, dropped_events, threads, stacks, time_split) "
+          "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, "
+          "?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31)");
   Stmt kv(db, "INSERT OR REPLACE INTO ip_meta(key, value) VALUES(?1, ?2)");
   for (const Stmt* s : {&ops, &ic, &pc, &kv})
     if (!s->ok()) return fail("write result: " + s->error());
@@ -554,6 +555,12 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
     pc.bind_u64(26, c.p99_ns);
     pc.bind(27, c.tail_ratio);
     pc.bind_u64(28, c.dropped_events);
+    // Where in the code: the same shapes as explain --json (sinks/report.h).
+    pc.bind(29, threads_json(c.threads).dump());
+    json stacks = json::array();
+    for (const auto& st : c.stacks) stacks.push_back(chain_stack_json(st));
+    pc.bind(30, stacks.dump());
+    pc.bind(31, time_split_json(c.time_split).dump());
     if (!done(pc)) return err();
   }
   if (!sqlite_detail::exec(db, "DELETE FROM ip_rule_outcomes", why)) return fail("write result: " + why);

@@ -13,7 +13,9 @@
 #include "engine/default_plans.h"
 #include "engine/engine.h"
 #include "engine/ops.h"
+#include "engine/stack.h"
 #include "operators/chain_annotate.h"
+#include "sinks/report.h"
 #include "sinks/mcp/rule_inspect.h"
 #include "sinks/sqlite_store.h"
 #ifdef INGERO_MCP_HAVE_DSL
@@ -169,6 +171,23 @@ std::string demangle(const std::string& sym) {
   return s;
 }
 
+// A stack frame for an agent: the keys are ours, every string that comes from the trace
+// (function, file, module) is marked untrusted; empty ones are left out.
+Json frame_for_agent(const StackFrame& f) {
+  Json j = {{"kind", frame_kind_name(f.kind)}};
+  const std::string fn = f.kind == FrameKind::kPython ? f.function : demangle(f.function);
+  if (!fn.empty()) j["function"] = untrusted_capped(fn, 400);
+  if (!f.file.empty()) j["file"] = untrusted_capped(f.file, 300);
+  if (f.line) j["line"] = f.line;
+  if (!f.module.empty()) j["module"] = untrusted_capped(f.module, 300);
+  if (fn.empty() && f.ip) {
+    char buf[24];
+    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(f.ip));
+    j["ip"] = buf;
+  }
+  return j;
+}
+
 const OpInfo* find_op_arg(const std::string& name) {
   const OpInfo* info = find_op(name);
   if (info != nullptr) return info;
@@ -262,8 +281,9 @@ TraceTools::TraceTools(const ServerOptions& options) : options_(options) {
        {{"chain_id", ArgType::kString, true, "The chain id from get_causal_chains."},
         {"max_exemplars", ArgType::kInteger, false, "Exemplar events to read (default 5).", {}, 1, 10}}},
       {"get_stacks", "Top call stacks of an op",
-       "The most frequent call stacks of one op, with call counts and latency, symbols (C++ demangled) and "
-       "library paths, and Python frames when the trace recorded them.",
+       "The most frequent call stacks of one op, with call counts and latency. Frames are innermost first, "
+       "each {kind: python|native|kernel, function (C++ demangled), file, line, module}; Python frames "
+       "when the trace recorded them.",
        {{"op", ArgType::kString, true, "The op, e.g. cudaMalloc, cuLaunchKernel, cudaStreamSynchronize."},
         {"pid", ArgType::kInteger, false, "Only calls of this process id.", {}, 0, 4294967295.0},
         {"limit", ArgType::kInteger, false, "How many stacks (default 5).", {}, 1, 20},
@@ -604,6 +624,44 @@ Json TraceTools::chain_json(const Chain& c, const AnalysisResult& r, bool full) 
     if (!p.rhs_text.empty()) pj["rhs_text"] = p.rhs_text;
     preds.push_back(std::move(pj));
   }
+  // Where in the code: the threads of the slow calls, the top stacks and the launching thread's
+  // time split (operators/chain_annotate.h). The list view gets the call site only.
+  if (!c.threads.empty()) {
+    Json threads = Json::array();
+    for (const auto& t : c.threads) {
+      Json tj = {{"tid", t.tid}, {"share", round3(t.share)}};
+      if (!t.name.empty()) tj["name"] = untrusted(t.name);
+      threads.push_back(std::move(tj));
+    }
+    j["threads"] = threads;
+  }
+  if (const std::string site = chain_call_site(c); !site.empty()) j["call_site"] = untrusted(site.substr(5));
+  if (c.time_split.present) {
+    const TimeSplit& t = c.time_split;
+    j["time_split"] = {{"tid", t.tid},
+                       {"start_ns", t.start_ns},
+                       {"end_ns", t.end_ns},
+                       {"in_calls", round3(t.in_calls)},
+                       {"off_cpu_preempted", round3(t.off_cpu_preempted)},
+                       {"off_cpu_blocked", round3(t.off_cpu_blocked)},
+                       {"off_cpu_unknown", round3(t.off_cpu_unknown)},
+                       {"on_cpu", round3(t.on_cpu)},
+                       {"dominant", t.dominant}};
+  }
+  if (full) {
+    Json stacks = Json::array();
+    for (const auto& st : c.stacks) {
+      Json frames = Json::array();
+      for (size_t i = 0; i < st.frames.size() && i < 64; ++i) frames.push_back(frame_for_agent(st.frames[i]));
+      stacks.push_back({{"role", st.role},
+                        {"stack_id", std::to_string(st.stack_id)},
+                        {"share", round3(st.share)},
+                        {"calls", st.calls},
+                        {"truncated", st.truncated || st.frames.size() > 64},
+                        {"frames", frames}});
+    }
+    j["stacks"] = stacks;
+  }
   j["provenance"] = {{"rule", c.rule}, {"rule_hash", c.rule_hash}, {"predicates", preds}};
   j["dropped_events_in_window"] = c.dropped_events;
   if (full) {
@@ -759,28 +817,15 @@ Json TraceTools::get_stacks(const Json& a, RequestContext* ctx) {
     Json parsed;
     if (!text.empty() && json_nesting_depth(text, 8) <= 8)
       parsed = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+    bool truncated = false;
     if (parsed.is_array()) {
-      total_frames = parsed.size();
-      for (const auto& f : parsed) {
+      // Structured frames (engine/stack.h's parser): keys are ours, trace strings are marked.
+      const ParsedStack st = parse_stack_frames(text);
+      total_frames = st.frames.size();
+      truncated = st.truncated;
+      for (const auto& f : st.frames) {
         if (frames.size() >= max_frames) break;
-        if (!f.is_object()) continue;
-        Json fr = Json::object();
-        for (auto it = f.begin(); it != f.end(); ++it) {
-          const std::string v = it->is_string() ? it->get<std::string>() : to_line(*it);
-          if (it.key() == "s") {
-            const auto plus = v.rfind("+0x");
-            const std::string sym = plus == std::string::npos ? v : v.substr(0, plus);
-            fr["symbol"] = untrusted_capped(demangle(sym), 400);
-            if (plus != std::string::npos) fr["offset"] = untrusted_capped(v.substr(plus + 1), 24);
-          } else if (it.key() == "f") {
-            fr["file"] = untrusted_capped(v, 300);
-          } else if (it.key() == "i") {
-            fr["ip"] = untrusted_capped(v, 24);
-          } else {  // Python frames and anything newer recorders add
-            fr[untrusted_capped(it.key(), 32)] = untrusted_capped(v, 300);
-          }
-        }
-        frames.push_back(std::move(fr));
+        frames.push_back(frame_for_agent(f));
       }
     }
     Json s = {{"stack_hash", std::to_string(row[0].integer)},
@@ -788,7 +833,8 @@ Json TraceTools::get_stacks(const Json& a, RequestContext* ctx) {
               {"total_us", us(static_cast<uint64_t>(std::max<int64_t>(row[2].integer, 0)))},
               {"max_us", us(static_cast<uint64_t>(std::max<int64_t>(row[3].integer, 0)))},
               {"frames", frames},
-              {"frames_total", total_frames}};
+              {"frames_total", total_frames},
+              {"truncated", truncated}};
     if (parsed.is_discarded() || (!text.empty() && !parsed.is_array())) s["frames_error"] = "frames are not a JSON array";
     if (text.empty()) s["frames_error"] = "no symbols recorded for this stack";
     stacks.push_back(std::move(s));

@@ -350,6 +350,32 @@ TEST_F(McpServerTest, CausalChainsAreRankedFilteredAndExplained) {
   }
 }
 
+TEST_F(McpServerTest, ChainsCarryThreadsAndStructuredStacks) {
+  open("pytorch-dataloader-starvation.db");
+  initialize();
+  Json all = ok("get_causal_chains", {{"limit", 50}});
+  size_t with_frames = 0;
+  for (const auto& c : all["chains"]) {
+    Json ex = ok("explain_chain", {{"chain_id", c["id"]}});
+    if (ex.contains("pid")) {
+      ASSERT_TRUE(ex.contains("tid")) << ex.dump().substr(0, 600);
+      ASSERT_TRUE(ex.contains("threads")) << ex.dump().substr(0, 600);
+      EXPECT_EQ(ex["threads"][0]["tid"], ex["tid"]);
+    }
+    ASSERT_TRUE(ex["stacks"].is_array());
+    for (const auto& st : ex["stacks"]) {
+      EXPECT_TRUE(st["role"] == "call" || st["role"] == "offcpu" || st["role"] == "sample");
+      for (const auto& f : st["frames"]) {
+        ++with_frames;
+        for (const auto& [k, v] : f.items()) EXPECT_EQ(k.find("untrusted"), std::string::npos);
+        if (f.contains("function")) EXPECT_EQ(f["function"].get<std::string>().rfind("<untrusted>", 0), 0u);
+      }
+    }
+    if (ex.contains("call_site")) EXPECT_EQ(ex["call_site"].get<std::string>().rfind("<untrusted>", 0), 0u);
+  }
+  EXPECT_GT(with_frames, 0u) << "the DataLoader trace's chains carry its recorded stacks";
+}
+
 TEST_F(McpServerTest, StacksAreSymbolisedAndMarkedUntrusted) {
   open("pytorch-dataloader-starvation.db");
   initialize();
@@ -363,12 +389,17 @@ TEST_F(McpServerTest, StacksAreSymbolisedAndMarkedUntrusted) {
     EXPECT_LE(st["calls"].get<int64_t>(), prev);
     prev = st["calls"].get<int64_t>();
     for (const auto& f : st["frames"]) {
-      const std::string sym = f.value("symbol", "<untrusted></untrusted>");
+      // Structured frames: our keys unmarked, the trace's strings marked.
+      ASSERT_TRUE(f.contains("kind")) << f.dump();
+      EXPECT_TRUE(f["kind"] == "native" || f["kind"] == "python" || f["kind"] == "kernel") << f.dump();
+      for (const auto& [k, v] : f.items()) EXPECT_EQ(k.find("untrusted"), std::string::npos) << f.dump();
+      const std::string sym = f.value("function", "<untrusted></untrusted>");
       EXPECT_EQ(sym.rfind("<untrusted>", 0), 0u) << sym;
       if (sym.find("c10::cuda::CUDACachingAllocator") != std::string::npos) demangled = true;
-      if (f.contains("file")) {
-        EXPECT_EQ(f["file"].get<std::string>().rfind("<untrusted>", 0), 0u);
-      }
+      for (const char* key : {"file", "module"})
+        if (f.contains(key)) {
+          EXPECT_EQ(f[key].get<std::string>().rfind("<untrusted>", 0), 0u);
+        }
     }
   }
   EXPECT_TRUE(demangled) << s.dump().substr(0, 1500);

@@ -20,6 +20,7 @@
 #include "engine/stack.h"
 #include "engine/synth.h"
 #include "operators/chain_annotate.h"
+#include "sinks/lmdb_store.h"
 #include "sinks/report.h"
 #include "sinks/sqlite_store.h"
 #ifdef INGERO_TEST_RULE_PACK
@@ -153,7 +154,7 @@ TEST(ChainAnnotate, IngeroTracesWithStacksCarryTheStoredFrames) {
   std::filesystem::path dir = INGERO_SHARED_DATA;
   if (!std::filesystem::exists(dir / "sample-cluster.db")) dir /= "ingero";
   if (!std::filesystem::exists(dir)) GTEST_SKIP() << "no shared Ingero traces at " << dir;
-  size_t with_stacks = 0, traces = 0;
+  size_t with_stacks = 0, traces = 0, demangled = 0;
   for (const char* name : {"pytorch-dataloader-starvation.db", "sample-cluster.db", "sample-gpu-node-02.db",
                            "sample-gpu-node-03.db"}) {
     const auto path = (dir / name).string();
@@ -171,7 +172,13 @@ TEST(ChainAnnotate, IngeroTracesWithStacksCarryTheStoredFrames) {
         const ParsedStack p = parse_stack(it->second);
         ASSERT_EQ(s.frames.size(), p.frames.size());
         for (size_t i = 0; i < p.frames.size(); ++i) {
-          EXPECT_EQ(s.frames[i].function, p.frames[i].function);
+          // Stored mangled (Ingero), shown demangled: "_ZN2at6native5copy_..." -> "at::native::copy_(...)".
+          if (p.frames[i].function.rfind("_ZN", 0) == 0) {
+            EXPECT_NE(s.frames[i].function.find("::"), std::string::npos) << s.frames[i].function;
+            ++demangled;
+          } else {
+            EXPECT_EQ(s.frames[i].function, p.frames[i].function);
+          }
           EXPECT_EQ(s.frames[i].module, p.frames[i].module);
         }
         if (s.role == "call" && !s.frames.empty()) ++with_stacks;
@@ -180,6 +187,7 @@ TEST(ChainAnnotate, IngeroTracesWithStacksCarryTheStoredFrames) {
   }
   if (traces == 0) GTEST_SKIP() << "no Ingero trace with stacks under " << dir;
   EXPECT_GT(with_stacks, 0u) << "some chain of the recorded traces should carry a call stack";
+  std::printf("chains' call stacks with frames: %zu, demangled frames: %zu\n", with_stacks, demangled);
 }
 
 // --- time split on a throughput drop vs SQL over the same spans -----------------------------
@@ -439,6 +447,69 @@ TEST(ChainAnnotate, LiveModeKeepsOnlyTheHorizonAndRefusesOlderWindows) {
   a.annotate(old, meta);
   EXPECT_FALSE(old.time_split.present);
   EXPECT_EQ(a.counters().too_old, 1u);
+}
+
+// --- stores: the SQLite ip_chains row and the LMDB chain keep threads, stacks and time split ----
+
+void expect_same_where(const Chain& a, const Chain& b) {
+  ASSERT_EQ(a.threads.size(), b.threads.size());
+  for (size_t i = 0; i < a.threads.size(); ++i) {
+    EXPECT_EQ(a.threads[i].tid, b.threads[i].tid);
+    EXPECT_EQ(a.threads[i].name, b.threads[i].name);
+    EXPECT_DOUBLE_EQ(a.threads[i].share, b.threads[i].share);
+  }
+  ASSERT_EQ(a.stacks.size(), b.stacks.size());
+  for (size_t i = 0; i < a.stacks.size(); ++i) {
+    EXPECT_EQ(a.stacks[i].role, b.stacks[i].role);
+    EXPECT_EQ(a.stacks[i].stack_id, b.stacks[i].stack_id);
+    EXPECT_EQ(a.stacks[i].calls, b.stacks[i].calls);
+    ASSERT_EQ(a.stacks[i].frames.size(), b.stacks[i].frames.size());
+    for (size_t f = 0; f < a.stacks[i].frames.size(); ++f) {
+      EXPECT_EQ(a.stacks[i].frames[f].kind, b.stacks[i].frames[f].kind);
+      EXPECT_EQ(a.stacks[i].frames[f].function, b.stacks[i].frames[f].function);
+      EXPECT_EQ(a.stacks[i].frames[f].file, b.stacks[i].frames[f].file);
+      EXPECT_EQ(a.stacks[i].frames[f].line, b.stacks[i].frames[f].line);
+      EXPECT_EQ(a.stacks[i].frames[f].module, b.stacks[i].frames[f].module);
+    }
+  }
+  EXPECT_EQ(a.time_split.present, b.time_split.present);
+  EXPECT_EQ(a.time_split.tid, b.time_split.tid);
+  EXPECT_DOUBLE_EQ(a.time_split.on_cpu, b.time_split.on_cpu);
+  EXPECT_DOUBLE_EQ(a.time_split.in_calls, b.time_split.in_calls);
+  EXPECT_EQ(a.time_split.dominant, b.time_split.dominant);
+}
+
+TEST(ChainAnnotate, StoresKeepThreadsStacksAndTimeSplit) {
+  TraceMeta meta;
+  const auto ev = bursty_launcher(meta);
+  const auto r = analyse(ev, meta);
+  ASSERT_NE(find_chain(r, "launch_gap"), nullptr);
+  const auto dir = std::filesystem::temp_directory_path() / ("annotate_store_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::string error;
+  {
+    auto sink = SqliteSink::create((dir / "t.db").string(), error);
+    ASSERT_TRUE(sink) << error;
+    ASSERT_TRUE(sink->write_result(r));
+    ASSERT_TRUE(sink->close(error)) << error;
+    AnalysisResult back;
+    ASSERT_TRUE(read_result((dir / "t.db").string(), back, error)) << error;
+    ASSERT_EQ(back.chains.size(), r.chains.size());
+    for (size_t i = 0; i < r.chains.size(); ++i) expect_same_where(r.chains[i], back.chains[i]);
+  }
+  {
+    auto sink = LmdbSink::create((dir / "t.lmdb").string(), error);
+    ASSERT_TRUE(sink) << error;
+    ASSERT_TRUE(sink->write_result(r));
+    ASSERT_TRUE(sink->close(error)) << error;
+    std::vector<Chain> back;
+    ASSERT_TRUE(read_lmdb_chains((dir / "t.lmdb").string(), back, error)) << error;
+    ASSERT_EQ(back.size(), r.chains.size());
+    for (const auto& c : r.chains)
+      for (const auto& b : back)
+        if (b.id == c.id) expect_same_where(c, b);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
