@@ -6,7 +6,10 @@
  * recursion pair correctly, and a return whose entry was missed (attached mid-call) is counted
  * instead of corrupting the stack. Arguments are captured at entry because the registers are gone
  * at return. */
-#include "common.bpf.h"
+#include "stack.bpf.h"
+
+/* Calls at least this long get their stacks captured (rate-limited per thread); ~0 = none. */
+const volatile __u64 stack_min_ns = ~0ULL;
 
 struct {
   __uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -81,6 +84,31 @@ static __always_inline int on_enter(struct pt_regs* ctx, __u8 src, __u8 op, __u6
   return 0;
 }
 
+/* The call's record from its entry frame. */
+static __always_inline void fill(struct ip_record* r, struct pt_regs* ctx, struct ip_frame* f,
+                                 __u64 now, __u32 tgid, __u32 tid, __u8 src, __u8 op) {
+  r->ts = f->ts;
+  r->dur = now - f->ts;
+  r->arg0 = f->arg0;
+  r->arg1 = f->arg1;
+  r->arg2 = f->arg2;
+  r->cgroup = bpf_get_current_cgroup_id();
+  r->pid = tgid;
+  r->tid = tid;
+  r->ret = (__s32)PT_REGS_RC(ctx);
+  r->source = src;
+  r->op = op;
+  r->state = 0;
+  r->flags = 0;
+  if (src == IP_SRC_NCCL && op == 7 /* ncclCommInitRank */ && r->ret == 0 && f->arg2) {
+    /* The communicator handle exists only after the call: read *comm so user space can map
+     * later collectives (which pass the handle) to this rank. */
+    __u64 comm = 0;
+    bpf_probe_read_user(&comm, sizeof(comm), (void*)f->arg2);
+    r->arg2 = comm;
+  }
+}
+
 static __always_inline int on_exit(struct pt_regs* ctx, __u8 src, __u8 op) {
   __u64 now = bpf_ktime_get_ns();
   __u64 id = bpf_get_current_pid_tgid();
@@ -110,31 +138,26 @@ static __always_inline int on_exit(struct pt_regs* ctx, __u8 src, __u8 op) {
   st->depth = found;
   struct ip_frame* f = &st->frames[found & (IP_MAX_DEPTH - 1)];
 
+  /* A slow call (and the thread's stack budget allows it): the record goes out on the stack ring
+   * with the caller's stacks. At a uretprobe the registers are the caller's: ip is the return
+   * address into it, so the probed function itself is not on the stack (user space prepends it). */
+  if (now - f->ts >= stack_min_ns && stack_rate_ok(tid, now)) {
+    struct ip_stack_record* s = stack_scratch_get();
+    if (s) {
+      stack_record_init(s, IP_STK_CALL);
+      fill(&s->rec, ctx, f, now, tgid, tid, src, op);
+      capture_user(ctx, s, PT_REGS_IP(ctx), PT_REGS_SP(ctx), ctx->bp, tgid);
+      if (stack_submit(s) == 0) return 0;
+      /* stack ring full (counted): the call still goes out, without its stack */
+    }
+  }
+
   struct ip_record* r = bpf_ringbuf_reserve(&gpu_events, sizeof(*r), 0);
   if (!r) {
     count(IP_CNT_DROP_GPU, 1);
     return 0;
   }
-  r->ts = f->ts;
-  r->dur = now - f->ts;
-  r->arg0 = f->arg0;
-  r->arg1 = f->arg1;
-  r->arg2 = f->arg2;
-  r->cgroup = bpf_get_current_cgroup_id();
-  r->pid = tgid;
-  r->tid = tid;
-  r->ret = (__s32)PT_REGS_RC(ctx);
-  r->source = src;
-  r->op = op;
-  r->state = 0;
-  r->flags = 0;
-  if (src == IP_SRC_NCCL && op == 7 /* ncclCommInitRank */ && r->ret == 0 && f->arg2) {
-    /* The communicator handle exists only after the call: read *comm so user space can map
-     * later collectives (which pass the handle) to this rank. */
-    __u64 comm = 0;
-    bpf_probe_read_user(&comm, sizeof(comm), (void*)f->arg2);
-    r->arg2 = comm;
-  }
+  fill(r, ctx, f, now, tgid, tid, src, op);
   /* No wakeup: the poller drains on a short timer. A wakeup per record (irq_work + a poller
    * context switch) would cost more than the probe itself at high call rates. */
   bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);

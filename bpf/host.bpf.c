@@ -5,7 +5,11 @@
  * kernels without BTF for it; the loader enables one of the two. sched_switch and friends are
  * filtered in the kernel to every thread of the traced processes (traced_tgids is keyed by tgid,
  * so worker threads are followed, not only the main thread). */
-#include "common.bpf.h"
+#include "stack.bpf.h"
+
+/* Off-CPU spans at least this long carry the kernel and frame-pointer user stacks taken at
+ * switch-out (ids into stack_ids, in arg2); ~0 = no off-CPU stacks (nothing captured at all). */
+const volatile __u64 offcpu_stack_min_ns = ~0ULL;
 
 /* Which families emit records (the programs of a disabled family are not even loaded; process
  * tracking programs always load because fork-following and cleanup depend on them). */
@@ -105,8 +109,15 @@ static __always_inline int current_traced(void) {
 
 /* ---- sched_switch: off-CPU spans ---------------------------------------------------------- */
 
-static __always_inline void switch_out(__u32 tgid, __u32 tid, __u32 next_tid, __u8 state, __u64 now) {
-  struct ip_offcpu o = {.ts = now, .tgid = tgid, .next_tid = next_tid, .state = state};
+static __always_inline void switch_out(void* ctx, __u32 tgid, __u32 tid, __u32 next_tid,
+                                       __u8 state, __u64 now) {
+  struct ip_offcpu o = {.ts = now, .tgid = tgid, .next_tid = next_tid, .state = state,
+                        .kstack = -1, .ustack = -1};
+  if (offcpu_stack_min_ns != ~0ULL) {
+    /* Runs in the context of the thread going off CPU: these are its stacks. */
+    o.kstack = bpf_get_stackid(ctx, &stack_ids, 0);
+    o.ustack = bpf_get_stackid(ctx, &stack_ids, BPF_F_USER_STACK);
+  }
   if (bpf_map_update_elem(&offcpu, &tid, &o, BPF_ANY) != 0) count(IP_CNT_NO_SLOT, 1);
 }
 
@@ -124,6 +135,11 @@ static __always_inline void switch_in(__u32 tid, __u64 now, __u8 flags) {
     r->op = 1; /* sched_switch */
     r->state = o->state;
     r->flags = flags;
+    if (r->dur >= offcpu_stack_min_ns && (o->kstack >= 0 || o->ustack >= 0)) {
+      /* ids + 1 (0 = none): kernel stack in the low half, user stack in the high half */
+      r->arg2 = (__u64)(__u32)(o->kstack + 1) | ((__u64)(__u32)(o->ustack + 1) << 32);
+      r->flags |= IP_REC_STACKIDS;
+    }
     bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
   }
   bpf_map_delete_elem(&offcpu, &tid);
@@ -142,7 +158,7 @@ int BPF_PROG(btf_sched_switch, bool preempt, struct task_struct* prev, struct ta
              unsigned int prev_state) {
   __u64 now = bpf_ktime_get_ns();
   if (task_traced(prev))
-    switch_out(prev->tgid, prev->pid, next->pid, offcpu_state(preempt, prev_state), now);
+    switch_out(ctx, prev->tgid, prev->pid, next->pid, offcpu_state(preempt, prev_state), now);
   switch_in(next->pid, now, 0);
   return 0;
 }
@@ -156,7 +172,7 @@ int tp_sched_switch(void* ctx) {
      * reported state index as a bit (1 = S, 2 = D). */
     __u64 st = field(ctx, IP_OFF_SW_PREV_STATE, 8);
     __u8 s = (st & ~0xffULL) ? IP_STATE_PREEMPTED : offcpu_state(false, st & 0xff);
-    switch_out(bpf_get_current_pid_tgid() >> 32, field(ctx, IP_OFF_SW_PREV_PID, 4),
+    switch_out(ctx, bpf_get_current_pid_tgid() >> 32, field(ctx, IP_OFF_SW_PREV_PID, 4),
                field(ctx, IP_OFF_SW_NEXT_PID, 4), s, now);
   }
   switch_in(field(ctx, IP_OFF_SW_NEXT_PID, 4), now, IP_REC_CLASSIC);

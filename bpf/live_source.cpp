@@ -9,6 +9,7 @@
 #include <iterator>
 #include <chrono>
 #include <concurrentqueue/blockingconcurrentqueue.h>
+#include <cstring>
 #include <fstream>
 
 #include "engine/ops.h"
@@ -56,19 +57,43 @@ LiveSource::LiveSource(const LiveOptions& opts)
 std::unique_ptr<LiveSource> LiveSource::start(const LiveOptions& opts, std::string& error) {
   std::unique_ptr<LiveSource> s(new LiveSource(opts));
   LiveSource* self = s.get();
+  const StackOptions& so = opts.probes.stacks;
+  const bool stacks = so.call_min_ns != UINT64_MAX || so.offcpu_min_ns != UINT64_MAX ||
+                      so.sample_hz > 0;
   s->probes_ = BpfProbes::open(
       opts.probes,
       [self](const ip_record& r) {
         self->records_.fetch_add(1, std::memory_order_relaxed);
         Event e;
         std::string reason;
-        if (self->conv_.convert(r, e, reason))
-          self->pending_.push_back(e);
-        else
+        if (!self->conv_.convert(r, e, reason)) {
           self->unknown_.fetch_add(1, std::memory_order_relaxed);
+          return;
+        }
+        if ((r.flags & IP_REC_STACKIDS) && self->resolver_ && r.source == IP_SRC_HOST &&
+            r.op == op::kSchedSwitch) {
+          if (!self->resolver_->noted(r.pid)) self->resolver_->note_process(r.pid);
+          e.stack_id = self->resolver_->resolve_offcpu(r.pid, static_cast<uint32_t>(r.arg2),
+                                                       static_cast<uint32_t>(r.arg2 >> 32));
+        }
+        if (r.source == IP_SRC_HOST && r.op == op::kProcessExit && r.pid == r.tid)
+          self->forget_at_[r.pid] = monotonic_ns() + 5'000'000'000ull;
+        self->on_event(e);
       },
-      error);
+      error,
+      [self](const ip_stack_record& r, size_t len) {
+        self->records_.fetch_add(1, std::memory_order_relaxed);
+        Event e;
+        std::string reason;
+        if (!self->conv_.convert(r.rec, e, reason)) {
+          self->unknown_.fetch_add(1, std::memory_order_relaxed);
+          return;
+        }
+        if (self->resolver_) e.stack_id = self->resolver_->resolve(r, len);
+        self->on_event(e, r.comm);
+      });
   if (!s->probes_) return nullptr;
+  if (stacks) s->resolver_ = std::make_unique<StackResolver>(*s->probes_);
   for (auto& w : s->probes_->take_warnings()) s->warn(std::move(w));
 
   // Libraries: everything findable now. In --pid mode, the traced processes' own maps first so
@@ -76,6 +101,13 @@ std::unique_ptr<LiveSource> LiveSource::start(const LiveOptions& opts, std::stri
   if (opts.probes.filter == FilterMode::kPids)
     for (uint32_t pid : opts.probes.pids) s->attach_found(s->discovery_.scan_pid(pid));
   s->attach_found(s->discovery_.initial_scan());
+  if (s->resolver_ && opts.probes.filter == FilterMode::kPids)
+    for (uint32_t pid : opts.probes.pids) {  // before any record: Python walks from the first call
+      s->resolver_->note_process(pid);
+      s->seen_pids_.insert(pid);
+    }
+  if (s->resolver_)
+    for (auto& w : s->resolver_->take_warnings()) s->warn(std::move(w));
   const auto& f = opts.probes.families;
   auto have = [&](LibKind k) {
     for (const auto& l : s->libs_)
@@ -113,6 +145,12 @@ std::unique_ptr<LiveSource> LiveSource::start(const LiveOptions& opts, std::stri
     case FilterMode::kCgroup: si.pid_filter = "cgroup " + opts.probes.cgroup_path; break;
   }
   si.flags = "families=" + families_text(f);
+  if (stacks) {
+    auto ns = [](uint64_t v) { return v == UINT64_MAX ? std::string("off") : std::to_string(v); };
+    si.flags += "; stack_min_ns=" + ns(so.call_min_ns) + "; offcpu_stack_min_ns=" +
+                ns(so.offcpu_min_ns) + "; sample_hz=" + std::to_string(so.sample_hz) +
+                "; ustack_bytes=" + std::to_string(so.ustack_bytes);
+  }
   // Names of the processes known now (the engine reads them when a run starts); later ones are
   // added as their first events are delivered.
   for (uint32_t pid : opts.probes.pids) {
@@ -149,10 +187,37 @@ std::vector<CudaLibrary> LiveSource::libraries() const {
   return libs_;
 }
 
+void LiveSource::on_event(Event& e, const char* comm16) {
+  if (resolver_ && e.pid && seen_pids_.insert(e.pid).second) {
+    resolver_->note_process(e.pid);
+    for (auto& w : resolver_->take_warnings()) warn(std::move(w));
+  }
+  // Thread names: the one BPF read at the event when there is one (the thread may be gone by
+  // now), else /proc once per thread.
+  if (e.tid && !named_tids_.count(e.tid)) {
+    std::string comm = comm16 ? std::string(comm16, strnlen(comm16, 16)) : std::string();
+    if (comm.empty() && tried_tids_.insert(e.tid).second)
+      comm = read_first_line("/proc/" + std::to_string(e.pid ? e.pid : e.tid) + "/task/" +
+                             std::to_string(e.tid) + "/comm");
+    if (!comm.empty()) {
+      named_tids_.insert(e.tid);
+      std::lock_guard<std::mutex> lk(mu_);
+      new_threads_.emplace_back(e.tid, std::move(comm));
+    }
+  }
+  pending_.push_back(e);
+}
+
 void LiveSource::attach_found(const std::vector<CudaLibrary>& libs) {
   for (const auto& lib : libs) {
     const int n = probes_->attach_library(lib);
     for (auto& w : probes_->take_warnings()) warn(std::move(w));
+    if (n > 0 && resolver_) {
+      const std::string base = lib.path.substr(lib.path.find_last_of('/') + 1);
+      if (lib.kind == LibKind::kCudart) resolver_->set_module(Source::kCuda, base);
+      if (lib.kind == LibKind::kCuda) resolver_->set_module(Source::kDriver, base);
+      if (lib.kind == LibKind::kNccl) resolver_->set_module(Source::kNccl, base);
+    }
     if (n > 0) {
       std::lock_guard<std::mutex> lk(mu_);
       libs_.push_back(lib);
@@ -199,6 +264,14 @@ void LiveSource::poller() {
     // This pass empties every ring, so all records committed before `t` are in hand.
     const uint64_t t = monotonic_ns();
     probes_->consume();
+    if (resolver_) {
+      // Before the events are queued: next() always finds an event's stack in meta().
+      auto st = resolver_->take_new();
+      if (!st.empty()) {
+        std::lock_guard<std::mutex> lk(mu_);
+        for (auto& x : st) new_stacks_.push_back(std::move(x));
+      }
+    }
     flush();
 
     if (scan) {
@@ -207,8 +280,31 @@ void LiveSource::poller() {
       depth_.store(c.v[IP_CNT_DEPTH]);
       unmatched_.store(c.v[IP_CNT_UNMATCHED]);
       no_slot_.store(c.v[IP_CNT_NO_SLOT]);
+      dropped_[IP_RING_STACK].store(c.v[IP_CNT_DROP_STACK]);
+      stack_records_.store(c.v[IP_CNT_STACKS]);
+      stacks_rate_.store(c.v[IP_CNT_STACK_RATE]);
+      samples_.store(c.v[IP_CNT_SAMPLES]);
+      if (resolver_) {
+        const StackResolverStats rs = resolver_->stats();
+        stacks_resolved_.store(rs.resolved);
+        stacks_unique_.store(rs.unique);
+        python_stacks_.store(rs.python_stacks);
+        python_procs_.store(rs.python_procs);
+        for (auto& w : resolver_->take_warnings()) warn(std::move(w));
+        // Processes that exited a while ago: their records have drained.
+        for (auto it = forget_at_.begin(); it != forget_at_.end();) {
+          if (it->second > scan_time) {
+            ++it;
+            continue;
+          }
+          resolver_->forget_process(it->first);
+          seen_pids_.erase(it->first);
+          it = forget_at_.erase(it);
+        }
+      }
       {
         std::lock_guard<std::mutex> lk(mu_);
+        // Stack-ring overflow is not an event loss (the call still goes out, without its stack).
         const uint64_t total = c.v[IP_CNT_DROP_GPU] + c.v[IP_CNT_DROP_HOST] + queue_drops_.load();
         if (drop_timeline_.size() < 2 || drop_timeline_.back().second != total)
           drop_timeline_.emplace_back(t, total);
@@ -307,6 +403,13 @@ bool LiveSource::next(Batch& out) {
     if (wm > last_wm_) last_wm_ = wm;
     if (done || out.events.size() >= opts_.batch_max ||
         std::chrono::steady_clock::now() >= deadline) {
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        for (auto& [id, st] : new_stacks_) meta_.stacks.emplace(id, std::move(st));
+        new_stacks_.clear();
+        for (auto& [tid, name] : new_threads_) meta_.thread_names.emplace(tid, std::move(name));
+        new_threads_.clear();
+      }
       for (Event& e : out.events) {
         e.id = ++next_id_;
         if (e.pid && !meta_.process_names.count(e.pid)) {
@@ -331,7 +434,8 @@ bool LiveSource::next(Batch& out) {
           meta_.health.skip("BPF records with an unknown source/op", unk);
         SessionInfo& si = meta_.sessions.back();
         si.stopped_at = conv_.to_unix(monotonic_ns());
-        si.flags += "; dropped_gpu=" + std::to_string(dropped_[IP_RING_GPU].load()) +
+        si.flags += "; dropped_stack=" + std::to_string(dropped_[IP_RING_STACK].load()) +
+                    "; dropped_gpu=" + std::to_string(dropped_[IP_RING_GPU].load()) +
                     "; dropped_host=" + std::to_string(dropped_[IP_RING_HOST].load()) +
                     "; dropped_queue=" + std::to_string(queue_drops_.load());
       }
@@ -358,6 +462,14 @@ LiveStats LiveSource::stats() const {
   s.no_slot = no_slot_.load();
   s.reorder_size = reorder_size_.load();
   s.reorder_peak = reorder_peak_.load();
+  s.stack_records = stack_records_.load();
+  s.stacks_lost = dropped_[IP_RING_STACK].load();
+  s.stacks_rate_limited = stacks_rate_.load();
+  s.samples = samples_.load();
+  s.stacks_resolved = stacks_resolved_.load();
+  s.stacks_unique = stacks_unique_.load();
+  s.python_stacks = python_stacks_.load();
+  s.python_procs = python_procs_.load();
   std::lock_guard<std::mutex> lk(mu_);
   s.libraries = libs_.size();
   s.uprobes = probes_->uprobes_attached();
@@ -365,9 +477,7 @@ LiveStats LiveSource::stats() const {
 }
 
 uint64_t LiveSource::drops_total() const {
-  uint64_t t = queue_drops_.load();
-  for (const auto& d : dropped_) t += d.load();
-  return t;
+  return queue_drops_.load() + dropped_[IP_RING_GPU].load() + dropped_[IP_RING_HOST].load();
 }
 
 uint64_t LiveSource::drops_between(uint64_t t0_unix, uint64_t t1_unix) const {

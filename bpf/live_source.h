@@ -16,6 +16,13 @@
 //   events). meta().health.dropped_events holds the total.
 // - stop() may be called from any thread (signal handler code excepted: set a flag and call it
 //   from a normal thread); the next next() calls drain the rings and end with a final batch.
+// - Stacks (LiveOptions::probes.stacks): records that carry stacks are resolved on the poller
+//   thread (StackResolver: unwind, symbolize, Python frames, dedup) before their events are
+//   queued, so an event's stack_id is always in meta().stacks by the time the event is delivered
+//   (next() merges the new stacks in). Thread names (comm per tid, read when a thread is first
+//   seen) go to meta().thread_names the same way. Every traced process is noted (maps + ELFs
+//   kept, Python layout validated) when first seen, or at start with --pid, and forgotten a few
+//   seconds after its exit record.
 // - The poller thread also re-runs library discovery every `rediscover_interval` (bounded cost)
 //   and attaches uprobes to new libraries; warnings (missing library/symbol) are queued for the
 //   caller (take_warnings()).
@@ -26,12 +33,15 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <map>
+#include <set>
 #include <thread>
 #include <vector>
 
 #include "bpf/discovery.h"
 #include "bpf/probes.h"
 #include "bpf/records.h"
+#include "bpf/stack_resolver.h"
 #include "engine/trace.h"
 
 namespace ingero::bpf {
@@ -63,6 +73,12 @@ struct LiveStats {
   uint64_t depth_overflow = 0, unmatched = 0, no_slot = 0;
   size_t reorder_size = 0, reorder_peak = 0;  // events held for ordering (now, at most)
   size_t libraries = 0, uprobes = 0;
+  // Stacks
+  uint64_t stack_records = 0;     // records with stacks emitted by BPF
+  uint64_t stacks_lost = 0;       // stack ring full: event sent without its stack / sample lost
+  uint64_t stacks_rate_limited = 0;  // slow calls whose stack the per-thread rate limit skipped
+  uint64_t samples = 0;           // CPU-clock samples of traced threads
+  uint64_t stacks_resolved = 0, stacks_unique = 0, python_stacks = 0, python_procs = 0;
 };
 
 class LiveSource final : public EventSource {
@@ -91,6 +107,9 @@ class LiveSource final : public EventSource {
   void attach_found(const std::vector<CudaLibrary>& libs);
   void warn(std::string w);
   void late(const Event& e);
+  // Poller: process/thread first sight (thread name from `comm16` when BPF read it), then into
+  // pending_.
+  void on_event(Event& e, const char* comm16 = nullptr);
 
   struct Queue;
   LiveOptions opts_;
@@ -105,11 +124,18 @@ class LiveSource final : public EventSource {
   std::atomic<uint64_t> dropped_[IP_NUM_RINGS] = {};
   std::atomic<uint64_t> depth_{0}, unmatched_{0}, no_slot_{0}, queue_drops_{0};
   std::vector<Event> pending_;  // poller-local: converted, not yet enqueued
+  std::unique_ptr<StackResolver> resolver_;  // poller-owned; null when no stacks are captured
+  std::set<uint32_t> seen_pids_, named_tids_, tried_tids_;  // poller-local
+  std::map<uint32_t, uint64_t> forget_at_;    // poller-local: pid -> mono ns to forget it
+  std::atomic<uint64_t> stacks_resolved_{0}, stacks_unique_{0}, python_stacks_{0},
+      python_procs_{0}, stack_records_{0}, stacks_rate_{0}, samples_{0};
 
   mutable std::mutex mu_;  // guards the members below
   std::vector<std::string> warnings_;
   std::vector<CudaLibrary> libs_;
   std::vector<std::pair<uint64_t, uint64_t>> drop_timeline_;  // (mono ns, cumulative drops)
+  std::vector<std::pair<uint64_t, StackTrace>> new_stacks_;   // for meta_.stacks
+  std::vector<std::pair<uint32_t, std::string>> new_threads_;  // for meta_.thread_names
 
   // Engine-thread state (next()).
   ReorderBuffer reorder_;

@@ -4,18 +4,23 @@
 #include <bpf/bpf.h>
 #include <bpf/btf.h>
 #include <bpf/libbpf.h>
+#include <linux/perf_event.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <algorithm>
+#include <cstddef>
 #include <map>
 #include <sstream>
 
 #include "bpf/gpu.skel.h"
 #include "bpf/host.skel.h"
+#include "bpf/sample.skel.h"
 
 namespace ingero::bpf {
 namespace {
@@ -102,6 +107,23 @@ int on_ring_record(void* ctx, void* data, size_t size) {
   return 0;
 }
 
+int on_stack_record(void* ctx, void* data, size_t size) {
+  constexpr size_t kHead = offsetof(ip_stack_record, ustack);
+  if (size < kHead || size > sizeof(ip_stack_record)) return 0;
+  auto* fn = static_cast<BpfProbes::StackFn*>(ctx);
+  if (*fn) (*fn)(*static_cast<const ip_stack_record*>(data), size);
+  return 0;
+}
+
+// The rodata every object with stack.bpf.h has.
+template <typename Rodata>
+void set_stack_rodata(Rodata* ro, const StackOptions& so) {
+  ro->ustack_bytes = std::min<uint32_t>(so.ustack_bytes, IP_USTACK_MAX);
+  const uint32_t rate = std::max<uint32_t>(so.per_thread_rate, 1);
+  ro->stack_interval_ns = 1'000'000'000ull / rate;
+  ro->stack_burst_ns = ro->stack_interval_ns * std::max<uint32_t>(so.per_thread_burst, 1);
+}
+
 int libbpf_quiet(enum libbpf_print_level level, const char* fmt, va_list args) {
   // Verifier logs and attach failures surface through our own errors/warnings; keep libbpf's
   // debug chatter out of the terminal unless asked for.
@@ -153,10 +175,11 @@ int64_t realtime_offset_ns() {
 }
 
 std::unique_ptr<BpfProbes> BpfProbes::open(const ProbeOptions& opts, RecordFn on_record,
-                                           std::string& error) {
+                                           std::string& error, StackFn on_stack) {
   libbpf_set_print(libbpf_quiet);
   std::unique_ptr<BpfProbes> p(new BpfProbes());
   p->on_record_ = std::move(on_record);
+  p->on_stack_ = std::move(on_stack);
   p->families_ = opts.families;
   if (!p->load(opts, error)) return nullptr;
   return p;
@@ -182,6 +205,8 @@ bool BpfProbes::load(const ProbeOptions& opts, std::string& error) {
   host_->rodata->target_cgroup = cgroup_id_;
   host_->rodata->emit_process = opts.families.process;
   host_->rodata->page_size = static_cast<uint32_t>(::sysconf(_SC_PAGESIZE));
+  host_->rodata->offcpu_stack_min_ns = opts.stacks.offcpu_min_ns;
+  set_stack_rodata(host_->rodata, opts.stacks);
 
   btf* vmlinux = btf__load_vmlinux_btf();
   const std::string tracefs = find_tracefs(opts.tracefs);
@@ -244,6 +269,7 @@ bool BpfProbes::load(const ProbeOptions& opts, std::string& error) {
   }
 
   bpf_map__set_max_entries(host_->maps.host_events, opts.ring_bytes);
+  bpf_map__set_max_entries(host_->maps.stack_events, opts.stacks.ring_bytes);
   if (int err = ip_host_bpf__load(host_); err != 0) {
     error = std::string("cannot load the host BPF programs: ") + std::strerror(-err) +
             (err == -EPERM ? " (run as root or grant CAP_BPF and CAP_PERFMON)" : "");
@@ -270,9 +296,9 @@ bool BpfProbes::load(const ProbeOptions& opts, std::string& error) {
     }
     gpu_->rodata->filter_mode = static_cast<uint32_t>(opts.filter);
     gpu_->rodata->target_cgroup = cgroup_id_;
-    bpf_map__reuse_fd(gpu_->maps.traced_tgids, bpf_map__fd(host_->maps.traced_tgids));
-    bpf_map__reuse_fd(gpu_->maps.call_stacks, bpf_map__fd(host_->maps.call_stacks));
-    bpf_map__reuse_fd(gpu_->maps.counters, bpf_map__fd(host_->maps.counters));
+    gpu_->rodata->stack_min_ns = opts.stacks.call_min_ns;
+    set_stack_rodata(gpu_->rodata, opts.stacks);
+    reuse_shared(gpu_->obj);
     bpf_object__for_each_program(prog, gpu_->obj) {
       const std::string name = bpf_program__name(prog);
       const std::string sym = name.substr(name.find('_') + 1);
@@ -284,6 +310,8 @@ bool BpfProbes::load(const ProbeOptions& opts, std::string& error) {
       return false;
     }
   }
+
+  if (opts.stacks.sample_hz > 0 && !open_sampler(opts, error)) return false;
 
   rb_ = ring_buffer__new(bpf_map__fd(host_->maps.host_events), on_ring_record, &on_record_,
                          nullptr);
@@ -297,12 +325,105 @@ bool BpfProbes::load(const ProbeOptions& opts, std::string& error) {
     return false;
   }
 
+  // Last: a pass over the rings reads the stack ring after the others.
+  if (ring_buffer__add(rb_, bpf_map__fd(host_->maps.stack_events), on_stack_record, &on_stack_) !=
+      0) {
+    error = std::string("cannot open the stack ring buffer: ") + std::strerror(errno);
+    return false;
+  }
+
   if (opts.filter == FilterMode::kPids)
     for (uint32_t pid : opts.pids) trace_pid(pid);
   return true;
 }
 
+void BpfProbes::reuse_shared(bpf_object* obj) {
+  // Every map both objects declare (common.bpf.h, stack.bpf.h) is the host object's.
+  for (const char* name : {"traced_tgids", "call_stacks", "counters", "stack_events", "py_procs",
+                           "py_codes", "stack_tat", "stack_ids"}) {
+    bpf_map* m = bpf_object__find_map_by_name(obj, name);
+    bpf_map* h = bpf_object__find_map_by_name(host_->obj, name);
+    if (m && h) bpf_map__reuse_fd(m, bpf_map__fd(h));
+  }
+}
+
+bool BpfProbes::open_sampler(const ProbeOptions& opts, std::string& error) {
+  sample_ = ip_sample_bpf__open();
+  if (!sample_) {
+    error = std::string("cannot open the CPU sampler BPF object: ") + std::strerror(errno);
+    return false;
+  }
+  set_stack_rodata(sample_->rodata, opts.stacks);
+  reuse_shared(sample_->obj);
+  if (int err = ip_sample_bpf__load(sample_); err != 0) {
+    error = std::string("cannot load the CPU sampler: ") + std::strerror(-err);
+    return false;
+  }
+  const int ncpu = libbpf_num_possible_cpus();
+  int failed = 0, last_err = 0;
+  for (int cpu = 0; cpu < ncpu; ++cpu) {
+    perf_event_attr a{};
+    a.size = sizeof(a);
+    a.type = PERF_TYPE_SOFTWARE;
+    a.config = PERF_COUNT_SW_CPU_CLOCK;
+    a.freq = 1;
+    a.sample_freq = opts.stacks.sample_hz;
+    const int fd = static_cast<int>(::syscall(__NR_perf_event_open, &a, -1, cpu, -1,
+                                              PERF_FLAG_FD_CLOEXEC));
+    if (fd < 0) {  // an offline CPU: nothing runs there
+      ++failed;
+      last_err = errno;
+      continue;
+    }
+    bpf_link* l = bpf_program__attach_perf_event(sample_->progs.on_cpu_sample, fd);
+    if (!l) {
+      ::close(fd);
+      ++failed;
+      last_err = errno;
+      continue;
+    }
+    perf_fds_.push_back(fd);
+    sample_links_.push_back(l);
+  }
+  if (sample_links_.empty())
+    warnings_.push_back(std::string("CPU sampler: no perf event could be opened (") +
+                        std::strerror(last_err) + "); no on-CPU samples");
+  else if (failed > 0)
+    warnings_.push_back("CPU sampler: " + std::to_string(failed) + " of " + std::to_string(ncpu) +
+                        " CPUs without a perf event (offline?)");
+  return true;
+}
+
+bool BpfProbes::set_python(uint32_t pid, const ip_py_proc& layout) {
+  return bpf_map_update_elem(bpf_map__fd(host_->maps.py_procs), &pid, &layout, BPF_ANY) == 0;
+}
+
+void BpfProbes::forget_python(uint32_t pid) {
+  bpf_map_delete_elem(bpf_map__fd(host_->maps.py_procs), &pid);
+}
+
+bool BpfProbes::read_code(uint32_t pid, uint64_t code, ip_py_code& out) const {
+  ip_py_code_key k{};
+  k.tgid = pid;
+  k.code = code;
+  return bpf_map_lookup_elem(bpf_map__fd(host_->maps.py_codes), &k, &out) == 0;
+}
+
+bool BpfProbes::read_stack_id(uint32_t id, std::vector<uint64_t>& ips) const {
+  uint64_t v[IP_KSTACK_MAX] = {};
+  if (bpf_map_lookup_elem(bpf_map__fd(host_->maps.stack_ids), &id, v) != 0) return false;
+  ips.clear();
+  for (uint64_t ip : v) {
+    if (!ip) break;
+    ips.push_back(ip);
+  }
+  return true;
+}
+
 BpfProbes::~BpfProbes() {
+  for (bpf_link* l : sample_links_) bpf_link__destroy(l);
+  for (int fd : perf_fds_) ::close(fd);
+  if (sample_) ip_sample_bpf__destroy(sample_);
   for (bpf_link* l : links_) bpf_link__destroy(l);
   if (rb_) ring_buffer__free(rb_);
   if (gpu_) ip_gpu_bpf__destroy(gpu_);

@@ -10,6 +10,11 @@
 //   otherwise (or always with `force_classic`); classic field offsets come from tracefs.
 // - attach_library() may be called at any time (libraries found after start) from the thread that
 //   calls poll(); everything else is single-threaded too: one poller thread owns this object.
+// - Stacks (ProbeOptions::stacks): slow probed calls (>= stack_min_ns), long off-CPU spans and
+//   CPU-clock samples come back as `ip_stack_record`s on a third ring, through StackFn; the
+//   registers, stack window, frame-pointer stack and Python frames they carry are resolved in user
+//   space (bpf/stack_resolver.h). Python walking needs set_python(pid, ...) with a layout that
+//   inspect_python() validated; without it a process gets native stacks only.
 // - Destruction detaches every link before the objects are freed.
 #pragma once
 
@@ -26,8 +31,10 @@
 
 struct ring_buffer;
 struct bpf_link;
+struct bpf_object;
 struct ip_gpu_bpf;
 struct ip_host_bpf;
+struct ip_sample_bpf;
 
 namespace ingero::bpf {
 
@@ -48,8 +55,20 @@ struct ProbeFamilies {
 enum class FilterMode : uint32_t { kAllCuda = IP_FILTER_CUDA, kPids = IP_FILTER_PIDS,
                                    kCgroup = IP_FILTER_CGROUP };
 
+// What is captured with stacks, and how much (docs/live-capture.md "Stacks").
+struct StackOptions {
+  uint64_t call_min_ns = UINT64_MAX;    // probed calls at least this long; UINT64_MAX = none
+  uint64_t offcpu_min_ns = UINT64_MAX;  // off-CPU spans at least this long; UINT64_MAX = none
+  uint32_t sample_hz = 0;               // CPU-clock samples of traced threads; 0 = off
+  uint32_t ustack_bytes = 16384;        // user-stack window per stack (<= IP_USTACK_MAX)
+  uint32_t per_thread_rate = 100;       // stacks per second per thread at most (slow calls)
+  uint32_t per_thread_burst = 20;       // ... with bursts of this many
+  uint32_t ring_bytes = 8u << 20;       // the stack ring (power of two)
+};
+
 struct ProbeOptions {
   ProbeFamilies families;
+  StackOptions stacks;
   FilterMode filter = FilterMode::kAllCuda;
   std::vector<uint32_t> pids;   // kPids: these processes and their descendants
   std::string cgroup_path;      // kCgroup: a cgroup v2 directory
@@ -70,11 +89,13 @@ struct ProbeCounters {
 class BpfProbes {
  public:
   using RecordFn = std::function<void(const ip_record&)>;
+  // A record from the stack ring: `len` valid bytes (the stack window is cut to what was copied).
+  using StackFn = std::function<void(const ip_stack_record&, size_t len)>;
 
   // Loads and attaches the tracepoints; uprobes come with attach_library(). Null and `error` on
   // failure (not root, no BPF, verifier rejection).
   static std::unique_ptr<BpfProbes> open(const ProbeOptions& opts, RecordFn on_record,
-                                         std::string& error);
+                                         std::string& error, StackFn on_stack = {});
   ~BpfProbes();
   BpfProbes(const BpfProbes&) = delete;
   BpfProbes& operator=(const BpfProbes&) = delete;
@@ -100,6 +121,16 @@ class BpfProbes {
   // Marks a process as traced (kPids/kCgroup seeding).
   void trace_pid(uint32_t pid);
 
+  // Python walking for a process (a layout validated by inspect_python), or none.
+  bool set_python(uint32_t pid, const ip_py_proc& layout);
+  void forget_python(uint32_t pid);
+  // A code object's strings and line table as BPF read them; false when not (or no longer) held.
+  bool read_code(uint32_t pid, uint64_t code, ip_py_code& out) const;
+  // A stack of stack_ids (off-CPU spans), innermost first, zeros trimmed.
+  bool read_stack_id(uint32_t id, std::vector<uint64_t>& ips) const;
+  // CPU-clock sampling is running (perf events opened on every CPU).
+  bool sampling() const { return !sample_links_.empty(); }
+
   const std::vector<std::string>& warnings() const { return warnings_; }
   std::vector<std::string> take_warnings() { return std::exchange(warnings_, {}); }
   // "tp_btf" or "classic" per tracepoint attached, for `check` and the docs.
@@ -110,10 +141,16 @@ class BpfProbes {
  private:
   BpfProbes() = default;
   bool load(const ProbeOptions& opts, std::string& error);
+  bool open_sampler(const ProbeOptions& opts, std::string& error);
+  void reuse_shared(bpf_object* obj);
 
   ip_gpu_bpf* gpu_ = nullptr;
   ip_host_bpf* host_ = nullptr;
+  ip_sample_bpf* sample_ = nullptr;
   ring_buffer* rb_ = nullptr;
+  std::vector<bpf_link*> sample_links_;
+  std::vector<int> perf_fds_;
+  StackFn on_stack_;
   std::vector<bpf_link*> links_;
   size_t links_uprobe_ = 0;
   std::set<std::pair<uint64_t, uint64_t>> attached_;  // (dev, ino)

@@ -21,6 +21,7 @@ static_assert(IP_STATE_SLEEPING == static_cast<int>(OffCpuState::kSleeping));
 static_assert(IP_STATE_DISKWAIT == static_cast<int>(OffCpuState::kDiskWait));
 static_assert(IP_STATE_OTHER == static_cast<int>(OffCpuState::kOther));
 static_assert(sizeof(ip_record) == 64 && offsetof(ip_record, pid) == 48);
+static_assert(offsetof(ip_stack_record, fp) == 128 && sizeof(ip_py_frame) == 16);  // no holes
 static_assert(op::kNcclCommInitRank == 7);  // gpu.bpf.c reads *comm on this op's return
 
 uint32_t nccl_type_size(uint64_t t) {

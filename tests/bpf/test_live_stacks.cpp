@@ -1,0 +1,367 @@
+// Privileged tests of stacks captured in BPF at the event (LiveSource with StackOptions): a
+// Python script (tests/workloads/cuda_stacks.py) calls the real libcudart through ctypes from
+// known file:function:line sites, under every CPython 3.10-3.13 found in pyenv and Debian's
+// python3; the stored stacks must hold exactly those Python frames and lines, and native frames
+// with the probed libcudart function and libffi's call path. Also: a process that exits right
+// after its calls still resolves; a 200-deep recursion is truncated and flagged; a fast call under
+// the threshold stores no stack; an off-CPU span of a thread blocked in a futex carries the
+// kernel stack. Each test skips with the reason when not root, BPF cannot be loaded, or the
+// toolkit's libcudart / an interpreter is missing.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "bpf/live_source.h"
+#include "engine/ops.h"
+#include "engine/stack.h"
+
+extern char** environ;
+
+using namespace ingero;
+using namespace ingero::bpf;
+
+namespace {
+
+const char* kCudart = "/usr/local/cuda/lib64/libcudart.so.13";
+
+std::string script_path() { return std::string(IP_SOURCE_DIR) + "/tests/workloads/cuda_stacks.py"; }
+
+// SITE:name -> line number in the script.
+std::map<std::string, uint32_t> sites() {
+  std::map<std::string, uint32_t> m;
+  std::ifstream in(script_path());
+  std::string line;
+  for (uint32_t n = 1; std::getline(in, line); ++n) {
+    const size_t p = line.find("# SITE:");
+    if (p != std::string::npos) m[line.substr(p + 7)] = n;
+  }
+  return m;
+}
+
+std::vector<std::string> interpreters() {
+  std::vector<std::string> out;
+  for (const char* v : {"3.10", "3.11", "3.12", "3.13"}) {
+    std::error_code ec;
+    for (const auto& d : std::filesystem::directory_iterator("/root/.pyenv/versions", ec)) {
+      const std::string name = d.path().filename().string();
+      if (name.rfind(std::string(v) + ".", 0) == 0 && name.find('t') == std::string::npos) {
+        const std::string exe = d.path().string() + "/bin/python" + v;
+        if (::access(exe.c_str(), X_OK) == 0) {
+          out.push_back(exe);
+          break;
+        }
+      }
+    }
+  }
+  if (::access("/usr/bin/python3", X_OK) == 0) out.push_back("/usr/bin/python3");
+  return out;
+}
+
+struct Child {
+  pid_t pid = -1;
+  int in = -1, out = -1;
+  std::string output;
+  bool spawn(const std::vector<std::string>& args) {
+    int pin[2], pout[2];
+    if (::pipe(pin) != 0 || ::pipe(pout) != 0) return false;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, pin[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, pout[1], 1);
+    posix_spawn_file_actions_addclose(&fa, pin[1]);
+    posix_spawn_file_actions_addclose(&fa, pout[0]);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(pin[0]);
+    ::close(pout[1]);
+    in = pin[1];
+    out = pout[0];
+    if (rc != 0) return false;
+    std::string line;
+    char c;
+    while (::read(out, &c, 1) == 1 && c != '\n') line += c;
+    return line == "ready";
+  }
+  void go() {
+    (void)!::write(in, "go\n", 3);
+    ::close(in);
+    in = -1;
+  }
+  int finish() {
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(out, buf, sizeof(buf))) > 0) output.append(buf, static_cast<size_t>(n));
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ::close(out);
+    pid = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  ~Child() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+    if (in >= 0) ::close(in);
+  }
+};
+
+struct ScriptRun {
+  std::vector<Event> events;
+  TraceMeta meta;
+  LiveStats stats;
+  std::vector<std::string> warnings;
+  std::string output;
+  uint32_t pid = 0;
+};
+
+LiveOptions options(uint32_t pid, uint64_t stack_min_ns, bool sched) {
+  LiveOptions o;
+  o.probes.filter = FilterMode::kPids;
+  o.probes.pids = {pid};
+  auto& f = o.probes.families;
+  f.driver = f.nccl = f.graph = f.block = f.tcp = f.net = f.memory = f.wakeup = false;
+  f.sched = sched;
+  o.probes.stacks.call_min_ns = stack_min_ns;
+  o.probes.stacks.offcpu_min_ns = sched ? 100'000'000 : UINT64_MAX;
+  o.discovery.explicit_paths = {kCudart};
+  o.discovery.use_maps = o.discovery.use_ldcache = false;
+  o.discovery.use_toolkit = o.discovery.use_wheels = false;
+  return o;
+}
+
+// Runs the script under `python` in `mode` with the live source attached; false + why to skip.
+bool run_script(const std::string& python, const std::string& mode, uint64_t stack_min_ns,
+                bool sched, ScriptRun& r, std::string& why) {
+  if (::geteuid() != 0) {
+    why = "needs root (BPF uprobes)";
+    return false;
+  }
+  if (::access(kCudart, R_OK) != 0) {
+    why = std::string("no CUDA toolkit runtime at ") + kCudart;
+    return false;
+  }
+  Child child;
+  if (!child.spawn({python, script_path(), kCudart, mode})) {
+    why = "cannot start " + python;
+    return false;
+  }
+  r.pid = static_cast<uint32_t>(child.pid);
+  std::string err;
+  auto src = LiveSource::start(options(r.pid, stack_min_ns, sched), err);
+  if (!src) {
+    why = "BPF unavailable: " + err;
+    return false;
+  }
+  if (src->stats().uprobes == 0) {
+    why = std::string("no uprobe attached to ") + kCudart;
+    return false;
+  }
+  std::thread collector([&] {
+    Batch b;
+    while (src->next(b)) {
+      r.events.insert(r.events.end(), b.events.begin(), b.events.end());
+      if (b.final) break;
+    }
+  });
+  child.go();
+  EXPECT_EQ(child.finish(), 0) << child.output;
+  r.output = child.output;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  src->stop();
+  collector.join();
+  r.meta = src->meta();
+  r.stats = src->stats();
+  r.warnings = src->take_warnings();
+  return true;
+}
+
+std::vector<const Event*> calls(const ScriptRun& r, uint8_t op) {
+  std::vector<const Event*> v;
+  for (const Event& e : r.events)
+    if (e.source == Source::kCuda && e.op == op && e.pid == r.pid) v.push_back(&e);
+  return v;
+}
+
+ParsedStack stack_of(const ScriptRun& r, const Event& e) {
+  auto it = r.meta.stacks.find(e.stack_id);
+  if (it == r.meta.stacks.end()) return {};
+  return parse_stack(it->second);
+}
+
+std::vector<StackFrame> python_frames(const ParsedStack& st) {
+  std::vector<StackFrame> v;
+  for (const auto& f : st.frames)
+    if (f.kind == FrameKind::kPython) v.push_back(f);
+  return v;
+}
+
+std::string describe(const ParsedStack& st) {
+  std::string s;
+  for (const auto& f : st.frames)
+    s += std::string("  ") + frame_kind_name(f.kind) + " " + f.module + " " + f.function + " " +
+         f.file + ":" + std::to_string(f.line) + "\n";
+  return s;
+}
+
+bool has_native(const ParsedStack& st, const std::string& fn_prefix, const std::string& module) {
+  for (const auto& f : st.frames)
+    if (f.kind == FrameKind::kNative && f.function.rfind(fn_prefix, 0) == 0 &&
+        (module.empty() || f.module.find(module) != std::string::npos))
+      return true;
+  return false;
+}
+
+std::string base(const std::string& p) { return p.substr(p.find_last_of('/') + 1); }
+
+}  // namespace
+
+// Python frames with exact lines, main thread and a threading.Thread, every interpreter.
+TEST(LiveStacks, PythonAndNativeFramesEveryInterpreter) {
+  const auto lines = sites();
+  ASSERT_TRUE(lines.count("launch") && lines.count("main1") && lines.count("worker"));
+  const auto pythons = interpreters();
+  if (pythons.empty()) GTEST_SKIP() << "no CPython 3.10-3.13 found (pyenv or /usr/bin/python3)";
+  int ran = 0;
+  for (const std::string& py : pythons) {
+    SCOPED_TRACE(py);
+    ScriptRun r;
+    std::string why;
+    if (!run_script(py, "main", 0, false, r, why)) {
+      if (ran == 0) GTEST_SKIP() << why;
+      FAIL() << why;
+    }
+    ++ran;
+    unsigned main_tid = 0, worker_tid = 0;
+    std::istringstream(r.output.substr(r.output.find("tid ") + 4)) >> main_tid >> worker_tid;
+    ASSERT_NE(main_tid, 0u) << r.output;
+    const auto evs = calls(r, op::kCudaDeviceSync);
+    ASSERT_GE(evs.size(), 4u) << "cudaDeviceSynchronize calls seen";
+    int main_seen = 0, worker_seen = 0;
+    for (const Event* e : evs) {
+      ASSERT_NE(e->stack_id, 0u) << "a call without a stack (--stack-min 0)";
+      const ParsedStack st = stack_of(r, *e);
+      ASSERT_FALSE(st.frames.empty());
+      // The probed function first, then the caller's native frames through libffi.
+      EXPECT_EQ(st.frames[0].function, "cudaDeviceSynchronize") << describe(st);
+      EXPECT_EQ(st.frames[0].module, "libcudart.so.13") << describe(st);
+      EXPECT_TRUE(has_native(st, "ffi_call", "libffi")) << describe(st);
+      const auto pf = python_frames(st);
+      ASSERT_GE(pf.size(), 3u) << describe(st);
+      for (const auto& f : pf) EXPECT_FALSE(f.file.empty()) << describe(st);
+      EXPECT_EQ(base(pf[0].file), "cuda_stacks.py");
+      EXPECT_EQ(pf[0].function, "launch");
+      EXPECT_EQ(pf[0].line, lines.at("launch")) << describe(st);
+      EXPECT_EQ(pf[1].function, "step");
+      EXPECT_EQ(pf[1].line, lines.at("step")) << describe(st);
+      if (e->tid == main_tid) {
+        ++main_seen;
+        ASSERT_EQ(pf.size(), 4u) << describe(st);
+        EXPECT_EQ(pf[2].function, "run");
+        EXPECT_TRUE(pf[2].line == lines.at("main1") || pf[2].line == lines.at("main2"))
+            << describe(st);
+        EXPECT_EQ(pf[3].function, "<module>");
+        EXPECT_EQ(pf[3].line, lines.at("module")) << describe(st);
+      } else {
+        ++worker_seen;
+        EXPECT_EQ(pf[2].function, "worker_body");
+        EXPECT_TRUE(pf[2].line == lines.at("worker") || pf[2].line == lines.at("worker2"))
+            << describe(st);
+        EXPECT_EQ(base(pf[3].file), "threading.py") << describe(st);
+      }
+    }
+    EXPECT_EQ(main_seen, 2);
+    EXPECT_EQ(worker_seen, 2);
+    std::string names;
+    for (const auto& [t, n] : r.meta.thread_names) names += std::to_string(t) + "=" + n + " ";
+    EXPECT_TRUE(r.meta.thread_names.count(main_tid)) << "thread names: " << names;
+  }
+}
+
+// The process exits right after its calls: still symbolized (maps + ELFs noted at start, strings
+// and line tables read in BPF at the event).
+TEST(LiveStacks, ExitedProcessStillResolves) {
+  ScriptRun r;
+  std::string why;
+  if (!run_script("/usr/bin/python3", "exit", 0, false, r, why)) GTEST_SKIP() << why;
+  const auto lines = sites();
+  const auto evs = calls(r, op::kCudaDeviceSync);
+  ASSERT_EQ(evs.size(), 2u);
+  for (const Event* e : evs) {
+    const ParsedStack st = stack_of(r, *e);
+    EXPECT_TRUE(has_native(st, "ffi_call", "libffi")) << describe(st);
+    const auto pf = python_frames(st);
+    ASSERT_EQ(pf.size(), 4u) << describe(st);
+    EXPECT_EQ(pf[0].line, lines.at("launch"));
+    EXPECT_TRUE(pf[2].line == lines.at("exit1") || pf[2].line == lines.at("exit2"));
+  }
+}
+
+// A 200-deep recursion: cut at the walk's bound and flagged.
+TEST(LiveStacks, DeepRecursionTruncatedAndFlagged) {
+  ScriptRun r;
+  std::string why;
+  if (!run_script("/usr/bin/python3", "recurse", 0, false, r, why)) GTEST_SKIP() << why;
+  const auto lines = sites();
+  const auto evs = calls(r, op::kCudaDeviceSync);
+  ASSERT_EQ(evs.size(), 1u);
+  const ParsedStack st = stack_of(r, *evs[0]);
+  EXPECT_TRUE(st.truncated);
+  const auto pf = python_frames(st);
+  ASSERT_EQ(pf.size(), static_cast<size_t>(IP_PY_MAX));
+  EXPECT_EQ(pf[0].function, "launch");
+  EXPECT_EQ(pf[1].function, "recurse");
+  EXPECT_EQ(pf[1].line, lines.at("bottom"));
+  EXPECT_EQ(pf[2].line, lines.at("recurse"));
+}
+
+// With the default threshold (1 ms), fast calls store no stack.
+TEST(LiveStacks, FastCallUnderThresholdHasNoStack) {
+  ScriptRun r;
+  std::string why;
+  if (!run_script("/usr/bin/python3", "main", 1'000'000, false, r, why)) GTEST_SKIP() << why;
+  int fast = 0;
+  for (const Event* e : calls(r, op::kCudaDeviceSync)) {
+    if (e->dur_ns < 1'000'000) {
+      ++fast;
+      EXPECT_EQ(e->stack_id, 0u) << "dur " << e->dur_ns;
+    } else {
+      EXPECT_NE(e->stack_id, 0u) << "a slow call without its stack";
+    }
+  }
+  EXPECT_GE(fast, 1);
+}
+
+// A thread blocked in a futex (threading.Event().wait(0.3)): its off-CPU span carries the kernel
+// stack it slept in.
+TEST(LiveStacks, OffCpuSpanInFutexHasKernelStack) {
+  ScriptRun r;
+  std::string why;
+  if (!run_script("/usr/bin/python3", "block", UINT64_MAX, true, r, why)) GTEST_SKIP() << why;
+  bool found = false;
+  std::string seen;
+  for (const Event& e : r.events) {
+    if (e.source != Source::kHost || e.op != op::kSchedSwitch || e.pid != r.pid) continue;
+    if (e.dur_ns < 250'000'000) continue;
+    ASSERT_NE(e.stack_id, 0u) << "a long off-CPU span without its stack";
+    const ParsedStack st = stack_of(r, e);
+    seen += describe(st) + "--\n";
+    ASSERT_FALSE(st.frames.empty());
+    EXPECT_EQ(st.frames[0].kind, FrameKind::kKernel);
+    for (const auto& f : st.frames)
+      if (f.kind == FrameKind::kKernel && f.function.find("futex") != std::string::npos) found = true;
+  }
+  EXPECT_TRUE(found) << seen;
+}

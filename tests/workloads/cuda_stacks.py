@@ -1,0 +1,81 @@
+# Calls the real CUDA runtime (libcudart, no GPU needed: the calls fail fast but the uprobes fire)
+# through ctypes from known file:function:line sites, for the live stack tests
+# (tests/bpf/test_live_stacks.cpp). The test finds the lines by their "SITE:" markers, so edit
+# freely but keep one marker per site.
+#
+# Usage: python cuda_stacks.py LIBCUDART MODE [N]
+#   MODE main     two calls on the main thread, two on a threading.Thread
+#   MODE recurse  one call at the bottom of an N-deep Python recursion (default 200)
+#   MODE exit     two calls on the main thread, then os._exit(0) at once
+#   MODE block    one call, then the main thread waits 0.3 s on a threading.Event (a futex)
+#   MODE busy     N rounds (default 20) of 50 launches then ~30 ms of pure-Python work in spin()
+# Protocol: prints "ready" and waits for a line on stdin before calling; prints "tid <main> <worker>"
+# at the end.
+import ctypes
+import os
+import sys
+import threading
+import time
+
+lib = ctypes.CDLL(sys.argv[1])
+mode = sys.argv[2]
+arg = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+
+
+def launch():
+    return lib.cudaDeviceSynchronize()  # SITE:launch
+
+
+def step():
+    return launch()  # SITE:step
+
+
+def worker_body():
+    step()  # SITE:worker
+    step()  # SITE:worker2
+
+
+def recurse(n):
+    if n == 0:
+        return launch()  # SITE:bottom
+    return recurse(n - 1)  # SITE:recurse
+
+
+def spin(seconds):
+    end = time.perf_counter() + seconds
+    x = 0
+    while time.perf_counter() < end:  # SITE:spin
+        x += 1
+    return x
+
+
+def run():
+    worker_tid = 0
+    if mode == "main":
+        step()  # SITE:main1
+        step()  # SITE:main2
+        t = threading.Thread(target=worker_body)
+        t.start()
+        worker_tid = t.native_id if hasattr(t, "native_id") else 0
+        t.join()
+    elif mode == "recurse":
+        recurse(arg or 200)
+    elif mode == "exit":
+        step()  # SITE:exit1
+        step()  # SITE:exit2
+        os._exit(0)
+    elif mode == "block":
+        step()  # SITE:block
+        threading.Event().wait(0.3)  # SITE:wait
+    elif mode == "busy":
+        for _ in range(arg or 20):
+            for _ in range(50):
+                launch()
+            spin(0.03)  # SITE:busy
+    return worker_tid
+
+
+print("ready", flush=True)
+sys.stdin.readline()
+wtid = run()  # SITE:module
+print("tid %d %d" % (threading.get_native_id(), wtid), flush=True)
