@@ -9,6 +9,8 @@
 #include <fcntl.h>
 #include <gelf.h>
 #include <libelf.h>
+#include <sys/auxv.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -313,6 +315,11 @@ struct Symbolizer::Impl {
     }
     if (fd < 0) fd = open(clean.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return nullptr;
+    return adopt_elf(fd, clean, basename_of(clean));
+  }
+
+  // Takes ownership of fd: the cached ElfFile for its content, or null when it is not an ELF.
+  std::shared_ptr<ElfFile> adopt_elf(int fd, const std::string& clean, const std::string& module) {
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
       close(fd);
@@ -343,7 +350,7 @@ struct Symbolizer::Impl {
     f->fd = fd;
     f->elf = elf;
     f->path = clean;
-    f->module = basename_of(clean);
+    f->module = module;
     f->build_id = build_id;
     size_t phnum = 0;
     if (elf_getphdrnum(elf, &phnum) == 0) {
@@ -363,6 +370,33 @@ struct Symbolizer::Impl {
     elf_cache.emplace(key, f);
     evict();
     return f;
+  }
+
+  // The vDSO has no file: every process on this kernel maps the same image, so ours (copied into
+  // a memfd once) stands for all of them. Samples taken in clock_gettime & co. then resolve and
+  // unwind through it.
+  std::shared_ptr<ElfFile> vdso;
+  bool vdso_tried = false;
+  std::shared_ptr<ElfFile> vdso_elf() {
+    if (vdso_tried) return vdso;
+    vdso_tried = true;
+    const uint64_t base = getauxval(AT_SYSINFO_EHDR);
+    if (base == 0) return nullptr;
+    std::vector<MapEntry> self;
+    if (!parse_maps(static_cast<uint32_t>(getpid()), self)) return nullptr;
+    for (const MapEntry& m : self) {
+      if (m.path != "[vdso]" || base < m.start || base >= m.end) continue;
+      const int fd = memfd_create("ingero-vdso", MFD_CLOEXEC);
+      if (fd < 0) return nullptr;
+      const size_t n = m.end - base;
+      if (write(fd, reinterpret_cast<const void*>(base), n) != static_cast<ssize_t>(n)) {
+        close(fd);
+        return nullptr;
+      }
+      vdso = adopt_elf(fd, "[vdso]", "[vdso]");
+      break;
+    }
+    return vdso;
   }
 
   void evict() {
@@ -390,6 +424,10 @@ struct Symbolizer::Impl {
     snap.elfs.resize(maps.size());
     for (size_t i = 0; i < maps.size(); ++i) {
       const MapEntry& m = maps[i];
+      if (m.path == "[vdso]") {
+        snap.elfs[i] = vdso_elf();
+        continue;
+      }
       const auto key = std::make_pair(m.dev, m.ino);
       if (!exec_files.count(key)) continue;
       auto it = by_file.find(key);

@@ -10,6 +10,9 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <gelf.h>
+#include <libelf.h>
+#include <sys/auxv.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -291,6 +294,37 @@ TEST(Symbolizer, KernelSymbols) {
   EXPECT_EQ(fr[0].kind, FrameKind::kKernel);
   EXPECT_EQ(fr[0].function, "schedule");
   EXPECT_EQ(fr[0].offset, 4u);
+}
+
+TEST(Symbolizer, VdsoResolves) {
+  const uint64_t base = getauxval(AT_SYSINFO_EHDR);
+  if (base == 0) GTEST_SKIP() << "no vDSO in this process";
+  const uint64_t end = mapping_end(base);
+  ASSERT_GT(end, base);
+  std::vector<char> image(reinterpret_cast<const char*>(base), reinterpret_cast<const char*>(end));
+  elf_version(EV_CURRENT);
+  Elf* e = elf_memory(image.data(), image.size());
+  ASSERT_NE(e, nullptr);
+  uint64_t value = 0;
+  Elf_Scn* scn = nullptr;
+  while ((scn = elf_nextscn(e, scn)) != nullptr) {
+    GElf_Shdr sh;
+    if (gelf_getshdr(scn, &sh) == nullptr || sh.sh_type != SHT_DYNSYM) continue;
+    Elf_Data* d = elf_getdata(scn, nullptr);
+    for (size_t i = 0; d && i < sh.sh_size / sh.sh_entsize; ++i) {
+      GElf_Sym sym;
+      if (gelf_getsym(d, static_cast<int>(i), &sym) == nullptr) continue;
+      const char* n = elf_strptr(e, sh.sh_link, sym.st_name);
+      if (n && std::strcmp(n, "__vdso_clock_gettime") == 0) value = sym.st_value;
+    }
+  }
+  elf_end(e);
+  if (value == 0) GTEST_SKIP() << "no __vdso_clock_gettime in this kernel's vDSO";
+  Symbolizer sym;
+  const auto fr = sym.symbolize_user(static_cast<uint32_t>(getpid()), std::vector<uint64_t>{base + value + 2});
+  EXPECT_EQ(fr[0].module, "[vdso]") << dump(fr);
+  EXPECT_TRUE(fr[0].function == "__vdso_clock_gettime" || fr[0].function == "clock_gettime") << dump(fr);
+  EXPECT_EQ(fr[0].offset, 2u);
 }
 
 // ---------------------------------------------------------------------------------------------
