@@ -596,6 +596,9 @@ std::vector<StackFrame> Symbolizer::symbolize_user(uint32_t pid, std::span<const
     f->last_used = ++impl_->tick;
     const Resolved r = resolve(*f, vaddr);
     if (!r.found) {
+      // No symbol (a stripped library's local function): keep the module-relative address, which
+      // is the same in every process and run (addr2line -e MODULE ADDR), not the ASLR'd one.
+      fr.ip = vaddr + (ips[k] - look);
       ++impl_->stats.unresolved;
       continue;
     }

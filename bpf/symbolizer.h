@@ -13,8 +13,11 @@
 //   basename, function = demangled symbol (abi::__cxa_demangle; plain C names as is), offset =
 //   ip - symbol start, file/line from DWARF (libdw) when the ELF has it. An ip outside every
 //   known mapping makes the maps be re-read once per call (a dlopen after attach); if it still
-//   misses, the frame is unresolved: ip set, function empty (module set when the mapping is known
-//   but no symbol covers it). A pid never noted is noted on first use (if still alive).
+//   misses, the frame is unresolved: function empty, ip = the raw address. An address inside a
+//   known ELF that no symbol covers (a stripped library's local function) keeps the module and
+//   gets ip = its ELF virtual address (module-relative: the same in every process and run, so
+//   stacks dedup across ASLR; `addr2line -e MODULE IP` resolves it offline). A pid never noted is
+//   noted on first use (if still alive). The vDSO resolves as module "[vdso]".
 // - Return addresses: callers pass return addresses (as the unwinder gives them); every ip but
 //   the first of a call is looked up at ip-1 so that a call as the last instruction of a function
 //   resolves to the caller, not the next symbol. symbolize_user's `first_is_exact` says whether
