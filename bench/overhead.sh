@@ -6,6 +6,12 @@
 #       ns per cudaLaunchKernel call (real libcudart, no GPU: the call fails fast) measured
 #       untraced, under `ingero-pipeline trace`, and under the minimal bpftrace uprobe+uretprobe
 #       timing script, interleaved ROUNDS times in one run; prints each and the ratio.
+#       `trace` runs with its defaults: stacks on for calls >= 1 ms (these fast calls stay under
+#       the threshold) and the 49 Hz CPU sampler on.
+#   bench/overhead.sh stacks [BUILD_DIR] [ROUNDS] [CALLS]
+#       cost of a captured slow-call stack: the same loop under `trace --stack-min 0` (a stack on
+#       every call, rate limit lifted) next to `trace --no-stacks --no-samples`, and bpftrace's
+#       `ustack` on the same uretprobe next to the bpftrace floor; prints ns added per stack.
 #   bench/overhead.sh sustain [BUILD_DIR] [SECONDS] [RATE]
 #       the workload paced at RATE calls/s for SECONDS under `trace --db`; prints drops, late
 #       events and the tracer's peak resident memory (VmHWM).
@@ -77,6 +83,47 @@ BT
   awk -v i="$i" -v b="$b" -v u="$u" 'BEGIN {
     printf "ratio ingero/bpftrace:    %.3f (target <= 1.25)\n", i / b
     printf "added per call: ingero %.0f ns, bpftrace %.0f ns\n", i - u, b - u }'
+elif [[ $mode = stacks ]]; then
+  rounds=${3:-3}
+  calls=${4:-200000}
+  command -v bpftrace >/dev/null || { echo "bpftrace not installed (apt-get install bpftrace)" >&2; exit 2; }
+  cat >"$tmp/floor.bt" <<BT
+uprobe:$cudart:cudaLaunchKernel { @start[tid] = nsecs; }
+uretprobe:$cudart:cudaLaunchKernel /@start[tid]/ { @ns = stats(nsecs - @start[tid]); delete(@start[tid]); }
+BT
+  cat >"$tmp/ustack.bt" <<BT
+uprobe:$cudart:cudaLaunchKernel { @start[tid] = nsecs; }
+uretprobe:$cudart:cudaLaunchKernel /@start[tid]/ { @ns = stats(nsecs - @start[tid]); @s[ustack] = count(); delete(@start[tid]); }
+BT
+  run_bt() {
+    bpftrace "$1" >"$tmp/bt.out" 2>&1 &
+    bt=$!
+    for _ in $(seq 1 300); do grep -q "Attaching" "$tmp/bt.out" && break; sleep 0.1; done
+    sleep 0.5
+    "$work" loop --calls "$calls" | awk '{print $2}' >>"$2"
+    kill -INT "$bt"; wait "$bt" || true
+  }
+  : >"$tmp/nostk"; : >"$tmp/stk"; : >"$tmp/btf"; : >"$tmp/btu"
+  for r in $(seq 1 "$rounds"); do
+    start_tracer --no-stacks --no-samples
+    "$work" loop --calls "$calls" | awk '{print $2}' >>"$tmp/nostk"
+    stop_tracer
+    start_tracer --stack-min 0 --stack-rate 100000 --no-samples
+    "$work" loop --calls "$calls" | awk '{print $2}' >>"$tmp/stk"
+    stop_tracer
+    grep "^trace: stacks" "$tmp/trace.err" >&2 || true
+    run_bt "$tmp/floor.bt" "$tmp/btf"
+    run_bt "$tmp/ustack.bt" "$tmp/btu"
+    echo "round $r: ingero no stacks $(tail -1 "$tmp/nostk") ns, ingero stack per call $(tail -1 "$tmp/stk") ns, bpftrace floor $(tail -1 "$tmp/btf") ns, bpftrace ustack $(tail -1 "$tmp/btu") ns" >&2
+  done
+  n=$(median <"$tmp/nostk"); s=$(median <"$tmp/stk"); f=$(median <"$tmp/btf"); u=$(median <"$tmp/btu")
+  echo "calls per run: $calls, rounds: $rounds (medians, ns per cudaLaunchKernel call)"
+  echo "ingero trace --no-stacks:          $n"
+  echo "ingero trace --stack-min 0:        $s"
+  echo "bpftrace uprobe+uretprobe:         $f"
+  echo "bpftrace + ustack:                 $u"
+  awk -v n="$n" -v s="$s" -v f="$f" -v u="$u" 'BEGIN {
+    printf "per captured stack: ingero %.0f ns (16 KiB window + FP stack + Python walk), bpftrace ustack %.0f ns (FP only)\n", s - n, u - f }'
 elif [[ $mode = sustain ]]; then
   seconds=${3:-60}
   rate=${4:-200000}
@@ -108,6 +155,6 @@ elif [[ $mode = sustain ]]; then
   echo "chains: $(sqlite3 "$tmp/sustain.db" "select count(*) from causal_chains")"
   sqlite3 "$tmp/sustain.db" "select '  [' || severity || '] ' || summary from causal_chains"
 else
-  echo "usage: $0 overhead|sustain [BUILD_DIR] ..." >&2
+  echo "usage: $0 overhead|stacks|sustain [BUILD_DIR] ..." >&2
   exit 2
 fi

@@ -46,6 +46,10 @@ struct TraceArgs {
   unsigned ring_mb = 4;
   std::string lag = "50ms", max_hold = "2s";
   bool quiet = false, classic = false;
+  // Stacks (docs/live-capture.md "Stacks").
+  std::string stack_min = "1ms";
+  bool no_stacks = false, no_samples = false;
+  unsigned sample_hz = 49, stack_bytes = 16384, stack_rate = 100;
 };
 
 #ifdef INGERO_HAVE_BPF
@@ -240,6 +244,20 @@ int run_trace(const TraceArgs& a) {
     return kExitUsage;
   }
   lo.probes.ring_bytes = a.ring_mb << 20;
+  if (!a.no_stacks) {
+    uint64_t smin = 0;
+    if (!parse_duration(a.stack_min, smin)) {
+      print_error("--stack-min '" + a.stack_min + "': expected a duration such as 1ms, 500us, 0");
+      return kExitUsage;
+    }
+    lo.probes.stacks.call_min_ns = smin;
+    // Off-CPU spans: the same threshold (a thread off CPU for >= --stack-min gets the kernel and
+    // frame-pointer user stacks it went to sleep with).
+    lo.probes.stacks.offcpu_min_ns = lo.probes.families.sched ? smin : UINT64_MAX;
+  }
+  if (!a.no_samples) lo.probes.stacks.sample_hz = a.sample_hz;
+  lo.probes.stacks.ustack_bytes = a.stack_bytes;
+  lo.probes.stacks.per_thread_rate = a.stack_rate;
   lo.discovery.explicit_paths = a.cuda_libs;
   lo.lag_ns = lag_ns;
   lo.max_hold_ns = hold_ns;
@@ -349,7 +367,10 @@ int run_trace(const TraceArgs& a) {
   std::fprintf(stderr,
                "trace: %.1fs, %llu events (%llu records), dropped gpu=%llu host=%llu queue=%llu, "
                "late=%llu (long spans delivered late: %llu, unused by the engine: %llu), "
-               "unmatched returns=%llu, reorder peak=%zu events, %zu chains%s%s%s\n",
+               "unmatched returns=%llu, reorder peak=%zu events, %zu chains%s%s%s\n"
+               "trace: stacks %llu captured (%llu distinct, %llu with Python frames; %llu skipped "
+               "by the per-thread rate limit, %llu lost to a full stack ring), %llu CPU samples, "
+               "%llu Python processes\n",
                elapsed, static_cast<unsigned long long>(st.delivered),
                static_cast<unsigned long long>(st.records),
                static_cast<unsigned long long>(st.dropped[IP_RING_GPU]),
@@ -359,7 +380,14 @@ int run_trace(const TraceArgs& a) {
                static_cast<unsigned long long>(st.late_delivered),
                static_cast<unsigned long long>(result.counters.late_events),
                static_cast<unsigned long long>(st.unmatched), st.reorder_peak, result.chains.size(),
-               a.db.empty() ? "" : ", written to ", a.db.c_str(), db_summary.c_str());
+               a.db.empty() ? "" : ", written to ", a.db.c_str(), db_summary.c_str(),
+               static_cast<unsigned long long>(st.stacks_resolved),
+               static_cast<unsigned long long>(st.stacks_unique),
+               static_cast<unsigned long long>(st.python_stacks),
+               static_cast<unsigned long long>(st.stacks_rate_limited),
+               static_cast<unsigned long long>(st.stacks_lost),
+               static_cast<unsigned long long>(st.samples),
+               static_cast<unsigned long long>(st.python_procs));
   return rc;
 }
 #endif
@@ -374,6 +402,7 @@ Registrar reg{"trace", 5, [](CLI::App& app, int& rc) {
                     "Examples:\n"
                     "  sudo ingero-pipeline trace --duration 30s --db run.db\n"
                     "  sudo ingero-pipeline trace --pid 1234 --disable net,tcp\n"
+                    "  sudo ingero-pipeline trace --stack-min 0 --db run.db   # a stack on every call\n"
                     "  sudo ingero-pipeline trace --cgroup /sys/fs/cgroup/system.slice/docker-<id>.scope");
                 cmd->add_option("--duration", args->duration, "Stop after this long (30s, 2m); default: until Ctrl-C");
                 cmd->add_option("--pid", args->pids, "Trace these processes (all threads, and their children)");
@@ -398,6 +427,22 @@ Registrar reg{"trace", 5, [](CLI::App& app, int& rc) {
                                 "Longest an open call may hold results back (default 2s)");
                 cmd->add_flag("--classic-tracepoints", args->classic,
                               "Use classic tracepoints even where tp_btf works");
+                cmd->add_option("--stack-min", args->stack_min,
+                                "Capture the caller's native + Python stack of CUDA/driver/NCCL calls "
+                                "at least this long, and of off-CPU spans as long (default 1ms; 0 = "
+                                "every call)");
+                cmd->add_flag("--no-stacks", args->no_stacks, "Capture no call or off-CPU stacks");
+                cmd->add_option("--sample-hz", args->sample_hz,
+                                "On-CPU stack samples of the traced threads per second (default 49)")
+                    ->check(CLI::Range(1u, 1000u));
+                cmd->add_flag("--no-samples", args->no_samples, "No on-CPU stack samples");
+                cmd->add_option("--stack-bytes", args->stack_bytes,
+                                "User stack copied per stack for unwinding (default 16384, at most 28672)")
+                    ->check(CLI::Range(512u, 28672u));
+                cmd->add_option("--stack-rate", args->stack_rate,
+                                "Slow-call stacks per second per thread at most (default 100, bursts "
+                                "of 20); the rest are counted as skipped")
+                    ->check(CLI::Range(1u, 100000u));
                 cmd->add_flag("-q,--quiet", args->quiet, "No live view or report (summary line only)");
                 cmd->callback([args, &rc] {
 #ifdef INGERO_HAVE_BPF
