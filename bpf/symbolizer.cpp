@@ -63,7 +63,7 @@ std::string hex(const uint8_t* p, size_t n) {
 
 struct Symbol {
   uint64_t addr, size;
-  std::string name;  // demangled
+  const char* name;  // mangled, in the ELF's string table (valid while the Elf stays open)
   int rank;          // lower is preferred among aliases at one address
 };
 
@@ -89,6 +89,8 @@ struct ElfFile {
   uint64_t first_load_vaddr = 0;
   bool syms_loaded = false;
   std::vector<Symbol> syms;  // sorted by addr
+  int debug_fd = -1;         // a separate debug file's symbols (kept open: syms point into it)
+  Elf* debug_elf = nullptr;
   bool dwarf_tried = false;
   Dwfl* dwfl = nullptr;  // offline, for source lines; null when no DWARF
   Dwfl_Module* dwmod = nullptr;
@@ -97,6 +99,8 @@ struct ElfFile {
 
   ~ElfFile() {
     if (dwfl) dwfl_end(dwfl);
+    if (debug_elf) elf_end(debug_elf);
+    if (debug_fd >= 0) close(debug_fd);
     if (elf) elf_end(elf);
     if (fd >= 0) close(fd);
   }
@@ -134,10 +138,7 @@ void add_symbols(Elf* elf, std::vector<Symbol>& out) {
       // Prefer global names, then weak, then local; among those, names without a leading '_'.
       int rank = bind == STB_GLOBAL ? 0 : bind == STB_WEAK ? 2 : 4;
       if (name[0] == '_') rank += 1;
-      std::string dn = demangle(name);
-      const size_t at = dn.find('@');  // versioned names from some tools
-      if (at != std::string::npos && at > 0) dn.resize(at);
-      out.push_back(Symbol{sym.st_value, sym.st_size, std::move(dn), rank});
+      out.push_back(Symbol{sym.st_value, sym.st_size, name, rank});
     }
   }
 }
@@ -154,15 +155,17 @@ void load_symbols(ElfFile& f) {
     if (dfd >= 0) {
       if (Elf* de = elf_begin(dfd, ELF_C_READ_MMAP, nullptr)) {
         add_symbols(de, f.syms);
-        elf_end(de);
+        f.debug_elf = de;
+        f.debug_fd = dfd;
+      } else {
+        close(dfd);
       }
-      close(dfd);
     }
   }
   std::sort(f.syms.begin(), f.syms.end(), [](const Symbol& a, const Symbol& b) {
     if (a.addr != b.addr) return a.addr < b.addr;
     if (a.rank != b.rank) return a.rank < b.rank;
-    return a.name < b.name;
+    return std::strcmp(a.name, b.name) < 0;
   });
   // One entry per address (the preferred alias), keeping the largest size seen.
   std::vector<Symbol> uniq;
@@ -172,7 +175,7 @@ void load_symbols(ElfFile& f) {
       uniq.back().size = std::max(uniq.back().size, s.size);
       continue;
     }
-    uniq.push_back(std::move(s));
+    uniq.push_back(s);
   }
   f.syms.swap(uniq);
 }
@@ -221,7 +224,9 @@ Resolved resolve(ElfFile& f, uint64_t vaddr) {
   load_symbols(f);
   Resolved r;
   if (const Symbol* s = find_symbol(f, vaddr)) {
-    r.function = s->name;
+    r.function = demangle(s->name);  // lazily: only symbols that appear in a stack
+    const size_t at = r.function.find('@');  // "name@VERSION" from some toolchains
+    if (at != std::string::npos && at > 0) r.function.resize(at);
     r.offset = vaddr - s->addr;
     r.found = true;
   }

@@ -103,12 +103,17 @@ struct Unwinder::Impl {
   struct Session {
     Dwfl* dwfl = nullptr;
     uint64_t generation = 0;
+    uint64_t last_used = 0;
     std::unique_ptr<Capture> capture;  // the dwfl_arg: stable address for the session's lifetime
     ~Session() {
       if (dwfl) dwfl_end(dwfl);
     }
   };
+  // Each session holds one fd per ELF of its process: a few dozen. Bounded, least recently used
+  // evicted (a rebuild costs about a millisecond: the ELFs stay open in the Symbolizer).
+  static constexpr size_t kMaxSessions = 32;
   std::unordered_map<uint32_t, std::unique_ptr<Session>> sessions;
+  uint64_t tick = 0;
   Stats stats;
 
   explicit Impl(Symbolizer& s) : sym(s) {}
@@ -118,10 +123,20 @@ struct Unwinder::Impl {
     const std::vector<LoadedModule>* mods = sym.modules(pid, &gen);
     if (mods == nullptr || mods->empty()) return nullptr;
     auto it = sessions.find(pid);
-    if (it != sessions.end() && it->second->generation == gen) return it->second.get();
-    if (sessions.size() > 64) sessions.clear();  // bound the open sessions (each holds fds)
+    if (it != sessions.end() && it->second->generation == gen) {
+      it->second->last_used = ++tick;
+      return it->second.get();
+    }
+    if (it != sessions.end()) sessions.erase(it);
+    while (sessions.size() >= kMaxSessions) {
+      auto victim = sessions.begin();
+      for (auto j = sessions.begin(); j != sessions.end(); ++j)
+        if (j->second->last_used < victim->second->last_used) victim = j;
+      sessions.erase(victim);
+    }
     auto s = std::make_unique<Session>();
     s->generation = gen;
+    s->last_used = ++tick;
     s->capture = std::make_unique<Capture>();
     s->dwfl = dwfl_begin(&kDwflCallbacks);
     if (s->dwfl == nullptr) return nullptr;

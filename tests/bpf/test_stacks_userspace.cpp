@@ -788,3 +788,24 @@ TEST_P(PyStacks, NativeUnwindThroughCtypesAndTheEvalLoop) {
   EXPECT_EQ(pyfr[2].function, "<module>");
   EXPECT_EQ(pyfr[2].line, mk.at("ctypes_module"));
 }
+
+TEST(PyIntrospect, DecodersSurviveRandomInput) {
+  // The tables and strings come from another process's memory: any bytes must decode to something
+  // bounded (or nothing), never crash or loop.
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  auto next = [&x] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  for (int round = 0; round < 2000; ++round) {
+    std::vector<uint8_t> b(next() % 300);
+    for (auto& v : b) v = static_cast<uint8_t>(next());
+    for (int minor = 10; minor <= 13; ++minor) {
+      const uint32_t line = python_line(minor, b, static_cast<int>(next() % 1000), static_cast<uint32_t>(next() % 600));
+      EXPECT_LT(line, 1000u + 300u * 128u * 64u);
+      EXPECT_LE(py_string(*py_offsets_for(minor), b).size(), b.size() * 4);
+    }
+  }
+}
