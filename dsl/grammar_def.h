@@ -41,7 +41,7 @@ struct assign_to {
 struct kw_class;
 // A keyword: the word not followed by an identifier character. Named "`word`" for messages.
 #define IP_KW(word) \
-  (x3::rule<kw_class>{"`" word "`"} = x3::lexeme[x3::lit(word) >> !(x3::alnum | x3::lit('_'))])
+  (x3::rule<kw_class>{"`" word "`"} = x3::lexeme[x3::lit(word) >> !(ascii_alnum | x3::lit('_'))])
 #define IP_TOKEN(text, name) (x3::rule<kw_class>{name} = x3::lit(text))
 
 struct UrealNoNanInf : x3::ureal_policies<double> {
@@ -192,11 +192,11 @@ struct import__raw_class;
 const x3::rule<import__raw_class, ast::Import> import__raw = "import_";
 
 // ---- definitions -------------------------------------------------------------------------
-inline const auto identchar = x3::alnum | x3::lit('_');
+inline const auto identchar = ascii_alnum | x3::lit('_');
 
-const auto ident_str_def = x3::lexeme[(x3::alpha | x3::char_('_')) >> *(x3::alnum | x3::char_('_'))];
+const auto ident_str_def = x3::lexeme[(ascii_alpha | x3::char_('_')) >> *(ascii_alnum | x3::char_('_'))];
 const auto ident_raw_def = ident_str[assign_to<&ast::Ident::name>{}];
-const auto number_def = x3::lexeme[real >> x3::raw[x3::lit('%') | *(x3::alnum | x3::lit('_'))]];
+const auto number_def = x3::lexeme[real >> x3::raw[x3::lit('%') | *(ascii_alnum | x3::lit('_'))]];
 const auto string_body_def =
     x3::lexeme['"' > *(escapes | ~x3::char_("\"\\\n\r")) > IP_TOKEN("\"", "`\"` to close the string")];
 const auto string_lit_raw_def = string_body[assign_to<&ast::String::value>{}];
