@@ -366,8 +366,9 @@ bool BpfProbes::open_sampler(const ProbeOptions& opts, std::string& error) {
     a.size = sizeof(a);
     a.type = PERF_TYPE_SOFTWARE;
     a.config = PERF_COUNT_SW_CPU_CLOCK;
-    a.freq = 1;
-    a.sample_freq = opts.stacks.sample_hz;
+    // cpu-clock counts nanoseconds: a fixed period gives the rate from the first tick (frequency
+    // mode would start slow and converge).
+    a.sample_period = 1'000'000'000ull / opts.stacks.sample_hz;
     const int fd = static_cast<int>(::syscall(__NR_perf_event_open, &a, -1, cpu, -1,
                                               PERF_FLAG_FD_CLOEXEC));
     if (fd < 0) {  // an offline CPU: nothing runs there

@@ -25,7 +25,7 @@ int on_cpu_sample(struct bpf_perf_event_data* ctx) {
   /* The user registers: saved at kernel entry when the sample hit kernel code. */
   struct pt_regs* ur = (struct pt_regs*)bpf_task_pt_regs(bpf_get_current_task_btf());
   __u64 ip = BPF_CORE_READ(ur, ip), sp = BPF_CORE_READ(ur, sp), bp = BPF_CORE_READ(ur, bp);
-  if ((ctx->regs.cs & 3) == 0) { /* interrupted in the kernel */
+  if ((__s64)ctx->regs.ip < 0) { /* interrupted in the kernel (x86-64 upper half) */
     long n = bpf_get_stack(ctx, s->kern, sizeof(s->kern), 0);
     if (n > 0) {
       s->n_kern = (__u64)n >> 3;

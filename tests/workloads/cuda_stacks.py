@@ -44,8 +44,7 @@ def recurse(n):
 def spin(seconds):
     end = time.perf_counter() + seconds
     x = 0
-    while time.perf_counter() < end:  # SITE:spin
-        x += 1
+    while time.perf_counter() < end: x += 1  # SITE:spin  (one line: every sample lands on it)
     return x
 
 
