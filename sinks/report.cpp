@@ -90,11 +90,17 @@ json op_stats_json(const OpStats& s) {
 }
 
 json frame_json(const StackFrame& f) {
-  return {{"kind", frame_kind_name(f.kind)},
-          {"function", f.function},
-          {"file", f.file},
-          {"line", f.line},
-          {"module", f.module}};
+  json j = {{"kind", frame_kind_name(f.kind)},
+            {"function", f.function},
+            {"file", f.file},
+            {"line", f.line},
+            {"module", f.module}};
+  if (f.function.empty() && f.ip) {  // an unresolved native frame: its address
+    char buf[24];
+    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(f.ip));
+    j["ip"] = buf;
+  }
+  return j;
 }
 
 json chain_stack_json(const ChainStack& s) {
@@ -415,7 +421,10 @@ std::string explain_text(const AnalysisResult& r, const ReportOptions& opt) {
     if (c.node && c.node < r.meta.nodes.size()) o << "  node " << r.meta.nodes[c.node];
     o << "  window " << trace_offset(r.meta, c.window_start) << " .. " << trace_offset(r.meta, c.window_end) << "\n";
     o << "  " << c.summary << "\n";
-    if (const std::string site = chain_call_site(c); !site.empty()) o << "  " << site << "\n";
+    if (std::string site = chain_call_site(c); !site.empty()) {
+      if (site.size() > 200) site = site.substr(0, 197) + "...";  // C++ template names run long; -v has them whole
+      o << "  " << site << "\n";
+    }
     o << "  Root cause: " << c.root_cause << "\n";
     if (c.time_split.present) {
       const TimeSplit& t = c.time_split;
