@@ -41,6 +41,19 @@ std::string demangle(const char* name) {
 
 namespace {
 
+// libdwfl callbacks that only look on this machine. libdw's standard find_debuginfo ends by asking
+// the debuginfod servers in $DEBUGINFOD_URLS (Debian's libdebuginfod-common sets it for login
+// shells), which would download debug info for every new binary on the poller thread. Here: the
+// GNU build-id under the local debug directories (/usr/lib/debug/.build-id/xx/yyyy.debug) only.
+// ELF files are always reported with an fd, so find_elf never has anything to find.
+int local_find_elf(Dwfl_Module*, void**, const char*, Dwarf_Addr, char**, Elf**) { return -1; }
+int local_find_debuginfo(Dwfl_Module* mod, void** userdata, const char* modname, Dwarf_Addr base,
+                         const char* file_name, const char* debuglink_file, GElf_Word debuglink_crc,
+                         char** debuginfo_file_name) {
+  return dwfl_build_id_find_debuginfo(mod, userdata, modname, base, file_name, debuglink_file,
+                                      debuglink_crc, debuginfo_file_name);
+}
+
 std::string basename_of(const std::string& path) {
   std::string p = path;
   const std::string deleted = " (deleted)";
@@ -199,7 +212,7 @@ void ensure_dwarf(ElfFile& f) {
   if (f.dwarf_tried) return;
   f.dwarf_tried = true;
   static const Dwfl_Callbacks cb = {
-      dwfl_build_id_find_elf, dwfl_standard_find_debuginfo, dwfl_offline_section_address, nullptr};
+      local_find_elf, local_find_debuginfo, dwfl_offline_section_address, nullptr};
   Dwfl* d = dwfl_begin(&cb);
   if (d == nullptr) return;
   const int fd = dup(f.fd);

@@ -109,4 +109,5 @@ class Symbolizer {  // thread-compatible (one owner thread: the live poller)
 // abi::__cxa_demangle; the input unchanged when it is not a mangled C++ name.
 std::string demangle(const char* name);
 
+
 }  // namespace ingero::bpf

@@ -74,8 +74,20 @@ bool cb_set_initial_registers(Dwfl_Thread* thread, void* arg) {
 const Dwfl_Thread_Callbacks kThreadCallbacks = {
     cb_next_thread, cb_get_thread, cb_memory_read, cb_set_initial_registers, nullptr, nullptr};
 
-const Dwfl_Callbacks kDwflCallbacks = {
-    dwfl_build_id_find_elf, dwfl_standard_find_debuginfo, nullptr, nullptr};
+// libdwfl callbacks that only look on this machine. libdw's standard find_debuginfo ends by asking
+// the debuginfod servers in $DEBUGINFOD_URLS (Debian's libdebuginfod-common sets it for login
+// shells), which would download debug info for every new binary on the poller thread. Here: the
+// GNU build-id under the local debug directories (/usr/lib/debug/.build-id/xx/yyyy.debug) only.
+// ELF files are always reported with an fd, so find_elf never has anything to find.
+int local_find_elf(Dwfl_Module*, void**, const char*, Dwarf_Addr, char**, Elf**) { return -1; }
+int local_find_debuginfo(Dwfl_Module* mod, void** userdata, const char* modname, Dwarf_Addr base,
+                         const char* file_name, const char* debuglink_file, GElf_Word debuglink_crc,
+                         char** debuginfo_file_name) {
+  return dwfl_build_id_find_debuginfo(mod, userdata, modname, base, file_name, debuglink_file,
+                                      debuglink_crc, debuginfo_file_name);
+}
+
+const Dwfl_Callbacks kDwflCallbacks = {local_find_elf, local_find_debuginfo, nullptr, nullptr};
 
 struct Walk {
   std::vector<uint64_t>* out;
