@@ -69,6 +69,7 @@ struct Primary : x3::variant<Number, String, List, Call, Path, x3::forward_ast<E
 enum class UnOp : uint8_t { kNeg, kNot };
 enum class BinOp : uint8_t {
   kOr, kAnd, kLt, kLe, kGt, kGe, kEq, kNe, kIn, kNotIn, kAdd, kSub, kMul, kDiv,
+  kMatch,  // `stack ~ "glob"`, `site ~ ["glob", ...]`
 };
 
 struct Unary : x3::position_tagged {

@@ -22,6 +22,7 @@
 #include "dsl/parser.h"
 #include "engine/event.h"
 #include "engine/plan.h"
+#include "engine/trace.h"
 
 namespace ingero::dsl {
 
@@ -48,6 +49,7 @@ struct RuleTest {
   bool expect_match = true;
   std::optional<Severity> severity;  // `expect match severity high`
   int expect_chains = -1;            // `expect match chains 2`; -1 = at least one
+  std::map<uint64_t, StackTrace> stacks;  // `stack "..."` attributes, by the events' stack_id
 };
 
 struct CompiledRule {

@@ -56,7 +56,7 @@ struct BinOpSymbols : x3::symbols<ast::BinOp> {
   BinOpSymbols() {
     add("+", ast::BinOp::kAdd)("-", ast::BinOp::kSub)("*", ast::BinOp::kMul)("/", ast::BinOp::kDiv)
        ("<", ast::BinOp::kLt)("<=", ast::BinOp::kLe)(">", ast::BinOp::kGt)(">=", ast::BinOp::kGe)
-       ("==", ast::BinOp::kEq)("!=", ast::BinOp::kNe);
+       ("==", ast::BinOp::kEq)("!=", ast::BinOp::kNe)("~", ast::BinOp::kMatch);
   }
 };
 inline const BinOpSymbols bin_symbols;

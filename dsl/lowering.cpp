@@ -45,6 +45,8 @@ ExprPtr lower_expr(const TExpr& e, const RuleSema& r, bool event_ctx) {
   switch (e.op) {
     case ExprOp::kConst: return ex::num(e.value, e.literal ? e.unit : unit);
     case ExprOp::kField: return ex::field(e.field);
+    case ExprOp::kStackMatch:
+    case ExprOp::kSiteMatch: return ex::stack_match(e.op, e.patterns);
     case ExprOp::kRef: {
       auto x = node(ExprOp::kRef, unit);
       x->name = e.name;

@@ -39,9 +39,11 @@ struct TExpr {
   double value = 0;
   Unit unit = Unit::kNone;                        // constants: how the literal was written
   Field field = Field::kTs;
-  std::string name;                               // kRef
+  std::string name;                               // kRef; string literals: their text
   std::vector<std::pair<Source, uint8_t>> ops;    // op constants (ty kOp)
   std::vector<TExpr> args;                        // operands; kIn: args[0] in args[1..]
+  std::vector<std::string> patterns;              // kStackMatch/kSiteMatch; empty: the bare
+                                                  // `stack`/`site` before `~` is applied
   Ty ty = Ty::kUnknown;
   bool literal = false;                           // written as a number literal
   bool from_not = false;                          // a `not x` operand (precedence check)

@@ -60,6 +60,7 @@ AnalysisResult run_plan(const Plan& plan, EventSource& source, const EngineOptio
   }
   compiled->node_names = source.meta().nodes;
   compiled->process_names = source.meta().process_names;
+  if (compiled->uses_stacks) compiled->stacks->sync(source.meta().stacks);
 
   unsigned threads = opts.threads ? opts.threads : std::max(1u, std::thread::hardware_concurrency());
   const unsigned shards = threads;
@@ -145,6 +146,9 @@ AnalysisResult run_plan(const Plan& plan, EventSource& source, const EngineOptio
         names_known = source.meta().process_names.size();
         names = std::make_shared<const std::map<uint32_t, std::string>>(source.meta().process_names);
       }
+      // Stack predicates: stacks a live source symbolized since the last batch.
+      if (compiled->uses_stacks && source.meta().stacks.size() != compiled->stacks->size())
+        compiled->stacks->sync(source.meta().stacks);
       const size_t n_events = batch.events.size();
       auto all_events = std::make_shared<const std::vector<Event>>(std::move(batch.events));
       for (unsigned i = 0; i < shards; ++i) {

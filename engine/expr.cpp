@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <mutex>
 
 namespace ingero {
 namespace {
@@ -130,6 +131,16 @@ std::string Expr::to_string() const {
       for (size_t i = 0; i < args.size(); ++i) s += (i ? ", " : "") + args[i]->to_string();
       return s + ")";
     }
+    case ExprOp::kStackMatch:
+    case ExprOp::kSiteMatch: {
+      std::string s = op == ExprOp::kStackMatch ? "(stack ~ [" : "(site ~ [";
+      for (size_t i = 0; i < patterns.size(); ++i) {
+        s += i ? ", \"" : "\"";
+        for (char c : patterns[i]) s += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+        s += '"';
+      }
+      return s + "])";
+    }
     case ExprOp::kIn: {
       std::string s = "(" + (args.empty() ? std::string("?") : args[0]->to_string()) + " in [";
       for (size_t i = 0; i < set.size(); ++i) s += (i ? "," : "") + number_text(set[i]);
@@ -141,9 +152,93 @@ std::string Expr::to_string() const {
   }
 }
 
-double eval(const Expr& e, const Event* ev, const double* row) {
-  auto arg = [&](size_t i) { return i < e.args.size() ? eval(*e.args[i], ev, row) : kNaN; };
+bool Expr::uses_stacks() const {
+  if (op == ExprOp::kStackMatch || op == ExprOp::kSiteMatch) return true;
+  for (const auto& a : args)
+    if (a && a->uses_stacks()) return true;
+  return false;
+}
+
+bool glob_match(std::string_view p, std::string_view t) {
+  // Greedy with one backtrack point (the last `*`): O(|p| x |t|), no recursion.
+  size_t pi = 0, ti = 0, star = std::string_view::npos, mark = 0;
+  while (ti < t.size()) {
+    if (pi < p.size() && (p[pi] == '?' || (p[pi] != '*' && p[pi] == t[ti]))) {
+      ++pi;
+      ++ti;
+    } else if (pi < p.size() && p[pi] == '*') {
+      star = pi++;
+      mark = ti;
+    } else if (star != std::string_view::npos) {
+      pi = star + 1;
+      ti = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (pi < p.size() && p[pi] == '*') ++pi;
+  return pi == p.size();
+}
+
+bool stack_matches(const Expr& e, const ParsedStack& st) {
+  auto any_pattern = [&](const std::string& text) {
+    for (const auto& p : e.patterns)
+      if (glob_match(p, text)) return true;
+    return false;
+  };
+  if (e.op == ExprOp::kSiteMatch) {
+    const StackFrame* f = call_site(st);
+    return f && any_pattern(frame_text(*f));
+  }
+  if (e.op == ExprOp::kStackMatch) {
+    for (const auto& f : st.frames)
+      if (any_pattern(frame_text(f))) return true;
+  }
+  return false;
+}
+
+void StackTable::sync(const std::map<uint64_t, StackTrace>& stacks) {
+  {
+    std::shared_lock lock(mu_);
+    if (stacks_.size() >= stacks.size()) {
+      bool all = true;
+      for (const auto& [id, _] : stacks)
+        if (!stacks_.count(id)) {
+          all = false;
+          break;
+        }
+      if (all) return;
+    }
+  }
+  // Parse outside the lock; insert what is still missing.
+  std::vector<std::pair<uint64_t, std::shared_ptr<const ParsedStack>>> fresh;
+  {
+    std::shared_lock lock(mu_);
+    for (const auto& [id, st] : stacks)
+      if (!stacks_.count(id)) fresh.emplace_back(id, nullptr);
+  }
+  for (auto& [id, p] : fresh) p = std::make_shared<const ParsedStack>(parse_stack(stacks.at(id)));
+  std::unique_lock lock(mu_);
+  for (auto& [id, p] : fresh) stacks_.emplace(id, std::move(p));
+}
+
+std::shared_ptr<const ParsedStack> StackTable::find(uint64_t id) const {
+  std::shared_lock lock(mu_);
+  const auto it = stacks_.find(id);
+  return it == stacks_.end() ? nullptr : it->second;
+}
+
+size_t StackTable::size() const {
+  std::shared_lock lock(mu_);
+  return stacks_.size();
+}
+
+double eval(const Expr& e, const Event* ev, const double* row, const StackMatcher* stacks) {
+  auto arg = [&](size_t i) { return i < e.args.size() ? eval(*e.args[i], ev, row, stacks) : kNaN; };
   switch (e.op) {
+    case ExprOp::kStackMatch:
+    case ExprOp::kSiteMatch:
+      return (ev && stacks && ev->stack_id != 0 && stacks->match(e, ev->stack_id)) ? 1.0 : 0.0;
     case ExprOp::kConst: return e.value;
     case ExprOp::kField: return ev ? read_field(*ev, e.field) : kNaN;
     case ExprOp::kRef: return (row && e.slot >= 0) ? row[e.slot] : kNaN;
@@ -223,6 +318,12 @@ ExprPtr un(ExprOp op, ExprPtr a) {
   auto e = std::make_shared<Expr>();
   e->op = op;
   e->args = {std::move(a)};
+  return e;
+}
+ExprPtr stack_match(ExprOp op, std::vector<std::string> patterns) {
+  auto e = std::make_shared<Expr>();
+  e->op = op;
+  e->patterns = std::move(patterns);
   return e;
 }
 ExprPtr in(ExprPtr a, std::vector<double> set) {

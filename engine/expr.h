@@ -9,14 +9,23 @@
 //   with NaN is false, so a rule whose ratio has a zero denominator simply does not fire.
 //   The DSL's checker warns where a denominator may be zero.
 // - `and`/`or` short-circuit; booleans are 1.0/0.0.
+// - Stack predicates (kStackMatch: some frame of the event's stack matches one of `patterns`;
+//   kSiteMatch: its call site does; globs over frame_text() of engine/stack.h) ask a
+//   StackMatcher. Without one, or for an event without a known stack, they are false (0), never
+//   NaN, so `not (site ~ "...")` holds for events without a stack.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <shared_mutex>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/event.h"
+#include "engine/stack.h"
 
 namespace ingero {
 
@@ -42,6 +51,8 @@ enum class ExprOp : uint8_t {
   kAnd, kOr,
   kIn,        // field/ref value in `set`
   kMin, kMax, kAbs,
+  kStackMatch,  // any frame of the event's stack matches one of `patterns` (events only)
+  kSiteMatch,   // the call site of the event's stack matches one of `patterns` (events only)
 };
 
 struct Expr {
@@ -52,16 +63,51 @@ struct Expr {
   std::string name;                  // kRef: the slot's name; resolved to `slot` by the engine
   int slot = -1;
   std::vector<double> set;           // kIn
+  std::vector<std::string> patterns; // kStackMatch, kSiteMatch: globs (`*`, `?`), any may match
   std::vector<std::shared_ptr<const Expr>> args;
 
   // Canonical text, stable across runs: used by plan dumps and golden tests.
   std::string to_string() const;
+  // Whether this tree holds a stack predicate (the engine then keeps a stack table).
+  bool uses_stacks() const;
 };
 using ExprPtr = std::shared_ptr<const Expr>;
 
+// Answers stack predicates for the evaluator. The engine gives each shard one (with a cache);
+// tests may implement their own. Must not throw.
+class StackMatcher {
+ public:
+  virtual ~StackMatcher() = default;
+  // Whether `e` (a kStackMatch or kSiteMatch node) holds for the stack `stack_id` (never 0).
+  virtual bool match(const Expr& e, uint64_t stack_id) const = 0;
+};
+
+// Glob match: `*` any run of characters (also empty), `?` one character, everything else
+// literal and case-sensitive. Linear in |text| x |pattern| at worst, no recursion.
+bool glob_match(std::string_view pattern, std::string_view text);
+// The uncached answer for one parsed stack (what a StackMatcher computes).
+bool stack_matches(const Expr& e, const ParsedStack& st);
+
+// The stacks of a trace, shared by every shard: filled from TraceMeta::stacks by the engine
+// before the run (replay) and as new ones appear (live). Thread-safe; ids are never removed.
+class StackTable {
+ public:
+  // Adds (parsed) every stack of `stacks` this table lacks. Cheap when nothing is new.
+  void sync(const std::map<uint64_t, StackTrace>& stacks);
+  // Null when unknown.
+  std::shared_ptr<const ParsedStack> find(uint64_t id) const;
+  size_t size() const;
+
+ private:
+  mutable std::shared_mutex mu_;
+  std::unordered_map<uint64_t, std::shared_ptr<const ParsedStack>> stacks_;
+};
+
 // Evaluation. `ev` serves kField, `row` serves kRef (slots resolved by the engine); either may be
-// null when the expression cannot reference it (a field with no event reads NaN).
-double eval(const Expr& e, const Event* ev, const double* row);
+// null when the expression cannot reference it (a field with no event reads NaN). `stacks`
+// serves kStackMatch/kSiteMatch (null: they are false).
+double eval(const Expr& e, const Event* ev, const double* row, const StackMatcher* stacks);
+inline double eval(const Expr& e, const Event* ev, const double* row) { return eval(e, ev, row, nullptr); }
 inline double eval(const Expr& e, const Event& ev) { return eval(e, &ev, nullptr); }
 inline double eval(const Expr& e, const double* row) { return eval(e, nullptr, row); }
 inline bool truthy(double v) { return v == v && v != 0.0; }  // NaN is false
@@ -75,6 +121,7 @@ ExprPtr ref(std::string name);
 ExprPtr bin(ExprOp op, ExprPtr a, ExprPtr b);
 ExprPtr un(ExprOp op, ExprPtr a);
 ExprPtr in(ExprPtr a, std::vector<double> set);
+ExprPtr stack_match(ExprOp op, std::vector<std::string> patterns);  // kStackMatch | kSiteMatch
 inline ExprPtr gt(ExprPtr a, ExprPtr b) { return bin(ExprOp::kGt, std::move(a), std::move(b)); }
 inline ExprPtr ge(ExprPtr a, ExprPtr b) { return bin(ExprOp::kGe, std::move(a), std::move(b)); }
 inline ExprPtr lt(ExprPtr a, ExprPtr b) { return bin(ExprOp::kLt, std::move(a), std::move(b)); }

@@ -81,6 +81,7 @@ ExprPtr resolve(const ExprPtr& e, const std::vector<Slot>& slots, std::vector<st
 
 bool reads_only_source_op(const Expr& e) {
   if (e.op == ExprOp::kField) return e.field == Field::kSource || e.field == Field::kOp;
+  if (e.op == ExprOp::kStackMatch || e.op == ExprOp::kSiteMatch) return false;
   if (e.op == ExprOp::kRef) return false;
   for (const auto& a : e.args)
     if (!reads_only_source_op(*a)) return false;
@@ -178,6 +179,7 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
     cp->stream_of_node[static_cast<size_t>(node.id)] = it->second;
     if (fresh) {
       if (s.filter && reads_only_source_op(*s.filter)) s.source_op_mask = source_op_table(*s.filter);
+      if (s.filter && s.filter->uses_stacks()) cp->uses_stacks = true;
       cp->streams.push_back(s);
     }
   }
@@ -533,6 +535,41 @@ bool better_miss(int stage, const PredicateResult& p, uint64_t window, const std
 
 namespace {
 
+// Answers a shard's stack predicates from the plan's shared stack table, remembering each
+// (predicate, stack) answer: a stack is parsed and matched once per shard, not once per event.
+// The memo holds at most kMaxMemo answers (then starts over). A stack not yet in the table (live:
+// its event came before its symbols) does not match, and is not remembered, so later events
+// with it match once it is known.
+class ShardStackMatcher final : public StackMatcher {
+ public:
+  explicit ShardStackMatcher(const StackTable* table) : table_(table) {}
+  bool match(const Expr& e, uint64_t stack_id) const override {
+    const Key k{&e, stack_id};
+    if (const auto it = memo_.find(k); it != memo_.end()) return it->second;
+    const auto st = table_ ? table_->find(stack_id) : nullptr;
+    if (!st) return false;
+    if (memo_.size() >= kMaxMemo) memo_.clear();
+    const bool m = stack_matches(e, *st);
+    memo_.emplace(k, m);
+    return m;
+  }
+
+ private:
+  static constexpr size_t kMaxMemo = 1u << 16;
+  struct Key {
+    const Expr* e;
+    uint64_t id;
+    bool operator==(const Key& o) const { return e == o.e && id == o.id; }
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return std::hash<uint64_t>()(k.id * 0x9e3779b97f4a7c15ull ^ reinterpret_cast<uintptr_t>(k.e));
+    }
+  };
+  const StackTable* table_;
+  mutable std::unordered_map<Key, bool, KeyHash> memo_;
+};
+
 }  // namespace
 
 struct Shard::Impl {
@@ -558,8 +595,10 @@ struct Shard::Impl {
   std::vector<std::vector<const Event*>> owned_out, foreign_out;
   std::vector<std::vector<Event>> spans_;
   std::vector<char> computed;
+  ShardStackMatcher stack_matcher;  // stack predicates of filters
 
-  Impl(const CompiledPlan& p, bool g, bool cs) : plan(p), global(g), compute_stats(cs) {
+  Impl(const CompiledPlan& p, bool g, bool cs)
+      : plan(p), global(g), compute_stats(cs), stack_matcher(p.stacks.get()) {
     for (const auto& grp : plan.groups)
       exit_horizon = std::max(exit_horizon, grp.window.size_ns + grp.window.lateness_ns);
     builders.resize(plan.streams.size());
@@ -629,9 +668,9 @@ struct Shard::Impl {
         if (keep(e)) foreign.push_back(e);
     } else if (s.filter) {
       for (const Event* e : src_own)
-        if (truthy(eval(*s.filter, *e))) own.push_back(e);
+        if (truthy(eval(*s.filter, e, nullptr, &stack_matcher))) own.push_back(e);
       for (const Event* e : src_foreign)
-        if (truthy(eval(*s.filter, *e))) foreign.push_back(e);
+        if (truthy(eval(*s.filter, e, nullptr, &stack_matcher))) foreign.push_back(e);
     } else {
       own = src_own;
       foreign = src_foreign;

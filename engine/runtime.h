@@ -124,6 +124,10 @@ struct CompiledPlan {
   std::vector<std::string> node_names;
   std::map<uint32_t, std::string> process_names;
   bool has_global = false, has_sharded = false;
+  // Stack predicates (`stack ~`, `site ~` in a filter): the trace's stacks, which the engine
+  // keeps in sync with TraceMeta::stacks (before the run, then whenever new ones appear).
+  bool uses_stacks = false;
+  std::shared_ptr<StackTable> stacks = std::make_shared<StackTable>();
 };
 
 // Compiles a validated plan; returns null and fills errors on failure.

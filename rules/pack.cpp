@@ -76,7 +76,9 @@ std::vector<RuleTestOutcome> run_rule_tests(const dsl::CompileResult& compiled) 
       out.push_back(std::move(o));
       continue;
     }
-    VectorSource source(t.events);
+    TraceMeta meta;
+    meta.stacks = t.stacks;  // `stack "..."` fixture attributes
+    VectorSource source(t.events, 4096, std::move(meta));
     EngineOptions eo;
     eo.threads = 1;
     eo.compute_stats = false;

@@ -55,6 +55,7 @@ const char* op_word(ast::BinOp op) {
     case ast::BinOp::kAnd: return "and";
     case ast::BinOp::kIn: return "in";
     case ast::BinOp::kNotIn: return "not in";
+    case ast::BinOp::kMatch: return "~";
     default: return "?";
   }
 }
@@ -111,6 +112,51 @@ TExpr Resolver::resolve(const ast::Expr& e) {
     }
     if (a.ty == Ty::kUnknown && a.op == ExprOp::kConst && a.args.empty() && a.name.empty() && !a.literal) {
       // keep going with the unknown operand: its error is already reported
+    }
+    // Stack patterns: `stack ~ "glob"` / `site ~ ["glob", ...]`, and nothing else with them.
+    auto bare = [](const TExpr& x) {
+      return (x.op == ExprOp::kStackMatch || x.op == ExprOp::kSiteMatch) && x.patterns.empty();
+    };
+    if (op == ast::BinOp::kMatch) {
+      if (!bare(a)) {
+        if (a.ty != Ty::kUnknown)
+          m.error(*a.file, a.pos, a.end, "E0217", "`~` matches `stack` or `site` against frame patterns, found " + std::string(ty_name(a.ty)),
+                  "write `stack ~ \"*.item*\"` (any frame) or `site ~ \"train.py:*\"` (the call site)");
+        vals.push_back(bad(out.pos, out.end));
+        return;
+      }
+      std::vector<std::string> pats;
+      bool ok = true;
+      if (b.ty == Ty::kString && b.op == ExprOp::kConst) {
+        pats.push_back(b.name);
+      } else if (b.ty == Ty::kList) {
+        for (const auto& item : b.args)
+          if (item.ty == Ty::kString) pats.push_back(item.name);
+          else ok = false;
+        if (pats.empty()) ok = false;
+      } else {
+        ok = false;
+      }
+      if (!ok) {
+        if (b.ty != Ty::kUnknown)
+          m.error(*b.file, b.pos, b.end, "E0217", "`~` needs a pattern string or a list of pattern strings on its right, found " +
+                      (b.ty == Ty::kList ? std::string("a list with other values") : std::string(ty_name(b.ty))),
+                  "patterns are globs over frame text (`train.py:142 in forward`): `*` any text, `?` one character");
+        vals.push_back(bad(out.pos, out.end));
+        return;
+      }
+      out.op = a.op;
+      out.ty = Ty::kBool;
+      out.patterns = std::move(pats);
+      vals.push_back(std::move(out));
+      return;
+    }
+    if (bare(a) || bare(b)) {
+      const TExpr& s = bare(a) ? a : b;
+      m.error(*s.file, s.pos, s.end, "E0217", "`" + text_of(*s.file, s.pos, s.end) + "` can only be matched with `~`",
+              "write `" + text_of(*s.file, s.pos, s.end) + " ~ \"pattern\"`");
+      vals.push_back(bad(out.pos, out.end));
+      return;
     }
     const ExprOp eop = to_expr_op(op);
     if ((a.from_not || b.from_not) && op != ast::BinOp::kAnd && op != ast::BinOp::kOr) {
@@ -208,6 +254,7 @@ TExpr Resolver::primary(const ast::Primary& p) {
     TExpr operator()(const ast::String& s) const {
       TExpr t;
       t.ty = Ty::kString;
+      t.name = s.value;
       t.file = &r.file;
       t.pos = s.id_first;
       t.end = s.id_last;
@@ -271,6 +318,7 @@ TExpr Resolver::resolve_atom(const ast::Atom& a, Ty) {
     TExpr operator()(const ast::String& s) const {
       TExpr t;
       t.ty = Ty::kString;
+      t.name = s.value;
       t.file = &r.file;
       t.pos = s.id_first;
       t.end = s.id_last;
@@ -294,6 +342,18 @@ TExpr Resolver::name(const ast::Path& p) {
   t.end = p.id_last;
   const std::string& head = p.head.name;
   const bool row = ctx == Ctx::kRow || ctx == Ctx::kTail;
+  // `stack` (any frame) and `site` (the call site) of the event's stack: operands of `~` only.
+  if (!p.member && (head == "stack" || head == "site") && !(row && slots && slots->count(head)) &&
+      !find_param(file, head)) {
+    if (ctx != Ctx::kEvent) {
+      m.error_at(file, p, "E0206", "`" + head + "` (the event's stack) is only available in `where`",
+                 "filter the stream: `from cuda where " + head + " ~ \"pattern\"`");
+      return t;
+    }
+    t.op = head == "stack" ? ExprOp::kStackMatch : ExprOp::kSiteMatch;
+    t.ty = Ty::kString;
+    return t;
+  }
   if (p.member) {
     const std::string full = head + "." + p.member->name;
     if (row && slots && slots->count(full)) {

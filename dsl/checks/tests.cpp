@@ -1,20 +1,58 @@
 // Pass `tests`: turns each `test "name" { event ... expect ... }` into a RuleTest with concrete
 // events. Event attributes: at, dur, every (durations), repeat (count), pid, tid, rank, node, gpu,
-// ret, arg0, arg1, bytes, state. Timestamps start at kFixtureBaseNs (aligned to any window size
+// ret, arg0, arg1, bytes, state, stack. `stack "train.py:42 in train_step; main.py:7 in main"`
+// gives the event a stack: frames innermost first, separated by `;`, each `FILE:LINE in FUNCTION`
+// (a Python frame) or any other text (a native frame of that symbol). Timestamps start at kFixtureBaseNs (aligned to any window size
 // that divides 10^18 ns). At most 100000 events per fixture line and 200000 per test.
 #include <cmath>
 
 #include "dsl/sema.h"
+#include "engine/stack.h"
 
 namespace ingero::dsl {
 namespace {
+
+std::string trim(std::string_view v) {
+  while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
+  while (!v.empty() && v.back() == ' ') v.remove_suffix(1);
+  return std::string(v);
+}
+
+// `stack "a.py:3 in f; b.py:9 in g; cudaMemcpy"` -> a parsed stack, innermost first.
+ParsedStack fixture_stack(const std::string& text) {
+  ParsedStack st;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(';', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string f = trim(std::string_view(text).substr(start, end - start));
+    start = end + 1;
+    if (f.empty()) continue;
+    StackFrame fr;
+    const size_t in = f.find(" in ");
+    const size_t colon = in == std::string::npos ? std::string::npos : f.rfind(':', in);
+    bool python = colon != std::string::npos && colon > 0 && colon + 1 < in;
+    for (size_t i = colon + 1; python && i < in; ++i) python = f[i] >= '0' && f[i] <= '9';
+    if (python) {
+      fr.kind = FrameKind::kPython;
+      fr.file = f.substr(0, colon);
+      fr.line = static_cast<uint32_t>(std::stoul(f.substr(colon + 1, in - colon - 1).substr(0, 9)));
+      fr.function = f.substr(in + 4);
+    } else {
+      fr.kind = FrameKind::kNative;
+      fr.function = f;
+    }
+    st.frames.push_back(std::move(fr));
+  }
+  return st;
+}
 
 constexpr double kMaxRepeat = 100000;
 constexpr size_t kMaxEvents = 200000;
 
 const std::vector<std::string>& attr_names() {
   static const std::vector<std::string> v = {"at", "dur", "every", "repeat", "pid", "tid", "rank", "node",
-                                             "gpu", "ret", "arg0", "arg1", "bytes", "state"};
+                                             "gpu", "ret", "arg0", "arg1", "bytes", "state", "stack"};
   return v;
 }
 
@@ -58,7 +96,7 @@ void pass_tests(Module& m) {
           const std::string& k = a.key.name;
           if (std::find(attr_names().begin(), attr_names().end(), k) == attr_names().end()) {
             std::string hint = did_you_mean(k, attr_names());
-            if (hint.empty()) hint = "event attributes: at, dur, every, repeat, pid, tid, rank, node, gpu, ret, arg0, arg1, bytes, state";
+            if (hint.empty()) hint = "event attributes: at, dur, every, repeat, pid, tid, rank, node, gpu, ret, arg0, arg1, bytes, state, stack";
             m.error_at(f, a.key, "E0802", "unknown event attribute `" + k + "`", hint);
             ok = false;
             continue;
@@ -66,6 +104,19 @@ void pass_tests(Module& m) {
           if (!seen.insert(k).second) {
             m.error_at(f, a.key, "E0802", "`" + k + "` is given twice");
             ok = false;
+            continue;
+          }
+          if (k == "stack") {
+            const auto* str = boost::get<ast::String>(&a.value.get());
+            const ParsedStack st = str ? fixture_stack(str->value) : ParsedStack{};
+            if (st.frames.empty()) {
+              m.error_at(f, a, "E0802", "`stack` needs a string of frames, innermost first",
+                         "e.g. `stack \"train.py:42 in train_step; train.py:90 in main\"`");
+              ok = false;
+              continue;
+            }
+            e.stack_id = stack_content_hash(st);
+            t.stacks[e.stack_id] = encode_stack(st);
             continue;
           }
           Resolver res{m, f, &r, Ctx::kConst};

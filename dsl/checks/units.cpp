@@ -57,6 +57,13 @@ struct Typer {
         }
         return e.ty;
       case ExprOp::kField: return e.ty;
+      case ExprOp::kStackMatch: case ExprOp::kSiteMatch:
+        if (e.patterns.empty()) {
+          error(e, "E0217", std::string("`") + (e.op == ExprOp::kStackMatch ? "stack" : "site") +
+                                "` is not a condition by itself", "match it: `site ~ \"train.py:*\"`");
+          return e.ty = Ty::kUnknown;
+        }
+        return e.ty = Ty::kBool;
       case ExprOp::kRef: {
         auto it = slots.find(e.name);
         return e.ty = it == slots.end() ? Ty::kUnknown : it->second;
