@@ -326,25 +326,25 @@ int run_pipeline(const RunArgs& a) {
     EventSource& input = inputs.size() == 1 ? *inputs[0] : static_cast<EventSource&>(merged);
     EngineOptions eo;
     eo.threads = cfg.engine.threads;
+    // Threads, stacks, time split and launch_gap chains (operators/chain_annotate.h). Live input
+    // keeps only the recent horizon and annotates each chain as the engine emits it; replay keeps
+    // the whole trace (up to the annotator's record cap).
+    LiveChainAnnotator annotator(any_live ? LiveChainAnnotator::defaults() : AnnotateOptions{});
+    EventSource& annotated = annotator.tap(input);
     if (any_live) {
       // Live: chains reach JSON-lines sinks as they are found.
       std::vector<SinkRt*> streaming;
       for (auto& s : sinks)
         if (s.takes_chains && s.out) streaming.push_back(&s);
-      eo.on_chain = [streaming, &input](const Chain& c) {
+      eo.on_chain = [streaming, &input, &annotator](const Chain& c) {
+        if (streaming.empty()) return;
+        const Chain a = annotator.annotate(c);
         for (auto* s : streaming) {
-          std::fprintf(s->out, "%s\n", chain_json(c, input.meta()).dump().c_str());
+          std::fprintf(s->out, "%s\n", chain_json(a, input.meta()).dump().c_str());
           std::fflush(s->out);
         }
       };
     }
-    // Threads, stacks, time split and launch_gap chains for the final chains (chains streamed
-    // live above go out as the engine emits them, before annotation). Live input keeps only the
-    // recent horizon; replay keeps the whole trace (up to the annotator's record cap).
-    AnnotateOptions ao;
-    if (any_live) ao.retention_ns = 60'000'000'000ull;
-    ChainAnnotator annotator(ao);
-    AnnotatingSource annotated(input, annotator);
     std::vector<std::string> errs;
     result = run_plan(ap.plan, annotated, eo, &errs);
     if (!errs.empty()) {
@@ -354,7 +354,7 @@ int run_pipeline(const RunArgs& a) {
       return kExitInput;
     }
     if (inputs.size() > 1) result.meta = merged.meta();
-    annotate_result(result, annotator);
+    annotator.finish(result);
   }
   for (size_t i = 0; i < sources.size(); ++i) {
     if (in_analysis[i]) continue;

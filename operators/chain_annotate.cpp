@@ -637,3 +637,66 @@ void annotate_result(AnalysisResult& r, ChainAnnotator& a) {
 }
 
 }  // namespace ingero
+
+namespace ingero {
+
+class LiveChainAnnotator::Tap final : public EventSource {
+ public:
+  explicit Tap(LiveChainAnnotator& owner) : owner_(owner) {}
+  bool next(Batch& out) override {
+    std::lock_guard<std::mutex> lock(owner_.mu_);
+    if (!owner_.in_->next(out)) return false;
+    owner_.a_.add(out);
+    return true;
+  }
+  TraceMeta& meta() override { return owner_.in_->meta(); }
+
+ private:
+  LiveChainAnnotator& owner_;
+};
+
+LiveChainAnnotator::LiveChainAnnotator(AnnotateOptions o) : a_(o) {}
+
+EventSource& LiveChainAnnotator::tap(EventSource& in) {
+  std::lock_guard<std::mutex> lock(mu_);
+  in_ = &in;
+  tap_ = std::make_unique<Tap>(*this);
+  return *tap_;
+}
+
+Chain LiveChainAnnotator::annotate(const Chain& c) {
+  Chain out = c;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!in_) return out;
+  a_.annotate(out, in_->meta());
+  if (done_.size() < 1'000'000) done_[out.id] = out;
+  return out;
+}
+
+std::vector<Chain> LiveChainAnnotator::take_gap_chains(bool final) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!in_) return {};
+  auto out = a_.take_gap_chains(in_->meta(), final);
+  for (const auto& c : out) gaps_taken_.push_back(c);
+  return out;
+}
+
+void LiveChainAnnotator::finish(AnalysisResult& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Chain& c : r.chains) {
+    auto it = done_.find(c.id);
+    if (it != done_.end()) c = it->second;
+    else a_.annotate(c, r.meta);
+  }
+  for (auto& g : gaps_taken_) r.chains.push_back(std::move(g));
+  gaps_taken_.clear();
+  for (auto& g : a_.take_gap_chains(r.meta, true)) r.chains.push_back(std::move(g));
+  std::sort(r.chains.begin(), r.chains.end(), chain_canonical_order);
+}
+
+AnnotateCounters LiveChainAnnotator::counters() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return a_.counters();
+}
+
+}  // namespace ingero

@@ -45,6 +45,8 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -178,6 +180,45 @@ class AnnotatingSource final : public EventSource {
  private:
   EventSource& in_;
   ChainAnnotator& a_;
+};
+
+// Live capture (`trace`, `run` with an eBPF source): chains are emitted by the engine's collector
+// thread while the source thread still feeds events, so the annotator sits behind one lock.
+//   LiveChainAnnotator live;                       // retention 60 s, record cap as above
+//   EngineOptions eo; eo.on_chain = [&](const Chain& c) { show(live.annotate(c)); };
+//   AnalysisResult r = run_plan(plan, live.tap(source), eo);
+//   live.finish(r);                                // every chain annotated, launch_gap chains added
+// A chain is annotated when it is emitted (its window is then inside the horizon) and the result
+// remembered by id, so finish() gives the final chains the same fields even after their events
+// were evicted. The tap pulls from the source and feeds the annotator under the lock, so the
+// source's TraceMeta (stacks, names) is read by annotate() only while the source is not inside
+// next(); a source that changes its TraceMeta from another thread is not covered.
+class LiveChainAnnotator {
+ public:
+  explicit LiveChainAnnotator(AnnotateOptions o = defaults());
+  static AnnotateOptions defaults() {
+    AnnotateOptions o;
+    o.retention_ns = 60'000'000'000ull;
+    return o;
+  }
+  // The source to hand to run_plan; `in` must outlive it. Call once.
+  EventSource& tap(EventSource& in);
+  // A copy of `c` with tid/threads/stacks/time_split (any thread; remembered by chain id).
+  Chain annotate(const Chain& c);
+  // launch_gap chains complete so far (each once): for a live view between batches.
+  std::vector<Chain> take_gap_chains(bool final = false);
+  // After run_plan: every chain of `r` annotated (as when emitted), launch_gap chains added, sorted.
+  void finish(AnalysisResult& r);
+  AnnotateCounters counters();
+
+ private:
+  class Tap;
+  std::mutex mu_;
+  ChainAnnotator a_;
+  EventSource* in_ = nullptr;
+  std::unique_ptr<EventSource> tap_;
+  std::unordered_map<std::string, Chain> done_;  // by chain id
+  std::vector<Chain> gaps_taken_;                 // launch_gap chains already handed out
 };
 
 // The replay path: annotates every chain of `r` from an annotator fed with the whole trace, adds

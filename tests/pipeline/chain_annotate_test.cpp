@@ -449,6 +449,36 @@ TEST(ChainAnnotate, LiveModeKeepsOnlyTheHorizonAndRefusesOlderWindows) {
   EXPECT_EQ(a.counters().too_old, 1u);
 }
 
+TEST(ChainAnnotate, LiveAnnotatorAnnotatesChainsAsTheEngineEmitsThem) {
+  // Small batches, as a live source hands out (a replay batch of 4096 events would run the source
+  // minutes of trace time ahead of the emitted windows); two engine threads; 30 s horizon.
+  const auto t = drop_with(Fill::kOnCpu);
+  VectorSource src(t.events, 256, t.meta);
+  AnnotateOptions ao = LiveChainAnnotator::defaults();
+  ao.retention_ns = 30'000'000'000ull;
+  LiveChainAnnotator live(ao);
+  std::vector<Chain> emitted;
+  EngineOptions eo;
+  eo.threads = 2;
+  eo.on_chain = [&](const Chain& c) { emitted.push_back(live.annotate(c)); };  // the serial collector
+  std::vector<std::string> errors;
+  AnalysisResult r = run_plan(the_plan(), live.tap(src), eo, &errors);
+  ASSERT_TRUE(errors.empty());
+  live.finish(r);
+  EXPECT_GT(live.counters().evicted, 0u) << "the horizon is shorter than the trace";
+  size_t drops = 0;
+  for (const auto* list : {&emitted, &r.chains})
+    for (const auto& c : *list) {
+      if (c.category != "throughput_drop") continue;
+      ++drops;
+      EXPECT_TRUE(c.time_split.present) << c.id;
+      EXPECT_EQ(c.time_split.dominant, "on_cpu") << c.id;
+      EXPECT_EQ(c.tid, t.tid);
+    }
+  EXPECT_GE(drops, 2u);
+  EXPECT_EQ(live.counters().too_old, 0u);
+}
+
 // --- stores: the SQLite ip_chains row and the LMDB chain keep threads, stacks and time split ----
 
 void expect_same_where(const Chain& a, const Chain& b) {
