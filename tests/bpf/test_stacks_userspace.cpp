@@ -516,6 +516,9 @@ struct Child {
   }
 };
 
+// gtest prints the parameter in test listings: the label, not the bytes.
+void PrintTo(const PyInterp& p, std::ostream* os) { *os << p.label << " (" << (p.path.empty() ? "absent" : p.path) << ")"; }
+
 class PyStacks : public ::testing::TestWithParam<PyInterp> {};
 
 static std::string fdump(const std::vector<StackFrame>& fr) {
