@@ -517,7 +517,7 @@ struct Child {
 };
 
 // gtest prints the parameter in test listings: the label, not the bytes.
-void PrintTo(const PyInterp& p, std::ostream* os) { *os << p.label << " (" << (p.path.empty() ? "absent" : p.path) << ")"; }
+void PrintTo(const PyInterp& p, std::ostream* os) { *os << p.label; }
 
 class PyStacks : public ::testing::TestWithParam<PyInterp> {};
 
