@@ -244,13 +244,31 @@ uint64_t StackResolver::resolve_offcpu(uint32_t pid, uint32_t kstack_id1, uint32
   ParsedStack st;
   std::vector<uint64_t> all_ips, ips;
   if (kstack_id1 && probes_.read_stack_id(kstack_id1 - 1, ips) && !ips.empty()) {
-    for (auto& f : sym_->symbolize_kernel(ips)) st.frames.push_back(std::move(f));
-    all_ips.insert(all_ips.end(), ips.begin(), ips.end());
+    auto frames = sym_->symbolize_kernel(ips);
+    // The capture's own frames (our tracepoint program and the trampoline that ran it) are not
+    // where the thread waited.
+    size_t skip = 0;
+    while (skip < frames.size() && (frames[skip].function.rfind("bpf_prog_", 0) == 0 ||
+                                    frames[skip].function.rfind("bpf_trace_run", 0) == 0 ||
+                                    frames[skip].function.rfind("__bpf_trace_", 0) == 0 ||
+                                    frames[skip].function.rfind("__traceiter_", 0) == 0))
+      ++skip;
+    for (size_t i = skip; i < frames.size(); ++i) st.frames.push_back(std::move(frames[i]));
+    all_ips.insert(all_ips.end(), ips.begin() + static_cast<long>(skip), ips.end());
   }
   if (ustack_id1 && probes_.read_stack_id(ustack_id1 - 1, ips) && !ips.empty()) {
-    // The first is the user ip at kernel entry (exact), then return addresses.
-    for (auto& f : sym_->symbolize_user(pid, ips, true)) st.frames.push_back(std::move(f));
-    all_ips.insert(all_ips.end(), ips.begin(), ips.end());
+    // The first is the user ip at kernel entry (exact), then return addresses from a
+    // frame-pointer walk, which turns to garbage at the first library built without frame
+    // pointers: keep frames while they resolve to a symbol at a plausible offset.
+    auto frames = sym_->symbolize_user(pid, ips, true);
+    for (size_t i = 0; i < frames.size(); ++i) {
+      if (i > 0 && (frames[i].function.empty() || frames[i].offset > (1u << 16))) {
+        st.truncated = true;
+        break;
+      }
+      all_ips.push_back(ips[i]);
+      st.frames.push_back(std::move(frames[i]));
+    }
   }
   return finish(st, all_ips);
 }

@@ -361,6 +361,8 @@ TEST(LiveStacks, OffCpuSpanInFutexHasKernelStack) {
     seen += describe(st) + "--\n";
     ASSERT_FALSE(st.frames.empty());
     EXPECT_EQ(st.frames[0].kind, FrameKind::kKernel);
+    EXPECT_EQ(st.frames[0].function.rfind("bpf_", 0), std::string::npos)
+        << "the capture's own frames are dropped\n" << describe(st);
     for (const auto& f : st.frames)
       if (f.kind == FrameKind::kKernel && f.function.find("futex") != std::string::npos) found = true;
   }
