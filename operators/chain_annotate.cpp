@@ -395,7 +395,8 @@ void apply_split(Chain& c, const std::string& tname) {
     fix = "Look at the slowest calls' stacks for synchronisations (.item(), .cpu(), cudaStreamSynchronize) in the loop";
   }
   c.root_cause = root;
-  c.summary += "; launching thread tid " + std::to_string(s.tid) + " " + suffix;
+  // A gap chain's summary already names the thread.
+  c.summary += c.category == "launch_gap" ? "; " + suffix : "; launching thread tid " + std::to_string(s.tid) + " " + suffix;
   const std::string split_text = "Where the launching thread " + who + " spent the window: in CUDA calls " +
                                  pct(s.in_calls) + ", on CPU between calls " + pct(s.on_cpu) + ", preempted " +
                                  pct(s.off_cpu_preempted) + ", blocked " + pct(s.off_cpu_blocked) +
@@ -558,15 +559,17 @@ Chain ChainAnnotator::gap_chain(const GapGroup& g, const TraceMeta& meta) {
   c.severity = len >= opt_.gap_high_ns ? Severity::kHigh : Severity::kMedium;
   const std::string proc = meta.process_names.count(c.pid) ? meta.process_names.at(c.pid)
                                                            : "pid " + std::to_string(c.pid);
+  const std::string others =
+      g.gaps > 1 ? " (the longest of " + format_count(static_cast<double>(g.gaps)) + " gaps >= " +
+                       format_ns(static_cast<double>(opt_.gap_min_ns)) + " in this " +
+                       format_ns(static_cast<double>(opt_.gap_window_ns)) + " window, " +
+                       format_ns(static_cast<double>(g.total_ns)) + " in all)"
+                 : "";
   c.summary = "tid " + std::to_string(c.tid) + " of " + proc + " went " + format_ns(static_cast<double>(len)) +
-              " without launching GPU work (" + format_count(static_cast<double>(g.gaps)) + " gap(s) >= " +
-              format_ns(static_cast<double>(opt_.gap_min_ns)) + " in this " +
-              format_ns(static_cast<double>(opt_.gap_window_ns)) + " window, " +
-              format_ns(static_cast<double>(g.total_ns)) + " in all)";
+              " without launching GPU work" + others;
   c.root_cause = "Launch gap: the thread that launches the GPU work stopped launching for a while";
   c.explanation = "Thread " + std::to_string(c.tid) + " launched GPU work before and after a pause of " +
-                  format_ns(static_cast<double>(len)) + " (the longest of " + format_count(static_cast<double>(g.gaps)) +
-                  " in this window); the GPU had nothing new from it in between.";
+                  format_ns(static_cast<double>(len)) + others + "; the GPU had nothing new from it in between.";
   c.recommendations = {"Compare with throughput_drop and blocking chains of the same process and window"};
   EvidenceItem ev;
   ev.kind = "gap";

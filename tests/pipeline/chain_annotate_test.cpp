@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -407,6 +408,10 @@ TEST(ChainAnnotate, LaunchGapChainPointsAtTheBusyFunction) {
   size_t gaps = 0;
   for (const auto& ch : r.chains) gaps += ch.category == "launch_gap";
   EXPECT_EQ(gaps, 1u);
+  const std::string text = explain_text(r);
+  EXPECT_NE(text.find("from bench.py:31 in spin_loop"), std::string::npos) << text;
+  EXPECT_NE(text.find("Launching thread tid 300"), std::string::npos) << text;
+  if (std::getenv("INGERO_TEST_SHOW")) std::printf("%s\n", text.c_str());
 }
 
 TEST(ChainAnnotate, NoLaunchGapWithoutLaunchesAroundIt) {
