@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <map>
 #include <set>
@@ -266,7 +267,18 @@ struct ProcSnapshot {
   std::vector<std::shared_ptr<ElfFile>> elfs;  // parallel to maps; null when not an ELF we keep
   std::vector<LoadedModule> modules;
   uint64_t generation = 0;
+  uint64_t last_miss_reread_ns = 0;  // rate limit of re-reads caused by unknown addresses
 };
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// At most one re-read of a pid's maps per this interval because of an unknown address (garbage
+// addresses from a failed walk must not turn into a maps read per stack).
+constexpr uint64_t kMissRereadIntervalNs = 100'000'000;
 
 bool parse_maps(uint32_t pid, std::vector<MapEntry>& out) {
   char path[64];
@@ -439,6 +451,13 @@ struct Symbolizer::Impl {
     for (const MapEntry& m : maps)
       if (m.exec && m.ino != 0 && !m.path.empty() && m.path[0] == '/') exec_files.insert({m.dev, m.ino});
     std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<ElfFile>> by_file;
+    // A re-read keeps the files it already has open (same device and inode): only new ones open.
+    if (auto old = procs.find(pid); old != procs.end()) {
+      for (size_t i = 0; i < old->second.maps.size(); ++i)
+        if (old->second.elfs[i] && old->second.maps[i].ino != 0)
+          by_file.emplace(std::make_pair(old->second.maps[i].dev, old->second.maps[i].ino), old->second.elfs[i]);
+      snap.last_miss_reread_ns = old->second.last_miss_reread_ns;
+    }
     snap.elfs.resize(maps.size());
     for (size_t i = 0; i < maps.size(); ++i) {
       const MapEntry& m = maps[i];
@@ -499,6 +518,18 @@ struct Symbolizer::Impl {
     if (it != procs.end()) return &it->second;
     if (!note_if_missing || !snapshot(pid)) return nullptr;
     return &procs[pid];
+  }
+
+  // Re-reads the maps of a pid after an address missed, unless one such re-read happened in the
+  // last kMissRereadIntervalNs. True when the snapshot was re-read.
+  bool reread_on_miss(uint32_t pid) {
+    auto it = procs.find(pid);
+    const uint64_t now = now_ns();
+    if (it != procs.end() && now - it->second.last_miss_reread_ns < kMissRereadIntervalNs) return false;
+    if (!snapshot(pid)) return false;
+    procs[pid].last_miss_reread_ns = now;
+    ++stats.maps_rereads;
+    return true;
   }
 
   static long find_map(const ProcSnapshot& s, uint64_t addr) {
@@ -572,6 +603,13 @@ bool Symbolizer::read_mapped(uint32_t pid, uint64_t addr, void* out, size_t len)
   return r == static_cast<ssize_t>(len);
 }
 
+bool Symbolizer::ensure_mapped(uint32_t pid, uint64_t addr) {
+  ProcSnapshot* s = impl_->get(pid, true);
+  if (s != nullptr && Impl::find_map(*s, addr) >= 0) return true;
+  if (!impl_->reread_on_miss(pid)) return false;
+  return Impl::find_map(impl_->procs[pid], addr) >= 0;
+}
+
 std::string Symbolizer::build_id_at(uint32_t pid, uint64_t addr) {
   ProcSnapshot* s = impl_->get(pid, true);
   if (s == nullptr) return {};
@@ -593,8 +631,7 @@ std::vector<StackFrame> Symbolizer::symbolize_user(uint32_t pid, std::span<const
     long i = s ? Impl::find_map(*s, look) : -1;
     if (i < 0 && !reread) {  // unknown address: maybe dlopen()ed after the snapshot
       reread = true;
-      if (impl_->snapshot(pid)) {
-        ++impl_->stats.maps_rereads;
+      if (impl_->reread_on_miss(pid)) {
         s = &impl_->procs[pid];
         i = Impl::find_map(*s, look);
       }

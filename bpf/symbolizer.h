@@ -12,12 +12,13 @@
 // - symbolize_user(pid, ips) returns one frame per ip, same order, kind native. module = file
 //   basename, function = demangled symbol (abi::__cxa_demangle; plain C names as is), offset =
 //   ip - symbol start, file/line from DWARF (libdw) when the ELF has it. An ip outside every
-//   known mapping makes the maps be re-read once per call (a dlopen after attach); if it still
-//   misses, the frame is unresolved: function empty, ip = the raw address. An address inside a
-//   known ELF that no symbol covers (a stripped library's local function) keeps the module and
-//   gets ip = its ELF virtual address (module-relative: the same in every process and run, so
-//   stacks dedup across ASLR; `addr2line -e MODULE IP` resolves it offline). A pid never noted is
-//   noted on first use (if still alive). The vDSO resolves as module "[vdso]".
+//   known mapping makes the maps be re-read once per call (a dlopen after attach; rate-limited,
+//   see ensure_mapped); if it still misses, the frame is unresolved: function empty, ip = the
+//   raw address. An address inside a known ELF that no symbol covers (a stripped library's
+//   local function) keeps the module and gets ip = its ELF virtual address (module-relative:
+//   the same in every process and run, so stacks dedup across ASLR; `addr2line -e MODULE IP`
+//   resolves it offline). A pid never noted is noted on first use (if still alive). The vDSO
+//   resolves as module "[vdso]".
 // - Return addresses: callers pass return addresses (as the unwinder gives them); every ip but
 //   the first of a call is looked up at ip-1 so that a call as the last instruction of a function
 //   resolves to the caller, not the next symbol. symbolize_user's `first_is_exact` says whether
@@ -87,6 +88,12 @@ class Symbolizer {  // thread-compatible (one owner thread: the live poller)
   // The pid's ELF modules (one per file) with their load bias; `generation` (if not null) is set
   // to a number that changes whenever the pid's snapshot is re-read. Null when the pid is unknown.
   const std::vector<LoadedModule>* modules(uint32_t pid, uint64_t* generation = nullptr);
+
+  // True when `addr` lies in a mapping of the pid's snapshot, re-reading the maps first if it does
+  // not (a library dlopen()ed after the snapshot). Re-reads caused by unknown addresses (here and
+  // in symbolize_user) happen at most once per 100 ms per pid, and count in stats().maps_rereads;
+  // a re-read only opens the files it did not have open yet.
+  bool ensure_mapped(uint32_t pid, uint64_t addr);
 
   // The build-id (hex) of the ELF mapped at `addr` in pid, "" when unknown or absent.
   std::string build_id_at(uint32_t pid, uint64_t addr);

@@ -181,37 +181,59 @@ std::vector<uint64_t> Unwinder::unwind(uint32_t pid, const UserRegs& regs,
   std::vector<uint64_t> out;
   ++impl_->stats.calls;
   if (max_frames == 0 || regs.ip == 0) return out;
-  Impl::Session* s = impl_->session(pid);
-  if (s == nullptr) {
-    out.push_back(regs.ip);
-    ++impl_->stats.failed;
-    ++impl_->stats.frames;
-    truncated = max_frames == 1;
+  // A library dlopen()ed after the snapshot (PyTorch loads its CUDA libraries lazily): have its
+  // mapping before the walk needs its CFI.
+  impl_->sym.ensure_mapped(pid, regs.ip);
+  for (int attempt = 0;; ++attempt) {
+    out.clear();
+    Impl::Session* s = impl_->session(pid);
+    if (s == nullptr) {
+      impl_->sessions.erase(pid);  // the process is gone and was never (or no longer) noted
+      out.push_back(regs.ip);
+      ++impl_->stats.failed;
+      ++impl_->stats.frames;
+      truncated = max_frames == 1;
+      return out;
+    }
+    Capture& c = *s->capture;
+    c.sym = &impl_->sym;
+    c.pid = pid;
+    c.regs = regs;
+    c.stack = stack;
+    c.ran_off = false;
+    c.stack_region_end = 0;
+    if (const std::vector<MapEntry>* maps = impl_->sym.maps(pid)) {
+      for (const MapEntry& m : *maps)
+        if (regs.sp >= m.start && regs.sp < m.end) {
+          c.stack_region_end = m.end;
+          break;
+        }
+    }
+    Walk w{&out, max_frames};
+    const int rc = dwfl_getthread_frames(s->dwfl, static_cast<pid_t>(pid), frame_cb, &w);
+    c.stack = {};
+    if (out.empty()) out.push_back(regs.ip);  // the walk failed before the first frame
+    truncated = w.hit_max || c.ran_off;
+    // The walk stopped at a return address outside every known mapping: once, re-read the maps
+    // (rate-limited) and walk again with the new module.
+    if (!truncated && rc != 0 && attempt == 0 && out.size() >= 2) {
+      const uint64_t last = out.back() - 1;
+      uint64_t gen_before = 0, gen_after = 0;
+      impl_->sym.modules(pid, &gen_before);
+      const std::vector<MapEntry>* maps = impl_->sym.maps(pid);
+      bool known = false;
+      for (size_t i = 0; maps && i < maps->size() && !known; ++i)
+        known = last >= (*maps)[i].start && last < (*maps)[i].end;
+      if (!known && impl_->sym.ensure_mapped(pid, last)) {
+        impl_->sym.modules(pid, &gen_after);
+        if (gen_after != gen_before) continue;
+      }
+    }
+    if (rc != 0 && !truncated && out.size() <= 1) ++impl_->stats.failed;
+    if (truncated) ++impl_->stats.truncated;
+    impl_->stats.frames += out.size();
     return out;
   }
-  Capture& c = *s->capture;
-  c.sym = &impl_->sym;
-  c.pid = pid;
-  c.regs = regs;
-  c.stack = stack;
-  c.ran_off = false;
-  c.stack_region_end = 0;
-  if (const std::vector<MapEntry>* maps = impl_->sym.maps(pid)) {
-    for (const MapEntry& m : *maps)
-      if (regs.sp >= m.start && regs.sp < m.end) {
-        c.stack_region_end = m.end;
-        break;
-      }
-  }
-  Walk w{&out, max_frames};
-  const int rc = dwfl_getthread_frames(s->dwfl, static_cast<pid_t>(pid), frame_cb, &w);
-  if (out.empty()) out.push_back(regs.ip);  // the walk failed before the first frame
-  truncated = w.hit_max || c.ran_off;
-  if (rc != 0 && !truncated && out.size() <= 1) ++impl_->stats.failed;
-  if (truncated) ++impl_->stats.truncated;
-  impl_->stats.frames += out.size();
-  c.stack = {};
-  return out;
 }
 
 std::vector<uint64_t> Unwinder::unwind_fp(const UserRegs& regs, std::span<const uint8_t> stack,

@@ -238,6 +238,47 @@ TEST(Unwind, GarbageNeverThrows) {
   EXPECT_EQ(fr[0].ip, 0x1234u);
 }
 
+extern "C" __attribute__((noinline)) int ust_sqlite_cb(void* arg, int, char**, char**) {
+  ust_capture(static_cast<Captured*>(arg));
+  asm volatile("" ::: "memory");
+  return 0;
+}
+
+TEST(Unwind, ThroughALibraryLoadedAfterTheSnapshot) {
+  // libsqlite3 is not linked into this test: dlopen it after the snapshot and capture the stack
+  // inside a callback that sqlite3_exec calls, so the walk needs the new library's CFI.
+  const uint32_t pid = static_cast<uint32_t>(getpid());
+  Symbolizer sym;
+  ASSERT_TRUE(sym.note_process(pid));
+  Unwinder uw(sym);
+  void* h = dlopen("libsqlite3.so.0", RTLD_NOW | RTLD_LOCAL);
+  if (h == nullptr) GTEST_SKIP() << "libsqlite3.so.0 not loadable: " << dlerror();
+  using open_fn = int (*)(const char*, void**);
+  using exec_fn = int (*)(void*, const char*, int (*)(void*, int, char**, char**), void*, char**);
+  using close_fn = int (*)(void*);
+  auto sq_open = reinterpret_cast<open_fn>(dlsym(h, "sqlite3_open"));
+  auto sq_exec = reinterpret_cast<exec_fn>(dlsym(h, "sqlite3_exec"));
+  auto sq_close = reinterpret_cast<close_fn>(dlsym(h, "sqlite3_close"));
+  ASSERT_TRUE(sq_open && sq_exec && sq_close);
+  void* db = nullptr;
+  ASSERT_EQ(sq_open(":memory:", &db), 0);
+  Captured c;
+  ASSERT_EQ(sq_exec(db, "select 1", ust_sqlite_cb, &c, nullptr), 0);
+  sq_close(db);
+  ASSERT_FALSE(c.stack.empty());
+  bool truncated = false;
+  const auto ips = uw.unwind(pid, c.regs, c.stack, 128, truncated);
+  const auto fr = sym.symbolize_user(pid, ips);
+  expect_chain(fr, {"ust_capture", "ust_sqlite_cb"});
+  const long exec = find_frame(fr, "sqlite3_exec");
+  ASSERT_GE(exec, 2) << dump(fr);
+  EXPECT_EQ(fr[static_cast<size_t>(exec)].module.rfind("libsqlite3.so", 0), 0u) << dump(fr);
+  // ...and on past it, back into this test and down to the end.
+  EXPECT_GE(find_frame(fr, "Unwind_ThroughALibraryLoadedAfterTheSnapshot_Test::TestBody()"), exec) << dump(fr);
+  EXPECT_FALSE(truncated) << dump(fr);
+  EXPECT_GE(sym.stats().maps_rereads, 1u);
+}
+
 TEST(Symbolizer, LibcAndDemangledCpp) {
   Symbolizer sym;
   const uint32_t pid = static_cast<uint32_t>(getpid());
