@@ -58,7 +58,7 @@ if [[ $mode = overhead ]]; then
 uprobe:$cudart:cudaLaunchKernel { @start[tid] = nsecs; }
 uretprobe:$cudart:cudaLaunchKernel /@start[tid]/ { @ns = stats(nsecs - @start[tid]); delete(@start[tid]); }
 BT
-  : >"$tmp/untraced"; : >"$tmp/ingero"; : >"$tmp/bpftrace"
+  : >"$tmp/untraced"; : >"$tmp/ingero"; : >"$tmp/bpftrace"; : >"$tmp/nostk"
   for r in $(seq 1 "$rounds"); do
     "$work" loop --calls "$calls" | awk '{print $2}' >>"$tmp/untraced"
 
@@ -67,21 +67,28 @@ BT
     stop_tracer
     grep "^trace:" "$tmp/trace.err" >&2 || true
 
+    start_tracer --no-stacks --no-samples
+    "$work" loop --calls "$calls" | awk '{print $2}' >>"$tmp/nostk"
+    stop_tracer
+
     bpftrace "$tmp/floor.bt" >"$tmp/bt.out" 2>&1 &
     bt=$!
     for _ in $(seq 1 300); do grep -q "Attaching" "$tmp/bt.out" && break; sleep 0.1; done
     sleep 0.5  # "Attaching N probes" is printed just before the attach completes
     "$work" loop --calls "$calls" | awk '{print $2}' >>"$tmp/bpftrace"
     kill -INT "$bt"; wait "$bt" || true
-    echo "round $r: untraced $(tail -1 "$tmp/untraced") ns, ingero $(tail -1 "$tmp/ingero") ns, bpftrace $(tail -1 "$tmp/bpftrace") ns" >&2
+    echo "round $r: untraced $(tail -1 "$tmp/untraced") ns, ingero $(tail -1 "$tmp/ingero") ns, ingero --no-stacks --no-samples $(tail -1 "$tmp/nostk") ns, bpftrace $(tail -1 "$tmp/bpftrace") ns" >&2
   done
   u=$(median <"$tmp/untraced"); i=$(median <"$tmp/ingero"); b=$(median <"$tmp/bpftrace")
+  n=$(median <"$tmp/nostk")
   echo "calls per run: $calls, rounds: $rounds (medians, ns per cudaLaunchKernel call)"
   echo "untraced:                 $u"
-  echo "ingero-pipeline trace:    $i"
+  echo "ingero-pipeline trace:    $i   (defaults: stacks for calls >= 1 ms, 49 Hz samples)"
+  echo "  --no-stacks --no-samples $n"
   echo "bpftrace uprobe+uretprobe $b"
-  awk -v i="$i" -v b="$b" -v u="$u" 'BEGIN {
-    printf "ratio ingero/bpftrace:    %.3f (target <= 1.25)\n", i / b
+  awk -v i="$i" -v b="$b" -v u="$u" -v n="$n" 'BEGIN {
+    printf "ratio ingero/bpftrace:    %.3f (target <= 1.0)\n", i / b
+    printf "ratio ingero --no-stacks --no-samples/bpftrace: %.3f\n", n / b
     printf "added per call: ingero %.0f ns, bpftrace %.0f ns\n", i - u, b - u }'
 elif [[ $mode = stacks ]]; then
   rounds=${3:-3}
@@ -108,7 +115,7 @@ BT
     start_tracer --no-stacks --no-samples
     "$work" loop --calls "$calls" | awk '{print $2}' >>"$tmp/nostk"
     stop_tracer
-    start_tracer --stack-min 0 --stack-rate 100000 --no-samples
+    start_tracer --stack-min 0 --stack-rate 1000000 --no-samples
     "$work" loop --calls "$calls" | awk '{print $2}' >>"$tmp/stk"
     stop_tracer
     grep "^trace: stacks" "$tmp/trace.err" >&2 || true

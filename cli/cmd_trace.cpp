@@ -442,7 +442,7 @@ Registrar reg{"trace", 5, [](CLI::App& app, int& rc) {
                 cmd->add_option("--stack-rate", args->stack_rate,
                                 "Slow-call stacks per second per thread at most (default 100, bursts "
                                 "of 20); the rest are counted as skipped")
-                    ->check(CLI::Range(1u, 100000u));
+                    ->check(CLI::Range(1u, 1000000u));
                 cmd->add_flag("-q,--quiet", args->quiet, "No live view or report (summary line only)");
                 cmd->callback([args, &rc] {
 #ifdef INGERO_HAVE_BPF
