@@ -864,3 +864,35 @@ TEST(PyIntrospect, DecodersSurviveRandomInput) {
     }
   }
 }
+
+TEST_P(PyStacks, NativeUnwindOfAThreadEndsAtItsStart) {
+  // The threading.Thread of py_stack_target.py, asleep in time.sleep: its native stack runs from
+  // the libc sleep through the eval loop to the thread start (start_thread, clone3), complete.
+  const PyInterp& py = GetParam();
+  if (py.path.empty()) GTEST_SKIP() << py.label << ": interpreter not installed on this machine";
+  Child c;
+  ASSERT_TRUE(c.start({py.path, workload("py_stack_target.py")}));
+  std::istringstream ready(c.read_line());
+  std::string word;
+  uint32_t pid = 0, tid = 0;
+  ready >> word >> pid >> tid;
+  ASSERT_EQ(word, "ready");
+  Symbolizer sym;
+  ASSERT_TRUE(sym.note_process(pid));
+  Unwinder uw(sym);
+  std::vector<StackFrame> fr;
+  bool truncated = true;
+  std::string why;
+  for (int i = 0; i < 60; ++i) {
+    UserRegs regs;
+    std::vector<uint8_t> stack;
+    if (!capture_thread(tid, regs, stack, why)) GTEST_SKIP() << "cannot stop the thread: " << why;
+    fr = sym.symbolize_user(pid, uw.unwind(pid, regs, stack, 256, truncated));
+    if (find_frame(fr, "start_thread") >= 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_GE(find_frame(fr, "_PyEval_EvalFrameDefault"), 0) << dump(fr);
+  EXPECT_GE(find_frame(fr, "start_thread"), 0) << dump(fr);
+  EXPECT_TRUE(fr.back().function.find("clone") != std::string::npos) << dump(fr);
+  EXPECT_FALSE(truncated) << dump(fr);
+}
