@@ -149,6 +149,28 @@ TEST(ChainAnnotate, ChainWithoutStacksStillGetsItsThread) {
   for (const auto& s : c->stacks) EXPECT_NE(s.role, "call");  // no event had a stack
 }
 
+TEST(ChainAnnotate, EveryScenarioChainNamesItsThread) {
+  for (const auto& info : synth::all_scenarios()) {
+    const auto t = synth::make_scenario(info.id, true);
+    const auto r = analyse(t.events, t.meta);
+    size_t found = 0;
+    for (const auto& c : r.chains) {
+      if (c.category != t.category) continue;
+      ++found;
+      EXPECT_NE(c.tid, 0u) << info.name << ": " << c.id;
+      ASSERT_FALSE(c.threads.empty()) << info.name << ": " << c.id;
+      EXPECT_EQ(c.threads[0].tid, c.tid) << info.name;
+      double sum = 0;
+      for (const auto& th : c.threads) sum += th.share;
+      EXPECT_NEAR(sum, 1.0, 1e-9) << info.name;
+      if (t.tid && t.rank < 0) EXPECT_EQ(c.tid, t.tid) << info.name << ": " << c.id;
+      if (t.rank >= 0) EXPECT_EQ(c.tid, 10000u + static_cast<uint32_t>(t.rank)) << info.name << ": the slow rank's thread";
+      EXPECT_EQ(c.time_split.present, c.category == "throughput_drop") << info.name;
+    }
+    EXPECT_GT(found, 0u) << info.name;
+  }
+}
+
 // --- Ingero's recorded traces: stacks reach the chains as stored --------------------------------
 
 TEST(ChainAnnotate, IngeroTracesWithStacksCarryTheStoredFrames) {
