@@ -429,7 +429,8 @@ void ChainAnnotator::annotate(Chain& c, const TraceMeta& meta) {
   // The chain's threads: its key, as far as the chain names one.
   std::vector<const Thread*> cand;
   for (const auto& [k, t] : threads_) {
-    if (t.node != c.node) continue;
+    // Rules keyed by pid leave node 0 even on multi-node traces: only a named node filters.
+    if (c.node && t.node != c.node) continue;
     if (c.pid && t.pid != c.pid) continue;
     if (c.tid && t.tid != c.tid) continue;
     if (!c.pid && !c.tid && c.rank >= 0 && t.rank != c.rank) continue;

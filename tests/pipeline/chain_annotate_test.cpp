@@ -372,6 +372,39 @@ TEST(ChainAnnotate, TimeSplitCountsNestedCallsOnceAndSpansOutsideCalls) {
   EXPECT_FALSE(a.time_split(0, 7, 10, 10).present) << "an empty window has no split";
 }
 
+TEST(ChainAnnotate, ChainWithoutANodeFindsThreadsOfAnyNode) {
+  // A 0.9 cluster trace: events of node 2; the pid-keyed rule's chain has node 0.
+  std::vector<Event> ev;
+  for (int i = 0; i < 20; ++i) {
+    Event e{};
+    e.source = Source::kCuda;
+    e.op = op::kCudaMemcpy;
+    e.pid = 50;
+    e.tid = 51;
+    e.node = 2;
+    e.ts_ns = 1000 + static_cast<uint64_t>(i) * 1000;
+    e.dur_ns = i == 7 ? 900 : 100;
+    ev.push_back(e);
+  }
+  ChainAnnotator a;
+  a.add(std::span<const Event>(ev));
+  Chain c;
+  c.category = "unexplained_tail";
+  c.source = Source::kCuda;
+  c.op = op::kCudaMemcpy;
+  c.pid = 50;
+  c.window_start = 0;
+  c.window_end = 100000;
+  c.values = {{"p50", 100.0}, {"p95", 900.0}};
+  a.annotate(c, TraceMeta{});
+  EXPECT_EQ(c.tid, 51u);
+  c.node = 1;  // a chain of another node: not these threads
+  c.tid = 0;
+  a.annotate(c, TraceMeta{});
+  EXPECT_EQ(c.tid, 0u);
+  EXPECT_TRUE(c.threads.empty());
+}
+
 // --- launch_gap ---------------------------------------------------------------------------
 
 std::vector<Event> bursty_launcher(TraceMeta& meta) {
