@@ -445,9 +445,11 @@ void ChainAnnotator::annotate(Chain& c, const TraceMeta& meta) {
   std::vector<Slow> slow;
   std::map<uint32_t, std::pair<double, uint32_t>> per_tid;  // tid -> (weight, pid)
   StackTally calls_tally;
+  // A trace's last window ends at its last event (engine: window_end = last_ts), which is in it.
+  const uint64_t calls_end = meta.last_ts && we == meta.last_ts ? we + 1 : we;
   if (!gap) {
     for (const Thread* t : cand) {
-      const auto [lo, hi] = range(t->calls, ws, we);
+      const auto [lo, hi] = range(t->calls, ws, calls_end);
       for (size_t i = lo; i < hi; ++i) {
         const Rec& r = t->calls.recs[i];
         if (c.op) {
