@@ -395,6 +395,14 @@ std::optional<PyProcess> inspect_python(uint32_t pid, std::string& why) {
     why = "cannot read /proc/" + std::to_string(pid) + "/maps";
     return std::nullopt;
   }
+  // The thread-specific data layout BPF reads is glibc's; musl's differs.
+  for (const Mapping& m : maps) {
+    const std::string b = base_name(m.path);
+    if (b.rfind("ld-musl-", 0) == 0 || b.rfind("libc.musl-", 0) == 0) {
+      why = "musl libc: its thread-specific data layout is not supported";
+      return std::nullopt;
+    }
+  }
   // Candidates: a libpython3.X mapping, else the executable (static libpython, e.g. Debian's).
   std::vector<std::string> candidates;
   for (const Mapping& m : maps) {
@@ -500,6 +508,23 @@ std::optional<PyProcess> inspect_python(uint32_t pid, std::string& why) {
       return std::nullopt;
     }
     p.interp_head = head;
+    // The glibc TSS layout BPF relies on: tstate->thread_id is the thread's pthread_self(), which
+    // is its fsbase with glibc, so the slot *(thread_id + 0x310 + 16*key + 8) of some live thread
+    // (the main one at least) must point back at its thread state. Checked without stopping it.
+    {
+      bool tss_ok = false;
+      uint64_t t = ts;
+      for (int n = 0; t != 0 && n < 64 && !tss_ok; ++n) {
+        const uint64_t self = mem.ptr(t + off->tstate_thread_id);
+        if (self != 0 && mem.ptr(self + kGlibcSpecificOffset + 16ull * p.tss_key + 8) == t) tss_ok = true;
+        t = mem.ptr(t + off->tstate_next);
+      }
+      if (!tss_ok) {
+        why = "no thread state is reachable through the glibc TSS slot (pthread_self + 0x310 + "
+              "16*key + 8): unknown libc layout";
+        return std::nullopt;
+      }
+    }
     if (minor >= 13) {
       // _Py_DebugOffsets at _PyRuntime+0: the interpreter's own description of its layout.
       uint8_t dbg[352];

@@ -71,8 +71,10 @@ struct PyProcess {
 // Finds libpython or a static python exe in /proc/PID/maps, locates _PyRuntime (.dynsym/.symtab)
 // and the version (Py_Version in 3.11+, the library/exe name otherwise), and VALIDATES via
 // /proc/PID/mem: Py_tss_t initialized and key < 32, interpreters.head non-null, its threads list
-// non-empty, tstate->interp == head; on 3.13 also _Py_DebugOffsets at _PyRuntime+0 (cookie
-// "xdebugpy") against the table. Returns nullopt with `why` on any failure (not Python,
+// non-empty, tstate->interp == head, the glibc TSS slot of some listed thread (found from its
+// tstate->thread_id == pthread_self() == fsbase, without stopping it) points back at its thread
+// state; on 3.13 also _Py_DebugOffsets at _PyRuntime+0 (cookie "xdebugpy") against the table.
+// A musl process is refused. Returns nullopt with `why` on any failure (not Python,
 // unsupported version, free-threaded build, validation failed) — never garbage.
 std::optional<PyProcess> inspect_python(uint32_t pid, std::string& why);
 
