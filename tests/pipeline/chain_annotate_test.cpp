@@ -47,7 +47,7 @@ AnalysisResult analyse(EventSource& src, AnnotateOptions ao = {}) {
   AnnotatingSource tap(src, a);
   std::vector<std::string> errors;
   AnalysisResult r = run_plan(the_plan(), tap, EngineOptions{}, &errors);
-  EXPECT_TRUE(errors.empty());
+  EXPECT_TRUE(errors.empty()) << errors.front();
   annotate_result(r, a);
   return r;
 }
@@ -586,6 +586,24 @@ TEST(ChainAnnotate, StoresKeepThreadsStacksAndTimeSplit) {
     ASSERT_TRUE(read_result((dir / "t.db").string(), back, error)) << error;
     ASSERT_EQ(back.chains.size(), r.chains.size());
     for (size_t i = 0; i < r.chains.size(); ++i) expect_same_where(r.chains[i], back.chains[i]);
+  }
+  {
+    // A database written before the columns existed reads back without them.
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((dir / "t.db").string().c_str(), &db), SQLITE_OK);
+    for (const char* col : {"threads", "stacks", "time_split"})
+      ASSERT_EQ(sqlite3_exec(db, (std::string("ALTER TABLE ip_chains DROP COLUMN ") + col).c_str(), nullptr, nullptr,
+                             nullptr),
+                SQLITE_OK)
+          << sqlite3_errmsg(db);
+    sqlite3_close(db);
+    AnalysisResult old;
+    ASSERT_TRUE(read_result((dir / "t.db").string(), old, error)) << error;
+    ASSERT_EQ(old.chains.size(), r.chains.size());
+    for (const auto& c : old.chains) {
+      EXPECT_TRUE(c.stacks.empty());
+      EXPECT_FALSE(c.time_split.present);
+    }
   }
   {
     auto sink = LmdbSink::create((dir / "t.lmdb").string(), error);
