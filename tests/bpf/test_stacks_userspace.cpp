@@ -460,6 +460,17 @@ TEST(Symbolizer, ExitedChildResolvesFromSnapshot) {
   expect_chain(fr, {"ust_capture", "ust_nofp_level3", "ust_nofp_level2", "ust_nofp_level1", "child_main()"});
   EXPECT_GE(find_frame(fr, "_start"), 0) << dump(fr);  // the outermost frame (the hook runs before main)
   EXPECT_FALSE(truncated);
+  // Once forgotten, the gone process's addresses no longer resolve (nothing to re-read), and
+  // nothing throws; the ELF stays cached for the next process of the same binary.
+  const auto opened = sym.stats().elf_opened;
+  sym.forget_process(static_cast<uint32_t>(child));
+  const auto gone = sym.symbolize_user(static_cast<uint32_t>(child), ips);
+  ASSERT_EQ(gone.size(), ips.size());
+  EXPECT_TRUE(gone[0].function.empty());
+  EXPECT_EQ(gone[0].ip, ips[0]);
+  ASSERT_TRUE(sym.note_process(static_cast<uint32_t>(getpid())));
+  EXPECT_GT(sym.stats().cache_hits, 0u);  // this binary, libc, libstdc++: already open
+  EXPECT_GE(sym.stats().elf_opened, opened);
 }
 
 // ---------------------------------------------------------------------------------------------
