@@ -478,6 +478,13 @@ void ChainAnnotator::annotate(Chain& c, const TraceMeta& meta) {
     if (c.tid == 0 && !c.threads.empty()) c.tid = c.threads.front().tid;
   }
   top_stacks(calls_tally, "call", opt_.top_stacks, meta, stack_cache_, counters_.stacks_missing, c.stacks);
+  if (const ChainStack* top = first_of_role(c, "call"); top && !gap) {
+    const std::string site = site_of(top);
+    if (!site.empty())
+      c.recommendations.insert(c.recommendations.begin(),
+                               "Start at the code that issued the slow calls: " + site + " (" + pct(top->share) +
+                                   " of the slow-call time; every stack: explain -v, explain_chain)");
+  }
 
   // Where the slow calls' threads were while off CPU.
   if (c.category == "cpu_contention" || c.category == "blocking") {

@@ -21,7 +21,8 @@
 //   stacks of those threads overlapping the slow calls (role "offcpu", by overlap time), and for
 //   rate/gap chains the launching thread's off-CPU stacks and on-CPU samples in the window (roles
 //   "offcpu" and "sample"). A share is of the role's total, stack-less events included, so shares
-//   of listed stacks may sum below 1.
+//   of listed stacks may sum below 1. A chain whose top call stack has frames gets a first fix
+//   naming its call site (engine/stack.h call_site()).
 // - time_split (throughput_drop and launch_gap chains): for the launching thread (most launch
 //   calls of the process in the window; else most GPU API calls) over the window: in_calls = union
 //   of its call intervals, off_cpu_* = its off-CPU spans outside any call by state (preempted;
@@ -91,7 +92,8 @@ class ChainAnnotator {
   void add(const Batch& b) { add(std::span<const Event>(b.events)); }
   void add(std::span<const Event> events);
 
-  // Fills threads/stacks/time_split of every chain (and tid when 0). Never throws.
+  // Fills threads/stacks/time_split of every chain (and tid when 0), and rewrites a rate/gap
+  // chain's root cause and summary: call it once per chain. Never throws.
   void annotate(std::vector<Chain>& chains, const TraceMeta& meta);
   void annotate(Chain& c, const TraceMeta& meta);
 

@@ -119,6 +119,8 @@ TEST(ChainAnnotate, ContentionChainNamesThePreemptedThreadAndItsPythonStack) {
   EXPECT_EQ(c->stacks[0].frames[1].file, "train.py");
   EXPECT_EQ(c->stacks[0].frames[1].line, 142u);
   EXPECT_EQ(chain_call_site(*c), "from train.py:142 in Model.forward");
+  ASSERT_FALSE(c->recommendations.empty());
+  EXPECT_NE(c->recommendations[0].find("train.py:142 in Model.forward"), std::string::npos) << c->recommendations[0];
   bool offcpu = false;
   for (const auto& s : c->stacks)
     if (s.role == "offcpu") {
