@@ -144,6 +144,9 @@ json meta_to_json(const TraceMeta& m) {
   json names = json::object();
   for (const auto& [pid, name] : m.process_names) names[std::to_string(pid)] = name;
   j["process_names"] = names;
+  json threads = json::object();
+  for (const auto& [tid, name] : m.thread_names) threads[std::to_string(tid)] = name;
+  j["thread_names"] = threads;
   json stacks = json::object();
   for (const auto& [id, st] : m.stacks) stacks[std::to_string(id)] = {{"ips", st.ips}, {"frames", st.frames}};
   j["stacks"] = stacks;
@@ -186,6 +189,9 @@ void meta_from_json(const json& j, TraceMeta& m) {
   if (auto it = j.find("process_names"); it != j.end() && it->is_object())
     for (const auto& [k, v] : it->items())
       if (v.is_string()) m.process_names[static_cast<uint32_t>(std::strtoul(k.c_str(), nullptr, 10))] = v.get<std::string>();
+  if (auto it = j.find("thread_names"); it != j.end() && it->is_object())
+    for (const auto& [k, v] : it->items())
+      if (v.is_string()) m.thread_names[static_cast<uint32_t>(std::strtoul(k.c_str(), nullptr, 10))] = v.get<std::string>();
   if (auto it = j.find("stacks"); it != j.end() && it->is_object())
     for (const auto& [k, v] : it->items())
       m.stacks[std::strtoull(k.c_str(), nullptr, 10)] =

@@ -98,6 +98,7 @@ class Reader {
     read_nodes();
     if (!read_events(events, error)) return false;
     read_process_names();
+    read_thread_names();
     read_stacks();
     read_sessions();
     read_snapshots();
@@ -309,6 +310,20 @@ class Reader {
       meta_.process_names[static_cast<uint32_t>(s.i64(0))] = s.text(1);
     }
     if (rc != SQLITE_DONE) side_table_failed("process_names", rc);
+  }
+
+  // Ours only (ip_thread_names): Ingero records process names, not thread names.
+  void read_thread_names() {
+    if (!sqlite_detail::table_exists(db_, "ip_thread_names")) return;
+    Stmt s(db_, "SELECT tid, name FROM ip_thread_names");
+    if (!s.ok()) return side_table_failed("ip_thread_names", sqlite3_errcode(db_));
+    int rc;
+    while ((rc = s.step()) == SQLITE_ROW) {
+      if (s.type(0) != SQLITE_INTEGER || s.i64(0) < 0 || s.i64(0) > std::numeric_limits<uint32_t>::max())
+        continue;
+      meta_.thread_names[static_cast<uint32_t>(s.i64(0))] = s.text(1);
+    }
+    if (rc != SQLITE_DONE) side_table_failed("ip_thread_names", rc);
   }
 
   void read_stacks() {

@@ -144,6 +144,10 @@ CREATE TABLE ip_meta (
   key   TEXT PRIMARY KEY,
   value TEXT NOT NULL
 );
+CREATE TABLE ip_thread_names (              -- thread names (comm) when the recorder knew them
+  tid  INTEGER PRIMARY KEY,
+  name TEXT NOT NULL
+);
 CREATE TABLE ip_health (
   kind   TEXT NOT NULL,                  -- 'skip' (odd input rows), 'drop' (lost before us)
   reason TEXT NOT NULL,

@@ -190,7 +190,7 @@ std::unique_ptr<SqliteSink> SqliteSink::create(const std::string& path, std::str
         {"sched_switch_note",
          "HOST sched_switch rows follow Ingero: timestamp = switch-in time (end of the off-CPU "
          "interval), duration = time off CPU. prev_state says why the thread was off CPU."},
-        {"ip_note", "ip_* tables are ingero-pipeline's: ip_chains, ip_op_stats, ip_meta, ip_health."},
+        {"ip_note", "ip_* tables are ingero-pipeline's: ip_chains, ip_op_stats, ip_meta, ip_health, ip_thread_names."},
     };
     for (const auto& [k, v] : rows) {
       info.bind(1, k);
@@ -355,6 +355,7 @@ bool SqliteSink::write_meta(const TraceMeta& meta) {
 
   Stmt kv(db, "INSERT OR REPLACE INTO ip_meta(key, value) VALUES(?1, ?2)");
   Stmt pn(db, "INSERT OR REPLACE INTO process_names(pid, name, seen_at) VALUES(?1, ?2, 0)");
+  Stmt tn(db, "INSERT OR REPLACE INTO ip_thread_names(tid, name) VALUES(?1, ?2)");
   Stmt stk(db, "INSERT OR REPLACE INTO stack_traces(hash, ips, frames) VALUES(?1, ?2, ?3)");
   Stmt snap(db,
             "INSERT OR REPLACE INTO system_snapshots(timestamp, cpu_pct, mem_pct, mem_avail, "
@@ -363,7 +364,7 @@ bool SqliteSink::write_meta(const TraceMeta& meta) {
            "INSERT INTO sessions(started_at, stopped_at, gpu_model, gpu_driver, cpu_model, "
            "cpu_cores, mem_total, kernel, os_release, cuda_ver, python_ver, ingero_ver, "
            "pid_filter, flags) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)");
-  for (const Stmt* s : {&kv, &pn, &stk, &snap, &ses})
+  for (const Stmt* s : {&kv, &pn, &tn, &stk, &snap, &ses})
     if (!s->ok()) return fail("write meta: " + s->error());
   auto done = [&](Stmt& s) {
     const int rc = s.step();
@@ -389,6 +390,11 @@ bool SqliteSink::write_meta(const TraceMeta& meta) {
     pn.bind(1, static_cast<int64_t>(pid));
     pn.bind(2, name);
     if (!done(pn)) return err();
+  }
+  for (const auto& [tid, name] : meta.thread_names) {
+    tn.bind(1, static_cast<int64_t>(tid));
+    tn.bind(2, name);
+    if (!done(tn)) return err();
   }
   for (const auto& [hash, st] : meta.stacks) {
     stk.bind_u64(1, hash);
