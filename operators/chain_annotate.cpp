@@ -147,10 +147,7 @@ void ChainAnnotator::add(std::span<const Event> events) {
     Rec r;
     r.ts = e.ts_ns;
     r.dur = e.dur_ns;
-    r.id = e.id;
     r.stack = e.stack_id;
-    r.pid = e.pid;
-    r.rank = e.rank;
     r.source = e.source;
     r.op = e.op;
     r.state = e.prev_state;

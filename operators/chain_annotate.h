@@ -109,15 +109,14 @@ class ChainAnnotator {
   const AnnotateOptions& options() const { return opt_; }
 
  private:
-  struct Rec {
-    uint64_t ts = 0, dur = 0, id = 0, stack = 0;
-    uint32_t pid = 0;
-    int16_t rank = -1;
+  struct Rec {  // 32 bytes: one kept event of a thread (pid, node and rank are the thread's)
+    uint64_t ts = 0, dur = 0, stack = 0;
     Source source = Source::kUnknown;
     uint8_t op = 0;
     OffCpuState state = OffCpuState::kUnknown;
     uint64_t end() const { return ts + dur; }
   };
+  static_assert(sizeof(Rec) == 32);
   struct Series {
     std::deque<Rec> recs;  // sorted by ts
     uint64_t max_dur = 0;  // longest kept, so a window search can start early enough
@@ -186,7 +185,7 @@ class AnnotatingSource final : public EventSource {
 
 // Live capture (`trace`, `run` with an eBPF source): chains are emitted by the engine's collector
 // thread while the source thread still feeds events, so the annotator sits behind one lock.
-//   LiveChainAnnotator live;                       // retention 60 s, record cap as above
+//   LiveChainAnnotator live;                       // 15 s horizon, 4M-record cap
 //   EngineOptions eo; eo.on_chain = [&](const Chain& c) { show(live.annotate(c)); };
 //   AnalysisResult r = run_plan(plan, live.tap(source), eo);
 //   live.finish(r);                                // every chain annotated, launch_gap chains added
@@ -198,9 +197,14 @@ class AnnotatingSource final : public EventSource {
 class LiveChainAnnotator {
  public:
   explicit LiveChainAnnotator(AnnotateOptions o = defaults());
+  // A chain is annotated when its window closes (window end + lateness + the source's reorder
+  // lag), so the horizon needs the largest window (10 s) plus a few seconds; a launch gap is
+  // judged 1 s after it and its 10 s window. Memory: 32 bytes per kept call, span or sample, so
+  // about rate x 15 s x 32 B (96 MB at 200k calls/s), at most max_records x 32 B.
   static AnnotateOptions defaults() {
     AnnotateOptions o;
-    o.retention_ns = 60'000'000'000ull;
+    o.retention_ns = 15'000'000'000ull;
+    o.max_records = 4u << 20;
     return o;
   }
   // The source to hand to run_plan; `in` must outlive it. Call once.
