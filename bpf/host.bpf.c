@@ -7,8 +7,9 @@
  * so worker threads are followed, not only the main thread). */
 #include "stack.bpf.h"
 
-/* Off-CPU spans at least this long carry the kernel and frame-pointer user stacks taken at
- * switch-out (ids into stack_ids, in arg2); ~0 = no off-CPU stacks (nothing captured at all). */
+/* Blocked (not preempted) off-CPU spans at least this long carry the kernel and frame-pointer user
+ * stacks taken at switch-out (ids into stack_ids, in arg2); ~0 = no off-CPU stacks (nothing
+ * captured at all). */
 const volatile __u64 offcpu_stack_min_ns = ~0ULL;
 
 /* Which families emit records (the programs of a disabled family are not even loaded; process
@@ -113,8 +114,10 @@ static __always_inline void switch_out(void* ctx, __u32 tgid, __u32 tid, __u32 n
                                        __u8 state, __u64 now) {
   struct ip_offcpu o = {.ts = now, .tgid = tgid, .next_tid = next_tid, .state = state,
                         .kstack = -1, .ustack = -1};
-  if (offcpu_stack_min_ns != ~0ULL) {
-    /* Runs in the context of the thread going off CPU: these are its stacks. */
+  if (offcpu_stack_min_ns != ~0ULL && state != IP_STATE_PREEMPTED) {
+    /* Runs in the context of the thread going off CPU: these are its stacks. Only for a thread
+     * that blocks (sleep, disk wait): a preempted thread did not choose to wait, so where it was
+     * is the sampler's business, and contention (many preemptions) would make this costly. */
     o.kstack = bpf_get_stackid(ctx, &stack_ids, 0);
     o.ustack = bpf_get_stackid(ctx, &stack_ids, BPF_F_USER_STACK);
   }

@@ -22,6 +22,7 @@
 #include "engine/engine.h"
 #include "engine/format.h"
 #include "engine/ops.h"
+#include "operators/chain_annotate.h"
 #include "sinks/report.h"
 #include "sinks/spooling_writer.h"
 #include "sinks/sqlite_store.h"
@@ -311,10 +312,16 @@ int run_trace(const TraceArgs& a) {
       writer->write_events(b.events);
     }
   });
+  // Threads, stacks, the launching thread's time split and launch_gap chains
+  // (operators/chain_annotate.h): each chain annotated as the engine emits it, over the recent
+  // horizon the annotator keeps.
+  LiveChainAnnotator annotator;
+  EventSource& annotated = annotator.tap(tap);
   EngineOptions eo;
   eo.threads = a.threads;
   const bool tty = !a.quiet && stdout_is_terminal();
-  eo.on_chain = [&](const Chain& c) {
+  eo.on_chain = [&](const Chain& emitted) {
+    const Chain c = annotator.annotate(emitted);
     std::lock_guard<std::mutex> lk(view.mu);
     ++view.chains_total;
     std::string s = "[" + std::string(severity_name(c.severity)) + "] " + c.category + ": " + c.summary;
@@ -325,7 +332,10 @@ int run_trace(const TraceArgs& a) {
   };
 
   AnalysisResult result;
-  std::thread engine([&] { result = run_plan(plan, tap, eo, &errors); });
+  std::thread engine([&] {
+    result = run_plan(plan, annotated, eo, &errors);
+    annotator.finish(result);
+  });
   const auto t0 = std::chrono::steady_clock::now();
   auto next_render = t0;
   while (!g_interrupted.load()) {
