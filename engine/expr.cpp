@@ -72,6 +72,7 @@ const char* unit_suffix(Unit u) {
 }  // namespace
 
 const char* field_name(Field f) {
+  if (f == Field::kSite) return "site";  // a window key, not an event field (not parsed here)
   for (const auto& fn : kFields)
     if (fn.field == f) return fn.name;
   return "?";
@@ -110,6 +111,7 @@ double read_field(const Event& e, Field f) {
     case Field::kRank: return e.rank;
     case Field::kPrevState: return static_cast<double>(e.prev_state);
     case Field::kGpuId: return e.gpu_id;
+    case Field::kSite: return kNaN;
   }
   return kNaN;
 }
@@ -231,6 +233,40 @@ std::shared_ptr<const ParsedStack> StackTable::find(uint64_t id) const {
 size_t StackTable::size() const {
   std::shared_lock lock(mu_);
   return stacks_.size();
+}
+
+uint16_t StackTable::site_index(uint64_t stack_id) {
+  const auto st = stack_id ? find(stack_id) : nullptr;
+  const StackFrame* f = st ? call_site(*st) : nullptr;
+  if (!f) return 0;
+  std::string text = frame_text(*f);
+  {
+    std::shared_lock lock(mu_);
+    if (const auto it = site_ids_.find(text); it != site_ids_.end()) return it->second;
+  }
+  std::unique_lock lock(mu_);
+  if (const auto it = site_ids_.find(text); it != site_ids_.end()) return it->second;
+  if (sites_.size() >= kOtherSites) return kOtherSites;
+  const auto id = static_cast<uint16_t>(sites_.size());
+  sites_.push_back(text);
+  site_ids_.emplace(std::move(text), id);
+  return id;
+}
+
+std::string StackTable::site_text(uint16_t index) const {
+  if (index == kOtherSites) return "(other sites)";
+  std::shared_lock lock(mu_);
+  return index < sites_.size() ? sites_[index] : std::string("(no stack)");
+}
+
+double StackTable::site_value(uint16_t index) const {
+  const std::string text = site_text(index);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return static_cast<double>(h & ((uint64_t{1} << 53) - 1));
 }
 
 double eval(const Expr& e, const Event* ev, const double* row, const StackMatcher* stacks) {

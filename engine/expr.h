@@ -35,6 +35,8 @@ enum class Unit : uint8_t { kNone, kNs, kBytes, kRatio, kPercent, kCount, kPerSe
 enum class Field : uint8_t {
   kTs, kDuration, kEnd, kPid, kTid, kSource, kOp, kRet, kArg0, kArg1, kStackId, kCgroupId,
   kNode, kRank, kPrevState, kGpuId,
+  kSite,  // the call site of the event's stack: a window key only (the engine interns it through
+          // StackTable::site_index); read_field gives NaN
 };
 const char* field_name(Field f);          // "duration"
 bool parse_field(const std::string& name, Field& out);
@@ -98,9 +100,22 @@ class StackTable {
   std::shared_ptr<const ParsedStack> find(uint64_t id) const;
   size_t size() const;
 
+  // Windows keyed by call site: each distinct call-site text (frame_text(call_site())) gets an
+  // index, 1.. in order of first use, shared by every shard. 0 = the event has no (known) stack;
+  // kOtherSites = every site after the first 65,533 (never more state than that).
+  static constexpr uint16_t kOtherSites = 0xffff;
+  uint16_t site_index(uint64_t stack_id);
+  // "train.py:42 in train_step"; "(no stack)" for 0, "(other sites)" for kOtherSites.
+  std::string site_text(uint16_t index) const;
+  // A value for the `site` row slot that does not depend on the order sites were first seen
+  // (thread count, batch size): the FNV-64 of the text, cut to 53 bits so a double holds it.
+  double site_value(uint16_t index) const;
+
  private:
   mutable std::shared_mutex mu_;
   std::unordered_map<uint64_t, std::shared_ptr<const ParsedStack>> stacks_;
+  std::unordered_map<std::string, uint16_t> site_ids_;
+  std::vector<std::string> sites_{"(no stack)"};
 };
 
 // Evaluation. `ev` serves kField, `row` serves kRef (slots resolved by the engine); either may be

@@ -88,6 +88,16 @@ bool reads_only_source_op(const Expr& e) {
   return true;
 }
 
+// The operands of a chain of `and`s, left to right (depth bounded by the DSL's expression limits).
+void conjuncts(const ExprPtr& e, std::vector<ExprPtr>& out) {
+  if (e->op == ExprOp::kAnd && e->args.size() == 2) {
+    conjuncts(e->args[0], out);
+    conjuncts(e->args[1], out);
+  } else {
+    out.push_back(e);
+  }
+}
+
 std::vector<uint8_t> source_op_table(const Expr& e) {
   std::vector<uint8_t> mask(1u << 16);
   Event ev;
@@ -115,12 +125,17 @@ Unit agg_unit(const AggSpec& a) {
   }
 }
 
-std::string key_text(const PipeDef& pipe, const Key& key) {
+// The call-site index of a key of a pipe keyed by site (StackTable::site_index).
+uint16_t site_of(const Key& key) { return static_cast<uint16_t>(key.lo & 0xffff); }
+
+std::string key_text(const PipeDef& pipe, const Key& key, const StackTable* stacks) {
   std::string s;
   for (Field f : pipe.key_fields) {
     if (f == Field::kSource && pipe.keys.has(Field::kOp)) continue;
     if (!s.empty()) s += ' ';
-    if (f == Field::kOp)
+    if (f == Field::kSite)
+      s += "site=" + (stacks ? stacks->site_text(site_of(key)) : std::to_string(site_of(key)));
+    else if (f == Field::kOp)
       s += "op=" + op_name(key.source(), key.op());
     else if (f == Field::kSource)
       s += "source=" + source_name(key.source());
@@ -178,7 +193,22 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
     auto [it, fresh] = stream_sig.try_emplace(sig, static_cast<int>(cp->streams.size()));
     cp->stream_of_node[static_cast<size_t>(node.id)] = it->second;
     if (fresh) {
-      if (s.filter && reads_only_source_op(*s.filter)) s.source_op_mask = source_op_table(*s.filter);
+      if (s.filter && reads_only_source_op(*s.filter)) {
+        s.source_op_mask = source_op_table(*s.filter);
+      } else if (s.filter && s.filter->op == ExprOp::kAnd) {
+        // `A and B and C`: the conjuncts that read only source and op become the mask, the
+        // others are evaluated for the events it keeps (`and` has no side effects: any order).
+        std::vector<ExprPtr> all, pure, rest;
+        conjuncts(s.filter, all);
+        for (auto& c : all) (reads_only_source_op(*c) ? pure : rest).push_back(c);
+        if (!pure.empty() && !rest.empty()) {
+          ExprPtr m = pure[0], r = rest[0];
+          for (size_t i = 1; i < pure.size(); ++i) m = ex::land(m, pure[i]);
+          for (size_t i = 1; i < rest.size(); ++i) r = ex::land(r, rest[i]);
+          s.source_op_mask = source_op_table(*m);
+          s.mask_rest = r;
+        }
+      }
       if (s.filter && s.filter->uses_stacks()) cp->uses_stacks = true;
       cp->streams.push_back(s);
     }
@@ -197,9 +227,10 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
     const std::string where = "%" + std::to_string(node.id) + ": ";
     for (Field f : w->keys) {
       if (f != Field::kPid && f != Field::kTid && f != Field::kOp && f != Field::kSource &&
-          f != Field::kNode && f != Field::kRank)
+          f != Field::kNode && f != Field::kRank && f != Field::kSite)
         errors.push_back(where + "cannot window by " + field_name(f) +
-                         " (keys: pid, tid, op, source, node, rank)");
+                         " (keys: pid, tid, op, source, node, rank, site)");
+      if (f == Field::kSite) pipe.site_key = cp->uses_stacks = true;
       add_slot(pipe.slots, field_name(f), Unit::kNone);
     }
     pipe.slot_start = add_slot(pipe.slots, "window.start", Unit::kNone);
@@ -397,7 +428,9 @@ std::string expand_template(const std::string& tmpl, const CompiledPlan& plan, c
       auto it = process_names.find(key.pid());
       out += it != process_names.end() ? it->second : "pid " + std::to_string(key.pid());
     } else if (name == "key") {
-      out += key_text(pipe, key);
+      out += key_text(pipe, key, plan.stacks.get());
+    } else if (name == "site" && pipe.site_key) {
+      out += plan.stacks->site_text(site_of(key));
     } else {
       bool found = false;
       for (size_t s = pipe.slots.size(); s-- > 0;)
@@ -596,6 +629,18 @@ struct Shard::Impl {
   std::vector<std::vector<Event>> spans_;
   std::vector<char> computed;
   ShardStackMatcher stack_matcher;  // stack predicates of filters
+  // Windows keyed by site: stack_id -> site index, remembered per shard (at most 65,536 entries,
+  // then started over). Stacks not known yet are not remembered (index 0 this time).
+  std::unordered_map<uint64_t, uint16_t> site_memo;
+  uint16_t site_key_of(uint64_t stack_id) {
+    if (stack_id == 0) return 0;
+    if (const auto it = site_memo.find(stack_id); it != site_memo.end()) return it->second;
+    const uint16_t idx = plan.stacks->site_index(stack_id);
+    if (idx == 0) return 0;
+    if (site_memo.size() >= (1u << 16)) site_memo.clear();
+    site_memo.emplace(stack_id, idx);
+    return idx;
+  }
 
   Impl(const CompiledPlan& p, bool g, bool cs)
       : plan(p), global(g), compute_stats(cs), stack_matcher(p.stacks.get()) {
@@ -661,7 +706,11 @@ struct Shard::Impl {
     }
     if (!s.source_op_mask.empty()) {
       const uint8_t* mask = s.source_op_mask.data();
-      auto keep = [mask](const Event* e) { return mask[static_cast<unsigned>(e->source) << 8 | e->op] != 0; };
+      const Expr* rest = s.mask_rest.get();
+      auto keep = [mask, rest, this](const Event* e) {
+        return mask[static_cast<unsigned>(e->source) << 8 | e->op] != 0 &&
+               (!rest || truthy(eval(*rest, e, nullptr, &stack_matcher)));
+      };
       for (const Event* e : src_own)
         if (keep(e)) own.push_back(e);
       for (const Event* e : src_foreign)
@@ -725,7 +774,8 @@ struct Shard::Impl {
       compute(static_cast<size_t>(group.stream), in);
       for (const Event* ep : owned_out[static_cast<size_t>(group.stream)]) {
         const Event& e = *ep;
-        const Key key = first.keys.key_of(e);
+        Key key = first.keys.key_of(e);
+        if (first.site_key) key.lo |= site_key_of(e.stack_id);
         const bool ok = windows[g]->add(e.ts_ns, key, [&](uint64_t, WinState& w) {
           if (!w.ready) {
             w.agg = AggregateState(first.layout.get());
@@ -788,7 +838,8 @@ struct Shard::Impl {
         row.end = end;
         row.values.assign(def.slots.size(), kNaN);
         size_t slot = 0;
-        for (Field f : def.key_fields) row.values[slot++] = KeyBy::field_value(key, f);
+        for (Field f : def.key_fields)
+          row.values[slot++] = f == Field::kSite ? plan.stacks->site_value(site_of(key)) : KeyBy::field_value(key, f);
         row.values[static_cast<size_t>(def.slot_start)] = static_cast<double>(start);
         row.values[static_cast<size_t>(def.slot_end)] = end == kFinal ? kNaN : static_cast<double>(end);
         row.values[static_cast<size_t>(def.slot_events)] = static_cast<double>(w.agg.count());
@@ -977,7 +1028,7 @@ struct Shard::Impl {
 
   void record_miss(const PipeDef& def, int stage, const PredicateResult& r, const Row& row) {
     auto& o = outcomes[def.rule_index];
-    const std::string key = key_text(def, row.key);
+    const std::string key = key_text(def, row.key, plan.stacks.get());
     if (!better_miss(stage, r, row.start, key, o)) return;
     o.has_miss = true;
     o.miss_stage = stage;
@@ -1037,7 +1088,7 @@ struct Shard::Impl {
     for (auto& e : row.evidence) c.evidence.push_back(std::move(e));
     c.predicates = std::move(row.predicates);
     c.dropped_events = dropped;
-    c.id = em.rule + ":" + key_text(def, row.key) + ":" + std::to_string(row.start);
+    c.id = em.rule + ":" + key_text(def, row.key, plan.stacks.get()) + ":" + std::to_string(row.start);
     for (auto& ch : c.id)
       if (ch == ' ') ch = ',';
     out.chains.push_back(std::move(c));

@@ -53,6 +53,9 @@ struct StreamDef {
   // When the filter reads only source and op (the usual `from cuda where op in [...]`), its
   // value for every (source, op) pair, precomputed: one table lookup per event instead of a tree walk.
   std::vector<uint8_t> source_op_mask;
+  // With source_op_mask: when the filter is `A and B` with only A reading source and op (e.g.
+  // `op in sync_ops and site ~ "..."`), the mask is A's and B is evaluated for the events it keeps.
+  ExprPtr mask_rest;
   const OffCpuNode* offcpu = nullptr;  // step: off-CPU span builder
   bool host_wide = false;   // carries broadcast (host-wide) events
 };
@@ -96,6 +99,7 @@ struct PipeDef {
   std::unique_ptr<AggregateLayout> layout;
   KeyBy keys{std::vector<Field>{}};
   std::vector<Field> key_fields;
+  bool site_key = false;    // keyed by call site (`by site`): Key::lo's low 16 bits hold its index
   std::vector<Slot> slots;
   int slot_start = -1, slot_end = -1, slot_events = -1, slot_aggs = -1;
   std::vector<Stage> stages;

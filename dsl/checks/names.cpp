@@ -711,9 +711,9 @@ void pass_names(Module& m) {
       r.broken = true;
     }
     for (const auto& key : w.keys) {
-      if (!pick(m, f, key, {"pid", "tid", "op", "source", "node", "rank"}, "window key")) continue;
-      Field fk;
-      parse_field(key.name, fk);
+      if (!pick(m, f, key, {"pid", "tid", "op", "source", "node", "rank", "site"}, "window key")) continue;
+      Field fk = Field::kSite;  // `site`: the call site of the event's stack (docs/rules.md)
+      if (key.name != "site") parse_field(key.name, fk);
       if (std::find(r.window_node.keys.begin(), r.window_node.keys.end(), fk) != r.window_node.keys.end()) {
         m.error_at(f, key, "E0212", "`" + key.name + "` is listed twice in `by`");
         continue;

@@ -190,6 +190,54 @@ TEST(StackRules, LiveStacksArrivingDuringTheRunAreUsed) {
   EXPECT_NE(res.chains[0].summary.find("20 syncs"), std::string::npos) << res.chains[0].summary;
 }
 
+// `window ... by site`: one row per call site; `{site}` prints it; the chains (ids, values, order)
+// do not depend on the thread count or the batch size, although sites are interned in whatever
+// order the shards meet them.
+TEST(StackRules, WindowBySiteGivesOneChainPerSite) {
+  const char* rule = R"R(
+rule per_site
+  from cuda where op == cudaStreamSynchronize
+  window tumbling 10s by pid, site
+  let n = count(), total = sum(duration)
+  require n >= 5
+  category implicit_sync
+  summary "{n} syncs from {site} ({total})"
+end
+)R";
+  const Plan plan = compile(rule);
+  EXPECT_NE(plan.to_string().find("by=[pid,site]"), std::string::npos) << plan.to_string();
+  const ParsedStack a = py_stack({{"train.py", 42, "train_step"}});
+  const ParsedStack b = py_stack({{"train.py", 47, "train_step"}});
+  const uint64_t ida = stack_content_hash(a), idb = stack_content_hash(b);
+  std::vector<std::string> first;
+  for (unsigned threads : {1u, 3u}) {
+    for (size_t batch : {1u, 3u, 4096u}) {
+      TraceMeta meta;
+      meta.stacks[ida] = encode_stack(a);
+      meta.stacks[idb] = encode_stack(b);
+      auto ev = syncs(idb, ida, 100, 30);  // 15 from line 47, then 15 from line 42
+      auto more = syncs(0, 0, 100, 6);     // no stack: its own row, "(no stack)"
+      for (auto& e : more) e.id += 100, e.ts_ns += 50'000;
+      ev.insert(ev.end(), more.begin(), more.end());
+      VectorSource src(ev, batch, meta);
+      EngineOptions eo;
+      eo.threads = threads;
+      const auto res = run_plan(plan, src, eo);
+      std::vector<std::string> got;
+      for (const auto& c : res.chains) got.push_back(c.id + " | " + c.summary);
+      ASSERT_EQ(got.size(), 3u) << threads << " threads, batch " << batch;
+      if (first.empty()) first = got;
+      EXPECT_EQ(got, first) << threads << " threads, batch " << batch;
+    }
+  }
+  std::string all;
+  for (const auto& g : first) all += g + "\n";
+  EXPECT_NE(all.find("15 syncs from train.py:42 in train_step"), std::string::npos) << all;
+  EXPECT_NE(all.find("15 syncs from train.py:47 in train_step"), std::string::npos) << all;
+  EXPECT_NE(all.find("6 syncs from (no stack)"), std::string::npos) << all;
+  EXPECT_NE(all.find(":pid=100,site=train.py:42,in,train_step:"), std::string::npos) << all;  // chain id
+}
+
 TEST(StackRules, PackRuleSyncInStepFixturesPass) {
   const auto& pack = rules::default_rule_pack();
   int ran = 0;
@@ -198,5 +246,5 @@ TEST(StackRules, PackRuleSyncInStepFixturesPass) {
     ++ran;
     EXPECT_TRUE(o.passed) << o.test.name << ": " << o.detail;
   }
-  EXPECT_GE(ran, 6);
+  EXPECT_GE(ran, 8);
 }
