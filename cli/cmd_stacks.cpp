@@ -87,6 +87,13 @@ uint64_t nearest_rank(const std::vector<uint64_t>& sorted, double p) {
   return sorted[std::min(i, sorted.size() - 1)];
 }
 
+// The selected calls of one (pid, source, op): every duration (for its p50/p95), and the calls
+// with a stack again with their stack id (8 bytes per call without a stack, 24 with one).
+struct Group {
+  std::vector<uint64_t> durs;
+  std::vector<std::pair<uint64_t, uint64_t>> stacked;  // (duration, stack_id)
+};
+
 struct Call {
   uint64_t dur;
   uint64_t stack_id;
@@ -182,7 +189,7 @@ int run_stacks(const StacksArgs& a) {
   }
 
   // --- read: the selected calls, grouped by (pid, source, op) ---------------------------------
-  std::map<std::tuple<uint32_t, uint8_t, uint8_t>, std::vector<Call>> groups;
+  std::map<std::tuple<uint32_t, uint8_t, uint8_t>, Group> groups;
   uint64_t selected = 0, selected_ns = 0;
   Batch b;
   while (source->next(b)) {
@@ -193,7 +200,10 @@ int run_stacks(const StacksArgs& a) {
       if (e.dur_ns < min_ns) continue;
       ++selected;
       selected_ns += samples ? 1 : e.dur_ns;
-      groups[{e.pid, static_cast<uint8_t>(e.source), e.op}].push_back({samples ? 1 : e.dur_ns, e.stack_id, e.pid});
+      Group& g = groups[{e.pid, static_cast<uint8_t>(e.source), e.op}];
+      const uint64_t v = samples ? 1 : e.dur_ns;
+      g.durs.push_back(v);
+      if (e.stack_id) g.stacked.emplace_back(v, e.stack_id);
     }
     if (b.final) break;
   }
@@ -216,16 +226,16 @@ int run_stacks(const StacksArgs& a) {
   std::map<std::string, Site> sites;
   std::map<uint64_t, StackUse> stack_totals;
   uint64_t stacked = 0, stacked_ns = 0, slow_total = 0, slow_stacked_ns = 0;
-  for (auto& [key, calls] : groups) {
-    std::vector<uint64_t> d;
-    d.reserve(calls.size());
-    for (const auto& c : calls) d.push_back(c.dur);
+  for (auto& [key, g] : groups) {
+    std::vector<uint64_t>& d = g.durs;
     std::sort(d.begin(), d.end());
     const uint64_t threshold = std::max(nearest_rank(d, 0.95), 3 * nearest_rank(d, 0.50));
+    if (!samples) slow_total += static_cast<uint64_t>(d.end() - std::lower_bound(d.begin(), d.end(), threshold));
     const std::string opname = op_name(static_cast<Source>(std::get<1>(key)), std::get<2>(key));
-    for (const auto& c : calls) {
+    const uint32_t pid = std::get<0>(key);
+    for (const auto& [dur, stack_id] : g.stacked) {
+      const Call c{dur, stack_id, pid};
       const bool slow = !samples && c.dur >= threshold;
-      if (slow) ++slow_total;
       const ParsedStack* st = stack_of(c.stack_id);
       if (!st) continue;
       ++stacked;

@@ -225,6 +225,20 @@ TEST_F(StacksCli, TextTableNamesTheSitesAndTheTopStack) {
   EXPECT_NE(r.out.find("main.py:10 in main"), std::string::npos);
 }
 
+TEST_F(StacksCli, LmdbTraceGivesTheSameSites) {
+  const std::string lmdb = path_ + ".lmdb";
+  const auto c = run("convert " + path_ + " " + lmdb);
+  ASSERT_EQ(c.status, 0) << c.err;
+  const auto a = run("stacks --json --db " + path_);
+  const auto b = run("stacks --json --db " + lmdb);
+  std::filesystem::remove_all(lmdb);
+  ASSERT_EQ(b.status, 0) << b.err;
+  auto ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out);
+  EXPECT_NE(jb["format"].get<std::string>().find("lmdb"), std::string::npos) << jb["format"];
+  for (auto* j : {&ja, &jb}) j->erase("trace"), j->erase("format");
+  EXPECT_EQ(ja, jb);
+}
+
 TEST_F(StacksCli, NoMatchingCallsIsAMessageNotAnError) {
   const auto r = run("stacks --pid 999 --db " + path_);
   EXPECT_EQ(r.status, 0) << r.err;
