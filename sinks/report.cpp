@@ -205,7 +205,12 @@ void chain_where_from_json(const json& threads, const json& stacks, const json& 
 }
 
 std::string chain_call_site(const Chain& c) {
-  for (const char* role : {"call", "sample", "offcpu"})
+  // A rate/gap chain points where its launching thread's time went: sampled stacks when it was on
+  // CPU, off-CPU stacks when it was off CPU, the calls' stacks when it was inside calls.
+  std::vector<const char*> roles = {"call", "sample", "offcpu"};
+  if (c.time_split.present && c.time_split.dominant == "on_cpu") roles = {"sample", "call", "offcpu"};
+  else if (c.time_split.present && c.time_split.dominant.rfind("off_cpu", 0) == 0) roles = {"offcpu", "sample", "call"};
+  for (const char* role : roles)
     for (const auto& s : c.stacks) {
       if (s.role != role || s.frames.empty()) continue;
       ParsedStack p;

@@ -224,8 +224,11 @@ enum class Fill { kOnCpu, kPreempted, kBlocked };
 // a known function), or 2 ms off-CPU spans after each launch's calls (preempted or sleeping).
 synth::SynthTrace drop_with(Fill fill) {
   auto t = synth::make_throughput_drop(true);
-  constexpr uint64_t kSampleStack = 0xabc;
+  constexpr uint64_t kSampleStack = 0xabc, kLaunchStack = 0xdef;
   t.meta.stacks[kSampleStack] = python_stack("serve.py", "busy_tokenize", 77);
+  t.meta.stacks[kLaunchStack] = python_stack("serve.py", "step", 50);
+  for (auto& e : t.events)
+    if (e.source == Source::kCuda && e.op == op::kCudaLaunchKernel) e.stack_id = kLaunchStack;
   std::vector<Event> extra;
   for (const auto& e : t.events) {
     if (e.ts_ns < t.fault_start || e.op != op::kCudaLaunchKernel || e.source != Source::kCuda) continue;
@@ -320,6 +323,7 @@ void check_split_against_sql(Fill fill, const char* dominant) {
       bool sample = false;
       for (const auto& st : c.stacks) sample = sample || (st.role == "sample" && st.share > 0.99);
       EXPECT_TRUE(sample);
+      EXPECT_EQ(chain_call_site(c), "from serve.py:77 in busy_tokenize") << "on CPU: the sampled stack, not the launches'";
     } else if (fill == Fill::kPreempted) {
       EXPECT_NE(c.root_cause.find("CPU contention"), std::string::npos) << c.root_cause;
     } else {
