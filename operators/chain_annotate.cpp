@@ -475,7 +475,7 @@ void ChainAnnotator::annotate(Chain& c, const TraceMeta& meta) {
     if (c.tid == 0 && !c.threads.empty()) c.tid = c.threads.front().tid;
   }
   top_stacks(calls_tally, "call", opt_.top_stacks, meta, stack_cache_, counters_.stacks_missing, c.stacks);
-  if (const ChainStack* top = first_of_role(c, "call"); top && !gap) {
+  if (const ChainStack* top = first_of_role(c, "call"); top && by_time) {  // tail chains: slow calls
     const std::string site = site_of(top);
     if (!site.empty())
       c.recommendations.insert(c.recommendations.begin(),
