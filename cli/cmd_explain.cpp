@@ -72,15 +72,17 @@ int run_explain(const ExplainArgs& a) {
   EngineOptions opts;
   opts.threads = a.threads;
   // Every chain gets its threads, top stacks and (rate/gap chains) the launching thread's time
-  // split; launch_gap chains come from the annotator's built-in detector.
-  ChainAnnotator annotator;
-  AnnotatingSource annotated(tee, annotator);
+  // split, computed as the engine emits it (bounded memory on long traces); launch_gap chains come
+  // from the annotator's built-in detector.
+  LiveChainAnnotator annotator(LiveChainAnnotator::replay_defaults());
+  EventSource& annotated = annotator.tap(tee);
+  opts.on_chain = [&annotator](const Chain& c) { annotator.annotate(c); };
   AnalysisResult r = run_plan(plan, annotated, opts, &errors);
   if (!errors.empty()) {
     for (const auto& e : errors) print_error("plan: " + e);
     return kExitInput;
   }
-  annotate_result(r, annotator);
+  annotator.finish(r);
   if (sink) {
     sink->write_meta(r.meta);
     if (!sink->write_result(r) || !sink->close(error)) {

@@ -326,11 +326,12 @@ int run_pipeline(const RunArgs& a) {
     EventSource& input = inputs.size() == 1 ? *inputs[0] : static_cast<EventSource&>(merged);
     EngineOptions eo;
     eo.threads = cfg.engine.threads;
-    // Threads, stacks, time split and launch_gap chains (operators/chain_annotate.h). Live input
-    // keeps only the recent horizon and annotates each chain as the engine emits it; replay keeps
-    // the whole trace (up to the annotator's record cap).
-    LiveChainAnnotator annotator(any_live ? LiveChainAnnotator::defaults() : AnnotateOptions{});
+    // Threads, stacks, time split and launch_gap chains (operators/chain_annotate.h), each chain
+    // annotated as the engine emits it, over a bounded horizon (live: 15 s; replay: at least 2M
+    // events).
+    LiveChainAnnotator annotator(any_live ? LiveChainAnnotator::defaults() : LiveChainAnnotator::replay_defaults());
     EventSource& annotated = annotator.tap(input);
+    eo.on_chain = [&annotator](const Chain& c) { annotator.annotate(c); };
     if (any_live) {
       // Live: chains reach JSON-lines sinks as they are found.
       std::vector<SinkRt*> streaming;

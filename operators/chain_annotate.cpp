@@ -155,7 +155,8 @@ void ChainAnnotator::add(std::span<const Event> events) {
     ++records_;
     if (series == &Thread::calls && is_launch_op(e.source, e.op)) note_launch(t, e);
   }
-  if (opt_.retention_ns && newest_ > opt_.retention_ns) evict(newest_ - opt_.retention_ns);
+  if (opt_.retention_ns && newest_ > opt_.retention_ns && records_ > opt_.min_records)
+    evict(newest_ - opt_.retention_ns);
   if (records_ > opt_.max_records) enforce_cap();
 }
 
@@ -657,6 +658,8 @@ class LiveChainAnnotator::Tap final : public EventSource {
     std::lock_guard<std::mutex> lock(owner_.mu_);
     if (!owner_.in_->next(out)) return false;
     owner_.a_.add(out);
+    // Gap chains are built while their events are still kept.
+    for (auto& g : owner_.a_.take_gap_chains(owner_.in_->meta(), false)) owner_.gaps_ready_.push_back(std::move(g));
     return true;
   }
   TraceMeta& meta() override { return owner_.in_->meta(); }
@@ -683,10 +686,10 @@ Chain LiveChainAnnotator::annotate(const Chain& c) {
   return out;
 }
 
-std::vector<Chain> LiveChainAnnotator::take_gap_chains(bool final) {
+std::vector<Chain> LiveChainAnnotator::take_gap_chains() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!in_) return {};
-  auto out = a_.take_gap_chains(in_->meta(), final);
+  std::vector<Chain> out = std::move(gaps_ready_);
+  gaps_ready_.clear();
   for (const auto& c : out) gaps_taken_.push_back(c);
   return out;
 }
@@ -699,7 +702,9 @@ void LiveChainAnnotator::finish(AnalysisResult& r) {
     else a_.annotate(c, r.meta);
   }
   for (auto& g : gaps_taken_) r.chains.push_back(std::move(g));
+  for (auto& g : gaps_ready_) r.chains.push_back(std::move(g));
   gaps_taken_.clear();
+  gaps_ready_.clear();
   for (auto& g : a_.take_gap_chains(r.meta, true)) r.chains.push_back(std::move(g));
   std::sort(r.chains.begin(), r.chains.end(), chain_canonical_order);
 }

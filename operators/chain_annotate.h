@@ -63,6 +63,7 @@ namespace ingero {
 struct AnnotateOptions {
   uint64_t retention_ns = 0;         // 0 = keep every event (replay); live: largest window + lateness
   size_t max_records = 8u << 20;     // hard cap on kept events; the oldest thread data goes first
+  size_t min_records = 0;            // retention evicts only while more than this many are kept
   size_t top_stacks = 3;
   bool detect_gaps = true;
   uint64_t gap_min_ns = 100'000'000;       // 100 ms without a launch
@@ -207,12 +208,23 @@ class LiveChainAnnotator {
     o.max_records = 4u << 20;
     return o;
   }
+  // Replay through the same path (explain, mcp, run): everything is kept up to 2M events (64 MB),
+  // beyond that the 15 s horizon, so a trace of any length costs at most max(2M, rate x 15 s)
+  // events. The source runs at most 8 batches (32k events) ahead of the emitted chains, far less
+  // than 2M, so a chain's window is still kept when it is annotated.
+  static AnnotateOptions replay_defaults() {
+    AnnotateOptions o = defaults();
+    o.min_records = 2u << 20;
+    o.max_records = 8u << 20;
+    return o;
+  }
   // The source to hand to run_plan; `in` must outlive it. Call once.
   EventSource& tap(EventSource& in);
   // A copy of `c` with tid/threads/stacks/time_split (any thread; remembered by chain id).
   Chain annotate(const Chain& c);
-  // launch_gap chains complete so far (each once): for a live view between batches.
-  std::vector<Chain> take_gap_chains(bool final = false);
+  // launch_gap chains complete so far (each once): for a live view between batches. They are
+  // built as batches come in (while their events are kept) and added to the result by finish().
+  std::vector<Chain> take_gap_chains();
   // After run_plan: every chain of `r` annotated (as when emitted), launch_gap chains added, sorted.
   void finish(AnalysisResult& r);
   AnnotateCounters counters();
@@ -224,7 +236,8 @@ class LiveChainAnnotator {
   EventSource* in_ = nullptr;
   std::unique_ptr<EventSource> tap_;
   std::unordered_map<std::string, Chain> done_;  // by chain id
-  std::vector<Chain> gaps_taken_;                 // launch_gap chains already handed out
+  std::vector<Chain> gaps_ready_;                 // launch_gap chains built as batches came in
+  std::vector<Chain> gaps_taken_;                 // ... and those already handed out
 };
 
 // The replay path: annotates every chain of `r` from an annotator fed with the whole trace, adds

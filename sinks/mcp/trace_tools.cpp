@@ -365,11 +365,13 @@ const AnalysisResult* TraceTools::analysis(std::string& error) {
       EngineOptions eo;
       eo.threads = options_.engine_threads;
       std::vector<std::string> errors;
-      ChainAnnotator annotator;  // threads, stacks, time split and launch_gap chains
-      AnnotatingSource annotated(*source, annotator);
+      // Threads, stacks, time split and launch_gap chains, computed as chains are emitted.
+      LiveChainAnnotator annotator(LiveChainAnnotator::replay_defaults());
+      EventSource& annotated = annotator.tap(*source);
+      eo.on_chain = [&annotator](const Chain& c) { annotator.annotate(c); };
       auto result = std::make_unique<AnalysisResult>(run_plan(plan(), annotated, eo, &errors));
       if (errors.empty()) {
-        annotate_result(*result, annotator);
+        annotator.finish(*result);
         analysis_ = std::move(result);
       } else {
         analysis_error_ = "the analysis plan was refused: " + errors.front();

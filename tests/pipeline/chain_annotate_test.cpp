@@ -545,6 +545,34 @@ TEST(ChainAnnotate, LiveAnnotatorAnnotatesChainsAsTheEngineEmitsThem) {
   EXPECT_EQ(live.counters().too_old, 0u);
 }
 
+TEST(ChainAnnotate, BoundedReplayGivesTheSameChainsAsTheWholeTrace) {
+  // The replay path (explain, mcp): annotate as chains are emitted, evicting past a floor of kept
+  // events. The floor (40k) is above the source's look-ahead (8 batches of 4096), so every chain's
+  // window is still kept when it is annotated, and the result equals the whole-trace annotation.
+  const auto t = drop_with(Fill::kBlocked);
+  const auto whole = analyse(t.events, t.meta);
+  AnnotateOptions ao = LiveChainAnnotator::replay_defaults();
+  ao.min_records = 40'000;
+  LiveChainAnnotator live(ao);
+  VectorSource src(t.events, 4096, t.meta);
+  EngineOptions eo;
+  eo.on_chain = [&](const Chain& c) { live.annotate(c); };
+  std::vector<std::string> errors;
+  AnalysisResult r = run_plan(the_plan(), live.tap(src), eo, &errors);
+  ASSERT_TRUE(errors.empty()) << errors.front();
+  live.finish(r);
+  EXPECT_GT(live.counters().evicted, 0u);
+  EXPECT_EQ(live.counters().too_old, 0u);
+  ASSERT_EQ(r.chains.size(), whole.chains.size());
+  for (size_t i = 0; i < r.chains.size(); ++i) {
+    EXPECT_EQ(r.chains[i].id, whole.chains[i].id);
+    EXPECT_EQ(r.chains[i].tid, whole.chains[i].tid);
+    EXPECT_EQ(r.chains[i].summary, whole.chains[i].summary);
+    EXPECT_EQ(r.chains[i].time_split.present, whole.chains[i].time_split.present);
+    EXPECT_DOUBLE_EQ(r.chains[i].time_split.off_cpu_blocked, whole.chains[i].time_split.off_cpu_blocked);
+  }
+}
+
 // --- stores: the SQLite ip_chains row and the LMDB chain keep threads, stacks and time split ----
 
 void expect_same_where(const Chain& a, const Chain& b) {
