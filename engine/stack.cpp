@@ -211,4 +211,75 @@ std::string frame_text(const StackFrame& f) {
   return {};
 }
 
+std::string short_symbol(std::string_view sym) {
+  // A bracket that belongs to an operator's name (operator<, operator<<=, operator(), operator->)
+  // is part of the name, not a template or parameter list.
+  auto operator_at = [&](size_t i) {
+    size_t j = i;
+    while (j > 0 && (sym[j - 1] == '<' || sym[j - 1] == '>' || sym[j - 1] == '=' || sym[j - 1] == '-' ||
+                     sym[j - 1] == '(' || sym[j - 1] == ' '))
+      --j;
+    return j >= 8 && sym.substr(j - 8, 8) == "operator";
+  };
+  // Pass 1: drop a trailing parameter list (and cv/ref qualifiers after it).
+  std::string_view s = sym;
+  {
+    size_t end = s.size();
+    while (end > 0 && s[end - 1] != ')') --end;
+    if (end > 0 && end < s.size()) {
+      const std::string_view tail = s.substr(end);
+      if (tail.find_first_not_of(" constvlaie&") != std::string_view::npos) end = 0;  // not qualifiers
+    }
+    if (end > 0) {
+      int depth = 0;
+      for (size_t i = end; i-- > 0;) {
+        if (s[i] == ')') ++depth;
+        else if (s[i] == '(' && --depth == 0) {
+          if (i > 0 && s.substr(i).find("anonymous namespace") != 1) s = s.substr(0, i);
+          break;
+        }
+      }
+    }
+  }
+  // Pass 2: collapse template arguments; remember the last top-level space (after a return type).
+  std::string out;
+  out.reserve(s.size());
+  int angle = 0, paren = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '<' && !operator_at(i + 1) && paren == 0) {
+      if (angle++ == 0) out += "<\u2026>";
+      continue;
+    }
+    if (c == '>' && angle > 0 && paren == 0) {
+      --angle;
+      continue;
+    }
+    if (angle > 0) continue;
+    if (c == '(') ++paren;
+    if (c == ')' && paren > 0) --paren;
+    out += c;
+  }
+  // Pass 3: drop a return type ("void ns::f" -> "ns::f"): the text before the last top-level
+  // space, unless that space is inside "(anonymous namespace)" or an operator's name.
+  paren = 0;
+  size_t cut = std::string::npos;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] == '(') ++paren;
+    else if (out[i] == ')' && paren > 0) --paren;
+    else if (out[i] == ' ' && paren == 0 && !(i >= 8 && out.compare(i - 8, 8, "operator") == 0)) cut = i;
+  }
+  if (cut != std::string::npos) out = out.substr(cut + 1);
+  if (out.empty()) return std::string(sym);
+  return out + (s.size() < sym.size() ? "()" : "");
+}
+
+std::string frame_label(const StackFrame& f) {
+  if (f.kind != FrameKind::kNative || f.function.empty()) return frame_text(f);
+  std::string s = short_symbol(f.function);
+  if (!f.file.empty()) s += " (" + f.file + ":" + std::to_string(f.line) + ")";
+  if (!f.module.empty()) s += " in " + f.module;
+  return s;
+}
+
 }  // namespace ingero

@@ -58,5 +58,12 @@ const StackFrame* innermost_python(const ParsedStack& st);
 const StackFrame* call_site(const ParsedStack& st);
 // "train.py:142 in forward", "libtorch_cuda.so: at::native::copy_ (copy.cpp:88)", "futex_wait".
 std::string frame_text(const StackFrame& f);
+// The same for a person reading one line: a C++ symbol without its return type, template
+// arguments and parameter list ("at::native::gpu_kernel_impl_nocast<…>()" instead of 600
+// characters), Python and kernel frames as frame_text. frame_text stays the full form that
+// patterns match and JSON carries.
+std::string frame_label(const StackFrame& f);
+// "void ns::f<int, std::vector<x>>(int, char const*) const" -> "ns::f<…>()".
+std::string short_symbol(std::string_view demangled);
 
 }  // namespace ingero
