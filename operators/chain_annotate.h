@@ -5,9 +5,10 @@
 //
 // Contract:
 // - Feed it the same events the engine saw, in batch order (add()); then annotate() the chains.
-//   Replay feeds the whole trace (retention 0 = keep everything); live capture keeps only the
-//   recent horizon (`retention_ns` behind the newest event, plus a hard cap on records), so its
-//   memory is bounded by event rate x horizon, never by trace length. What it keeps per thread:
+//   With retention 0 it keeps everything (tests, small traces); the CLI and MCP paths use
+//   LiveChainAnnotator below, which annotates each chain as the engine emits it and keeps only the
+//   recent horizon (`retention_ns` behind the newest event, past a floor of `min_records`, under a
+//   hard cap), so memory is bounded by event rate x horizon, never by trace length. Kept per thread:
 //   probed GPU API calls (CUDA/DRIVER/GRAPH/NCCL), off-CPU spans (HOST sched_switch with a
 //   duration; unpaired live halves are ignored) and on-CPU samples (HOST cpu_sample). Every other
 //   event is counted and dropped.
