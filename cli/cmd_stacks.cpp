@@ -16,7 +16,8 @@
 //   slow-call time with --sort slow); shares are of the time of calls that have a stack.
 // - --folded prints one line per distinct stack, outermost frame first, frames joined by ';',
 //   then a space and the value (total ns of its calls; samples for cpu_sample): the input of
-//   flamegraph.pl and speedscope. Native C++ symbols are demangled for display.
+//   flamegraph.pl and speedscope. Native C++ symbols are demangled for display; the text table
+//   shows them short (frame_label), --json and --folded whole (frame_text).
 // - A trace with no stacks is not an error: the text says so, JSON has an empty `sites`, --folded
 //   prints nothing; exit 0. Missing/unreadable file: exit 3; unknown op: exit 2.
 #include <cxxabi.h>
@@ -152,8 +153,8 @@ std::string pad(std::string s, size_t w, bool right = false) {
   return right ? std::string(w - s.size(), ' ') + s : s + std::string(w - s.size(), ' ');
 }
 
-// The text table keeps a site to one readable line (C++ template symbols run to hundreds of
-// characters); --json has it whole.
+// The text table keeps a site to one readable line: frame_label() drops a C++ symbol's return
+// type, template arguments and parameters, and what is still long is cut; --json has it whole.
 std::string clip(const std::string& s, size_t max = 140) {
   return s.size() <= max ? s : s.substr(0, max - 3) + "...";
 }
@@ -394,7 +395,7 @@ int run_stacks(const StacksArgs& a) {
               << pad(samples ? "-" : pct(share(s.slow, slow_stacked_ns)), 7, true)
               << pad(samples ? "-" : format_ns(static_cast<double>(nearest_rank(s.durs, 0.50))), 9, true)
               << pad(samples ? "-" : format_ns(static_cast<double>(nearest_rank(s.durs, 0.99))), 9, true) << "  "
-              << clip(s.text);
+              << clip(frame_label(*s.frame));
     std::string ops;
     for (const auto& o : s.ops) ops += (ops.empty() ? "" : ",") + o;
     std::cout << "  [" << ops << "]\n";
@@ -403,7 +404,7 @@ int run_stacks(const StacksArgs& a) {
   const Site& top = *order.front();
   const ParsedStack* st = stack_of(top.top_stack());
   std::cout << "\nTop stack of #1 (" << top.stacks.at(top.top_stack()).calls << " calls), innermost first:\n";
-  for (const auto& f : st->frames) std::cout << "    " << frame_text(f) << "\n";
+  for (const auto& f : st->frames) std::cout << "    " << frame_label(f) << "\n";
   if (st->truncated) std::cout << "    ... (truncated)\n";
   return kExitOk;
 }
