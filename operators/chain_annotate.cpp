@@ -352,7 +352,7 @@ std::string site_of(const ChainStack* s) {
   ParsedStack p;
   p.frames = s->frames;
   const StackFrame* f = call_site(p);
-  return f ? frame_text(*f) : std::string();
+  return f ? frame_label(*f) : std::string();
 }
 
 // Root cause, summary suffix, explanation and first fix from the launching thread's time split.

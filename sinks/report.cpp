@@ -215,7 +215,7 @@ std::string chain_call_site(const Chain& c) {
       if (s.role != role || s.frames.empty()) continue;
       ParsedStack p;
       p.frames = s.frames;
-      if (const StackFrame* f = call_site(p)) return "from " + frame_text(*f);
+      if (const StackFrame* f = call_site(p)) return "from " + frame_label(*f);
     }
   return {};
 }
@@ -426,10 +426,7 @@ std::string explain_text(const AnalysisResult& r, const ReportOptions& opt) {
     if (c.node && c.node < r.meta.nodes.size()) o << "  node " << r.meta.nodes[c.node];
     o << "  window " << trace_offset(r.meta, c.window_start) << " .. " << trace_offset(r.meta, c.window_end) << "\n";
     o << "  " << c.summary << "\n";
-    if (std::string site = chain_call_site(c); !site.empty()) {
-      if (site.size() > 200) site = site.substr(0, 197) + "...";  // C++ template names run long; -v has them whole
-      o << "  " << site << "\n";
-    }
+    if (const std::string site = chain_call_site(c); !site.empty()) o << "  " << site << "\n";
     o << "  Root cause: " << c.root_cause << "\n";
     if (c.time_split.present) {
       const TimeSplit& t = c.time_split;
@@ -478,7 +475,7 @@ std::string explain_text(const AnalysisResult& r, const ReportOptions& opt) {
       for (const auto& st : c.stacks) {
         o << "    " << st.role << " stack " << st.stack_id << ": " << format_value(st.share, Unit::kPercent) << ", "
           << st.calls << " event(s)" << (st.truncated ? ", truncated" : "") << "\n";
-        for (const auto& f : st.frames) o << "      " << frame_text(f) << "\n";
+        for (const auto& f : st.frames) o << "      " << frame_label(f) << "\n";
         if (st.frames.empty()) o << "      (frames not in the trace)\n";
       }
     }
