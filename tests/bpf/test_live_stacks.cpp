@@ -7,7 +7,9 @@
 // the threshold stores no stack; an off-CPU span of a thread blocked in a futex carries the
 // kernel stack. Each test skips with the reason when not root, BPF cannot be loaded, or the
 // toolkit's libcudart / an interpreter is missing.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -396,3 +398,95 @@ TEST(LiveStacks, CpuSamplesNameTheBusyPythonFunction) {
   EXPECT_GE(samples, 10);
   EXPECT_GE(in_spin, samples / 2) << in_spin << " of " << samples << " samples in spin()";
 }
+
+#ifdef IP_PIPELINE_BIN
+namespace {
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+}  // namespace
+
+// End to end through the binary: a Python thread alternates 1 s of launches with 1 s of pure-Python
+// work in spin(). `trace` (default stacks and samples) stores the trace; `explain --json` has a
+// launch_gap chain whose launching thread was on CPU most of the window and whose top sampled
+// stack is in spin().
+TEST(LiveStacks, TraceCommandLaunchGapIsOnCpuInTheBusyFunction) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (BPF uprobes)";
+  if (::access(kCudart, R_OK) != 0) GTEST_SKIP() << "no CUDA toolkit runtime at " << kCudart;
+  Child child;
+  if (!child.spawn({"/usr/bin/python3", script_path(), kCudart, "phases", "2"}))
+    GTEST_SKIP() << "cannot start /usr/bin/python3";
+  const std::string base = "/tmp/ip_trace_stacks_" + std::to_string(::getpid());
+  const std::string db = base + ".db", err = base + ".err";
+  ::unlink(db.c_str());
+  const std::string pid = std::to_string(child.pid);
+  const pid_t tracer = ::fork();
+  if (tracer == 0) {
+    const int null_fd = ::open("/dev/null", O_WRONLY);
+    const int err_fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(null_fd, 1);
+    ::dup2(err_fd, 2);
+    ::execl(IP_PIPELINE_BIN, IP_PIPELINE_BIN, "trace", "-q", "--pid", pid.c_str(), "--cuda-lib",
+            kCudart, "--db", db.c_str(), "--disable", "driver,nccl,block,tcp,net,memory",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ASSERT_GT(tracer, 0);
+  bool attached = false;
+  for (int i = 0; i < 300 && !attached; ++i) {
+    attached = read_file(err).find("tracing libcudart") != std::string::npos;
+    int st = 0;
+    if (!attached && ::waitpid(tracer, &st, WNOHANG) == tracer) break;
+    if (!attached) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!attached) {
+    ::kill(tracer, SIGKILL);
+    ::waitpid(tracer, nullptr, 0);
+    GTEST_SKIP() << "trace did not attach: " << read_file(err);
+  }
+  child.go();
+  EXPECT_EQ(child.finish(), 0) << child.output;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ::kill(tracer, SIGINT);
+  int status = 0;
+  ::waitpid(tracer, &status, 0);
+  const std::string log = read_file(err);
+  ASSERT_TRUE(WIFEXITED(status)) << "signal " << WTERMSIG(status) << "\n" << log;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << log;
+
+  const std::string cmd = std::string(IP_PIPELINE_BIN) + " explain --json --db " + db + " 2>/dev/null";
+  std::string out;
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+    ::pclose(p);
+  }
+  const auto j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out.substr(0, 500);
+  int gaps = 0;
+  for (const auto& c : j["chains"]) {
+    if (c.value("category", "") != "launch_gap" || c.value("pid", 0u) != static_cast<unsigned>(std::stoul(pid))) continue;
+    ++gaps;
+    ASSERT_TRUE(c.contains("time_split")) << c.dump();
+    EXPECT_EQ(c["time_split"].value("dominant", ""), "on_cpu") << c["time_split"].dump();
+    std::string top_sample_fn;
+    for (const auto& st : c["stacks"]) {
+      if (st.value("role", "") != "sample") continue;
+      for (const auto& f : st["frames"])
+        if (f.value("kind", "") == "python") {
+          top_sample_fn = f.value("function", "");
+          break;
+        }
+      break;  // the top one
+    }
+    EXPECT_EQ(top_sample_fn, "spin") << c["stacks"].dump().substr(0, 2000);
+  }
+  EXPECT_GE(gaps, 1) << out.substr(0, 3000);
+  ::unlink(db.c_str());
+  ::unlink(err.c_str());
+}
+#endif

@@ -8,7 +8,9 @@
 #   MODE recurse  one call at the bottom of an N-deep Python recursion (default 200)
 #   MODE exit     two calls on the main thread, then os._exit(0) at once
 #   MODE block    one call, then the main thread waits 0.3 s on a threading.Event (a futex)
-#   MODE busy     N rounds (default 20) of 50 launches then ~30 ms of pure-Python work in spin()
+#   MODE busy     N rounds (default 20) of 50 calls then ~30 ms of pure-Python work in spin()
+#   MODE phases   N rounds (default 3) of 1 s of cudaLaunchKernel calls then 1 s in spin(): the
+#                 launching thread stops launching because it is busy on CPU in Python
 # Protocol: prints "ready" and waits for a line on stdin before calling; prints "tid <main> <worker>"
 # at the end.
 import ctypes
@@ -33,6 +35,13 @@ def step():
 def worker_body():
     step()  # SITE:worker
     step()  # SITE:worker2
+
+
+def launch_kernel():
+    f = lib.cudaLaunchKernel
+    f.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint64,
+                  ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    return f(None, 1, 1, 1, 1, None, 0, None)  # SITE:kernel
 
 
 def recurse(n):
@@ -71,6 +80,15 @@ def run():
             for _ in range(50):
                 launch()
             spin(0.03)  # SITE:busy
+    elif mode == "phases":
+        for _ in range(arg or 3):
+            end = time.perf_counter() + 1.0
+            while time.perf_counter() < end:
+                launch_kernel()
+            spin(1.0)  # SITE:phase_spin
+        end = time.perf_counter() + 1.0
+        while time.perf_counter() < end:
+            launch_kernel()
     return worker_tid
 
 
