@@ -7,6 +7,7 @@
 #include "cli/pipeline_common.h"
 #include "engine/engine.h"
 #include "operators/chain_annotate.h"
+#include "sinks/html_report.h"
 #include "sinks/report.h"
 #include "sinks/sqlite_store.h"
 
@@ -21,6 +22,7 @@ struct ExplainArgs {
   bool no_default_rules = false;
   std::string why_not;
   std::string save;
+  std::string html;  // --html: the self-contained report (sinks/html_report.h)
   size_t limit = 0;
   bool verbose = false;
   bool builtin = false;
@@ -90,6 +92,13 @@ int run_explain(const ExplainArgs& a) {
       return kExitRuntime;
     }
   }
+  if (!a.html.empty()) {  // a second pass over the trace for the charts
+    auto again = open_any_trace(a.db, error);
+    if (!again || !write_html_report(a.html, r, *again, error)) {
+      print_error(error);
+      return kExitInput;
+    }
+  }
   if (!a.why_not.empty()) {
     for (const auto& o : r.rules)
       if (o.rule == a.why_not) {
@@ -141,6 +150,8 @@ Registrar reg{"explain", 20, [](CLI::App& app, int& rc) {
                 cmd->add_option("--why-not", args->why_not,
                                 "Say why RULE did not fire: its closest miss, by how much, for which key/window");
                 cmd->add_option("--save", args->save, "Also write the trace and its chains to this SQLite database");
+                cmd->add_option("--html", args->html,
+                                "Also write a self-contained HTML report (chains, latency histograms, call rate, off-CPU share)");
                 cmd->add_option("--limit", args->limit, "Show at most N chains in text output (0 = all)");
                 cmd->add_flag("-v,--verbose", args->verbose, "Print every computed value of each chain");
                 cmd->callback([args, &rc] { rc = run_explain(*args); });

@@ -207,15 +207,17 @@ int run_export(const ExportArgs& a) {
     }
     EngineOptions eo;
     eo.threads = a.threads;
-    ChainAnnotator annotator;
-    AnnotatingSource annotated(tap, annotator);
+    // As `explain`: chains annotated as the engine emits them, with bounded memory.
+    LiveChainAnnotator annotator(LiveChainAnnotator::replay_defaults());
+    EventSource& annotated = annotator.tap(tap);
+    eo.on_chain = [&annotator](const Chain& c) { annotator.annotate(c); };
     std::vector<std::string> errors;
     result = run_plan(analysis.plan, annotated, eo, &errors);
     if (!errors.empty()) {
       for (const auto& e : errors) print_error("plan: " + e);
       return kExitInput;
     }
-    annotate_result(result, annotator);
+    annotator.finish(result);
   } else {
     Batch b;
     while (tap.next(b)) {
