@@ -75,13 +75,14 @@ class StacksCli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     path_ = (std::filesystem::temp_directory_path() / ("ip-stacks-" + std::to_string(getpid()) + ".db")).string();
-    ParsedStack a, b, c;
+    ParsedStack a, b, c, d;
     a.frames = {native("cudaStreamSynchronize", "libcudart.so.13"), py("train.py", 42, "train_step"),
                 py("main.py", 10, "main")};
     b.frames = {native("cudaLaunchKernel", "libcudart.so.13"), py("model.py", 17, "forward"),
                 py("train.py", 40, "train_step"), py("main.py", 10, "main")};
     c.frames = {native("cudaMemcpy", "libcudart.so.13"),
                 native("_ZN2at6native5copy_ERNS_6TensorERKS1_b", "libtorch_cpu.so", 0x57)};
+    d.frames = {py("model.py", 30, "spin"), py("train.py", 40, "train_step")};
     TraceMeta meta;
     meta.process_names[100] = "python3 train.py";
     ida_ = stack_content_hash(a);
@@ -90,6 +91,7 @@ class StacksCli : public ::testing::Test {
     meta.stacks[ida_] = encode_stack(a);
     meta.stacks[idb_] = encode_stack(b);
     meta.stacks[idc_] = encode_stack(c);
+    meta.stacks[stack_content_hash(d)] = encode_stack(d);
     std::vector<Event> ev;
     uint64_t ts = 1'700'000'000'000'000'000ull, id = 1;
     auto add = [&](uint8_t opid, uint64_t dur, uint64_t stack, int n) {
@@ -111,6 +113,18 @@ class StacksCli : public ::testing::Test {
     add(op::kCudaLaunchKernel, 1'000'000, idb_, 10);
     add(op::kCudaMemcpy, 4'000'000, idc_, 5);
     add(op::kCudaLaunchKernel, 10'000, 0, 50);
+    // 7 on-CPU samples in spin() (HOST cpu_sample, no duration): not GPU calls, only --op cpu_sample.
+    for (int i = 0; i < 7; ++i) {
+      Event e;
+      e.ts_ns = ts;
+      ts += 20'000'000;
+      e.id = id++;
+      e.pid = e.tid = 100;
+      e.source = Source::kHost;
+      e.op = op::kCpuSample;
+      e.stack_id = stack_content_hash(d);
+      ev.push_back(e);
+    }
     std::string err;
     auto sink = SqliteSink::create(path_, err);
     ASSERT_TRUE(sink) << err;
@@ -132,7 +146,7 @@ TEST_F(StacksCli, RanksSitesByTotalTimeWithSharesAndTopStack) {
   EXPECT_EQ(j["calls_with_stack"], 225);
   EXPECT_EQ(j["total_with_stack"], 132'000'000);
   EXPECT_EQ(j["slow_calls"], 10);
-  EXPECT_EQ(j["stacks_in_trace"], 3);
+  EXPECT_EQ(j["stacks_in_trace"], 4);
   const auto& s = j["sites"];
   ASSERT_EQ(s.size(), 3u);
   EXPECT_EQ(s[0]["site"], "train.py:42 in train_step");
@@ -209,6 +223,21 @@ TEST_F(StacksCli, FoldedStacksOutermostFirstWithTotalNs) {
             "at::native::copy_(at::Tensor&, at::Tensor const&, bool) in libtorch_cpu.so;cudaMemcpy in libcudart.so.13 20000000");
   EXPECT_EQ(lines[2],
             "main.py:10 in main;train.py:40 in train_step;model.py:17 in forward;cudaLaunchKernel in libcudart.so.13 12000000");
+}
+
+TEST_F(StacksCli, CpuSamplesAreCountedNotTimed) {
+  const auto r = run("stacks --json --op cpu_sample --db " + path_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["unit"], "samples");
+  EXPECT_EQ(j["calls"], 7);
+  ASSERT_EQ(j["sites"].size(), 1u);
+  EXPECT_EQ(j["sites"][0]["site"], "model.py:30 in spin");
+  EXPECT_EQ(j["sites"][0]["total"], 7);
+  EXPECT_EQ(j["sites"][0]["slow_calls"], 0);
+  const auto f = run("stacks --folded --op cpu_sample --db " + path_);
+  ASSERT_EQ(f.status, 0) << f.err;
+  EXPECT_EQ(f.out, "train.py:40 in train_step;model.py:30 in spin 7\n");
 }
 
 TEST_F(StacksCli, TextTableNamesTheSitesAndTheTopStack) {
