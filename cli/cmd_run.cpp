@@ -23,6 +23,7 @@
 #include "operators/chain_annotate.h"
 #include "engine/synth.h"
 #include "sinks/lmdb_store.h"
+#include "sinks/perfetto.h"
 #include "sinks/report.h"
 #include "sinks/spooling_writer.h"
 #include "sinks/sqlite_store.h"
@@ -52,6 +53,7 @@ struct SinkRt {
   // live source never waits for SQLite.
   std::unique_ptr<SpoolingWriter> sqlite;
   std::unique_ptr<LmdbSink> lmdb;
+  std::unique_ptr<PerfettoWriter> perfetto;  // trace-event JSON, renamed into place at the end
   FILE* out = nullptr;                 // jsonl
   bool owns_out = false;
   bool takes_chains = false;
@@ -180,6 +182,9 @@ bool open_sink(SinkRt& s, std::string& error) {
       return true;
     case SinkKind::kReport:
       return true;  // written when the analysis ends
+    case SinkKind::kPerfetto:
+      s.perfetto = PerfettoWriter::create(c.path, PerfettoOptions{}, error);
+      return s.perfetto != nullptr;
   }
   return false;
 }
@@ -197,6 +202,8 @@ void write_events(SinkRt& s, const Batch& b, const TraceMeta& meta) {
     if (!s.lmdb->write_events(b.events)) s.fail(s.lmdb->error());
   } else if (s.out) {
     for (const auto& e : b.events) std::fprintf(s.out, "%s\n", event_json_line(e, meta).c_str());
+  } else if (s.perfetto) {
+    s.perfetto->write_batch(b, meta);
   }
 }
 
@@ -387,6 +394,19 @@ int run_pipeline(const RunArgs& a) {
       if (s.owns_out) std::fclose(s.out);
       else std::fflush(s.out);
       s.out = nullptr;
+    } else if (s.perfetto) {
+      // Flow arrows need the chains' exemplar events, known only now: one replay source is read
+      // again for them (live or merged sources: the chains are drawn without arrows).
+      const std::vector<Chain> none;
+      const std::vector<Chain>& chains = s.takes_chains ? result.chains : none;
+      const SourceConfig* only = nullptr;
+      for (const auto& src : cfg.sources)
+        if (s.takes_events_from(src.name)) only = only ? nullptr : &src;
+      if (!chains.empty() && only && only->kind != SourceKind::kEbpf) {
+        SourceRt again_rt;
+        if (auto again = open_source(*only, cfg.engine, again_rt, error)) s.perfetto->resolve_flows(chains, *again);
+      }
+      if (!s.perfetto->finish(&chains, meta, error)) s.fail(error);
     } else if (s.cfg->kind == SinkKind::kReport) {
       ReportOptions ro;
       ro.color = s.cfg->path == "-" && stdout_is_terminal();

@@ -561,12 +561,13 @@ void check_sink(Checker& c, const YNode& n, size_t index, const std::string& dir
   }
   const YNode& type = *m["type"];
   if (!c.scalar(type, where + ".type")) return;
-  static const std::vector<std::string> kTypes = {"sqlite", "lmdb", "mcp", "jsonl", "report"};
+  static const std::vector<std::string> kTypes = {"sqlite", "lmdb", "mcp", "jsonl", "report", "perfetto"};
   if (type.value == "sqlite") s.kind = SinkKind::kSqlite;
   else if (type.value == "lmdb") s.kind = SinkKind::kLmdb;
   else if (type.value == "mcp") s.kind = SinkKind::kMcp;
   else if (type.value == "jsonl") s.kind = SinkKind::kJsonl;
   else if (type.value == "report") s.kind = SinkKind::kReport;
+  else if (type.value == "perfetto") s.kind = SinkKind::kPerfetto;  // trace-event JSON (sinks/perfetto.h)
   else {
     c.error(type, "C0206", "unknown sink type `" + type.value + "`", suggest(type.value, kTypes));
     return;
@@ -596,7 +597,7 @@ void check_sink(Checker& c, const YNode& n, size_t index, const std::string& dir
     s.path = "-";
   } else {
     c.error(n, "C0102", where + " (" + type.value + ") has no `path`", "add `path: out." +
-                                                                       std::string(s.kind == SinkKind::kLmdb ? "lmdb" : "db") + "`");
+                                                                       std::string(s.kind == SinkKind::kLmdb ? "lmdb" : s.kind == SinkKind::kPerfetto ? "json" : "db") + "`");
   }
   if (m.count("from")) {
     std::vector<const YNode*> items;
@@ -712,6 +713,7 @@ const char* sink_kind_name(SinkKind k) {
     case SinkKind::kMcp: return "mcp";
     case SinkKind::kJsonl: return "jsonl";
     case SinkKind::kReport: return "report";
+    case SinkKind::kPerfetto: return "perfetto";
   }
   return "?";
 }

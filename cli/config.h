@@ -87,7 +87,7 @@ struct AnalysisConfig {
   ConfigPos pos;
 };
 
-enum class SinkKind { kSqlite, kLmdb, kMcp, kJsonl, kReport };
+enum class SinkKind { kSqlite, kLmdb, kMcp, kJsonl, kReport, kPerfetto };
 const char* sink_kind_name(SinkKind k);
 
 struct SinkConfig {
