@@ -84,7 +84,9 @@ struct Dumper {
   void line(int depth, const std::string& s) { out += std::string(static_cast<size_t>(depth) * 2, ' ') + s + "\n"; }
 
   static const char* binop(ast::BinOp op) {
-    static const char* kNames[] = {"or", "and", "<", "<=", ">", ">=", "==", "!=", "in", "not in", "+", "-", "*", "/"};
+    static const char* kNames[] = {"or", "and", "<", "<=", ">", ">=", "==", "!=", "in", "not in", "+", "-", "*", "/", "~"};
+    static_assert(sizeof kNames / sizeof kNames[0] == static_cast<size_t>(ast::BinOp::kMatch) + 1,
+                  "one name per ast::BinOp");
     return kNames[static_cast<int>(op)];
   }
   std::string num(const ast::Number& n) const {

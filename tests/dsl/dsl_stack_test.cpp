@@ -121,6 +121,12 @@ end
   EXPECT_NE(r.plan.to_string().find("(stack ~ [\"* in my_loop\", \"x\"])"), std::string::npos) << r.plan.to_string();
 }
 
+TEST(StackRules, ParseTreeShowsTheMatchOperator) {
+  const std::string ast = dsl::dump_ast({"t.rules", kRule});
+  EXPECT_NE(ast.find("~"), std::string::npos) << ast;
+  EXPECT_NE(ast.find("site"), std::string::npos) << ast;
+}
+
 TEST(StackRules, ReplayMatchesOnlyTheSitesOfThePattern) {
   const ParsedStack a = py_stack({{"train.py", 42, "train_step"}, {"main.py", 7, "main"}});
   const ParsedStack b = py_stack({{"data.py", 10, "load_batch"}, {"main.py", 5, "main"}});
