@@ -63,7 +63,9 @@ struct StackOptions {
   uint32_t ustack_bytes = 16384;        // user-stack window per stack (<= IP_USTACK_MAX)
   uint32_t per_thread_rate = 100;       // stacks per second per thread at most (slow calls)
   uint32_t per_thread_burst = 20;       // ... with bursts of this many
-  uint32_t ring_bytes = 8u << 20;       // the stack ring (power of two)
+  // The stack ring (power of two): records are rate-limited slow calls and samples (~3-20 KiB
+  // each), drained every 10 ms; 2 MiB holds ~100 of them per drain. It shows in RSS twice.
+  uint32_t ring_bytes = 2u << 20;
 };
 
 struct ProbeOptions {
