@@ -369,17 +369,19 @@ int run_stacks(const StacksArgs& a) {
 
   // --- text ------------------------------------------------------------------------------------
   auto amount = [&](uint64_t v) { return samples ? format_count(static_cast<double>(v)) : format_ns(static_cast<double>(v)); };
+  // What the selected events are called in the text: calls, or spans/events of a host op.
+  const std::string noun = samples ? "samples" : (only_op && only_op->kind != OpKind::kCall ? "events" : "calls");
   std::cout << "Call sites of " << what << (a.pid ? " in pid " + std::to_string(a.pid) : std::string())
             << (min_ns ? " >= " + format_ns(static_cast<double>(min_ns)) : std::string()) << "  (" << meta.path
             << ")\n";
-  std::cout << "  " << format_count(static_cast<double>(selected)) << " calls, "
+  std::cout << "  " << format_count(static_cast<double>(selected)) << " " << noun << ", "
             << format_count(static_cast<double>(stacked)) << " with a stack ("
             << pct(share(stacked_ns, selected_ns)) << " of the " << (samples ? "samples" : "time") << "); "
             << meta.stacks.size() << " stacks in the trace\n";
   if (sites.empty()) {
     std::cout << (meta.stacks.empty()
                       ? "  This trace has no stacks. Live capture records them for calls at or above `trace --stack-min`.\n"
-                      : "  None of the selected calls has a stack.\n");
+                      : "  None of the selected " + noun + " has a stack.\n");
     return kExitOk;
   }
   std::cout << "  Ranked by " << (by_slow ? "slow-call time" : "total time")
@@ -403,7 +405,7 @@ int run_stacks(const StacksArgs& a) {
   if (shown < order.size()) std::cout << "  ... " << order.size() - shown << " more (--limit 0 shows all)\n";
   const Site& top = *order.front();
   const ParsedStack* st = stack_of(top.top_stack());
-  std::cout << "\nTop stack of #1 (" << top.stacks.at(top.top_stack()).calls << " calls), innermost first:\n";
+  std::cout << "\nTop stack of #1 (" << top.stacks.at(top.top_stack()).calls << " " << noun << "), innermost first:\n";
   for (const auto& f : st->frames) std::cout << "    " << frame_label(f) << "\n";
   if (st->truncated) std::cout << "    ... (truncated)\n";
   return kExitOk;
