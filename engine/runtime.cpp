@@ -942,7 +942,9 @@ struct Shard::Impl {
     std::map<Key, std::vector<size_t>> groups;
     for (size_t i = 0; i < rows.size(); ++i) {
       Key g = rows[i].key;
-      if (st.peer->group == Field::kRank) g.lo &= ~(uint64_t{0xFFFF} << 16);
+      // Ranks are job-global (torchrun RANK), so peers across rank span nodes: a window keyed
+      // by (node, rank) on a merged multi-node trace compares every rank with every other.
+      if (st.peer->group == Field::kRank) g.lo &= ~(uint64_t{0xFFFF} << 16 | uint64_t{0xFFFF} << 32);
       if (st.peer->group == Field::kNode) g.lo &= ~(uint64_t{0xFFFF} << 32);
       if (st.peer->group == Field::kPid) g.hi &= 0xFFFFFFFFull;
       if (st.peer->group == Field::kTid) g.hi &= ~0xFFFFFFFFull;
