@@ -139,6 +139,14 @@ void ChainAnnotator::add(std::span<const Event> events) {
       continue;
     }
     if (e.ts_ns > newest_) newest_ = e.ts_ns;
+    if (series == &Thread::calls) {
+      const uint64_t pk = thread_key(e.node, e.pid);
+      if (auto it = first_call_.find(pk); it != first_call_.end()) {
+        if (e.ts_ns < it->second) it->second = e.ts_ns;  // a late call of a live source
+      } else if (first_call_.size() < (1u << 20)) {
+        first_call_.emplace(pk, e.ts_ns);
+      }
+    }
     Thread& t = threads_[thread_key(e.node, e.tid)];
     t.pid = e.pid;
     t.tid = e.tid;
@@ -443,11 +451,17 @@ void ChainAnnotator::annotate(Chain& c, const TraceMeta& meta) {
   std::vector<Slow> slow;
   std::map<uint32_t, std::pair<double, uint32_t>> per_tid;  // tid -> (weight, pid)
   StackTally calls_tally;
+  // Warm-up: the key's calls that started in their process's warm-up, and (tail chains) the
+  // durations of every other call of the key in the window, to re-judge the tail without them.
+  uint64_t warm_calls = 0, warm_ns = 0;
+  double warm_w = 0;
+  std::vector<uint64_t> rest_durs;
   // A trace's last window ends at its last event (engine: window_end = last_ts), which is in it.
   const uint64_t calls_end = meta.last_ts && we == meta.last_ts ? we + 1 : we;
   if (!gap) {
     for (const Thread* t : cand) {
       const auto [lo, hi] = range(t->calls, ws, calls_end);
+      const uint64_t warm_until = warmup_end(t->node, t->pid);
       for (size_t i = lo; i < hi; ++i) {
         const Rec& r = t->calls.recs[i];
         if (c.op) {
@@ -455,8 +469,15 @@ void ChainAnnotator::annotate(Chain& c, const TraceMeta& meta) {
         } else if (c.source != Source::kUnknown && r.source != c.source) {
           continue;
         }
+        const bool warm = r.ts < warm_until;
+        if (by_time && !warm && rest_durs.size() < (1u << 22)) rest_durs.push_back(r.dur);
         if (by_time && static_cast<double>(r.dur) < thr) continue;
         const double w = by_time ? static_cast<double>(r.dur) : 1.0;
+        if (warm) {
+          ++warm_calls;
+          warm_w += w;
+          warm_ns += r.dur;
+        }
         auto& slot = per_tid[t->tid];
         slot.first += w;
         slot.second = t->pid;
@@ -475,8 +496,10 @@ void ChainAnnotator::annotate(Chain& c, const TraceMeta& meta) {
                      [](const ThreadShare& a, const ThreadShare& b) { return a.share > b.share; });
     if (c.tid == 0 && !c.threads.empty()) c.tid = c.threads.front().tid;
   }
+  if (warm_calls) apply_warmup(c, warm_calls, warm_w, calls_tally.total, rest_durs, by_time, warm_ns);
   top_stacks(calls_tally, "call", opt_.top_stacks, meta, stack_cache_, counters_.stacks_missing, c.stacks);
-  if (const ChainStack* top = first_of_role(c, "call"); top && by_time) {  // tail chains: slow calls
+  // Tail chains (slow calls) and implicit synchronisation (every call of the key) name their site.
+  if (const ChainStack* top = first_of_role(c, "call"); top && (by_time || c.category == "implicit_sync")) {
     const std::string site = site_of(top);
     if (!site.empty())
       c.recommendations.insert(c.recommendations.begin(),
@@ -544,6 +567,80 @@ void ChainAnnotator::annotate(Chain& c, const TraceMeta& meta) {
   top_stacks(off, "offcpu", opt_.top_stacks, meta, stack_cache_, counters_.stacks_missing, c.stacks);
   top_stacks(samples, "sample", opt_.top_stacks, meta, stack_cache_, counters_.stacks_missing, c.stacks);
   apply_split(c, thread_name(meta, launcher->pid, launcher->tid));
+  // Severity follows the split: a launching thread that was blocked (idle: its load fell, or it
+  // waited for input) is not paged at HIGH; an unrecorded off-CPU state cannot tell idle from
+  // contention, so it is capped at MEDIUM.
+  if (c.category == "throughput_drop") {
+    const TimeSplit& sp = c.time_split;
+    Severity cap = c.severity;
+    if (sp.dominant == "off_cpu_blocked") {
+      cap = sp.off_cpu_blocked >= 0.5 ? Severity::kLow : Severity::kMedium;
+    } else if (sp.dominant == "off_cpu_unknown") {
+      cap = Severity::kMedium;
+    }
+    if (cap < c.severity) {
+      c.severity = cap;
+      ++counters_.split_capped;
+      c.root_cause += std::string(cap == Severity::kLow ? "; the thread was idle, not slowed down: severity LOW"
+                                                        : "; severity capped at MEDIUM by the time split");
+    }
+  }
+}
+
+uint64_t ChainAnnotator::warmup_end(uint16_t node, uint32_t pid) const {
+  if (!opt_.warmup_ns) return 0;
+  const auto it = first_call_.find(thread_key(node, pid));
+  if (it == first_call_.end()) return 0;
+  return it->second > UINT64_MAX - opt_.warmup_ns ? UINT64_MAX : it->second + opt_.warmup_ns;
+}
+
+// Re-judges a chain without its process's warm-up calls (contract in the header).
+void ChainAnnotator::apply_warmup(Chain& c, uint64_t warm_calls, double warm_w, double total_w,
+                                  std::vector<uint64_t>& rest, bool by_time, uint64_t warm_ns) {
+  const double share = total_w > 0 ? std::min(1.0, warm_w / total_w) : 0.0;
+  c.values.emplace_back("warmup.calls", static_cast<double>(warm_calls));
+  c.values.emplace_back("warmup.share", share);
+  c.values.emplace_back("warmup.window_ns", static_cast<double>(opt_.warmup_ns));
+  const std::string secs = format_value(static_cast<double>(opt_.warmup_ns), Unit::kNs);
+  bool only_warmup = false;
+  if (by_time) {
+    if (rest.size() < opt_.warmup_min_calls) {
+      only_warmup = true;
+    } else {
+      auto rank = [&](double q) {
+        size_t k = static_cast<size_t>(std::ceil(q * static_cast<double>(rest.size())));
+        k = k ? k - 1 : 0;
+        std::nth_element(rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(k), rest.end());
+        return static_cast<double>(rest[k]);
+      };
+      const double p50 = rank(0.5), p99 = rank(0.99);
+      only_warmup = !(p50 > 0 && p99 >= opt_.warmup_tail_ratio * p50);
+    }
+  } else {
+    only_warmup = share >= 0.5;
+  }
+  const std::string what = std::to_string(warm_calls) + (by_time ? " of the slow calls" : " of the calls") +
+                           " started in the process's warm-up (its first " + secs + " of GPU calls)";
+  if (!only_warmup) {
+    if (!c.explanation.empty() && c.explanation.back() != ' ') c.explanation += ' ';
+    c.explanation += what + "; the chain stands without them.";
+    return;
+  }
+  if (static_cast<double>(warm_ns) >= static_cast<double>(opt_.warmup_abnormal_ns)) {
+    c.summary = "abnormal warm-up: " + c.summary;
+    if (!c.explanation.empty() && c.explanation.back() != ' ') c.explanation += ' ';
+    c.explanation += what + ", holding " + format_value(static_cast<double>(warm_ns), Unit::kNs) +
+                     ": a warm-up this slow is itself abnormal (slow context creation, autotuning or compilation).";
+    return;
+  }
+  if (c.severity > Severity::kLow) {
+    c.severity = Severity::kLow;
+    ++counters_.warmup_demoted;
+  }
+  c.summary = "warm-up: " + c.summary;
+  c.root_cause = "Warm-up, not steady state: " + what +
+                 " (CUDA context creation, first allocations, autotuning, compilation); without them there is no chain. "
+                 "Warm-up is excluded from the judgement (warmup_ns), so this chain is LOW. Was: " + c.root_cause;
 }
 
 Chain ChainAnnotator::gap_chain(const GapGroup& g, const TraceMeta& meta) {

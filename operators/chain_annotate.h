@@ -30,6 +30,20 @@
 //   sleeping/disk wait/other = blocked; unknown), on_cpu = the rest. The chain's root cause, a
 //   summary suffix and the explanation's generic "input starvation, blocking, or a phase change"
 //   sentence are replaced by what the dominant share says.
+// - Warm-up (warmup_ns after the first GPU API call of each (node, pid) seen by add(); 0 turns it
+//   off): a chain's calls that start inside it are judged apart. A tail chain (one with p50) is
+//   re-judged without them - fewer than warmup_min_calls calls left, or p99 < warmup_tail_ratio x
+//   p50 of the rest - and then comes from warm-up alone; a count-weighted chain (implicit_sync,
+//   cuda_graph) comes from warm-up when >= 50% of its calls are in it. Such a chain is demoted to
+//   LOW, its summary starts with "warm-up:" and its root cause says so, unless the warm-up calls
+//   themselves hold >= warmup_abnormal_ns (an abnormal warm-up keeps its severity and says so).
+//   Every chain with calls in a warm-up gets the values warmup.calls, warmup.share (of the
+//   chain's weight) and warmup.window_ns.
+// - Severity from the time split (throughput_drop): a launching thread blocked off CPU for the
+//   dominant share was idle (its load fell, or it waited for input): >= 50% blocked caps the
+//   chain at LOW, a smaller dominant blocked share at MEDIUM; off CPU with unknown state (no
+//   state recorded) caps it at MEDIUM. On CPU, preempted or in calls keep the rule's severity.
+// - implicit_sync chains get the first fix naming their top call site, as tail chains do.
 // - launch_gap: a thread whose consecutive launches (cudaLaunchKernel, cuLaunchKernel,
 //   cudaGraphLaunch) are >= gap_min_ns apart, with >= gap_min_launches launches in the
 //   gap_context_ns before the gap and after it; one chain per (node, pid, tid) and tumbling
@@ -72,6 +86,12 @@ struct AnnotateOptions {
   uint64_t gap_min_launches = 5;           // ... at least this many on each side
   uint64_t gap_window_ns = 10'000'000'000;  // one chain per thread and window (its longest gap)
   uint64_t gap_high_ns = 1'000'000'000;    // severity high from this gap length
+  // Warm-up per process (see the contract above). Default 10 s: CUDA context creation (hundreds
+  // of ms), first allocations, cuDNN/cuBLAS autotuning and graph capture of a typical job.
+  uint64_t warmup_ns = 10'000'000'000;
+  uint64_t warmup_min_calls = 10;          // = the pack's min_calls
+  double warmup_tail_ratio = 3.0;          // = the pack's min_tail_ratio
+  uint64_t warmup_abnormal_ns = 5'000'000'000;  // warm-up calls holding this long are abnormal
 };
 
 struct AnnotateCounters {
@@ -85,6 +105,8 @@ struct AnnotateCounters {
   uint64_t gap_chains = 0;      // launch_gap chains returned
   uint64_t stacks_missing = 0;  // stack ids an event referenced that TraceMeta::stacks lacks
   uint64_t too_old = 0;         // chains left unannotated: their window starts before the horizon
+  uint64_t warmup_demoted = 0;  // chains demoted to LOW: their calls come from a process's warm-up
+  uint64_t split_capped = 0;    // throughput_drop chains whose severity the time split capped
 };
 
 class ChainAnnotator {
@@ -163,6 +185,12 @@ class ChainAnnotator {
   std::vector<Gap> pending_gaps_;               // waiting for their after-context
   std::map<std::pair<uint64_t, uint64_t>, GapGroup> groups_;  // (thread key, window) -> group
   std::unordered_map<uint64_t, ParsedStack> stack_cache_;     // parsed TraceMeta::stacks by id
+  // First GPU API call per (node, pid): the start of its warm-up. Bounded: at most 1M processes
+  // (beyond that new processes get no warm-up).
+  std::unordered_map<uint64_t, uint64_t> first_call_;
+  uint64_t warmup_end(uint16_t node, uint32_t pid) const;  // 0 when unknown or warm-up is off
+  void apply_warmup(Chain& c, uint64_t warm_calls, double warm_w, double total_w,
+                    std::vector<uint64_t>& rest_durs, bool by_time, uint64_t warm_ns);
 };
 
 // A pass-through source that feeds every batch to an annotator first: the tap that every path
