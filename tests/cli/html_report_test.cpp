@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 #include "sinks/html_report.h"
@@ -131,6 +132,50 @@ TEST(HtmlReportUnit, EscapesChainTextAndNeedsChartJs) {
   EXPECT_NE(page.find("&lt;/script&gt;&lt;b&gt;bold&lt;/b&gt; &amp; &quot;quoted&quot;"), std::string::npos);
   fs::remove(path);
   fs::remove(fake.chartjs_path);
+}
+
+ingero::Event call_or_span(uint64_t ts, uint64_t dur, uint32_t tid, bool offcpu) {
+  ingero::Event e;
+  e.ts_ns = ts;
+  e.dur_ns = dur;
+  e.pid = 1;
+  e.tid = tid;
+  e.source = offcpu ? ingero::Source::kHost : ingero::Source::kCuda;
+  e.op = offcpu ? 1 : 3;  // sched_switch, cudaLaunchKernel
+  return e;
+}
+
+TEST(HtmlReportUnit, CollectorSplitsOffCpuSpansOverBucketsAndWidensLongTraces) {
+  ingero::AnalysisResult r;
+  ingero::Chain c;
+  c.tid = 7;
+  r.chains.push_back(c);
+  ingero::HtmlCollector d(r);
+  EXPECT_EQ(d.threads, (std::set<uint32_t>{7}));
+  const uint64_t t0 = 1'000'000'000'000ull, s = 1'000'000'000ull;
+  ingero::Batch b;
+  b.events = {call_or_span(t0, 1'000, 7, false), call_or_span(t0 + s / 2, s, 7, true),  // 0.5 s in each of 0, 1
+              call_or_span(t0 + s, 50'000, 8, true),                                     // tid 8: not in a chain
+              call_or_span(t0 + 2 * s, 2'000'000, 9, false)};
+  d.add(b);
+  ASSERT_EQ(d.bucket_ns, s);
+  EXPECT_EQ(d.offcpu.at(7).at(0), s / 2);
+  EXPECT_EQ(d.offcpu.at(7).at(1), s / 2);
+  EXPECT_FALSE(d.offcpu.count(8));
+  const auto& launches = d.ops.at({1, 3});
+  EXPECT_EQ(launches.count, 2u);
+  EXPECT_EQ(launches.per_bucket.at(0), 1u);
+  EXPECT_EQ(launches.per_bucket.at(2), 1u);
+  // 1 us and 2 ms land 3.3 decades apart: bins 10^(1/5) apart from 100 ns.
+  EXPECT_EQ(launches.hist[5], 1u);   // 1000 ns = 100 ns * 10^(5/5)
+  EXPECT_EQ(launches.hist[21], 1u);  // 2 ms = 100 ns * 10^(21.5/5)
+  // A call 10,000 s later: buckets widen (by doubling) until the trace fits in kMaxSeconds.
+  b.events = {call_or_span(t0 + 10'000 * s, 1'000, 7, false)};
+  d.add(b);
+  EXPECT_EQ(d.bucket_ns, 4 * s);
+  EXPECT_EQ(d.offcpu.at(7).at(0), s);  // both halves in the first wide bucket
+  EXPECT_EQ(launches.per_bucket.at(0), 2u);
+  EXPECT_EQ(launches.per_bucket.at(2500), 1u);
 }
 
 // Distinct GPU API ops of the trace (the histograms and rate series), counted with SQL.
