@@ -69,11 +69,11 @@ TEST(RulePack, CoversEveryHandBuiltFamily) {
     }
   // Rules that exist only in the pack: those that need stacks (rules/where_in_code.rules; the
   // hand-built plans have no stack patterns), implicit synchronisation (rules/implicit_sync.rules)
-  // and CUDA graphs (rules/cuda_graphs.rules).
+  // CUDA graphs (rules/cuda_graphs.rules) and cross-node stragglers (rules/fleet.rules).
   for (const char* pack_only :
        {"sync_in_step/implicit_sync", "free_in_loop/implicit_sync", "malloc_in_loop/implicit_sync",
         "sync_copy_in_loop/implicit_sync", "graph_reinstantiated/cuda_graph", "graph_launch_tail/cuda_graph",
-        "graph_coverage_falling/cuda_graph"})
+        "graph_coverage_falling/cuda_graph", "fleet_training_straggler/straggler", "fleet_replica_p99/straggler"})
     EXPECT_EQ(pack.erase(pack_only), 1u) << pack_only;
   EXPECT_EQ(hand, pack);
 }
