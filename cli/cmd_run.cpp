@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "cli/command.h"
+#include "cli/metrics_cli.h"
 #include "cli/common.h"
 #include "cli/config.h"
 #include "cli/pipeline_common.h"
@@ -45,6 +46,7 @@ extern "C" void on_sigint(int) { g_interrupted.store(true); }
 struct RunArgs {
   std::string config;
   bool dry_run = false, print_default = false, quiet = false;
+  MetricsCliArgs metrics;  // --metrics-addr and friends (cli/metrics_cli.h)
 };
 
 struct SinkRt {
@@ -270,6 +272,11 @@ int run_pipeline(const RunArgs& a) {
       return kExitInput;
     }
   }
+  MetricsHook metrics;
+  if (std::string error; !metrics.start(a.metrics, error)) {
+    print_error(error);
+    return kExitUsage;
+  }
   std::vector<SourceRt> sources(cfg.sources.size());
   for (size_t i = 0; i < cfg.sources.size(); ++i) {
     SourceRt& rt = sources[i];
@@ -283,7 +290,9 @@ int run_pipeline(const RunArgs& a) {
     std::vector<SinkRt*> taps;
     for (auto& s : sinks)
       if (s.takes_events_from(rt.cfg->name)) taps.push_back(&s);
-    rt.tap = std::make_unique<TapSource>(*rt.src, [taps](const Batch& b, const TraceMeta& meta) {
+    rt.tap = std::make_unique<TapSource>(*rt.src, [taps, &metrics, live = rt.live](const Batch& b,
+                                                                                 const TraceMeta& meta) {
+      metrics.observe(b, meta, live);
       for (auto* s : taps) write_events(*s, b, meta);
     });
   }
@@ -353,6 +362,7 @@ int run_pipeline(const RunArgs& a) {
         }
       };
     }
+    eo.on_chain = metrics.wrap(std::move(eo.on_chain));
     std::vector<std::string> errs;
     result = run_plan(ap.plan, annotated, eo, &errs);
     if (!errs.empty()) {
@@ -370,6 +380,7 @@ int run_pipeline(const RunArgs& a) {
     while (sources[i].tap->next(b)) {
     }
   }
+  metrics.finish(result, g_interrupted);
   finished = true;
   if (watcher.joinable()) watcher.join();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -400,9 +411,10 @@ int run_pipeline(const RunArgs& a) {
       const std::vector<Chain> none;
       const std::vector<Chain>& chains = s.takes_chains ? result.chains : none;
       const SourceConfig* only = nullptr;
+      size_t feeding = 0;
       for (const auto& src : cfg.sources)
-        if (s.takes_events_from(src.name)) only = only ? nullptr : &src;
-      if (!chains.empty() && only && only->kind != SourceKind::kEbpf) {
+        if (s.takes_events_from(src.name)) only = &src, ++feeding;
+      if (!chains.empty() && feeding == 1 && only->kind != SourceKind::kEbpf) {
         SourceRt again_rt;
         if (auto again = open_source(*only, cfg.engine, again_rt, error)) s.perfetto->resolve_flows(chains, *again);
       }
@@ -472,6 +484,7 @@ Registrar reg{"run", 50, [](CLI::App& app, int& rc) {
                 cmd->add_flag("--dry-run", args->dry_run, "Validate, compile the rules, print the resolved graph, stop");
                 cmd->add_flag("--print-default", args->print_default, "Print the embedded default config");
                 cmd->add_flag("-q,--quiet", args->quiet, "No summary line on stderr");
+                add_metrics_options(cmd, args->metrics);
                 cmd->callback([args, &rc] { rc = run_pipeline(*args); });
               }};
 
