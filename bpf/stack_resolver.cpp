@@ -108,9 +108,7 @@ void StackResolver::note_process(uint32_t pid) {
       minor_[pid] = py->minor;
       ++stats_.python_procs;
     }
-  } else if (why.find("not Python") == std::string::npos &&
-             why.find("no libpython") == std::string::npos &&
-             why.find("not a Python") == std::string::npos) {
+  } else if (why.rfind("not a CPython", 0) != 0 && why.rfind("cannot read /proc/", 0) != 0) {
     // A Python process whose layout did not validate (or anything else inspect_python refused):
     // native stacks only, said once.
     ++stats_.python_refused;
