@@ -32,7 +32,8 @@
 //   attr        = ident atom ;                      (* key not "event" / "expect" *)
 //   expr        = unary { binop unary } ;           (* precedence applied after parsing *)
 //   binop       = "or" | "and" | "<" | "<=" | ">" | ">=" | "==" | "!=" | "in" | "not" "in"
-//               | "+" | "-" | "*" | "/" ;
+//               | "+" | "-" | "*" | "/"
+//               | "~" ;                             (* `stack`/`site` ~ pattern(s), docs/rules.md *)
 //   unary       = { "-" | "not" } primary ;
 //   primary     = number | string | list | ident "(" [ expr { "," expr } ] ")"
 //               | ident [ "." ident ] | "(" expr ")" ;
