@@ -41,7 +41,10 @@ double eval_named(const Expr& e, const std::map<std::string, double>& v, std::st
   };
   switch (e.op) {
     case ExprOp::kConst: return e.value;
-    case ExprOp::kField: return std::nan("");
+    case ExprOp::kField:
+    case ExprOp::kStackMatch:  // event-level, like fields: no value on a row
+    case ExprOp::kSiteMatch:
+      return std::nan("");
     case ExprOp::kRef: {
       auto it = v.find(e.name);
       if (it == v.end()) {
