@@ -45,19 +45,49 @@ bool has(const std::vector<std::string>& cols, std::string_view name) {
   return std::find(cols.begin(), cols.end(), name) != cols.end();
 }
 
+// The capped value of text column `c`; `cut` is set when it was longer than `cap` bytes.
+std::string capped_text(const Stmt& s, int c, size_t cap, bool& cut) {
+  const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s.get(), c));
+  const int n = sqlite3_column_bytes(s.get(), c);
+  if (!p || n <= 0) return {};
+  const size_t len = static_cast<size_t>(n);
+  if (len > cap) cut = true;
+  return std::string(p, std::min(len, cap));
+}
+
+// What sqlite_master says `name` is: "table", "view", "virtual table", or "" when absent.
+std::string schema_kind(sqlite3* db, std::string_view name) {
+  Stmt s(db, "SELECT type, coalesce(sql, '') FROM sqlite_master WHERE name = ?1 COLLATE NOCASE "
+             "AND type IN ('table', 'view') LIMIT 1");
+  if (!s.ok()) return {};
+  s.bind(1, name);
+  if (s.step() != SQLITE_ROW) return {};
+  std::string type = s.text(0);
+  if (type == "table") {
+    std::string sql = s.text(1).substr(0, 64);
+    std::transform(sql.begin(), sql.end(), sql.begin(),
+                   [](unsigned char ch) { return static_cast<char>(std::toupper(ch)); });
+    if (sql.find("VIRTUAL") != std::string::npos) type = "virtual table";
+  }
+  return type;
+}
+
 std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
   return s;
 }
 
-// A key/value table (schema_info, ip_meta) as a map; empty when absent or unreadable.
+// A key/value table (schema_info, ip_meta) as a map; empty when absent, not a plain table, or
+// unreadable. Keys and values are capped (they name formats and nodes, nothing long).
 std::map<std::string, std::string> read_kv(sqlite3* db, const char* table) {
   std::map<std::string, std::string> kv;
-  if (!sqlite_detail::table_exists(db, table)) return kv;
+  if (schema_kind(db, table) != "table") return kv;
   Stmt s(db, std::string("SELECT key, value FROM ") + table);
   if (!s.ok()) return kv;
-  while (s.step() == SQLITE_ROW) kv[s.text(0)] = s.text(1);
+  bool cut = false;
+  for (int n = 0; n < 10000 && s.step() == SQLITE_ROW; ++n)
+    kv[capped_text(s, 0, kMaxTextBytes, cut)] = capped_text(s, 1, 64 * 1024, cut);
   return kv;
 }
 
@@ -78,11 +108,26 @@ class Reader {
 
   // Fills meta_ and events; returns false with `error` (no path prefix) on a fatal problem.
   bool run(std::vector<Event>& events, std::string& error) {
+    if (!open_schema(error)) return false;
+    if (!read_events(events, error)) return false;
+    read_side_tables();
+    return true;
+  }
+
+  // Checks the schema and reads what decoding rows needs (format, nodes). False with `error`
+  // on a fatal problem.
+  bool open_schema(std::string& error) {
     const auto tables = table_names();
     if (!has(tables, "events")) {
       error = tables.empty()
                   ? "no `events` table: not an Ingero trace (the database has no tables)"
                   : "no `events` table: not an Ingero trace (tables: " + join(tables) + ")";
+      return false;
+    }
+    if (const std::string kind = schema_kind(db_, "events"); kind != "table") {
+      error = "`events` is a " + (kind.empty() ? std::string("schema object") : kind) +
+              ", not a table: refused (a trace file may be hostile; a view or virtual table can "
+              "run an unbounded query)";
       return false;
     }
     columns_ = sqlite_detail::table_columns(db_, "events");
@@ -96,17 +141,47 @@ class Reader {
     }
     detect_format();
     read_nodes();
-    if (!read_events(events, error)) return false;
+    return true;
+  }
+
+  void read_side_tables() {
     read_process_names();
     read_thread_names();
     read_stacks();
     read_sessions();
     read_snapshots();
     if (ours_) read_recorded_health();
-    return true;
+    flush_cuts();
   }
 
- private:
+  // SELECT of the events columns (decode()'s order) plus rowid, followed by `tail`.
+  std::string events_sql(const std::string& tail) const {
+    std::string sql = "SELECT ";
+    for (int c = 0; c < kNumCols; ++c) {
+      if (c) sql += ", ";
+      sql += has(columns_, kCols[c].name) ? std::string("\"") + kCols[c].name + "\""
+                                          : std::string(kCols[c].fallback);
+    }
+    return sql + ", rowid FROM events" + tail;
+  }
+  bool node_col() const { return has(columns_, "node"); }
+
+  // Counts a string cut to its bound (reported once per kind, with the count).
+  void count_cut(const char* what) { ++cuts_[what]; }
+  void flush_cuts() {
+    for (const auto& [what, n] : cuts_) meta_.health.skip(what, n);
+    cuts_.clear();
+  }
+
+  // A side table we read: a plain table, or absent. A view or virtual table in its place is
+  // ignored with a warning (it could run an unbounded query).
+  bool side_table(const char* table) {
+    const std::string kind = schema_kind(db_, table);
+    if (kind.empty()) return false;
+    if (kind == "table") return true;
+    meta_.health.skip(std::string(table) + " is a " + kind + ", not a table: ignored");
+    return false;
+  }
   std::vector<std::string> table_names() {
     std::vector<std::string> names;
     Stmt s(db_, "SELECT name FROM sqlite_master WHERE type IN ('table','view') ORDER BY name");
@@ -144,7 +219,12 @@ class Reader {
     if (ours_ || !has(columns_, "node")) return;
     Stmt s(db_, "SELECT DISTINCT node FROM events WHERE node IS NOT NULL ORDER BY node");
     if (!s.ok()) return;
-    while (s.step() == SQLITE_ROW) node_for(s.text(0));
+    bool cut = false;
+    while (s.step() == SQLITE_ROW) {
+      cut = false;
+      node_for(capped_text(s, 0, kMaxNameBytes, cut));
+      if (meta_.nodes.size() > std::numeric_limits<uint16_t>::max()) break;
+    }
   }
 
   // -1 when there are more names than Event::node can index.
@@ -157,14 +237,7 @@ class Reader {
   }
 
   bool read_events(std::vector<Event>& events, std::string& error) {
-    std::string sql = "SELECT ";
-    for (int c = 0; c < kNumCols; ++c) {
-      if (c) sql += ", ";
-      sql += has(columns_, kCols[c].name) ? std::string("\"") + kCols[c].name + "\""
-                                          : std::string(kCols[c].fallback);
-    }
-    sql += " FROM events";
-    Stmt s(db_, sql);
+    Stmt s(db_, events_sql(""));
     if (!s.ok()) {
       error = "cannot read `events`: " + s.error();
       return false;
@@ -195,6 +268,8 @@ class Reader {
     }
     return true;
   }
+
+ public:
 
   // Returns the reason to skip the row, or null when `e` is filled.
   const char* decode(const Stmt& s, uint64_t row, bool node_col, Event& e) {
@@ -237,14 +312,20 @@ class Reader {
       ts -= dur;
     }
 
-    std::string node_name = node_col ? s.text(kNode) : std::string();
+    bool cut = false;
+    std::string node_name = node_col ? capped_text(s, kNode, kMaxNameBytes, cut) : std::string();
     if (node_col && s.is_null(kNode)) return null_reason(kNode);
-    uint64_t id = row;
+    if (cut) count_cut("events.node longer than 256 bytes: cut");
+    // Rows without a usable id are numbered by rowid (their place in the table).
+    (void)row;
+    uint64_t id = static_cast<uint64_t>(s.i64(kNumCols));
     if (s.type(kId) == SQLITE_INTEGER) {
       id = static_cast<uint64_t>(s.i64(kId));
     } else if (s.type(kId) == SQLITE_TEXT) {
       // 0.9: "{node}:{seq}". Node names may hold colons, the seq never does.
-      const std::string text = s.text(kId);
+      cut = false;
+      const std::string text = capped_text(s, kId, kMaxTextBytes, cut);
+      if (cut) count_cut("events.id longer than 4096 bytes: cut");
       const size_t colon = text.rfind(':');
       const std::string_view seq =
           colon == std::string::npos ? std::string_view(text) : std::string_view(text).substr(colon + 1);
@@ -277,6 +358,9 @@ class Reader {
   }
 
   // Reasons are interned so decode() can hand out stable pointers.
+  const char* intern_reason(std::string s) { return intern(std::move(s)); }
+
+ private:
   const char* intern(std::string s) { return interned_.emplace(s, s).first->second.c_str(); }
   const char* null_reason(int c) {
     return intern(std::string("NULL in events.") + kCols[c].name + " (a NOT NULL column)");
@@ -299,7 +383,7 @@ class Reader {
   }
 
   void read_process_names() {
-    if (!sqlite_detail::table_exists(db_, "process_names")) return;
+    if (!side_table("process_names")) return;
     Stmt s(db_, "SELECT pid, name FROM process_names");
     if (!s.ok()) return side_table_failed("process_names", sqlite3_errcode(db_));
     int rc;
@@ -307,27 +391,31 @@ class Reader {
       if (s.type(0) != SQLITE_INTEGER || s.i64(0) < 0 ||
           s.i64(0) > std::numeric_limits<uint32_t>::max())
         continue;
-      meta_.process_names[static_cast<uint32_t>(s.i64(0))] = s.text(1);
+      bool cut = false;
+      meta_.process_names[static_cast<uint32_t>(s.i64(0))] = capped_text(s, 1, kMaxNameBytes, cut);
+      if (cut) count_cut("process_names.name longer than 256 bytes: cut");
     }
     if (rc != SQLITE_DONE) side_table_failed("process_names", rc);
   }
 
   // Ours only (ip_thread_names): Ingero records process names, not thread names.
   void read_thread_names() {
-    if (!sqlite_detail::table_exists(db_, "ip_thread_names")) return;
+    if (!side_table("ip_thread_names")) return;
     Stmt s(db_, "SELECT tid, name FROM ip_thread_names");
     if (!s.ok()) return side_table_failed("ip_thread_names", sqlite3_errcode(db_));
     int rc;
     while ((rc = s.step()) == SQLITE_ROW) {
       if (s.type(0) != SQLITE_INTEGER || s.i64(0) < 0 || s.i64(0) > std::numeric_limits<uint32_t>::max())
         continue;
-      meta_.thread_names[static_cast<uint32_t>(s.i64(0))] = s.text(1);
+      bool cut = false;
+      meta_.thread_names[static_cast<uint32_t>(s.i64(0))] = capped_text(s, 1, kMaxNameBytes, cut);
+      if (cut) count_cut("ip_thread_names.name longer than 256 bytes: cut");
     }
     if (rc != SQLITE_DONE) side_table_failed("ip_thread_names", rc);
   }
 
   void read_stacks() {
-    if (!sqlite_detail::table_exists(db_, "stack_traces")) return;
+    if (!side_table("stack_traces")) return;
     const auto cols = sqlite_detail::table_columns(db_, "stack_traces");
     Stmt s(db_, "SELECT hash, " + select_list(cols, {{"ips", "''"}, {"frames", "''"}}) +
                     " FROM stack_traces");
@@ -335,13 +423,25 @@ class Reader {
     int rc;
     while ((rc = s.step()) == SQLITE_ROW) {
       if (s.type(0) != SQLITE_INTEGER) continue;
-      meta_.stacks[static_cast<uint64_t>(s.i64(0))] = StackTrace{s.text(1), s.text(2)};
+      bool cut_ips = false, cut_frames = false;
+      StackTrace st{capped_text(s, 1, kMaxStackJsonBytes, cut_ips),
+                    capped_text(s, 2, kMaxStackJsonBytes, cut_frames)};
+      // A cut JSON array no longer parses: drop the text rather than keep a broken prefix.
+      if (cut_ips) {
+        st.ips.clear();
+        count_cut("stack_traces.ips longer than 256 KiB: dropped");
+      }
+      if (cut_frames) {
+        st.frames.clear();
+        count_cut("stack_traces.frames longer than 256 KiB: dropped");
+      }
+      meta_.stacks[static_cast<uint64_t>(s.i64(0))] = std::move(st);
     }
     if (rc != SQLITE_DONE) side_table_failed("stack_traces", rc);
   }
 
   void read_sessions() {
-    if (!sqlite_detail::table_exists(db_, "sessions")) return;
+    if (!side_table("sessions")) return;
     const auto cols = sqlite_detail::table_columns(db_, "sessions");
     Stmt s(db_, "SELECT " +
                     select_list(cols, {{"started_at", "0"}, {"stopped_at", "0"},
@@ -357,25 +457,31 @@ class Reader {
       SessionInfo si;
       si.started_at = static_cast<uint64_t>(s.i64(0));
       si.stopped_at = static_cast<uint64_t>(s.i64(1));
-      si.gpu_model = s.text(2);
-      si.gpu_driver = s.text(3);
-      si.cpu_model = s.text(4);
+      bool cut = false;
+      si.gpu_model = capped_text(s, 2, kMaxTextBytes, cut);
+      si.gpu_driver = capped_text(s, 3, kMaxTextBytes, cut);
+      si.cpu_model = capped_text(s, 4, kMaxTextBytes, cut);
       si.cpu_cores = static_cast<uint32_t>(s.i64(5));
       si.mem_total_mb = static_cast<uint64_t>(s.i64(6));
-      si.kernel = s.text(7);
-      si.os_release = s.text(8);
-      si.cuda_ver = s.text(9);
-      si.python_ver = s.text(10);
-      si.tool_ver = s.text(11);
-      si.pid_filter = s.text(12);
-      si.flags = s.text(13);
+      si.kernel = capped_text(s, 7, kMaxTextBytes, cut);
+      si.os_release = capped_text(s, 8, kMaxTextBytes, cut);
+      si.cuda_ver = capped_text(s, 9, kMaxTextBytes, cut);
+      si.python_ver = capped_text(s, 10, kMaxTextBytes, cut);
+      si.tool_ver = capped_text(s, 11, kMaxTextBytes, cut);
+      si.pid_filter = capped_text(s, 12, kMaxTextBytes, cut);
+      si.flags = capped_text(s, 13, kMaxTextBytes, cut);
+      if (cut) count_cut("sessions text longer than 4096 bytes: cut");
+      if (meta_.sessions.size() >= 100000) {
+        count_cut("sessions beyond 100000: ignored");
+        continue;
+      }
       meta_.sessions.push_back(std::move(si));
     }
     if (rc != SQLITE_DONE) side_table_failed("sessions", rc);
   }
 
   void read_snapshots() {
-    if (!sqlite_detail::table_exists(db_, "system_snapshots")) return;
+    if (!side_table("system_snapshots")) return;
     const auto cols = sqlite_detail::table_columns(db_, "system_snapshots");
     if (!has(cols, "timestamp")) return;
     Stmt s(db_, "SELECT timestamp, " +
@@ -400,16 +506,17 @@ class Reader {
 
   // What the run that wrote the database skipped or lost: it still qualifies the results.
   void read_recorded_health() {
-    if (!sqlite_detail::table_exists(db_, "ip_health")) return;
+    if (!side_table("ip_health")) return;
     Stmt s(db_, "SELECT kind, reason, count FROM ip_health ORDER BY rowid");
     if (!s.ok()) return;
-    while (s.step() == SQLITE_ROW) {
-      const std::string kind = s.text(0);
+    bool cut = false;
+    for (int rows = 0; rows < 10000 && s.step() == SQLITE_ROW; ++rows) {
+      const std::string kind = capped_text(s, 0, 16, cut);
       const auto n = static_cast<uint64_t>(std::max<int64_t>(0, s.i64(2)));
       if (kind == "drop")
         meta_.health.dropped_events += n;
       else if (kind == "skip")
-        meta_.health.skip(s.text(1), n);
+        meta_.health.skip(capped_text(s, 1, kMaxTextBytes, cut), n);
     }
   }
 
@@ -419,6 +526,245 @@ class Reader {
   bool ours_ = false;
   std::unordered_map<std::string, uint16_t> node_cache_;
   std::map<std::string, std::string> interned_;
+  std::map<std::string, uint64_t> cuts_;
+};
+
+
+// Streaming replay (contract: SqliteReadOptions in sinks/sqlite_store.h). Rows are decoded by the
+// same Reader::decode as the load path and merged through a min-heap keyed by (ts_ns, rowid),
+// which is exactly the order a stable sort by ts_ns of the table (in rowid order) gives.
+class StreamSource final : public EventSource {
+ public:
+  StreamSource(sqlite_detail::Db db, TraceMeta meta, const SqliteReadOptions& options)
+      : db_(std::move(db)), meta_(std::move(meta)), options_(options), reader_(db_.get(), meta_) {
+    if (!options_.batch_size) options_.batch_size = 4096;
+    if (!options_.max_reorder_events) options_.max_reorder_events = 1;
+  }
+
+  // Checks the schema, picks the read order and the slack, reads the side tables and the first
+  // rows. False with `error` (no path prefix) on a fatal problem.
+  bool open(std::string& error) {
+    if (!reader_.open_schema(error)) return false;
+    reader_.read_side_tables();
+    const std::string index = timestamp_index();
+    std::string tail;
+    if (!index.empty()) {
+      indexed_ = true;
+      slack_ = max_sched_switch_duration();
+      tail = " INDEXED BY \"" + index + "\" ORDER BY \"timestamp\", rowid";
+    } else {
+      slack_ = rowid_order_disorder();
+    }
+    stmt_ = Stmt(db_.get(), reader_.events_sql(tail));
+    if (!stmt_.ok()) {
+      error = "cannot read `events`: " + stmt_.error();
+      return false;
+    }
+    node_col_ = reader_.node_col();
+    fill();
+    if (failed_rc_ != SQLITE_OK && row_ == 0) {
+      error = sqlite_detail::describe_sqlite_error(db_.get(), failed_rc_) +
+              " while reading `events`; no row could be read";
+      return false;
+    }
+    return true;
+  }
+
+  bool next(Batch& out) override {
+    if (finished_) return false;
+    out.events.clear();
+    // Rows that arrived behind the released watermark (only past max_reorder_events) go first.
+    if (!late_.empty()) {
+      std::sort(late_.begin(), late_.end(), Earlier{});
+      for (auto& h : late_) out.events.push_back(h.e);
+      late_.clear();
+    }
+    while (out.events.size() < options_.batch_size) {
+      fill();
+      if (heap_.empty()) break;
+      out.events.push_back(pop().e);
+    }
+    fill();  // look ahead: is there anything after this batch?
+    out.seq = seq_++;
+    out.final = heap_.empty() && late_.empty();
+    if (out.final) {
+      out.watermark = std::numeric_limits<uint64_t>::max();
+      finish();
+    } else {
+      out.watermark = out.events.empty() ? released_ : out.events.back().ts_ns;
+    }
+    for (const auto& e : out.events) {
+      if (!seen_any_) {
+        meta_.first_ts = e.ts_ns;
+        seen_any_ = true;
+      }
+      meta_.last_ts = std::max(meta_.last_ts, e.end_ns());
+    }
+    return true;
+  }
+
+  TraceMeta& meta() override { return meta_; }
+  uint64_t slack_ns() const { return slack_; }
+  bool indexed() const { return indexed_; }
+
+ private:
+  struct Held {
+    Event e;
+    int64_t rowid;
+  };
+  struct Earlier {
+    bool operator()(const Held& a, const Held& b) const {
+      return a.e.ts_ns != b.e.ts_ns ? a.e.ts_ns < b.e.ts_ns : a.rowid < b.rowid;
+    }
+  };
+  struct Later {
+    bool operator()(const Held& a, const Held& b) const { return Earlier{}(b, a); }
+  };
+
+  // Name of an ascending, complete index whose first column is `timestamp`, or "".
+  std::string timestamp_index() {
+    Stmt s(db_.get(),
+           "SELECT il.name FROM pragma_index_list('events') AS il "
+           "WHERE il.partial = 0 AND (SELECT name = 'timestamp' AND desc = 0 "
+           "FROM pragma_index_xinfo(il.name) WHERE seqno = 0) ORDER BY il.name LIMIT 1");
+    if (!s.ok() || s.step() != SQLITE_ROW) return {};
+    bool cut = false;
+    std::string name = capped_text(s, 0, kMaxTextBytes, cut);
+    if (cut || name.find('"') != std::string::npos) return {};
+    return name;
+  }
+
+  // The largest duration a decodable sched_switch row can have: how far such a row can move
+  // back from where the index puts it.
+  uint64_t max_sched_switch_duration() {
+    Stmt s(db_.get(), "SELECT max(duration) FROM events WHERE source = ?1 AND op = ?2 AND "
+                      "typeof(duration) = 'integer' AND duration BETWEEN 0 AND ?3");
+    if (!s.ok()) return 0;
+    s.bind(1, static_cast<int64_t>(Source::kHost));
+    s.bind(2, static_cast<int64_t>(op::kSchedSwitch));
+    s.bind(3, kMaxPlausibleDurationNs);
+    if (s.step() != SQLITE_ROW || s.type(0) != SQLITE_INTEGER) return 0;
+    return static_cast<uint64_t>(std::max<int64_t>(0, s.i64(0)));
+  }
+
+  // Rowid order without an index: the largest amount by which a row's start precedes the
+  // latest start before it. Holding rows that long makes the heap's output fully sorted.
+  uint64_t rowid_order_disorder() {
+    Stmt s(db_.get(), "SELECT \"timestamp\", duration, source, op FROM events");
+    if (!s.ok()) return 0;
+    uint64_t front = 0, worst = 0;
+    while (s.step() == SQLITE_ROW) {
+      if (s.type(0) != SQLITE_INTEGER || s.type(1) != SQLITE_INTEGER) continue;
+      const int64_t ts = s.i64(0), dur = s.i64(1);
+      if (ts <= 0 || dur < 0 || dur > kMaxPlausibleDurationNs) continue;
+      uint64_t start = static_cast<uint64_t>(ts);
+      if (s.i64(2) == static_cast<int64_t>(Source::kHost) && s.i64(3) == op::kSchedSwitch) {
+        if (static_cast<uint64_t>(dur) >= start) continue;
+        start -= static_cast<uint64_t>(dur);
+      }
+      if (start < front) worst = std::max(worst, front - start);
+      front = std::max(front, start);
+    }
+    return worst;
+  }
+
+  // Reads rows until the heap's smallest row may be released, or the table is done.
+  void fill() {
+    while (!done_ && (heap_.empty() || heap_.front().e.ts_ns >= limit())) {
+      if (heap_.size() >= options_.max_reorder_events) {
+        // Bound reached: let the smallest go early; later rows behind it are flagged late.
+        forced_ = overflowed_ = true;
+        return;
+      }
+      read_row();
+    }
+    forced_ = false;
+  }
+
+  // Rows with ts below this cannot be preceded by a row still unread.
+  uint64_t limit() const { return front_ > slack_ ? front_ - slack_ : 0; }
+
+  void read_row() {
+    const int rc = stmt_.step();
+    if (rc != SQLITE_ROW) {
+      done_ = true;
+      if (rc != SQLITE_DONE) failed_rc_ = rc;
+      return;
+    }
+    ++row_;
+    Held h;
+    if (const char* why = reader_.decode(stmt_, row_, node_col_, h.e)) {
+      meta_.health.skip(why);
+      return;
+    }
+    h.rowid = stmt_.i64(kNumCols);
+    // The position the read order guarantees: stored timestamp (index) or derived start.
+    const uint64_t stored = h.e.source == Source::kHost && h.e.op == op::kSchedSwitch
+                                ? h.e.ts_ns + h.e.dur_ns
+                                : h.e.ts_ns;
+    if (indexed_ && stored < front_) {
+      // The index walk went backwards: the index is damaged. Never hand out unsorted events.
+      meta_.health.skip("row out of timestamp-index order (damaged index?)");
+      return;
+    }
+    front_ = std::max(front_, indexed_ ? stored : h.e.ts_ns);
+    if (released_any_ && h.e.ts_ns < released_) {
+      // Only past max_reorder_events. A context interval may go out late (Batch contract); a
+      // call may not, it is skipped and counted.
+      if (!overflowed_) {
+        // Cannot happen on a sound file (the slack is exact); a damaged index can cause it.
+        meta_.health.skip("row arrived after its place in time order (damaged index?)");
+        return;
+      }
+      if (h.e.source != Source::kHost) {
+        meta_.health.skip("row behind the reorder buffer (max_reorder_events too small): skipped");
+        return;
+      }
+      h.e.flags |= event_flags::kLate;
+      ++late_count_;
+      late_.push_back(h);
+      return;
+    }
+    heap_.push_back(h);
+    std::push_heap(heap_.begin(), heap_.end(), Later{});
+  }
+
+  Held pop() {
+    std::pop_heap(heap_.begin(), heap_.end(), Later{});
+    Held h = heap_.back();
+    heap_.pop_back();
+    released_ = h.e.ts_ns;
+    released_any_ = true;
+    return h;
+  }
+
+  void finish() {
+    finished_ = true;
+    meta_.health.rows_read = row_;
+    if (failed_rc_ != SQLITE_OK)
+      meta_.health.skip("events table unreadable after row " + std::to_string(row_) + ": " +
+                        sqlite_detail::describe_sqlite_error(db_.get(), failed_rc_) +
+                        "; the remaining rows are lost");
+    if (late_count_)
+      meta_.health.skip("delivered late: the reorder buffer (" +
+                            std::to_string(options_.max_reorder_events) +
+                            " rows) was too small for this trace's disorder",
+                        late_count_);
+    reader_.flush_cuts();
+    stmt_ = Stmt();
+    db_.reset();
+  }
+
+  sqlite_detail::Db db_;
+  TraceMeta meta_;
+  SqliteReadOptions options_;
+  Reader reader_;
+  Stmt stmt_;
+  bool node_col_ = false, indexed_ = false, done_ = false, finished_ = false, forced_ = false;
+  bool released_any_ = false, seen_any_ = false, overflowed_ = false;
+  int failed_rc_ = SQLITE_OK;
+  uint64_t slack_ = 0, front_ = 0, released_ = 0, row_ = 0, seq_ = 0, late_count_ = 0;
+  std::vector<Held> heap_, late_;
 };
 
 }  // namespace
@@ -435,6 +781,13 @@ bool is_sqlite_file(const std::string& path) {
 
 std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::string& error,
                                                size_t batch_size) {
+  SqliteReadOptions options;
+  options.batch_size = batch_size;
+  return open_sqlite_trace(path, error, options);
+}
+
+std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::string& error,
+                                               const SqliteReadOptions& options) {
   const std::string shown = path.empty() ? "(empty path)" : path;
   try {
     const auto probe = sqlite_detail::probe_sqlite_file(path);
@@ -448,8 +801,18 @@ std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::str
       error = shown + ": " + why;
       return nullptr;
     }
+    // A hostile file's 200 MB string is refused by SQLite before it is loaded.
+    sqlite3_limit(db.get(), SQLITE_LIMIT_LENGTH, kSqliteMaxValueBytes);
     TraceMeta meta;
     meta.path = path;
+    if (options.stream) {
+      auto source = std::make_unique<StreamSource>(std::move(db), std::move(meta), options);
+      if (!source->open(why)) {
+        error = shown + ": " + why;
+        return nullptr;
+      }
+      return source;
+    }
     std::vector<Event> events;
     Reader reader(db.get(), meta);
     if (!reader.run(events, why)) {
@@ -458,7 +821,8 @@ std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::str
     }
     db.reset();
     const uint64_t rows_read = meta.health.rows_read;
-    auto source = std::make_unique<VectorSource>(std::move(events), batch_size, std::move(meta));
+    auto source = std::make_unique<VectorSource>(std::move(events), options.batch_size ? options.batch_size : 4096,
+                                                 std::move(meta));
     source->meta().health.rows_read = rows_read;
     return source;
   } catch (const std::exception& e) {  // allocation failure on a huge trace, JSON oddities

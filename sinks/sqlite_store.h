@@ -3,10 +3,12 @@
 // Reader contract (open_sqlite_trace):
 // - Reads Ingero trace databases, schema 0.8 (integer `events.id`) and 0.9 (TEXT id
 //   "{node}:{seq}", node/rank columns), and databases written by SqliteSink ("ingero-pipeline-1").
-// - Loads every event into memory and sorts it by ts_ns (stable: ties keep table order), then
-//   hands out Batches of `batch_size` events: sorted, watermark = last ts of the batch, the final
-//   batch has watermark UINT64_MAX and final = true. Memory is 80 bytes per event; the LMDB store
-//   is the streaming path for traces too large for that.
+// - Hands out Batches of `batch_size` events ordered as a stable sort by ts_ns of the table
+//   (ties keep rowid order): sorted, watermark = last ts of the batch, the final batch has
+//   watermark UINT64_MAX and final = true. It streams in bounded memory (SqliteReadOptions below).
+// - Hostile files: `events` must be a real table (a view or virtual table is refused: it could
+//   be an endless query); side tables that are views or virtual tables are ignored with a
+//   warning; strings are capped (kMaxNameBytes...) with counted warnings.
 // - HOST sched_switch rows are stored by Ingero at the END of the off-CPU interval; they become
 //   spans with ts_ns = timestamp - duration. prev_state is kUnknown for Ingero rows.
 // - Fatal problems (no file, not SQLite, truncated, corrupt schema, no `events` table, missing
@@ -59,6 +61,44 @@ inline constexpr int64_t kMaxPlausibleDurationNs = int64_t{24} * 3600 * 1'000'00
 
 std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::string& error,
                                                size_t batch_size = 4096);
+
+// How open_sqlite_trace reads `events`.
+//
+// Streaming (the default) keeps memory independent of the trace's length and gives the same
+// batches as loading every row and stable-sorting by ts_ns (same events, same order, same batch
+// boundaries and watermarks):
+// - With an ascending index whose first column is `timestamp` (Ingero's idx_events_timestamp,
+//   ours), rows are read in (timestamp, rowid) order. Only HOST sched_switch rows move (they are
+//   stored at their END); the reorder slack S is the largest valid sched_switch duration, found by
+//   one aggregate query at open. A row is released once every row still to come must start at or
+//   after it: ts < (last stored timestamp read) - S.
+// - Without such an index (a writer killed before close()), rows are read in rowid order; one
+//   pre-scan of (timestamp, duration, source, op) measures the largest backwards step of the
+//   derived start times, which becomes S (exact, so the output still equals the sorted load).
+// - The reorder buffer holds at most `max_reorder_events` rows. Past that the smallest row is
+//   released early; a row that then arrives before the released watermark goes out flagged
+//   event_flags::kLate at the front of the next batch (the Batch contract allows it) and is
+//   counted in meta().health.reasons ("delivered late: ..."). Results then differ from the
+//   sorted load only for those rows.
+// - meta().first_ts / last_ts / health are final once the final batch has been returned.
+// `stream = false` is the old load-and-sort path (80 bytes per event), kept as the reference the
+// equality tests compare against.
+struct SqliteReadOptions {
+  size_t batch_size = 4096;
+  bool stream = true;
+  size_t max_reorder_events = size_t{1} << 20;  // ~96 MB of held rows at most
+};
+std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::string& error,
+                                               const SqliteReadOptions& options);
+
+// Bounds on strings read from a trace (it may be hostile: a 200 MB process name must not reach a
+// report whole). Longer values are cut to the bound and counted in meta().health.reasons.
+// Values larger than kSqliteMaxValueBytes are not even loaded: the reader's connection refuses
+// them (SQLITE_LIMIT_LENGTH), the row or side table is reported unreadable instead.
+inline constexpr size_t kMaxNameBytes = 256;           // process/thread/node names (kernel: 16)
+inline constexpr size_t kMaxStackJsonBytes = 256 * 1024;  // stack_traces.ips / frames
+inline constexpr size_t kMaxTextBytes = 4096;          // other text columns (sessions, ids)
+inline constexpr int kSqliteMaxValueBytes = 16 * 1024 * 1024;
 
 // True when `path` is a regular file starting with the 16-byte SQLite magic: lets the CLI pick a
 // reader by content instead of by file extension. Reads 16 bytes; never throws.

@@ -203,7 +203,10 @@ Db open_readonly(const std::string& path, const ProbeResult& probe, std::string&
   const std::string uri =
       "file:" + uri_escape(path) + (immutable ? "?mode=ro&immutable=1" : "?mode=ro");
   sqlite3* raw = nullptr;
-  const int rc = sqlite3_open_v2(uri.c_str(), &raw, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, nullptr);
+  const int rc = sqlite3_open_v2(uri.c_str(), &raw,
+                                 // NOMUTEX: each connection is used by one thread at a time; the
+                                 // per-call mutex of a serialized connection cost 16 % of a replay.
+                                 SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX, nullptr);
   Db db(raw);
   if (rc != SQLITE_OK) {
     error = describe_sqlite_error(raw, rc);

@@ -195,6 +195,7 @@ TEST(SqliteReaderOddRows, SkippedAndCountedWithReasons) {
   std::string error;
   auto src = open_sqlite_trace(p, error);
   ASSERT_NE(src, nullptr) << error;
+  const auto d = test::drain(*src);  // a streaming source's health is final at the end
   const auto& h = src->meta().health;
   EXPECT_EQ(h.rows_read, 15u);
   EXPECT_EQ(h.rows_skipped, 11u);
@@ -210,7 +211,6 @@ TEST(SqliteReaderOddRows, SkippedAndCountedWithReasons) {
       {"gpu_id out of range 0..255", 1},
   };
   EXPECT_EQ(h.reasons, expected);
-  const auto d = test::drain(*src);
   ASSERT_EQ(d.events.size(), 4u);
   // Sorted by start: id 1 (1.0 s), 3 (1.5 s), 15 (1.7 s), 2 (2 s - 300 ns).
   EXPECT_EQ(d.events[0].id, 1u);

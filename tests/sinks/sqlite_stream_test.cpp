@@ -1,0 +1,317 @@
+// Streaming SQLite replay equals load-and-sort; hostile trace files stay bounded.
+//
+// The reference is open_sqlite_trace with SqliteReadOptions::stream = false (load every row,
+// stable-sort by ts_ns). Streaming must give the same events, batch boundaries, watermarks,
+// finals, first/last timestamps and health, on every shared Ingero trace and on generated
+// traces: long off-CPU spans, out-of-order rows, ties, with and without a timestamp index (a
+// writer killed before close() leaves none). Hostile files: `events` as a view or a virtual
+// table is refused; side tables that are views are ignored; strings are cut with a count.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+#include <sstream>
+
+#include "engine/ops.h"
+#include "sinks/sqlite_store.h"
+#include "tests/sinks/sqlite_test_util.h"
+
+namespace ingero {
+namespace {
+
+using test::TempDir;
+
+struct Replayed {
+  test::Drained d;
+  TraceMeta meta;
+};
+
+Replayed replay(const std::string& path, bool stream, size_t batch, size_t max_reorder = size_t{1} << 20) {
+  SqliteReadOptions o;
+  o.batch_size = batch;
+  o.stream = stream;
+  o.max_reorder_events = max_reorder;
+  std::string error;
+  auto src = open_sqlite_trace(path, error, o);
+  Replayed r;
+  if (!src) {
+    ADD_FAILURE() << path << ": " << error;
+    return r;
+  }
+  r.d = test::drain(*src);
+  r.meta = src->meta();
+  return r;
+}
+
+// Everything a consumer can observe must match.
+void expect_same(const std::string& path, size_t batch) {
+  SCOPED_TRACE(path + " batch " + std::to_string(batch));
+  const Replayed a = replay(path, false, batch), b = replay(path, true, batch);
+  ASSERT_EQ(a.d.events.size(), b.d.events.size());
+  for (size_t i = 0; i < a.d.events.size(); ++i)
+    ASSERT_TRUE(test::same_event(a.d.events[i], b.d.events[i]))
+        << "event " << i << ": " << test::describe(a.d.events[i]) << " vs "
+        << test::describe(b.d.events[i]);
+  ASSERT_EQ(a.d.batches.size(), b.d.batches.size());
+  for (size_t i = 0; i < a.d.batches.size(); ++i) {
+    EXPECT_EQ(a.d.batches[i].events.size(), b.d.batches[i].events.size()) << "batch " << i;
+    EXPECT_EQ(a.d.batches[i].watermark, b.d.batches[i].watermark) << "batch " << i;
+    EXPECT_EQ(a.d.batches[i].final, b.d.batches[i].final) << "batch " << i;
+    EXPECT_EQ(a.d.batches[i].seq, b.d.batches[i].seq) << "batch " << i;
+  }
+  EXPECT_EQ(a.meta.first_ts, b.meta.first_ts);
+  EXPECT_EQ(a.meta.last_ts, b.meta.last_ts);
+  EXPECT_EQ(a.meta.health.rows_read, b.meta.health.rows_read);
+  EXPECT_EQ(a.meta.health.rows_skipped, b.meta.health.rows_skipped);
+  EXPECT_EQ(a.meta.health.reasons, b.meta.health.reasons);
+  EXPECT_EQ(a.meta.health.dropped_events, b.meta.health.dropped_events);
+  EXPECT_EQ(a.meta.format, b.meta.format);
+  EXPECT_EQ(a.meta.nodes, b.meta.nodes);
+  EXPECT_EQ(a.meta.process_names, b.meta.process_names);
+  EXPECT_EQ(a.meta.stacks.size(), b.meta.stacks.size());
+}
+
+TEST(SqliteStream, EqualsLoadAndSortOnEverySharedTrace) {
+  const std::string dir = INGERO_SHARED_DATA;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) GTEST_SKIP() << "INGERO_SHARED_DATA not found: " << dir;
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (entry.path().extension() != ".db") continue;
+    for (size_t batch : {size_t{1}, size_t{7}, size_t{4096}}) expect_same(entry.path().string(), batch);
+    ++n;
+  }
+  EXPECT_GT(n, 0);
+}
+
+TEST(SqliteStream, EqualsLoadAndSortOnTheRepositorySample) {
+  const std::string p = std::string(INGERO_SOURCE_DIR) + "/samples/pytorch-dataloader-starvation.db";
+  if (!std::filesystem::is_regular_file(p)) GTEST_SKIP() << "no " << p;
+  for (size_t batch : {size_t{3}, size_t{4096}}) expect_same(p, batch);
+}
+
+constexpr const char* kIngero08 = R"sql(
+  CREATE TABLE events (id INTEGER PRIMARY KEY, timestamp INTEGER NOT NULL, pid INTEGER NOT NULL,
+    tid INTEGER NOT NULL, source INTEGER NOT NULL, op INTEGER NOT NULL, duration INTEGER NOT NULL,
+    gpu_id INTEGER NOT NULL DEFAULT 0, arg0 INTEGER NOT NULL DEFAULT 0,
+    arg1 INTEGER NOT NULL DEFAULT 0, ret_code INTEGER NOT NULL DEFAULT 0,
+    stack_hash INTEGER NOT NULL DEFAULT 0);
+  CREATE TABLE process_names (pid INTEGER PRIMARY KEY, name TEXT NOT NULL);
+)sql";
+
+// A random Ingero 0.8 trace: CUDA calls in time order (with ties), sched_switch rows stored at
+// their end with spans up to `max_span` ns, and a share of rows inserted out of time order.
+std::string make_trace(const std::string& path, uint32_t seed, int rows, uint64_t max_span,
+                       double shuffled, bool index) {
+  std::mt19937_64 rng(seed);
+  std::ostringstream sql;
+  sql << kIngero08 << "BEGIN;";
+  uint64_t t = 1'700'000'000'000'000'000ull;
+  for (int i = 0; i < rows; ++i) {
+    t += rng() % 4 == 0 ? 0 : rng() % 5000;  // ties on purpose
+    uint64_t ts = t;
+    if (std::uniform_real_distribution<double>(0, 1)(rng) < shuffled) ts -= rng() % 200'000;
+    const bool sched = rng() % 5 == 0;
+    const uint64_t dur = sched ? rng() % (max_span + 1) : rng() % 100'000;
+    const int source = sched ? 3 : 1, op = sched ? op::kSchedSwitch : 1 + static_cast<int>(rng() % 3);
+    sql << "INSERT INTO events(timestamp,pid,tid,source,op,duration) VALUES(" << ts << ","
+        << 10 + rng() % 3 << "," << 100 + rng() % 5 << "," << source << "," << op << "," << dur
+        << ");";
+  }
+  sql << "INSERT INTO process_names VALUES (10, 'python3');COMMIT;";
+  if (index) sql << "CREATE INDEX idx_events_timestamp ON events(timestamp);";
+  return test::run_sql(path, sql.str());
+}
+
+TEST(SqliteStream, EqualsLoadAndSortOnGeneratedEdgeCases) {
+  TempDir dir;
+  int k = 0;
+  for (bool index : {true, false})
+    for (uint64_t span : {uint64_t{0}, uint64_t{3'000'000}, uint64_t{2'000'000'000}})
+      for (double shuffled : {0.0, 0.2}) {
+        const std::string p = dir.file("gen" + std::to_string(k) + ".db");
+        ASSERT_EQ(make_trace(p, 1000 + k, 3000, span, shuffled, index), "");
+        ++k;
+        for (size_t batch : {size_t{1}, size_t{64}, size_t{4096}}) expect_same(p, batch);
+      }
+}
+
+TEST(SqliteStream, AKilledWritersTraceWithoutIndexesStreams) {
+  TempDir dir;
+  const std::string p = dir.file("killed.db");
+  {
+    std::string error;
+    auto sink = SqliteSink::create(p, error);
+    ASSERT_NE(sink, nullptr) << error;
+    std::vector<Event> ev;
+    for (int i = 0; i < 5000; ++i) {
+      Event e;
+      e.ts_ns = 1'000'000'000ull + static_cast<uint64_t>((i * 7919) % 5000) * 1000;
+      e.dur_ns = i % 3 == 0 ? 4'000'000 : 500;
+      e.source = i % 3 == 0 ? Source::kHost : Source::kCuda;
+      e.op = i % 3 == 0 ? op::kSchedSwitch : 1;
+      e.pid = 7;
+      e.tid = 8;
+      ev.push_back(e);
+    }
+    ASSERT_TRUE(sink->write_events(ev));
+    ASSERT_TRUE(sink->commit());
+    // No close(): the deferred indexes are never built, as when the writer is killed.
+    ASSERT_EQ(test::query_int(p, "SELECT count(*) FROM sqlite_master WHERE type='index' AND "
+                                 "tbl_name='events'"),
+              0);
+    for (size_t batch : {size_t{5}, size_t{4096}}) expect_same(p, batch);
+    std::string error2;
+    sink->close(error2);
+  }
+}
+
+TEST(SqliteStream, TooSmallReorderBufferFlagsSpansLateAndCountsThem) {
+  TempDir dir;
+  const std::string p = dir.file("late.db");
+  ASSERT_EQ(make_trace(p, 7, 2000, 50'000'000, 0.0, true), "");
+  const Replayed r = replay(p, true, 64, /*max_reorder=*/8);
+  uint64_t late = 0;
+  for (const auto& b : r.d.batches) {
+    bool in_front = true;
+    uint64_t prev = 0;
+    for (const auto& e : b.events) {
+      const bool is_late = e.flags & event_flags::kLate;
+      if (is_late) {
+        ++late;
+        EXPECT_TRUE(in_front) << "late events come first in their batch";
+        EXPECT_EQ(e.source, Source::kHost);
+      } else {
+        in_front = false;
+      }
+      EXPECT_GE(e.ts_ns, prev) << "batch stays sorted";
+      prev = e.ts_ns;
+    }
+  }
+  EXPECT_GT(late, 0u);
+  uint64_t counted = 0;
+  for (const auto& [why, n] : r.meta.health.reasons)
+    if (why.rfind("delivered late", 0) == 0) counted += n;
+  EXPECT_EQ(counted, late);
+  // Nothing is lost: late or skipped, every row is accounted for.
+  const Replayed ref = replay(p, false, 64);
+  EXPECT_EQ(r.d.events.size() + r.meta.health.rows_skipped - counted,
+            ref.d.events.size() + ref.meta.health.rows_skipped);
+}
+
+// ------------------------------------------------------------------ hostile files
+
+TEST(SqliteHostile, EventsAsAnEndlessRecursiveViewIsRefused) {
+  TempDir dir;
+  const std::string p = dir.file("view.db");
+  ASSERT_EQ(test::run_sql(p, R"sql(
+    CREATE VIEW events AS WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n)
+      SELECT i AS id, i AS timestamp, 1 AS pid, 1 AS tid, 1 AS source, 1 AS op, 1 AS duration
+      FROM n;
+  )sql"),
+            "");
+  for (bool stream : {true, false}) {
+    SqliteReadOptions o;
+    o.stream = stream;
+    std::string error;
+    auto src = open_sqlite_trace(p, error, o);
+    EXPECT_EQ(src, nullptr);
+    EXPECT_NE(error.find(p + ": `events` is a view, not a table: refused"), std::string::npos) << error;
+  }
+}
+
+TEST(SqliteHostile, EventsAsAVirtualTableIsRefused) {
+  TempDir dir;
+  const std::string p = dir.file("vtab.db");
+  const std::string made = test::run_sql(
+      p, "CREATE VIRTUAL TABLE events USING rtree(id, timestamp, pid);");
+  if (!made.empty()) GTEST_SKIP() << "this SQLite has no rtree module: " << made;
+  std::string error;
+  auto src = open_sqlite_trace(p, error);
+  EXPECT_EQ(src, nullptr);
+  EXPECT_NE(error.find("`events` is a virtual table, not a table: refused"), std::string::npos)
+      << error;
+}
+
+TEST(SqliteHostile, SideTableViewsAreIgnoredWithAWarning) {
+  TempDir dir;
+  const std::string p = dir.file("sideview.db");
+  ASSERT_EQ(make_trace(p, 3, 50, 1000, 0, true), "");
+  ASSERT_EQ(test::run_sql(p, "DROP TABLE process_names; CREATE VIEW process_names AS "
+                             "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) "
+                             "SELECT i AS pid, 'x' AS name FROM n;"),
+            "");
+  const Replayed r = replay(p, true, 4096);
+  EXPECT_TRUE(r.meta.process_names.empty());
+  EXPECT_EQ(r.meta.health.reasons.count("process_names is a view, not a table: ignored"), 1u);
+  EXPECT_EQ(r.d.events.size(), 50u);
+}
+
+TEST(SqliteHostile, OversizedStringsAreCutAndCounted) {
+  TempDir dir;
+  const std::string p = dir.file("long.db");
+  ASSERT_EQ(make_trace(p, 4, 20, 1000, 0, true), "");
+  ASSERT_EQ(test::run_sql(p, R"sql(
+    INSERT INTO process_names VALUES (11, printf('%.*c', 100000, 'a'));
+    CREATE TABLE stack_traces (hash INTEGER PRIMARY KEY, ips TEXT NOT NULL, frames TEXT NOT NULL);
+    INSERT INTO stack_traces VALUES (5, '[' || printf('%.*c', 1000000, '1') || ']', '[]');
+    INSERT INTO stack_traces VALUES (6, '["0x1"]', '[]');
+  )sql"),
+            "");
+  for (bool stream : {true, false}) {
+    SqliteReadOptions o;
+    o.stream = stream;
+    std::string error;
+    auto src = open_sqlite_trace(p, error, o);
+    ASSERT_NE(src, nullptr) << error;
+    test::drain(*src);
+    const auto& m = src->meta();
+    EXPECT_EQ(m.process_names.at(10), "python3");
+    EXPECT_EQ(m.process_names.at(11).size(), kMaxNameBytes);
+    EXPECT_EQ(m.health.reasons.at("process_names.name longer than 256 bytes: cut"), 1u);
+    EXPECT_TRUE(m.stacks.at(5).ips.empty());
+    EXPECT_EQ(m.stacks.at(6).ips, "[\"0x1\"]");
+    EXPECT_EQ(m.health.reasons.at("stack_traces.ips longer than 256 KiB: dropped"), 1u);
+  }
+}
+
+TEST(SqliteHostile, ValuesOverTheLoadLimitAreNeverLoaded) {
+  TempDir dir;
+  const std::string p = dir.file("huge.db");
+  ASSERT_EQ(make_trace(p, 5, 20, 1000, 0, true), "");
+  // 20 MB > kSqliteMaxValueBytes: SQLite refuses to load it instead of allocating it.
+  ASSERT_EQ(test::run_sql(p, "INSERT INTO process_names VALUES (12, zeroblob(20000000));"
+                             "UPDATE process_names SET name = CAST(name AS TEXT) WHERE pid = 12;"),
+            "");
+  std::string error;
+  auto src = open_sqlite_trace(p, error);
+  ASSERT_NE(src, nullptr) << error;
+  const auto d = test::drain(*src);
+  EXPECT_EQ(d.events.size(), 20u);
+  bool reported = false;
+  for (const auto& [why, n] : src->meta().health.reasons)
+    if (why.rfind("process_names unreadable", 0) == 0) reported = true;
+  EXPECT_TRUE(reported);
+  for (const auto& [pid, name] : src->meta().process_names) EXPECT_LE(name.size(), kMaxNameBytes);
+}
+
+TEST(SqliteHostile, OversizedNodeNamesAreCut) {
+  TempDir dir;
+  const std::string p = dir.file("node.db");
+  ASSERT_EQ(make_trace(p, 6, 10, 1000, 0, true), "");
+  ASSERT_EQ(test::run_sql(p, "ALTER TABLE events ADD COLUMN node TEXT NOT NULL DEFAULT '';"
+                             "UPDATE events SET node = printf('%.*c', 5000, 'n') WHERE id = 1;"),
+            "");
+  for (bool stream : {true, false}) {
+    SqliteReadOptions o;
+    o.stream = stream;
+    std::string error;
+    auto src = open_sqlite_trace(p, error, o);
+    ASSERT_NE(src, nullptr) << error;
+    test::drain(*src);
+    for (const auto& n : src->meta().nodes) EXPECT_LE(n.size(), kMaxNameBytes);
+  }
+}
+
+}  // namespace
+}  // namespace ingero
