@@ -322,6 +322,15 @@ struct PerfettoWriter::Impl {
 
   // ---- events
 
+  std::unordered_map<uint16_t, std::pair<std::string, std::string>> op_name_cache;  // -> (name, category)
+  const std::pair<std::string, std::string>& op_names(Source src, uint8_t op) {
+    const uint16_t key = static_cast<uint16_t>((static_cast<unsigned>(src) << 8) | op);
+    auto it = op_name_cache.find(key);
+    if (it == op_name_cache.end())
+      it = op_name_cache.emplace(key, std::make_pair(op_name(src, op), lower(source_name(src)))).first;
+    return it->second;
+  }
+
   const std::string& stack_fragment(const TraceMeta& meta, uint64_t stack_id) {
     static const std::string empty;
     auto it = stack_cache.find(stack_id);
@@ -415,7 +424,8 @@ struct PerfettoWriter::Impl {
       case OpKind::kInstant:
       case OpKind::kCounter: slice = false; break;
     }
-    if (name.empty()) name = op_name(e.source, e.op);
+    const auto& names = op_names(e.source, e.op);
+    if (name.empty()) name = names.first;
     const int64_t jp = process(meta, e.node, e.pid);
     const uint64_t track_key = (static_cast<uint64_t>(map_id(tid_map, e.node, e.tid)) << 2) | track_kind;
     const int lane = slice ? place(track_key, e.ts_ns, e.end_ns()) : 0;
@@ -425,7 +435,7 @@ struct PerfettoWriter::Impl {
     buf += slice ? "{\"ph\":\"X\",\"name\":\"" : "{\"ph\":\"i\",\"s\":\"t\",\"name\":\"";
     json_escape_append(buf, name);
     buf += "\",\"cat\":\"";
-    buf += lower(source_name(e.source));
+    buf += names.second;
     buf += "\",\"pid\":" + std::to_string(jp) + ",\"tid\":" + std::to_string(jt);
     ts_field("ts", e.ts_ns);
     if (slice) {
