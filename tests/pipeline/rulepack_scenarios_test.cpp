@@ -207,7 +207,7 @@ std::vector<Scenario> scenarios() {
                    return ts + 25 * kUs;
                  };
                  uint64_t t = kT0;
-                 for (uint64_t i = 0; t < kT0 + 60 * kS; ++i) {
+                 for (uint64_t i = 0; t + 50 * kMs < kT0 + 60 * kS; ++i) {
                    const bool eager = f && t >= kT0 + 30 * kS;
                    t = step(tr, kPid, kTid, t, i, eager ? 40 : 3, eager ? Extra{} : Extra{graphed});
                    t += eager ? 0 : 700 * kUs;  // the graph's kernels take the eager launches' time
