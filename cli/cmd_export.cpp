@@ -249,8 +249,8 @@ int run_export(const ExportArgs& a) {
     return kExitUsage;
   }
 
-  // Pass 2: the events, then the chains. The first pass's source goes first: the SQLite reader
-  // holds its whole trace in memory (80 bytes an event), so two open at once would double that.
+  // Pass 2: the events, then the chains. The first pass's source is closed first, so two
+  // readers never hold their buffers at once.
   const TraceMeta meta1 = result.meta;
   in1.merged.reset();
   in1.parts.clear();
