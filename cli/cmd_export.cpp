@@ -237,7 +237,7 @@ int run_export(const ExportArgs& a) {
       pids += (pids.empty() ? "" : ", ") + std::to_string(pid);
     }
     print_error("no event matches " + filter_text(a) + "; the trace has " + std::to_string(census.total) +
-                " events over " + std::to_string(census.per_second.size()) + " s" +
+                " events over " + secs_text((census.last - census.start) / 1'000'000'000ull + (census.started ? 1 : 0)) +
                 (pids.empty() ? std::string() : " (processes in range: " + pids + ")") + "; nothing was written");
     return kExitInput;
   }
