@@ -113,6 +113,7 @@ struct Scenario {
   Source source = Source::kUnknown;
   uint8_t op = 0;
   std::function<Trace(bool fault)> make;
+  std::string extra_rules;  // a rule file loaded beside the pack (rules/optional/), "" = the pack
 };
 
 // A fault in the loop of pid 2000 from 20 s on (past its 10 s warm-up), the neighbour clean.
@@ -215,11 +216,20 @@ std::vector<Scenario> scenarios() {
                  loop(tr, kNeighbour, kNeighbour + 1, 0, 60 * kS, 3, graphed, 1);
                  tr.finish();
                  return tr;
-               }});
+               },
+               std::string(INGERO_SOURCE_DIR) + "/rules/optional/graph_coverage.rules"});
   return s;
 }
 
-AnalysisResult analyse(const Trace& tr, unsigned threads, AnnotateOptions ao = {}) {
+// The pack, plus `extra` (its inline tests must pass) when given.
+Plan plan_with(const std::string& extra) {
+  if (extra.empty()) return rules::default_rule_pack_plan();
+  rules::LoadResult lr = rules::load_rule_files({extra}, true);
+  EXPECT_TRUE(lr.ok()) << extra << ": " << (lr.rejected.empty() ? "" : lr.rejected.front());
+  return lr.plan;
+}
+
+AnalysisResult analyse(const Trace& tr, unsigned threads, AnnotateOptions ao = {}, const std::string& extra = "") {
   VectorSource src(tr.ev, 4096, tr.meta);
   ChainAnnotator a(ao);
   AnnotatingSource tap(src, a);
@@ -227,7 +237,7 @@ AnalysisResult analyse(const Trace& tr, unsigned threads, AnnotateOptions ao = {
   o.threads = threads;
   o.compute_stats = false;
   std::vector<std::string> errors;
-  AnalysisResult r = run_plan(rules::default_rule_pack_plan(), tap, o, &errors);
+  AnalysisResult r = run_plan(plan_with(extra), tap, o, &errors);
   EXPECT_TRUE(errors.empty()) << errors.front();
   annotate_result(r, a);
   return r;
@@ -253,7 +263,7 @@ class RulePackScenario : public ::testing::TestWithParam<size_t> {};
 
 TEST_P(RulePackScenario, FaultFoundWithTheRightRulePidAndThread) {
   const Scenario sc = scenarios()[GetParam()];
-  const auto r = analyse(sc.make(true), 1);
+  const auto r = analyse(sc.make(true), 1, {}, sc.extra_rules);
   const Chain* hit = nullptr;
   for (const auto& c : r.chains)
     if (c.rule == sc.rule && c.severity >= Severity::kMedium) {
@@ -274,7 +284,7 @@ TEST_P(RulePackScenario, FaultFoundWithTheRightRulePidAndThread) {
 
 TEST_P(RulePackScenario, ControlIsClean) {
   const Scenario sc = scenarios()[GetParam()];
-  const auto r = analyse(sc.make(false), 1);
+  const auto r = analyse(sc.make(false), 1, {}, sc.extra_rules);
   for (const auto& c : r.chains) EXPECT_LT(c.severity, Severity::kMedium) << sc.name << "\n" << describe(r);
   for (const auto& c : r.chains) EXPECT_NE(c.category, sc.category) << describe(r);
 }
@@ -282,7 +292,7 @@ TEST_P(RulePackScenario, ControlIsClean) {
 TEST_P(RulePackScenario, OneAndFourThreadsGiveTheSameChains) {
   const Scenario sc = scenarios()[GetParam()];
   const Trace tr = sc.make(true);
-  EXPECT_EQ(chain_keys(analyse(tr, 1)), chain_keys(analyse(tr, 4)));
+  EXPECT_EQ(chain_keys(analyse(tr, 1, {}, sc.extra_rules)), chain_keys(analyse(tr, 4, {}, sc.extra_rules)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Issue15, RulePackScenario, ::testing::Range<size_t>(0, 6),
