@@ -16,6 +16,8 @@
 #include <set>
 #include <string>
 
+#include "sinks/sqlite_store.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -176,6 +178,20 @@ TEST_F(ExportCli, RunConfigPerfettoSink) {
   ASSERT_EQ(r.status, 0) << r.err;
   // The same events and chain arrows as `export` (flows resolved by re-reading the source).
   check_demo_export(json::parse(slurp(p("run.json"))), count_rows(p("cpu.db")));
+}
+
+TEST_F(ExportCli, EmptyTraceGivesValidEmptyTimeline) {
+  std::string error;
+  {
+    auto sink = ingero::SqliteSink::create(p("empty.db"), error);
+    ASSERT_TRUE(sink) << error;
+    ASSERT_TRUE(sink->write_meta(ingero::TraceMeta{}));
+    ASSERT_TRUE(sink->close(error)) << error;
+  }
+  const CliRun r = run("export --db " + p("empty.db") + " -o " + p("empty.json") + " -q");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json doc = json::parse(slurp(p("empty.json")));
+  EXPECT_TRUE(doc["traceEvents"].empty()) << doc.dump();
 }
 
 TEST_F(ExportCli, MissingDatabase) {
