@@ -2,6 +2,10 @@
 // See sinks/sqlite_store.h for the contract and docs/storage.md for the column mapping.
 #include <algorithm>
 #include <charconv>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -581,12 +585,12 @@ class StreamSource final : public EventSource {
     }
     while (out.events.size() < options_.batch_size) {
       fill();
-      if (heap_.empty()) break;
+      if (!held()) break;
       out.events.push_back(pop().e);
     }
     fill();  // look ahead: is there anything after this batch?
     out.seq = seq_++;
-    out.final = heap_.empty() && late_.empty();
+    out.final = !held() && late_.empty();
     if (out.final) {
       out.watermark = std::numeric_limits<uint64_t>::max();
       finish();
@@ -668,10 +672,23 @@ class StreamSource final : public EventSource {
     return worst;
   }
 
-  // Reads rows until the heap's smallest row may be released, or the table is done.
+  // The held row that goes out next (the smaller of the in-order queue's front and the heap's
+  // top), or null when nothing is held.
+  const Held* smallest() const {
+    const Held* q = in_order_.empty() ? nullptr : &in_order_.front();
+    const Held* h = heap_.empty() ? nullptr : &heap_.front();
+    if (!q) return h;
+    if (!h) return q;
+    return Earlier{}(*h, *q) ? h : q;
+  }
+  size_t held() const { return in_order_.size() + heap_.size(); }
+
+  // Reads rows until the smallest held row may be released, or the table is done.
   void fill() {
-    while (!done_ && (heap_.empty() || heap_.front().e.ts_ns >= limit())) {
-      if (heap_.size() >= options_.max_reorder_events) {
+    for (;;) {
+      const Held* top = smallest();
+      if (done_ || (top && top->e.ts_ns < limit())) break;
+      if (held() >= options_.max_reorder_events) {
         // Bound reached: let the smallest go early; later rows behind it are flagged late.
         forced_ = overflowed_ = true;
         return;
@@ -725,14 +742,28 @@ class StreamSource final : public EventSource {
       late_.push_back(h);
       return;
     }
+    // Over the index, every row but sched_switch arrives in (ts, rowid) order already: a FIFO
+    // holds those, only the rows that move pay for the heap.
+    if (indexed_ && stored == h.e.ts_ns &&
+        (in_order_.empty() || Earlier{}(in_order_.back(), h))) {
+      in_order_.push_back(h);
+      return;
+    }
     heap_.push_back(h);
     std::push_heap(heap_.begin(), heap_.end(), Later{});
   }
 
   Held pop() {
-    std::pop_heap(heap_.begin(), heap_.end(), Later{});
-    Held h = heap_.back();
-    heap_.pop_back();
+    Held h;
+    const Held* top = smallest();
+    if (!in_order_.empty() && top == &in_order_.front()) {
+      h = in_order_.front();
+      in_order_.pop_front();
+    } else {
+      std::pop_heap(heap_.begin(), heap_.end(), Later{});
+      h = heap_.back();
+      heap_.pop_back();
+    }
     released_ = h.e.ts_ns;
     released_any_ = true;
     return h;
@@ -765,6 +796,78 @@ class StreamSource final : public EventSource {
   int failed_rc_ = SQLITE_OK;
   uint64_t slack_ = 0, front_ = 0, released_ = 0, row_ = 0, seq_ = 0, late_count_ = 0;
   std::vector<Held> heap_, late_;
+  std::deque<Held> in_order_;
+};
+
+
+// Runs a source's next() on its own thread, `depth` batches ahead, so reading and decoding
+// SQLite rows overlaps the engine. Batches are handed over whole (swapped, never copied). The
+// wrapped source's meta() is read by the consumer only after open (names, stacks: not written
+// again) and after the final batch (health, first/last ts: the queue's mutex orders them).
+class ReaderThreadSource final : public EventSource {
+ public:
+  ReaderThreadSource(std::unique_ptr<EventSource> inner, size_t depth)
+      : inner_(std::move(inner)), depth_(depth ? depth : 1) {
+    worker_ = std::thread([this] { produce(); });
+  }
+  ~ReaderThreadSource() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  bool next(Batch& out) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !ready_.empty() || done_; });
+    if (ready_.empty()) return false;
+    std::swap(out, ready_.front());
+    // The consumer's previous batch goes back to the reader for reuse (keeps its capacity).
+    if (out_spare_.size() < depth_) out_spare_.push_back(std::move(ready_.front()));
+    ready_.pop_front();
+    lock.unlock();
+    cv_.notify_all();
+    return true;
+  }
+
+  TraceMeta& meta() override { return inner_->meta(); }
+
+ private:
+  void produce() {
+    for (;;) {
+      Batch b;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return ready_.size() < depth_ || stop_; });
+        if (stop_) break;
+        if (!out_spare_.empty()) {
+          b = std::move(out_spare_.back());
+          out_spare_.pop_back();
+        }
+      }
+      const bool got = inner_->next(b);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!got) break;
+      const bool last = b.final;
+      ready_.push_back(std::move(b));
+      cv_.notify_all();
+      if (last) break;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    cv_.notify_all();
+  }
+
+  std::unique_ptr<EventSource> inner_;
+  size_t depth_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Batch> ready_;
+  std::vector<Batch> out_spare_;
+  bool stop_ = false, done_ = false;
+  std::thread worker_;
 };
 
 }  // namespace
@@ -811,6 +914,7 @@ std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::str
         error = shown + ": " + why;
         return nullptr;
       }
+      if (options.reader_thread) return std::make_unique<ReaderThreadSource>(std::move(source), 4);
       return source;
     }
     std::vector<Event> events;

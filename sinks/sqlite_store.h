@@ -87,6 +87,9 @@ struct SqliteReadOptions {
   size_t batch_size = 4096;
   bool stream = true;
   size_t max_reorder_events = size_t{1} << 20;  // ~96 MB of held rows at most
+  // Read and decode on a thread of its own, up to 4 batches ahead of the consumer (streaming
+  // only). meta() is then safe to read after open and after the final batch, not in between.
+  bool reader_thread = true;
 };
 std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::string& error,
                                                const SqliteReadOptions& options);

@@ -26,8 +26,10 @@ struct Replayed {
   TraceMeta meta;
 };
 
-Replayed replay(const std::string& path, bool stream, size_t batch, size_t max_reorder = size_t{1} << 20) {
+Replayed replay(const std::string& path, bool stream, size_t batch, size_t max_reorder = size_t{1} << 20,
+                bool reader_thread = true) {
   SqliteReadOptions o;
+  o.reader_thread = reader_thread;
   o.batch_size = batch;
   o.stream = stream;
   o.max_reorder_events = max_reorder;
@@ -45,8 +47,9 @@ Replayed replay(const std::string& path, bool stream, size_t batch, size_t max_r
 
 // Everything a consumer can observe must match.
 void expect_same(const std::string& path, size_t batch) {
-  SCOPED_TRACE(path + " batch " + std::to_string(batch));
-  const Replayed a = replay(path, false, batch), b = replay(path, true, batch);
+  for (bool thread : {true, false}) {
+  SCOPED_TRACE(path + " batch " + std::to_string(batch) + (thread ? " reader thread" : " inline"));
+  const Replayed a = replay(path, false, batch), b = replay(path, true, batch, size_t{1} << 20, thread);
   ASSERT_EQ(a.d.events.size(), b.d.events.size());
   for (size_t i = 0; i < a.d.events.size(); ++i)
     ASSERT_TRUE(test::same_event(a.d.events[i], b.d.events[i]))
@@ -69,6 +72,7 @@ void expect_same(const std::string& path, size_t batch) {
   EXPECT_EQ(a.meta.nodes, b.meta.nodes);
   EXPECT_EQ(a.meta.process_names, b.meta.process_names);
   EXPECT_EQ(a.meta.stacks.size(), b.meta.stacks.size());
+  }
 }
 
 TEST(SqliteStream, EqualsLoadAndSortOnEverySharedTrace) {
