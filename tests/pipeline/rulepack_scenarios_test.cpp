@@ -302,11 +302,11 @@ INSTANTIATE_TEST_SUITE_P(Issue15, RulePackScenario, ::testing::Range<size_t>(0, 
 
 // A short script (traced live in the issue): its first calls create the context, load modules
 // and allocate (hundreds of ms), then 50 ordinary steps. Its only slow calls are its first ones.
-Trace warmup_script() {
+Trace warmup_script(uint64_t context_ns = 350 * kMs) {
   Trace tr;
   uint64_t t = kT0 + 2 * kS;
-  tr.add(Source::kCuda, op::kCudaMalloc, kPid, kTid, t, 350 * kMs, 2u << 20);  // context creation
-  t += 351 * kMs;
+  tr.add(Source::kCuda, op::kCudaMalloc, kPid, kTid, t, context_ns, 2u << 20);  // context creation
+  t += context_ns + kMs;
   for (int k = 0; k < 3; ++k) {  // lazy module loading on the first launches
     tr.add(Source::kCuda, op::kCudaLaunchKernel, kPid, kTid, t, 30 * kMs);
     t += 31 * kMs;
@@ -352,6 +352,19 @@ TEST(RulePackWarmup, WithoutTheWarmupTheSameScriptGivesAMediumChain) {
   bool medium = false;
   for (const auto& c : r.chains) medium |= c.severity >= Severity::kMedium;
   EXPECT_TRUE(medium) << describe(r);
+}
+
+TEST(RulePackWarmup, AnAbnormalWarmupKeepsItsSeverityAndSaysSo) {
+  // Context creation taking 6 s (>= warmup_abnormal_ns, 5 s) is itself the problem.
+  const auto r = analyse(warmup_script(6 * kS), 1);
+  bool abnormal = false;
+  for (const auto& c : r.chains)
+    if (c.summary.rfind("abnormal warm-up: ", 0) == 0) {
+      abnormal = true;
+      EXPECT_GE(c.severity, Severity::kMedium) << c.summary;
+      EXPECT_NE(c.explanation.find("itself abnormal"), std::string::npos) << c.explanation;
+    }
+  EXPECT_TRUE(abnormal) << describe(r);
 }
 
 TEST(RulePackWarmup, MallocsOnlyInWarmupAreReportedLow) {
