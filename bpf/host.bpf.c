@@ -11,6 +11,10 @@
  * stacks taken at switch-out (ids into stack_ids, in arg2); ~0 = no off-CPU stacks (nothing
  * captured at all). */
 const volatile __u64 offcpu_stack_min_ns = ~0ULL;
+/* Set by the loader when btf_sys_exit is loaded: a long blocked span of a thread that slept in a
+ * syscall is held (offcpu_done) until that syscall returns, and sent from there with the thread's
+ * full user stacks (window + Python frames), which are still those of the blocking call. */
+const volatile bool offcpu_user_at_exit = false;
 
 /* Which families emit records (the programs of a disabled family are not even loaded; process
  * tracking programs always load because fork-following and cleanup depend on them). */
@@ -39,6 +43,15 @@ struct {
   __type(key, __u32);
   __type(value, struct ip_offcpu);
 } offcpu SEC(".maps");
+
+/* tid -> a long blocked off-CPU span that ended, waiting for its thread's syscall return to be
+ * sent with the user stacks (offcpu_user_at_exit). Starts with ts like the maps below. */
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, IP_MAX_THREADS);
+  __type(key, __u32);
+  __type(value, struct ip_record);
+} offcpu_done SEC(".maps");
 
 /* Every open-interval value starts with its entry timestamp: user space scans them all the same
  * way to hold the watermark (probes.cpp oldest_open). */
@@ -110,8 +123,22 @@ static __always_inline int current_traced(void) {
 
 /* ---- sched_switch: off-CPU spans ---------------------------------------------------------- */
 
+/* A held span (offcpu_done) goes out as a plain record: its thread blocked again or exited
+ * before a syscall return gave its user stacks. */
+static __always_inline void flush_done(__u32 tid) {
+  struct ip_record* d = bpf_map_lookup_elem(&offcpu_done, &tid);
+  if (!d) return;
+  struct ip_record* r = reserve();
+  if (r) {
+    __builtin_memcpy(r, d, sizeof(*r));
+    bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+  }
+  bpf_map_delete_elem(&offcpu_done, &tid);
+}
+
 static __always_inline void switch_out(void* ctx, __u32 tgid, __u32 tid, __u32 next_tid,
                                        __u8 state, __u64 now) {
+  if (offcpu_user_at_exit) flush_done(tid);
   struct ip_offcpu o = {.ts = now, .tgid = tgid, .next_tid = next_tid, .state = state,
                         .kstack = -1, .ustack = -1};
   if (offcpu_stack_min_ns != ~0ULL && state != IP_STATE_PREEMPTED) {
@@ -127,25 +154,56 @@ static __always_inline void switch_out(void* ctx, __u32 tgid, __u32 tid, __u32 n
 static __always_inline void switch_in(__u32 tid, __u64 now, __u8 flags) {
   struct ip_offcpu* o = bpf_map_lookup_elem(&offcpu, &tid);
   if (!o) return; /* not traced, or traced only since it went off CPU */
+  struct ip_record rec = {};
+  rec.ts = o->ts;
+  rec.dur = now - o->ts;
+  rec.arg1 = o->next_tid;
+  rec.pid = o->tgid;
+  rec.tid = tid;
+  rec.source = IP_SRC_HOST;
+  rec.op = 1; /* sched_switch */
+  rec.state = o->state;
+  rec.flags = flags;
+  int hold = 0;
+  if (rec.dur >= offcpu_stack_min_ns && (o->kstack >= 0 || o->ustack >= 0)) {
+    /* ids + 1 (0 = none): kernel stack in the low half, user stack in the high half */
+    rec.arg2 = (__u64)(__u32)(o->kstack + 1) | ((__u64)(__u32)(o->ustack + 1) << 32);
+    rec.flags |= IP_REC_STACKIDS;
+    hold = offcpu_user_at_exit;
+  }
+  if (hold && bpf_map_update_elem(&offcpu_done, &tid, &rec, BPF_ANY) == 0) {
+    bpf_map_delete_elem(&offcpu, &tid);
+    return;
+  }
   struct ip_record* r = reserve();
   if (r) {
-    r->ts = o->ts;
-    r->dur = now - o->ts;
-    r->arg1 = o->next_tid;
-    r->pid = o->tgid;
-    r->tid = tid;
-    r->source = IP_SRC_HOST;
-    r->op = 1; /* sched_switch */
-    r->state = o->state;
-    r->flags = flags;
-    if (r->dur >= offcpu_stack_min_ns && (o->kstack >= 0 || o->ustack >= 0)) {
-      /* ids + 1 (0 = none): kernel stack in the low half, user stack in the high half */
-      r->arg2 = (__u64)(__u32)(o->kstack + 1) | ((__u64)(__u32)(o->ustack + 1) << 32);
-      r->flags |= IP_REC_STACKIDS;
-    }
+    __builtin_memcpy(r, &rec, sizeof(rec));
     bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
   }
   bpf_map_delete_elem(&offcpu, &tid);
+}
+
+/* The thread is back from the syscall it blocked in: its user registers and stack are still
+ * those of the blocking call. Send the held span with them. */
+SEC("tp_btf/sys_exit")
+int BPF_PROG(btf_sys_exit, struct pt_regs* regs, long ret) {
+  __u64 id = bpf_get_current_pid_tgid();
+  __u32 tid = (__u32)id;
+  struct ip_record* d = bpf_map_lookup_elem(&offcpu_done, &tid);
+  if (!d) return 0;
+  struct ip_stack_record* s = stack_scratch_get();
+  if (s) {
+    stack_record_init(s, IP_STK_OFFCPU);
+    __builtin_memcpy(&s->rec, d, sizeof(s->rec));
+    capture_user(ctx, s, BPF_CORE_READ(regs, ip), BPF_CORE_READ(regs, sp),
+                 BPF_CORE_READ(regs, bp), id >> 32);
+    if (stack_submit(s) == 0) {
+      bpf_map_delete_elem(&offcpu_done, &tid);
+      return 0;
+    }
+  }
+  flush_done(tid); /* stack ring full: the span without its user stacks */
+  return 0;
 }
 
 /* TASK_RUNNING at switch-out (or an explicit preemption) means the thread wanted the CPU. */
@@ -273,6 +331,7 @@ static __always_inline void thread_exit(__u32 tgid, __u32 tid, int exit_code, __
   bpf_map_delete_elem(&call_stacks, &tid);
   bpf_map_delete_elem(&offcpu, &tid);
   bpf_map_delete_elem(&net_calls, &tid);
+  if (offcpu_user_at_exit) flush_done(tid);
   if (tgid != tid) {
     bpf_map_delete_elem(&traced_tgids, &tid); /* classic fork may have added a thread id */
     return;

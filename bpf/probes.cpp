@@ -268,6 +268,17 @@ bool BpfProbes::load(const ProbeOptions& opts, std::string& error) {
     if (on) to_attach.emplace_back(prog, name + "=classic");
   }
 
+  // Blocked spans sent from the syscall return with full user stacks (host.bpf.c btf_sys_exit).
+  {
+    btf* vb = btf__load_vmlinux_btf();
+    const bool has = vb && btf__find_by_name_kind(vb, "btf_trace_sys_exit", BTF_KIND_TYPEDEF) >= 0;
+    if (vb) btf__free(vb);
+    const bool on = has && !opts.force_classic && opts.families.sched &&
+                    opts.stacks.offcpu_min_ns != UINT64_MAX;
+    bpf_program__set_autoload(host_->progs.btf_sys_exit, on);
+    host_->rodata->offcpu_user_at_exit = on;
+    if (on) to_attach.emplace_back(host_->progs.btf_sys_exit, "sys_exit=tp_btf");
+  }
   bpf_map__set_max_entries(host_->maps.host_events, opts.ring_bytes);
   bpf_map__set_max_entries(host_->maps.stack_events, opts.stacks.ring_bytes);
   if (int err = ip_host_bpf__load(host_); err != 0) {
@@ -555,7 +566,10 @@ uint64_t BpfProbes::oldest_open(uint64_t now_mono, uint64_t call_max_age_ns,
     });
   };
   floor = now_mono > context_max_age_ns ? now_mono - context_max_age_ns : 0;
-  if (families_.sched) scan_ts(host_->maps.offcpu);
+  if (families_.sched) {
+    scan_ts(host_->maps.offcpu);
+    scan_ts(host_->maps.offcpu_done);  // ended spans waiting for their syscall return
+  }
   if (families_.block) scan_ts(host_->maps.blk_reqs);
   if (families_.net) scan_ts(host_->maps.net_calls);
   return oldest;

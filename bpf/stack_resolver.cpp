@@ -189,6 +189,8 @@ uint64_t StackResolver::resolve(const ip_stack_record& r, size_t len) {
   ParsedStack st;
   std::vector<uint64_t> all_ips;
 
+  if (r.kind == IP_STK_OFFCPU && (r.rec.flags & IP_REC_STACKIDS))
+    add_kernel_from_id(static_cast<uint32_t>(r.rec.arg2), st, all_ips);  // where it slept
   if ((r.flags & IP_STKF_KSTACK) && r.n_kern > 0) {
     std::vector<uint64_t> k(r.kern, r.kern + std::min<uint32_t>(r.n_kern, IP_KSTACK_MAX));
     for (auto& f : sym_->symbolize_kernel(k)) st.frames.push_back(std::move(f));
@@ -237,10 +239,9 @@ uint64_t StackResolver::resolve(const ip_stack_record& r, size_t len) {
   return finish(st, all_ips);
 }
 
-uint64_t StackResolver::resolve_offcpu(uint32_t pid, uint32_t kstack_id1, uint32_t ustack_id1) {
-  if (!noted(pid)) note_process(pid);
-  ParsedStack st;
-  std::vector<uint64_t> all_ips, ips;
+void StackResolver::add_kernel_from_id(uint32_t kstack_id1, ParsedStack& st,
+                                       std::vector<uint64_t>& all_ips) {
+  std::vector<uint64_t> ips;
   if (kstack_id1 && probes_.read_stack_id(kstack_id1 - 1, ips) && !ips.empty()) {
     auto frames = sym_->symbolize_kernel(ips);
     // The capture's own frames (our tracepoint program and the trampoline that ran it) are not
@@ -254,6 +255,13 @@ uint64_t StackResolver::resolve_offcpu(uint32_t pid, uint32_t kstack_id1, uint32
     for (size_t i = skip; i < frames.size(); ++i) st.frames.push_back(std::move(frames[i]));
     all_ips.insert(all_ips.end(), ips.begin() + static_cast<long>(skip), ips.end());
   }
+}
+
+uint64_t StackResolver::resolve_offcpu(uint32_t pid, uint32_t kstack_id1, uint32_t ustack_id1) {
+  if (!noted(pid)) note_process(pid);
+  ParsedStack st;
+  std::vector<uint64_t> all_ips, ips;
+  add_kernel_from_id(kstack_id1, st, all_ips);
   if (ustack_id1 && probes_.read_stack_id(ustack_id1 - 1, ips) && !ips.empty()) {
     // The first is the user ip at kernel entry (exact), then return addresses from a
     // frame-pointer walk, which turns to garbage at the first library built without frame

@@ -14,7 +14,9 @@
 //   with function "<unknown>". They are spliced in where the first native
 //   _PyEval_EvalFrameDefault frame is (innermost first, so the Python frames that eval loop runs
 //   come right before it), or after the native frames when none is found.
-// - Kernel frames (off-CPU spans, samples in kernel code) come first, then the user frames.
+// - Kernel frames (off-CPU spans, samples in kernel code) come first, then the user frames. An
+//   off-CPU span sent from its syscall return (IP_STK_OFFCPU) has the kernel stack of where it
+//   slept (stack_ids) and the full user stacks (window + Python) of the blocking call.
 // - `truncated` is set when the Python walk or the native unwind was cut.
 // - note_process(pid): Symbolizer::note_process (maps + ELFs kept, so a process that exits later
 //   still resolves) and inspect_python -> BpfProbes::set_python, or a warning and native only.
@@ -84,6 +86,8 @@ class StackResolver {
     std::vector<uint8_t> linetable;
   };
   uint64_t finish(ParsedStack& st, const std::vector<uint64_t>& ips);
+  // Kernel frames of a stack_ids id (+1; 0 = none), our own tracepoint frames dropped.
+  void add_kernel_from_id(uint32_t kstack_id1, ParsedStack& st, std::vector<uint64_t>& all_ips);
   const Code& code(uint32_t pid, uint64_t addr);
   void add_python(const ip_stack_record& r, uint32_t pid, ParsedStack& st);
 

@@ -369,6 +369,11 @@ TEST(LiveStacks, OffCpuSpanInFutexHasKernelStack) {
       if (f.kind == FrameKind::kKernel && f.function.find("futex") != std::string::npos) found = true;
   }
   EXPECT_TRUE(found) << seen;
+  // Sent from the futex's return (tp_btf sys_exit): the user side is the full unwind with the
+  // Python frames of the waiting line.
+  EXPECT_NE(seen.find("threading.py:"), std::string::npos) << seen;
+  EXPECT_NE(seen.find("cuda_stacks.py:" + std::to_string(sites().at("wait"))), std::string::npos)
+      << seen;
 }
 
 // The CPU-clock sampler: a thread busy in pure Python (spin()) is sampled with its Python frames,
