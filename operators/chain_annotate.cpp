@@ -497,6 +497,20 @@ void ChainAnnotator::annotate(Chain& c, const TraceMeta& meta) {
     if (c.tid == 0 && !c.threads.empty()) c.tid = c.threads.front().tid;
   }
   if (warm_calls) apply_warmup(c, warm_calls, warm_w, calls_tally.total, rest_durs, by_time, warm_ns);
+  // Implicit synchronisation is about the launch loop: a thread that launched no kernel in the
+  // window is not stalling one (a cleanup or checkpoint thread), so its chain is only LOW.
+  if (c.category == "implicit_sync" && c.tid) {
+    size_t launches = 0;
+    for (const Thread* t : cand)
+      if (t->tid == c.tid) launches += launches_in(*t, ws, calls_end);
+    c.values.emplace_back("launches", static_cast<double>(launches));
+    if (launches == 0 && c.severity > Severity::kLow) {
+      c.severity = Severity::kLow;
+      ++counters_.not_in_loop;
+      c.root_cause += "; but tid " + std::to_string(c.tid) +
+                      " launched no kernel in this window, so these calls do not hold up a launch loop (LOW)";
+    }
+  }
   top_stacks(calls_tally, "call", opt_.top_stacks, meta, stack_cache_, counters_.stacks_missing, c.stacks);
   // Tail chains (slow calls) and implicit synchronisation (every call of the key) name their site.
   if (const ChainStack* top = first_of_role(c, "call"); top && (by_time || c.category == "implicit_sync")) {

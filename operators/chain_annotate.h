@@ -43,7 +43,9 @@
 //   dominant share was idle (its load fell, or it waited for input): >= 50% blocked caps the
 //   chain at LOW, a smaller dominant blocked share at MEDIUM; off CPU with unknown state (no
 //   state recorded) caps it at MEDIUM. On CPU, preempted or in calls keep the rule's severity.
-// - implicit_sync chains get the first fix naming their top call site, as tail chains do.
+// - implicit_sync chains get the first fix naming their top call site, as tail chains do, and the
+//   value `launches` (kernel launches of their thread in the window); with none, the thread is
+//   not a launch loop and the chain is demoted to LOW.
 // - launch_gap: a thread whose consecutive launches (cudaLaunchKernel, cuLaunchKernel,
 //   cudaGraphLaunch) are >= gap_min_ns apart, with >= gap_min_launches launches in the
 //   gap_context_ns before the gap and after it; one chain per (node, pid, tid) and tumbling
@@ -107,6 +109,7 @@ struct AnnotateCounters {
   uint64_t too_old = 0;         // chains left unannotated: their window starts before the horizon
   uint64_t warmup_demoted = 0;  // chains demoted to LOW: their calls come from a process's warm-up
   uint64_t split_capped = 0;    // throughput_drop chains whose severity the time split capped
+  uint64_t not_in_loop = 0;     // implicit_sync chains demoted: their thread launched no kernel
 };
 
 class ChainAnnotator {

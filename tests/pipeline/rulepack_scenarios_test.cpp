@@ -23,6 +23,7 @@
 
 #include "engine/engine.h"
 #include "engine/ops.h"
+#include "engine/stack.h"
 #include "engine/synth.h"
 #include "operators/chain_annotate.h"
 #include "rules/pack.h"
@@ -297,6 +298,55 @@ TEST_P(RulePackScenario, OneAndFourThreadsGiveTheSameChains) {
 
 INSTANTIATE_TEST_SUITE_P(Issue15, RulePackScenario, ::testing::Range<size_t>(0, 6),
                          [](const auto& info) { return scenarios()[info.param].name; });
+
+// --- implicit_sync: the call site, and the launch loop -------------------------------------
+
+TEST(RulePackImplicitSync, ChainNamesTheCallSiteOfItsCalls) {
+  Trace tr = scenarios()[0].make(true);  // empty_cache every step
+  ParsedStack p;
+  StackFrame lib;
+  lib.kind = FrameKind::kNative;
+  lib.function = "cudaFree";
+  lib.module = "libcudart.so.13";
+  p.frames.push_back(lib);
+  StackFrame py;
+  py.kind = FrameKind::kPython;
+  py.file = "train.py";
+  py.function = "train_step";
+  py.line = 57;
+  p.frames.push_back(py);
+  tr.meta.stacks[0x5157] = encode_stack(p);
+  for (auto& e : tr.ev)
+    if (e.source == Source::kCuda && e.op == op::kCudaFree) e.stack_id = 0x5157;
+  const auto r = analyse(tr, 1);
+  size_t named = 0;
+  for (const auto& c : r.chains)
+    if (c.rule == "free_in_loop") {
+      ASSERT_FALSE(c.recommendations.empty());
+      EXPECT_NE(c.recommendations.front().find("train.py:57"), std::string::npos) << c.recommendations.front();
+      ++named;
+    }
+  EXPECT_GT(named, 0u) << describe(r);
+}
+
+TEST(RulePackImplicitSync, AThreadThatLaunchesNothingIsNotALaunchLoop) {
+  // A cleanup thread freeing memory in a loop, beside a launch loop that is fine.
+  Trace tr;
+  loop(tr, kPid, kTid, 0, 30 * kS, 40, {}, 0);
+  for (uint64_t t = kT0 + 12 * kS, i = 0; t < kT0 + 29 * kS; t += 20 * kMs, ++i)
+    tr.add(Source::kCuda, op::kCudaFree, kPid, kHelper, t, jit(5 * kMs, i));
+  tr.finish();
+  const auto r = analyse(tr, 1);
+  size_t seen = 0;
+  for (const auto& c : r.chains)
+    if (c.rule == "free_in_loop") {
+      ++seen;
+      EXPECT_EQ(c.tid, kHelper);
+      EXPECT_EQ(c.severity, Severity::kLow) << c.summary;
+      EXPECT_NE(c.root_cause.find("launched no kernel"), std::string::npos) << c.root_cause;
+    }
+  EXPECT_GT(seen, 0u) << describe(r);
+}
 
 // --- warm-up ---------------------------------------------------------------------------------
 
