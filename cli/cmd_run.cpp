@@ -273,7 +273,7 @@ int run_pipeline(const RunArgs& a) {
     }
   }
   MetricsHook metrics;
-  if (std::string error; !metrics.start(a.metrics, error)) {
+  if (std::string error; !metrics.start(a.metrics, error, &g_interrupted)) {
     print_error(error);
     return kExitUsage;
   }

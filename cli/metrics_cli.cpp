@@ -33,13 +33,15 @@ struct MetricsHook::Impl {
   bool paced_started = false;
   uint64_t first_ts = 0;
   std::chrono::steady_clock::time_point wall0;
+  const std::atomic<bool>* stop = nullptr;
 };
 
 MetricsHook::MetricsHook() : impl_(std::make_unique<Impl>()) {}
 MetricsHook::~MetricsHook() = default;
 
-bool MetricsHook::start(const MetricsCliArgs& args, std::string& error) {
+bool MetricsHook::start(const MetricsCliArgs& args, std::string& error, const std::atomic<bool>* stop) {
   impl_->args = args;
+  impl_->stop = stop;
   if (args.addr.empty()) return true;
 #ifdef INGERO_HAVE_IP_METRICS
   std::string addr = args.addr;
@@ -73,7 +75,7 @@ int MetricsHook::port() const {
 
 void MetricsHook::observe(const Batch& b, const TraceMeta& meta, bool live) {
   if (!active() || b.events.empty()) return;
-  if (!live && impl_->args.replay_speed > 0) {
+  if (!live && impl_->args.replay_speed > 0 && !(impl_->stop && impl_->stop->load())) {
     std::unique_lock lock(impl_->pace_mu);
     if (!impl_->paced_started) {
       impl_->paced_started = true;
@@ -85,7 +87,9 @@ void MetricsHook::observe(const Batch& b, const TraceMeta& meta, bool live) {
       const auto due = impl_->wall0 + std::chrono::nanoseconds(static_cast<int64_t>(
                                           static_cast<double>(ts - impl_->first_ts) / impl_->args.replay_speed));
       lock.unlock();
-      std::this_thread::sleep_until(due);
+      while (std::chrono::steady_clock::now() < due && !(impl_->stop && impl_->stop->load()))
+        std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+            due - std::chrono::steady_clock::now(), std::chrono::milliseconds(100)));
     }
   }
 #ifdef INGERO_HAVE_IP_METRICS

@@ -40,7 +40,8 @@ class MetricsHook {
  public:
   MetricsHook();
   ~MetricsHook();
-  bool start(const MetricsCliArgs& args, std::string& error);  // no-op (true) when addr is empty
+  // No-op (true) when addr is empty. `stop` (Ctrl-C/SIGTERM) ends replay pacing early.
+  bool start(const MetricsCliArgs& args, std::string& error, const std::atomic<bool>* stop = nullptr);
   bool active() const;
   int port() const;
   // In a source's tap: counts the batch; paces a replay (live = false) when --replay-speed > 0.

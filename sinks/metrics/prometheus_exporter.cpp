@@ -66,6 +66,8 @@ void MetricsState::observe(std::span<const Event> events, const TraceMeta& meta)
   std::lock_guard lock(mu_);
   for (const Event& e : events) {
     ++events_by_source_[lower(source_name(e.source))];
+    first_ts_ = std::min(first_ts_, e.ts_ns);
+    last_end_ = std::max(last_end_, e.end_ns());
     if (!is_gpu_api(e.source)) continue;
     const std::string rank = rank_label(e.rank);
     const std::string name = op_name(e.source, e.op);
@@ -174,6 +176,14 @@ class FamiliesBuilder {
         m.counter.value = v;
         f.metric.push_back(std::move(m));
       }
+    }
+    {
+      auto& f = family("gpustall_trace_seconds_total",
+                       "Trace time covered by the events analysed (the denominator of time shares)",
+                       MetricType::Counter);
+      auto m = labelled({});
+      m.counter.value = s.last_end_ > s.first_ts_ ? static_cast<double>(s.last_end_ - s.first_ts_) * 1e-9 : 0.0;
+      f.metric.push_back(std::move(m));
     }
     {
       auto& f = family("gpustall_collectives_total", "NCCL calls, by op and rank", MetricType::Counter);

@@ -18,6 +18,9 @@
 //   `category`/`severity` of chains; pid and comm appear only in gpustall_rank_info (at most
 //   kMaxRankInfo series). `node` and `cluster` are target labels set by Prometheus's scrape
 //   config, and also carried by target_info.
+// - gpustall_trace_seconds_total counts the trace time the events cover (last end - first start),
+//   so rules can divide a time counter by it: the share stays right for a paced replay and for a
+//   5 m rate() window that is only partly filled (rate() divides by the whole range).
 // - MetricsExporter serves /metrics over HTTP (prometheus-cpp's civetweb Exposer) on `addr`
 //   ("127.0.0.1:9464" by default; port 0 picks a free port, port() says which). start() returns
 //   null with `error` when the address cannot be bound. Never throws.
@@ -80,6 +83,7 @@ class MetricsState {
   std::map<int16_t, std::string> ranks_;                            // rank -> label
   std::map<std::tuple<std::string, uint32_t, std::string>, int> rank_info_;  // (rank, pid, comm)
   std::map<std::string, bool> chain_ids_;
+  uint64_t first_ts_ = UINT64_MAX, last_end_ = 0;  // trace time covered: gpustall_trace_seconds_total
   uint64_t rank_info_dropped_ = 0;
 };
 
