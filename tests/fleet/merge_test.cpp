@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
 
 #include "sinks/clock_align.h"
+#include "sinks/clock_anchors.h"
 #include "sinks/lmdb_store.h"
 #include "sinks/merge.h"
 #include "sinks/sqlite_store.h"
@@ -292,4 +294,34 @@ TEST(Merge, UnnamedNodesTakeTheGivenName) {
   EXPECT_NE(find_node(r, "anon1"), nullptr);  // the file's stem
   EXPECT_EQ(query_int(o.out, "SELECT count(*) FROM events WHERE id LIKE 'alpha:%'"),
             static_cast<int64_t>(find_node(r, "alpha")->events));
+}
+
+TEST(ClockAnchors, SampledAnchorsAreTightAndMergeUsesThem) {
+  // A capture whose fixed offset is the true REALTIME - MONOTONIC: event clock = wall clock.
+  timespec m{}, w{};
+  clock_gettime(CLOCK_MONOTONIC, &m);
+  clock_gettime(CLOCK_REALTIME, &w);
+  const int64_t offset = (int64_t{w.tv_sec} - m.tv_sec) * 1'000'000'000 + (w.tv_nsec - m.tv_nsec);
+  std::vector<ClockAnchor> anchors;
+  for (int i = 0; i < 3; ++i) anchors.push_back(sample_clock_anchor(offset + 2'000'000));  // 2 ms ahead
+  for (const auto& a : anchors) {
+    EXPECT_GT(a.bracket_ns, 0);
+    EXPECT_LT(a.bracket_ns, 1'000'000);
+    EXPECT_NEAR(static_cast<double>(a.event_ns - a.wall_ns), 2e6, 200e3);
+  }
+  TempDir t;
+  FleetSpec spec;
+  spec.ranks = 2;
+  spec.collectives = false;
+  auto in = write_nodes(t, spec);
+  std::string error;
+  ASSERT_TRUE(write_clock_anchors(in[1].path, "node-1", anchors, error)) << error;
+  MergeOptions o;
+  o.out = t("m.db");
+  MergeReport r;
+  ASSERT_TRUE(merge_traces(in, o, r, error)) << error;
+  const auto* n1 = find_node(r, "node-1");
+  ASSERT_NE(n1, nullptr);
+  EXPECT_EQ(n1->method, "wall_clock_anchors");
+  EXPECT_NEAR(static_cast<double>(n1->offset_ns), 2e6, 200e3);
 }
