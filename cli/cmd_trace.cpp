@@ -18,6 +18,8 @@
 #include <thread>
 
 #include "cli/command.h"
+#include "cli/metrics_cli.h"
+#include "sinks/clock_anchors.h"
 #include "cli/common.h"
 #include "engine/engine.h"
 #include "engine/format.h"
@@ -51,6 +53,8 @@ struct TraceArgs {
   std::string stack_min = "1ms";
   bool no_stacks = false, no_samples = false;
   unsigned sample_hz = 49, stack_bytes = 16384, stack_rate = 100;
+  // Fleet (docs/fleet.md): --metrics-addr, --node (names this node in the trace), --cluster.
+  MetricsCliArgs metrics;
 };
 
 #ifdef INGERO_HAVE_BPF
@@ -286,6 +290,16 @@ int run_trace(const TraceArgs& a) {
     return kExitRuntime;
   }
   for (const auto& w : src->take_warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  // Node identity: --node names every event's node (ids become "{node}:{seq}", as Ingero 0.9's).
+  if (!a.metrics.node.empty()) src->meta().nodes[0] = a.metrics.node;
+  MetricsHook metrics;
+  if (!metrics.start(a.metrics, error, &g_interrupted)) {
+    print_error(error);
+    src->stop();
+    return kExitUsage;
+  }
+  // Clock anchors every 10 s (sinks/clock_anchors.h), written to --db at the end for `merge`.
+  std::vector<ClockAnchor> anchors{sample_clock_anchor(src->converter().offset())};
   for (const auto& l : src->libraries())
     std::fprintf(stderr, "tracing %s %s (%s)\n", bpf::lib_kind_name(l.kind), l.path.c_str(),
                  l.found_by.c_str());
@@ -298,6 +312,7 @@ int run_trace(const TraceArgs& a) {
   ViewState view;
   bool meta_written = false;
   bpf::TapSource tap(*src, [&](const Batch& b) {
+    metrics.observe(b, src->meta(), true);
     {
       std::lock_guard<std::mutex> lk(view.mu);
       for (const Event& e : b.events)
@@ -331,6 +346,7 @@ int run_trace(const TraceArgs& a) {
     if (!tty && !a.quiet) std::fprintf(stderr, "chain %s\n", s.c_str());
   };
 
+  eo.on_chain = metrics.wrap(std::move(eo.on_chain));
   AnalysisResult result;
   std::thread engine([&] {
     result = run_plan(plan, annotated, eo, &errors);
@@ -342,6 +358,8 @@ int run_trace(const TraceArgs& a) {
     const auto now = std::chrono::steady_clock::now();
     const double elapsed = std::chrono::duration<double>(now - t0).count();
     if (duration_ns && elapsed * 1e9 >= static_cast<double>(duration_ns)) break;
+    if (elapsed >= 10.0 * static_cast<double>(anchors.size()))
+      anchors.push_back(sample_clock_anchor(src->converter().offset()));
     if (!a.quiet && now >= next_render) {
       render(view, *src, writer.get(), elapsed, tty);
       next_render = now + std::chrono::seconds(1);
@@ -351,6 +369,8 @@ int run_trace(const TraceArgs& a) {
   }
   src->stop();
   engine.join();
+  anchors.push_back(sample_clock_anchor(src->converter().offset()));
+  metrics.finish(result, g_interrupted);
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!errors.empty()) {
     for (const auto& e : errors) print_error("plan: " + e);
@@ -367,6 +387,8 @@ int run_trace(const TraceArgs& a) {
       rc = kExitRuntime;
     }
     db_summary = "  " + db_text(writer.get());
+    if (rc == kExitOk && !write_clock_anchors(a.db, a.metrics.node, anchors, error))
+      std::fprintf(stderr, "warning: %s\n", error.c_str());
   }
   if (!a.quiet) {
     if (tty) render(view, *src, writer.get(), elapsed, tty);
@@ -454,6 +476,7 @@ Registrar reg{"trace", 5, [](CLI::App& app, int& rc) {
                                 "of 20); the rest are counted as skipped")
                     ->check(CLI::Range(1u, 1000000u));
                 cmd->add_flag("-q,--quiet", args->quiet, "No live view or report (summary line only)");
+                add_metrics_options(cmd, args->metrics);
                 cmd->callback([args, &rc] {
 #ifdef INGERO_HAVE_BPF
                   rc = run_trace(*args);
