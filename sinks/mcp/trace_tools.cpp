@@ -293,7 +293,7 @@ TraceTools::TraceTools(const ServerOptions& options) : options_(options) {
        "process_names, sessions, system_snapshots, event_aggregates, causal_chains, sources, ops). Writes, "
        "ATTACH, PRAGMA changes, extensions and file access are refused by the database engine. Rows, time "
        "and reply size are capped; `truncated` says when rows were cut.",
-       {{"sql", ArgType::kString, true, "One SELECT (or read-only PRAGMA such as table_info(events))."},
+       {{"sql", ArgType::kString, true, "One SELECT (or read-only PRAGMA such as table_info(events)). Ingero's name `query` is accepted too."},
         {"max_rows", ArgType::kInteger, false, "Row cap for this call (default 200).", {}, 1, 10000}}},
       {"list_rules", "The rules that produce chains",
        "The loaded rules: name, category, predicates, severity cases, recommendations, and how often each "
@@ -407,6 +407,13 @@ Json TraceTools::call(const std::string& name, const Json& arguments, RequestCon
     throw RpcError{kInvalidParams, "unknown tool: " + name.substr(0, 80) + " (tools: " + names + ")"};
   }
   try {
+    // run_sql also accepts Ingero's argument name `query` (its MCP server's), as `sql`.
+    if (name == "run_sql" && arguments.is_object() && arguments.contains("query") && !arguments.contains("sql")) {
+      Json renamed = arguments;
+      renamed["sql"] = renamed["query"];
+      renamed.erase("query");
+      return call(name, renamed, ctx);
+    }
     check_args(*spec, arguments);
     if (ctx && ctx->cancelled.load()) throw ToolFailure{"cancelled"};
     Json data;

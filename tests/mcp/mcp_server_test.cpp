@@ -220,6 +220,12 @@ TEST_F(McpServerTest, UnknownToolsAndBadArguments) {
   EXPECT_EQ(error_code(request("tools/call", Json::object())), kInvalidParams);
   EXPECT_EQ(error_code(request("tools/call", {{"name", "run_sql"}, {"arguments", "SELECT 1"}})), kInvalidParams);
   EXPECT_NE(error_text("run_sql", Json::object()).find("missing required argument `sql`"), std::string::npos);
+  // Ingero's argument name `query` works as `sql`.
+  {
+    Json q = call("run_sql", {{"query", "SELECT 41 + 1 AS n"}});
+    EXPECT_FALSE(q.value("isError", false)) << q.dump().substr(0, 300);
+    EXPECT_NE(q.dump().find("42"), std::string::npos) << q.dump().substr(0, 300);
+  }
   EXPECT_NE(error_text("run_sql", {{"sql", 5}}).find("must be a string"), std::string::npos);
   EXPECT_NE(error_text("run_sql", {{"sql", "SELECT 1"}, {"max_rows", 0}}).find("between"), std::string::npos);
   EXPECT_NE(error_text("run_sql", {{"sql", "SELECT 1"}, {"max_rows", 2.5}}).find("integer"), std::string::npos);
