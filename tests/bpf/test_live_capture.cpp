@@ -7,6 +7,8 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sqlite3.h>
+#include <cstring>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -442,9 +444,20 @@ bool has_contention_chain(const AnalysisResult& r, uint32_t pid) {
 
 // The contended run's checks; `classic` runs it on the classic-tracepoint fallback (what a kernel
 // without BTF for the scheduler tracepoints gets).
+// The classic fallback reads tracepoint formats from tracefs, which a fresh machine may not have
+// mounted: mount it the way the docs tell a user to (root), or say why the test cannot run.
+bool ensure_tracefs(std::string& why) {
+  for (const char* p : {"/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events"})
+    if (::access(p, R_OK) == 0) return true;
+  if (::mount("nodev", "/sys/kernel/tracing", "tracefs", 0, nullptr) == 0) return true;
+  why = std::string("tracefs is not mounted and mounting it at /sys/kernel/tracing failed: ") + std::strerror(errno);
+  return false;
+}
+
 void check_contention(bool classic) {
   std::string why;
   if (skip_reason(why)) GTEST_SKIP() << why;
+  if (classic && !ensure_tracefs(why)) GTEST_SKIP() << why;
   ContentionRun run;
   if (!contention_run(true, run, why, classic)) GTEST_SKIP() << why;
   bool switch_kind_ok = false;
