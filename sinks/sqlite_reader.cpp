@@ -2,16 +2,21 @@
 // See sinks/sqlite_store.h for the contract and docs/storage.md for the column mapping.
 #include <algorithm>
 #include <charconv>
+#include <chrono>
+#include <cstdio>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string_view>
 #include <unordered_map>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -380,6 +385,19 @@ class Reader {
     return intern(s + ", op " + std::to_string(op) + ")");
   }
 
+  // Process and thread names share a budget of kNameBudget rows (Linux's largest pid_max);
+  // further rows are ignored and counted.
+  static constexpr size_t kNameBudget = 4'194'304;
+  static constexpr size_t kStackBudgetBytes = size_t{128} << 20;
+  bool name_budget(const Stmt&, int, const char* table) {
+    if (names_ < kNameBudget) {
+      ++names_;
+      return true;
+    }
+    count_cut((std::string(table) + " beyond 4194304 names: ignored").c_str());
+    return false;
+  }
+
   // Side tables are best-effort: a trace without them still analyses; a broken one is reported.
   void side_table_failed(const char* table, int rc) {
     meta_.health.skip(std::string(table) + " unreadable: " +
@@ -395,6 +413,7 @@ class Reader {
       if (s.type(0) != SQLITE_INTEGER || s.i64(0) < 0 ||
           s.i64(0) > std::numeric_limits<uint32_t>::max())
         continue;
+      if (!name_budget(s, 1, "process_names")) continue;
       bool cut = false;
       meta_.process_names[static_cast<uint32_t>(s.i64(0))] = capped_text(s, 1, kMaxNameBytes, cut);
       if (cut) count_cut("process_names.name longer than 256 bytes: cut");
@@ -411,6 +430,7 @@ class Reader {
     while ((rc = s.step()) == SQLITE_ROW) {
       if (s.type(0) != SQLITE_INTEGER || s.i64(0) < 0 || s.i64(0) > std::numeric_limits<uint32_t>::max())
         continue;
+      if (!name_budget(s, 1, "ip_thread_names")) continue;
       bool cut = false;
       meta_.thread_names[static_cast<uint32_t>(s.i64(0))] = capped_text(s, 1, kMaxNameBytes, cut);
       if (cut) count_cut("ip_thread_names.name longer than 256 bytes: cut");
@@ -427,6 +447,13 @@ class Reader {
     int rc;
     while ((rc = s.step()) == SQLITE_ROW) {
       if (s.type(0) != SQLITE_INTEGER) continue;
+      const size_t bytes = static_cast<size_t>(sqlite3_column_bytes(s.get(), 1)) +
+                           static_cast<size_t>(sqlite3_column_bytes(s.get(), 2));
+      if (stack_bytes_ + bytes > kStackBudgetBytes) {
+        count_cut("stack_traces beyond 128 MiB in all: ignored");
+        continue;
+      }
+      stack_bytes_ += bytes;
       bool cut_ips = false, cut_frames = false;
       StackTrace st{capped_text(s, 1, kMaxStackJsonBytes, cut_ips),
                     capped_text(s, 2, kMaxStackJsonBytes, cut_frames)};
@@ -496,6 +523,10 @@ class Reader {
     int rc;
     while ((rc = s.step()) == SQLITE_ROW) {
       if (s.type(0) != SQLITE_INTEGER || s.i64(0) <= 0) continue;
+      if (meta_.snapshots.size() >= 1'000'000) {
+        count_cut("system_snapshots beyond 1000000: ignored");
+        continue;
+      }
       SystemSnapshot snap;
       snap.ts_ns = static_cast<uint64_t>(s.i64(0));
       snap.cpu_pct = s.f64(1);
@@ -531,6 +562,7 @@ class Reader {
   std::unordered_map<std::string, uint16_t> node_cache_;
   std::map<std::string, std::string> interned_;
   std::map<std::string, uint64_t> cuts_;
+  size_t names_ = 0, stack_bytes_ = 0;
 };
 
 
@@ -565,6 +597,13 @@ class StreamSource final : public EventSource {
       return false;
     }
     node_col_ = reader_.node_col();
+    if (options_.progress && ::isatty(STDERR_FILENO)) {
+      Stmt total(db_.get(), "SELECT max(rowid) FROM events");
+      if (total.ok() && total.step() == SQLITE_ROW) rows_total_ = static_cast<uint64_t>(std::max<int64_t>(0, total.i64(0)));
+      progress_start_ = std::chrono::steady_clock::now();
+      progress_next_ = progress_start_ + std::chrono::seconds(1);
+      show_progress_ = rows_total_ > 0;
+    }
     fill();
     if (failed_rc_ != SQLITE_OK && row_ == 0) {
       error = sqlite_detail::describe_sqlite_error(db_.get(), failed_rc_) +
@@ -709,6 +748,7 @@ class StreamSource final : public EventSource {
       return;
     }
     ++row_;
+    if (show_progress_ && (row_ & 0xFFFF) == 0) report_progress();
     Held h;
     if (const char* why = reader_.decode(stmt_, row_, node_col_, h.e)) {
       meta_.health.skip(why);
@@ -769,8 +809,28 @@ class StreamSource final : public EventSource {
     return h;
   }
 
+  void report_progress() {
+    const auto now = std::chrono::steady_clock::now();
+    if (now < progress_next_) return;
+    progress_next_ = now + std::chrono::milliseconds(500);
+    const double s = std::chrono::duration<double>(now - progress_start_).count();
+    const double rate = s > 0 ? static_cast<double>(row_) / s : 0;
+    const uint64_t total = std::max(rows_total_, row_);
+    const double left = rate > 0 ? static_cast<double>(total - row_) / rate : 0;
+    std::fprintf(stderr, "\r\033[Kreading %s: %llu of %llu rows (%.0f%%), %.2f M rows/s, ~%.0f s left",
+                 sqlite_detail::one_line(meta_.path).c_str(), static_cast<unsigned long long>(row_),
+                 static_cast<unsigned long long>(total), 100.0 * static_cast<double>(row_) / static_cast<double>(total),
+                 rate / 1e6, left);
+    std::fflush(stderr);
+    progress_shown_ = true;
+  }
+
   void finish() {
     finished_ = true;
+    if (progress_shown_) {
+      std::fputs("\r\033[K", stderr);
+      std::fflush(stderr);
+    }
     meta_.health.rows_read = row_;
     if (failed_rc_ != SQLITE_OK)
       meta_.health.skip("events table unreadable after row " + std::to_string(row_) + ": " +
@@ -797,6 +857,9 @@ class StreamSource final : public EventSource {
   uint64_t slack_ = 0, front_ = 0, released_ = 0, row_ = 0, seq_ = 0, late_count_ = 0;
   std::vector<Held> heap_, late_;
   std::deque<Held> in_order_;
+  bool show_progress_ = false, progress_shown_ = false;
+  uint64_t rows_total_ = 0;
+  std::chrono::steady_clock::time_point progress_start_, progress_next_;
 };
 
 
@@ -886,6 +949,13 @@ std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::str
                                                size_t batch_size) {
   SqliteReadOptions options;
   options.batch_size = batch_size;
+  // For A/B benchmarks and checks (docs/performance.md): INGERO_SQLITE_STREAM=0 selects the old
+  // load-and-sort path, INGERO_SQLITE_READER_THREAD=0 streams without the reader thread.
+  if (const char* v = std::getenv("INGERO_SQLITE_STREAM"); v && std::string_view(v) == "0")
+    options.stream = false;
+  if (const char* v = std::getenv("INGERO_SQLITE_READER_THREAD"); v && std::string_view(v) == "0")
+    options.reader_thread = false;
+  options.progress = std::getenv("INGERO_QUIET") == nullptr;
   return open_sqlite_trace(path, error, options);
 }
 

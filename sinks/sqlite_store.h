@@ -81,6 +81,8 @@ std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::str
 //   counted in meta().health.reasons ("delivered late: ..."). Results then differ from the
 //   sorted load only for those rows.
 // - meta().first_ts / last_ts / health are final once the final batch has been returned.
+// The batch_size overload reads INGERO_SQLITE_STREAM=0 / INGERO_SQLITE_READER_THREAD=0 from the
+// environment (A/B benchmarks only).
 // `stream = false` is the old load-and-sort path (80 bytes per event), kept as the reference the
 // equality tests compare against.
 struct SqliteReadOptions {
@@ -90,6 +92,10 @@ struct SqliteReadOptions {
   // Read and decode on a thread of its own, up to 4 batches ahead of the consumer (streaming
   // only). meta() is then safe to read after open and after the final batch, not in between.
   bool reader_thread = true;
+  // Long replays show progress on stderr when it is a terminal (nothing otherwise): rows read of
+  // the table's rows, rows/s and time left, refreshed twice a second from the second second on,
+  // the line erased at the end. The batch_size overload turns it on unless INGERO_QUIET is set.
+  bool progress = false;
 };
 std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::string& error,
                                                const SqliteReadOptions& options);
