@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "cli/command.h"
+#include "cli/fleet_explain.h"
 #include "cli/common.h"
 #include "cli/pipeline_common.h"
 #include "engine/engine.h"
@@ -26,9 +27,15 @@ struct ExplainArgs {
   size_t limit = 0;
   bool verbose = false;
   bool builtin = false;
+  FleetExplainArgs fleet;  // --nodes: ask several nodes' MCP servers instead (cli/fleet_explain.h)
 };
 
 int run_explain(const ExplainArgs& a) {
+  if (!a.fleet.nodes.empty()) {
+    FleetExplainArgs f = a.fleet;
+    f.json = a.json;
+    return run_fleet_explain(f);
+  }
   AnalysisSpec spec;
   spec.use_default = !a.no_default_rules;
   spec.builtin = a.builtin;
@@ -154,6 +161,12 @@ Registrar reg{"explain", 20, [](CLI::App& app, int& rc) {
                                 "Also write a self-contained HTML report (chains, latency histograms, call rate, off-CPU share)");
                 cmd->add_option("--limit", args->limit, "Show at most N chains in text output (0 = all)");
                 cmd->add_flag("-v,--verbose", args->verbose, "Print every computed value of each chain");
+                cmd->add_option("--nodes", args->fleet.nodes,
+                                "Ask these nodes' MCP HTTP endpoints (http://HOST:PORT/mcp, comma-separated) instead")
+                    ->delimiter(',');
+                cmd->add_option("--token", args->fleet.token, "--nodes: bearer token (default $INGERO_MCP_TOKEN)");
+                cmd->add_option("--node-timeout", args->fleet.timeout_s, "--nodes: per-node deadline in seconds")
+                    ->check(CLI::Range(0.1, 600.0));
                 cmd->callback([args, &rc] { rc = run_explain(*args); });
               }};
 

@@ -6,11 +6,13 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <cstdio>
 #include <thread>
 
 #include "sinks/fleet_query.h"
@@ -105,4 +107,33 @@ TEST(FleetQuery, PartialResultsWithSlowAndDownNodes) {
   EXPECT_FALSE(denied[0].ok);
   EXPECT_NE(denied[0].error.find("401"), std::string::npos) << denied[0].error;
   ::close(slow_fd);
+}
+
+// The CLI: `explain --nodes` against a real `mcp --http` server, a slow node and a down node.
+TEST(FleetQuery, ExplainNodesReportsPartialFailures) {
+  const auto db = shared_db("pytorch-dataloader-starvation.db");
+  const std::string bin = std::string(INGERO_BINARY_DIR) + "/ingero-pipeline";
+  if (db.empty()) GTEST_SKIP() << "shared Ingero sample databases not found";
+  if (::access(bin.c_str(), X_OK) != 0) GTEST_SKIP() << bin << " is not built";
+  HttpNode n1(db);
+  ASSERT_NE(n1.port.load(), 0);
+  int slow_port = 0, down_port = 0;
+  const int slow_fd = listen_socket(slow_port);
+  ::close(listen_socket(down_port));
+  const std::string cmd = bin + " explain --token fleet-token --node-timeout 1 --nodes " + n1.url() +
+                          ",http://127.0.0.1:" + std::to_string(slow_port) + "/mcp,http://127.0.0.1:" +
+                          std::to_string(down_port) + "/mcp 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int rc = ::pclose(p);
+  ::close(slow_fd);
+  EXPECT_EQ(WEXITSTATUS(rc), 0) << out;
+  EXPECT_NE(out.find("unexplained_tail"), std::string::npos) << out;
+  EXPECT_NE(out.find("from 1 of 3 node(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find("no reply within the deadline"), std::string::npos) << out;
+  EXPECT_NE(out.find("Connection refused"), std::string::npos) << out;
 }
