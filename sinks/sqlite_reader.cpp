@@ -140,6 +140,9 @@ class Reader {
       return false;
     }
     columns_ = sqlite_detail::table_columns(db_, "events");
+    int_cols_.clear();
+    for (int c = kTs; c < kNumCols; ++c)
+      if (c != kNode && has(columns_, kCols[c].name)) int_cols_.push_back(c);
     std::vector<std::string> missing;
     for (const auto& c : kCols)
       if (!c.fallback && !has(columns_, c.name)) missing.push_back(c.name);
@@ -283,8 +286,10 @@ class Reader {
   // Returns the reason to skip the row, or null when `e` is filled.
   const char* decode(const Stmt& s, uint64_t row, bool node_col, Event& e) {
     int64_t v[kNumCols] = {};
-    for (int c = kTs; c < kNumCols; ++c) {
-      if (c == kNode) continue;
+    // Columns the table lacks are SELECTed as their constant fallback: take it without asking
+    // SQLite (2 API calls per column per row).
+    v[kRank] = -1;
+    for (const int c : int_cols_) {
       const int t = s.type(c);
       if (t == SQLITE_NULL) {
         if (kCols[c].not_null) return null_reason(c);
@@ -558,6 +563,7 @@ class Reader {
   sqlite3* db_;
   TraceMeta& meta_;
   std::vector<std::string> columns_;
+  std::vector<int> int_cols_;  // integer columns present in `events` (decode reads only these)
   bool ours_ = false;
   std::unordered_map<std::string, uint16_t> node_cache_;
   std::map<std::string, std::string> interned_;
