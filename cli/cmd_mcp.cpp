@@ -29,6 +29,8 @@ struct McpArgs {
   unsigned threads = 1;
   size_t max_rows = 10'000;
   uint64_t sql_timeout_ms = 30'000;
+  std::vector<std::string> fleet_nodes;  // query_fleet's default nodes
+  std::string fleet_token;
 };
 
 std::atomic<bool> g_stop{false};
@@ -69,6 +71,10 @@ int run_mcp(const McpArgs& a) {
   opts.engine_threads = a.threads;
   opts.sql.max_rows = a.max_rows;
   opts.sql.max_ms = a.sql_timeout_ms;
+  opts.fleet_nodes = a.fleet_nodes;
+  opts.fleet_token = a.fleet_token;
+  if (opts.fleet_token.empty())
+    if (const char* t = std::getenv("INGERO_MCP_TOKEN")) opts.fleet_token = t;
   ::signal(SIGPIPE, SIG_IGN);
 
   if (a.http_port >= 0) {
@@ -138,6 +144,11 @@ Registrar reg{"mcp", 50, [](CLI::App& app, int& rc) {
                 cmd->add_option("--token", args->token,
                                 "Bearer token for --http (default: $INGERO_MCP_TOKEN, else a random one printed on stderr)");
                 cmd->add_option("--threads", args->threads, "Engine threads")->check(CLI::Range(1u, 256u));
+                cmd->add_option("--fleet-nodes", args->fleet_nodes,
+                                "query_fleet: other nodes' MCP URLs (http://HOST:PORT/mcp, comma-separated)")
+                    ->delimiter(',');
+                cmd->add_option("--fleet-token", args->fleet_token,
+                                "query_fleet: bearer token of those nodes (default: $INGERO_MCP_TOKEN)");
                 cmd->add_option("--max-rows", args->max_rows, "run_sql row cap (default 10000)")
                     ->check(CLI::Range(size_t{1}, size_t{10'000}));
                 cmd->add_option("--sql-timeout-ms", args->sql_timeout_ms, "run_sql time budget per statement (default 30000)")

@@ -199,3 +199,109 @@ std::vector<FleetNodeReply> fleet_call(const std::vector<std::string>& urls, con
 }
 
 }  // namespace ingero
+
+namespace ingero {
+
+bool query_fleet(const nlohmann::json& a, const std::vector<std::string>& default_nodes, const std::string& token,
+                 nlohmann::json& out, std::string& error) {
+  std::vector<std::string> nodes = default_nodes;
+  if (a.contains("nodes") && a["nodes"].is_string()) {
+    nodes.clear();
+    const std::string s = a["nodes"].get<std::string>();
+    size_t start = 0;
+    while (start <= s.size()) {
+      const size_t comma = s.find(',', start);
+      std::string n = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      if (!n.empty()) nodes.push_back(n);
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
+  if (nodes.empty()) {
+    error = "no nodes: pass `nodes` (comma-separated http://HOST:PORT/mcp URLs) or start the server with --fleet-nodes";
+    return false;
+  }
+  if (nodes.size() > 256) {
+    error = "at most 256 nodes per call";
+    return false;
+  }
+  const std::string action = a.value("action", "chains");
+  FleetQueryOptions o;
+  o.token = token;
+  o.deadline_ms = a.contains("timeout_ms") && a["timeout_ms"].is_number_integer() ? a["timeout_ms"].get<int>() : 5000;
+  const size_t limit = a.contains("limit") && a["limit"].is_number_integer() ? a["limit"].get<size_t>() : 20;
+  std::string tool;
+  nlohmann::json args = nlohmann::json::object();
+  if (action == "chains") {
+    tool = "get_causal_chains";
+    args["limit"] = limit;
+  } else if (action == "ops") {
+    tool = "get_trace_stats";
+  } else if (action == "sql") {
+    tool = "run_sql";
+    std::string q = a.contains("sql") && a["sql"].is_string() ? a["sql"].get<std::string>()
+                    : a.contains("query") && a["query"].is_string() ? a["query"].get<std::string>() : "";
+    if (q.empty()) {
+      error = "action sql needs `sql` (or `query`)";
+      return false;
+    }
+    args["sql"] = q;
+    args["max_rows"] = std::min<size_t>(limit, 1000);
+  } else {
+    error = "action must be one of: chains, ops, sql";
+    return false;
+  }
+  const auto replies = fleet_call(nodes, tool, args, o);
+  out = {{"action", action}, {"nodes", nlohmann::json::array()}, {"warnings", nlohmann::json::array()}};
+  nlohmann::json items = nlohmann::json::array();
+  size_t answered = 0;
+  for (const auto& r : replies) {
+    out["nodes"].push_back({{"url", r.url}, {"ok", r.ok}, {"ms", r.ms}, {"error", r.error}});
+    if (!r.ok) {
+      out["warnings"].push_back(r.url + ": " + r.error);
+      continue;
+    }
+    ++answered;
+    if (action == "chains") {
+      for (auto c : r.data.value("chains", nlohmann::json::array())) {
+        c["from"] = r.url;
+        items.push_back(std::move(c));
+      }
+    } else if (action == "ops") {
+      items.push_back({{"from", r.url}, {"stats", r.data}});
+    } else {
+      for (const auto& row : r.data.value("rows", nlohmann::json::array())) {
+        nlohmann::json withnode = nlohmann::json::array({r.url});
+        for (const auto& v : row) withnode.push_back(v);
+        items.push_back(std::move(withnode));
+      }
+      if (!out.contains("columns") && r.data.contains("columns")) {
+        nlohmann::json cols = nlohmann::json::array({"node"});
+        for (const auto& c : r.data["columns"]) cols.push_back(c);
+        out["columns"] = cols;
+      }
+    }
+  }
+  if (action == "chains") {
+    auto rank = [](const nlohmann::json& c) {
+      std::string s = c.value("severity", "");
+      for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      return s == "high" ? 3 : s == "medium" ? 2 : s == "low" ? 1 : 0;
+    };
+    std::stable_sort(items.begin(), items.end(),
+                     [&](const nlohmann::json& x, const nlohmann::json& y) { return rank(x) > rank(y); });
+    out["chains"] = items;
+  } else if (action == "ops") {
+    out["per_node"] = items;
+    out["note"] = "per-node statistics side by side; quantiles are not merged across nodes";
+  } else {
+    out["rows"] = items;
+  }
+  if (!answered) {
+    error = "no node answered: " + out["warnings"].dump();
+    return false;
+  }
+  return true;
+}
+
+}  // namespace ingero

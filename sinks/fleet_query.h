@@ -39,3 +39,16 @@ std::vector<FleetNodeReply> fleet_call(const std::vector<std::string>& urls, con
                                        const nlohmann::json& arguments, const FleetQueryOptions& options);
 
 }  // namespace ingero
+
+namespace ingero {
+
+// The MCP tool `query_fleet` (sinks/mcp/trace_tools.cpp calls it): `action` chains | ops | sql,
+// `nodes` (comma-separated URLs; default `default_nodes`), `sql`/`query`, `limit`, `timeout_ms`.
+// chains: every node's chains worst first, each with "from"; ops: each node's per-op statistics
+// side by side (NOT merged quantiles: the nodes' sketches are not exported yet); sql: rows with
+// the node's URL prepended. Always lists every node with ok/ms/error, plus warnings. Returns
+// false with `error` for bad arguments or when no node answered.
+bool query_fleet(const nlohmann::json& args, const std::vector<std::string>& default_nodes,
+                 const std::string& token, nlohmann::json& out, std::string& error);
+
+}  // namespace ingero

@@ -58,6 +58,9 @@ struct ServerOptions {
   int max_depth = 64;                    // JSON nesting limit (the parser recurses)
   SqlLimits sql;                         // caps of run_sql
   unsigned engine_threads = 1;
+  // query_fleet (sinks/fleet_query.h): the nodes asked when a call names none, and their token.
+  std::vector<std::string> fleet_nodes;
+  std::string fleet_token;
 };
 
 struct RequestContext {

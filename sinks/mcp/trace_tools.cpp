@@ -1,5 +1,7 @@
 #include "sinks/mcp/trace_tools.h"
 
+#include "sinks/fleet_query.h"
+
 #include <cxxabi.h>
 #include <sys/stat.h>
 
@@ -305,6 +307,17 @@ TraceTools::TraceTools(const ServerOptions& options) : options_(options) {
        "never loaded or run; use it to draft a rule for a cause you suspect.",
        {{"text", ArgType::kString, true, "The rule source text."},
         {"file_name", ArgType::kString, false, "Name to use in diagnostics (default agent.rules)."}}},
+      {"query_fleet", "Ask several nodes at once",
+       "Fans one question out to other nodes' MCP HTTP servers (ingero-pipeline mcp --http) with the bearer "
+       "token and a per-node deadline: chains (all nodes' chains, worst first, each with the node it came "
+       "from), ops (each node's per-op statistics side by side) or sql (rows with the node prepended). Nodes "
+       "that are down or slow become warnings; the others still answer.",
+       {{"action", ArgType::kString, true, "What to ask.", {"chains", "ops", "sql"}},
+        {"nodes", ArgType::kString, false, "Comma-separated http://HOST:PORT/mcp URLs (default: the server's --fleet-nodes)."},
+        {"sql", ArgType::kString, false, "action sql: one read-only SELECT."},
+        {"query", ArgType::kString, false, "action sql: the same as `sql` (Ingero's name)."},
+        {"limit", ArgType::kInteger, false, "Chains or rows per node (default 20).", {}, 1, 1000},
+        {"timeout_ms", ArgType::kInteger, false, "Per-node deadline (default 5000).", {}, 50, 60000}}},
       {"why_not", "Why a rule did not fire",
        "For a rule that did not fire on this trace: how many windows reached it, which predicate stopped "
        "them, and the closest candidates with each predicate's value, threshold and margin.",
@@ -426,6 +439,10 @@ Json TraceTools::call(const std::string& name, const Json& arguments, RequestCon
     else if (name == "list_rules") data = list_rules(arguments);
     else if (name == "check_rule") data = check_rule(arguments);
     else if (name == "why_not") data = why_not(arguments);
+    else if (name == "query_fleet") {
+      std::string why;
+      if (!query_fleet(arguments, options_.fleet_nodes, options_.fleet_token, data, why)) throw ToolFailure{why};
+    }
     return tool_result(std::move(data));
   } catch (const ToolFailure& f) {
     return tool_error(name + ": " + f.message);

@@ -137,3 +137,39 @@ TEST(FleetQuery, ExplainNodesReportsPartialFailures) {
   EXPECT_NE(out.find("no reply within the deadline"), std::string::npos) << out;
   EXPECT_NE(out.find("Connection refused"), std::string::npos) << out;
 }
+
+// The MCP tool query_fleet on a server: chains and sql from two nodes, one down -> a warning.
+TEST(FleetQuery, McpQueryFleetTool) {
+  const auto a = shared_db("pytorch-dataloader-starvation.db"), b = shared_db("sample-gpu-node-02.db");
+  if (a.empty() || b.empty()) GTEST_SKIP() << "shared Ingero sample databases not found";
+  HttpNode n1(a), n2(b);
+  int down_port = 0;
+  ::close(listen_socket(down_port));
+  mcp::ServerOptions o;
+  o.db_path = b;
+  o.fleet_nodes = {n1.url(), n2.url(), "http://127.0.0.1:" + std::to_string(down_port) + "/mcp"};
+  o.fleet_token = "fleet-token";
+  mcp::Server hub(o);
+  hub.handle_message({{"jsonrpc", "2.0"}, {"id", 0}, {"method", "initialize"},
+                      {"params", {{"protocolVersion", "2025-06-18"}, {"capabilities", nlohmann::json::object()},
+                                  {"clientInfo", {{"name", "gtest"}, {"version", "1"}}}}}});
+  auto call = [&](const nlohmann::json& args) {
+    const nlohmann::json req = {{"jsonrpc", "2.0"}, {"id", 1}, {"method", "tools/call"},
+                                {"params", {{"name", "query_fleet"}, {"arguments", args}}}};
+    const auto reply = hub.handle_message(req);
+    return reply ? *reply : nlohmann::json();
+  };
+  auto chains = call({{"action", "chains"}, {"timeout_ms", 3000}});
+  ASSERT_TRUE(chains.contains("result")) << chains.dump().substr(0, 400);
+  const auto& sc = chains["result"]["structuredContent"];
+  EXPECT_EQ(sc["nodes"].size(), 3u) << sc.dump().substr(0, 400);
+  EXPECT_EQ(sc["warnings"].size(), 1u) << sc.dump().substr(0, 400);
+  ASSERT_FALSE(sc["chains"].empty());
+  EXPECT_EQ(sc["chains"][0]["from"], n1.url());
+  auto sql = call({{"action", "sql"}, {"query", "SELECT count(*) AS n FROM events"}, {"nodes", n1.url() + "," + n2.url()}});
+  const auto& rows = sql["result"]["structuredContent"]["rows"];
+  ASSERT_EQ(rows.size(), 2u) << sql.dump().substr(0, 400);
+  EXPECT_EQ(sql["result"]["structuredContent"]["columns"][0], "node");
+  auto bad = call({{"action", "sql"}});
+  EXPECT_EQ(bad["result"]["isError"], true) << bad.dump().substr(0, 300);
+}
