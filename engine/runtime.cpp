@@ -1,4 +1,5 @@
 #include "engine/runtime.h"
+#include "engine/top_k.h"
 
 #include <algorithm>
 #include <cmath>
@@ -466,40 +467,36 @@ bool slower(const Call& a, const Call& b) {
 // The calls a join may look at when the window closes. Joins only look at the window's tail (the
 // slow calls, chosen by the rule's `tail` condition once the window's quantiles are known), so
 // the buffer keeps every call up to kMaxTailCalls and, beyond that, the kMaxTailCalls slowest
-// (a min-heap on slowness): exact whenever the tail has at most kMaxTailCalls calls, and bounded
-// memory (kMaxTailCalls x 32 bytes per window and key) at any rate. A capped window's joins are
-// judged on its slowest calls, and say so (evidence text, EngineCounters::tail_windows_capped).
+// (TopK: threshold reject + bulk compaction, the same set a heap keeps): exact whenever the tail
+// has at most kMaxTailCalls calls, and bounded memory (1.5 x kMaxTailCalls x 32 bytes per window
+// and key) at any rate. A capped window's joins are judged on its slowest calls, and say so
+// (evidence text, EngineCounters::tail_windows_capped).
+struct Slower {
+  bool operator()(const Call& a, const Call& b) const { return slower(a, b); }
+};
 class CallBuffer {
  public:
   void add(const Call& c) {
-    ++seen_;
-    if (calls_.size() < kMaxTailCalls) {
-      calls_.push_back(c);
-      if (calls_.size() == kMaxTailCalls) std::make_heap(calls_.begin(), calls_.end(), slower);
-      return;
-    }
-    if (!slower(c, calls_.front())) return;  // not slower than the fastest call kept
-    std::pop_heap(calls_.begin(), calls_.end(), slower);
-    calls_.back() = c;
-    std::push_heap(calls_.begin(), calls_.end(), slower);
+    top_.add(c);
+    sorted_ = false;
   }
   // The kept calls in time order (arrival order while under the cap: events reach a window in
   // time order).
   const std::vector<Call>& calls() {
-    if (seen_ >= kMaxTailCalls && !sorted_) {
-      std::sort(calls_.begin(), calls_.end(), [](const Call& a, const Call& b) {
+    auto& v = top_.items();
+    if (top_.seen() >= kMaxTailCalls && !sorted_) {
+      std::sort(v.begin(), v.end(), [](const Call& a, const Call& b) {
         return a.ts != b.ts ? a.ts < b.ts : a.id != b.id ? a.id < b.id : a.tid < b.tid;
       });
       sorted_ = true;
     }
-    return calls_;
+    return v;
   }
-  uint64_t seen() const { return seen_; }
-  bool capped() const { return seen_ > calls_.size(); }
+  uint64_t seen() const { return top_.seen(); }
+  bool capped() const { return top_.capped(); }
 
  private:
-  std::vector<Call> calls_;
-  uint64_t seen_ = 0;
+  TopK<Call, Slower> top_{kMaxTailCalls};
   bool sorted_ = false;
 };
 
