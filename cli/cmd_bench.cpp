@@ -4,7 +4,8 @@
 // alone.
 //
 // What the phases measure:
-// - load: opening the trace. SQLite: the reader loads and sorts every event (80 bytes each).
+// - load: opening the trace. SQLite: schema checks, side tables and the reorder slack; the rows
+//   are streamed during `run` (INGERO_SQLITE_STREAM=0: loaded and sorted here, 80 bytes each).
 //   LMDB: opening the environment and reading the file once through the OS page cache (not into
 //   this process), so `run` measures the pipeline rather than the disk; --no-warm skips that.
 // - run: the engine over every batch (decode + rules for LMDB), until the final watermark.
