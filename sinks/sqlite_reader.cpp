@@ -636,23 +636,36 @@ class StreamSource final : public EventSource {
     fill();  // look ahead: is there anything after this batch?
     out.seq = seq_++;
     out.final = !held() && late_.empty();
+    for (const auto& e : out.events) {
+      if (!seen_any_) {
+        first_ts_ = e.ts_ns;
+        seen_any_ = true;
+      }
+      last_ts_ = std::max(last_ts_, e.end_ns());
+    }
     if (out.final) {
       out.watermark = std::numeric_limits<uint64_t>::max();
       finish();
+      if (publish_on_final_) publish_meta();
     } else {
       out.watermark = out.events.empty() ? released_ : out.events.back().ts_ns;
-    }
-    for (const auto& e : out.events) {
-      if (!seen_any_) {
-        meta_.first_ts = e.ts_ns;
-        seen_any_ = true;
-      }
-      meta_.last_ts = std::max(meta_.last_ts, e.end_ns());
     }
     return true;
   }
 
   TraceMeta& meta() override { return meta_; }
+
+  // What streaming learnt (health, first/last ts) goes into meta() here, on the consumer's
+  // thread: by next() itself at the final batch, or by ReaderThreadSource when it hands the
+  // final batch over, so meta() is never written while the consumer may read it.
+  void publish_on_final(bool v) { publish_on_final_ = v; }
+  void publish_meta() {
+    meta_.health.rows_read = health_.rows_read;
+    for (const auto& [why, n] : health_.reasons) meta_.health.skip(why, n);
+    reader_.flush_cuts();
+    meta_.first_ts = first_ts_;
+    meta_.last_ts = last_ts_;
+  }
   uint64_t slack_ns() const { return slack_; }
   bool indexed() const { return indexed_; }
 
@@ -757,7 +770,7 @@ class StreamSource final : public EventSource {
     if (show_progress_ && (row_ & 0xFFFF) == 0) report_progress();
     Held h;
     if (const char* why = reader_.decode(stmt_, row_, node_col_, h.e)) {
-      meta_.health.skip(why);
+      health_.skip(why);
       return;
     }
     h.rowid = stmt_.i64(kNumCols);
@@ -767,7 +780,7 @@ class StreamSource final : public EventSource {
                                 : h.e.ts_ns;
     if (indexed_ && stored < front_) {
       // The index walk went backwards: the index is damaged. Never hand out unsorted events.
-      meta_.health.skip("row out of timestamp-index order (damaged index?)");
+      health_.skip("row out of timestamp-index order (damaged index?)");
       return;
     }
     front_ = std::max(front_, indexed_ ? stored : h.e.ts_ns);
@@ -776,11 +789,11 @@ class StreamSource final : public EventSource {
       // call may not, it is skipped and counted.
       if (!overflowed_) {
         // Cannot happen on a sound file (the slack is exact); a damaged index can cause it.
-        meta_.health.skip("row arrived after its place in time order (damaged index?)");
+        health_.skip("row arrived after its place in time order (damaged index?)");
         return;
       }
       if (h.e.source != Source::kHost) {
-        meta_.health.skip("row behind the reorder buffer (max_reorder_events too small): skipped");
+        health_.skip("row behind the reorder buffer (max_reorder_events too small): skipped");
         return;
       }
       h.e.flags |= event_flags::kLate;
@@ -837,17 +850,16 @@ class StreamSource final : public EventSource {
       std::fputs("\r\033[K", stderr);
       std::fflush(stderr);
     }
-    meta_.health.rows_read = row_;
+    health_.rows_read = row_;
     if (failed_rc_ != SQLITE_OK)
-      meta_.health.skip("events table unreadable after row " + std::to_string(row_) + ": " +
+      health_.skip("events table unreadable after row " + std::to_string(row_) + ": " +
                         sqlite_detail::describe_sqlite_error(db_.get(), failed_rc_) +
                         "; the remaining rows are lost");
     if (late_count_)
-      meta_.health.skip("delivered late: the reorder buffer (" +
+      health_.skip("delivered late: the reorder buffer (" +
                             std::to_string(options_.max_reorder_events) +
                             " rows) was too small for this trace's disorder",
                         late_count_);
-    reader_.flush_cuts();
     stmt_ = Stmt();
     db_.reset();
   }
@@ -863,6 +875,9 @@ class StreamSource final : public EventSource {
   uint64_t slack_ = 0, front_ = 0, released_ = 0, row_ = 0, seq_ = 0, late_count_ = 0;
   std::vector<Held> heap_, late_;
   std::deque<Held> in_order_;
+  InputHealth health_;  // published into meta_ by publish_meta()
+  uint64_t first_ts_ = 0, last_ts_ = 0;
+  bool publish_on_final_ = true;
   bool show_progress_ = false, progress_shown_ = false;
   uint64_t rows_total_ = 0;
   std::chrono::steady_clock::time_point progress_start_, progress_next_;
@@ -872,12 +887,15 @@ class StreamSource final : public EventSource {
 // Runs a source's next() on its own thread, `depth` batches ahead, so reading and decoding
 // SQLite rows overlaps the engine. Batches are handed over whole (swapped, never copied). The
 // wrapped source's meta() is read by the consumer only after open (names, stacks: not written
-// again) and after the final batch (health, first/last ts: the queue's mutex orders them).
+// again) and after the final batch (health, first/last ts: published on the consumer's thread
+// by publish_meta()). Node names first met mid-stream (text ids "{node}:{seq}" without a node
+// column) are still appended to meta().nodes by the reader: read nodes after the final batch.
 class ReaderThreadSource final : public EventSource {
  public:
-  ReaderThreadSource(std::unique_ptr<EventSource> inner, size_t depth)
+  // The thread starts at the first next(): until then the consumer owns meta() alone.
+  ReaderThreadSource(std::unique_ptr<StreamSource> inner, size_t depth)
       : inner_(std::move(inner)), depth_(depth ? depth : 1) {
-    worker_ = std::thread([this] { produce(); });
+    inner_->publish_on_final(false);
   }
   ~ReaderThreadSource() override {
     {
@@ -885,10 +903,14 @@ class ReaderThreadSource final : public EventSource {
       stop_ = true;
     }
     cv_.notify_all();
-    worker_.join();
+    if (worker_.joinable()) worker_.join();
   }
 
   bool next(Batch& out) override {
+    if (!worker_.joinable() && !started_) {
+      started_ = true;
+      worker_ = std::thread([this] { produce(); });
+    }
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !ready_.empty() || done_; });
     if (ready_.empty()) return false;
@@ -898,6 +920,8 @@ class ReaderThreadSource final : public EventSource {
     ready_.pop_front();
     lock.unlock();
     cv_.notify_all();
+    // The reader is done with meta() once it produced the final batch (ordered by the mutex).
+    if (out.final) inner_->publish_meta();
     return true;
   }
 
@@ -929,8 +953,9 @@ class ReaderThreadSource final : public EventSource {
     cv_.notify_all();
   }
 
-  std::unique_ptr<EventSource> inner_;
+  std::unique_ptr<StreamSource> inner_;
   size_t depth_;
+  bool started_ = false;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Batch> ready_;
