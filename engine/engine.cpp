@@ -19,19 +19,6 @@ namespace {
 using Msg = std::shared_ptr<ShardInput>;
 using Out = std::shared_ptr<ShardOutput>;
 
-bool chain_order(const Chain& a, const Chain& b) {
-  if (a.severity != b.severity) return a.severity > b.severity;
-  if (a.window_start != b.window_start) return a.window_start < b.window_start;
-  if (a.rule != b.rule) return a.rule < b.rule;
-  if (a.pid != b.pid) return a.pid < b.pid;
-  if (a.tid != b.tid) return a.tid < b.tid;
-  if (a.source != b.source) return a.source < b.source;
-  if (a.op != b.op) return a.op < b.op;
-  if (a.node != b.node) return a.node < b.node;
-  if (a.rank != b.rank) return a.rank < b.rank;
-  return a.id < b.id;
-}
-
 void merge_outcome(RuleOutcome& into, const RuleOutcome& from) {
   into.windows += from.windows;
   into.chains += from.chains;
@@ -197,7 +184,7 @@ AnalysisResult run_plan(const Plan& plan, EventSource& source, const EngineOptio
     counters.node_errors += node_errors.load();
   });
 
-  std::sort(chains.begin(), chains.end(), chain_order);
+  std::sort(chains.begin(), chains.end(), chain_canonical_order);
   result.chains = std::move(chains);
   if (opts.compute_stats) result.ops = stats.results();
   counters.threads = threads;

@@ -96,6 +96,21 @@ struct Chain {
   TimeSplit time_split;              // rate and gap chains: the launching thread
 };
 
+// The order chains are reported in (severity desc, then window, rule, key, id): a total order, so
+// results do not depend on thread count, batch boundaries or when an annotator added a chain.
+inline bool chain_canonical_order(const Chain& a, const Chain& b) {
+  if (a.severity != b.severity) return a.severity > b.severity;
+  if (a.window_start != b.window_start) return a.window_start < b.window_start;
+  if (a.rule != b.rule) return a.rule < b.rule;
+  if (a.pid != b.pid) return a.pid < b.pid;
+  if (a.tid != b.tid) return a.tid < b.tid;
+  if (a.source != b.source) return a.source < b.source;
+  if (a.op != b.op) return a.op < b.op;
+  if (a.node != b.node) return a.node < b.node;
+  if (a.rank != b.rank) return a.rank < b.rank;
+  return a.id < b.id;
+}
+
 struct EngineCounters {
   uint64_t events_in = 0;
   uint64_t batches = 0;

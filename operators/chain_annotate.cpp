@@ -58,19 +58,6 @@ bool is_launch_op(Source s, uint8_t op) {
          (s == Source::kGraph && op == op::kGraphLaunch);
 }
 
-bool chain_canonical_order(const Chain& a, const Chain& b) {
-  if (a.severity != b.severity) return a.severity > b.severity;
-  if (a.window_start != b.window_start) return a.window_start < b.window_start;
-  if (a.rule != b.rule) return a.rule < b.rule;
-  if (a.pid != b.pid) return a.pid < b.pid;
-  if (a.tid != b.tid) return a.tid < b.tid;
-  if (a.source != b.source) return a.source < b.source;
-  if (a.op != b.op) return a.op < b.op;
-  if (a.node != b.node) return a.node < b.node;
-  if (a.rank != b.rank) return a.rank < b.rank;
-  return a.id < b.id;
-}
-
 ChainAnnotator::ChainAnnotator(AnnotateOptions o) : opt_(o) {
   if (opt_.top_stacks == 0) opt_.top_stacks = 3;
   if (opt_.gap_window_ns == 0) opt_.gap_window_ns = 10'000'000'000;

@@ -276,9 +276,6 @@ class LiveChainAnnotator {
 // the launch_gap chains and puts all chains back in the engine's canonical order.
 void annotate_result(AnalysisResult& r, ChainAnnotator& a);
 
-// The engine's canonical chain order (severity desc, window, rule, key), for merged chain lists.
-bool chain_canonical_order(const Chain& a, const Chain& b);
-
 // True for launch ops (cudaLaunchKernel, cuLaunchKernel, cudaGraphLaunch).
 bool is_launch_op(Source s, uint8_t op);
 
