@@ -2,6 +2,7 @@
 // process, line-table and str decoding, and a user-space frame walk through /proc/PID/mem.
 // See pyintrospect.h for the contract and docs/stacks.md for where the numbers come from.
 #include "bpf/pyintrospect.h"
+#include "bpf/symbolizer.h"
 
 #include <elf.h>
 #include <fcntl.h>
@@ -185,31 +186,18 @@ bool elf_syms(int fd, ElfSyms& out) {
       if (gelf_getphdr(elf, static_cast<int>(i), &ph) != nullptr && ph.p_type == PT_LOAD)
         out.loads.push_back(ph);
     }
-  Elf_Scn* scn = nullptr;
-  while ((scn = elf_nextscn(elf, scn)) != nullptr) {
-    GElf_Shdr sh;
-    if (gelf_getshdr(scn, &sh) == nullptr) continue;
-    if (sh.sh_type != SHT_SYMTAB && sh.sh_type != SHT_DYNSYM) continue;
-    Elf_Data* data = elf_getdata(scn, nullptr);
-    if (data == nullptr || sh.sh_entsize == 0) continue;
-    const size_t n = sh.sh_size / sh.sh_entsize;
-    for (size_t i = 0; i < n; ++i) {
-      GElf_Sym sym;
-      if (gelf_getsym(data, static_cast<int>(i), &sym) == nullptr || sym.st_shndx == SHN_UNDEF) continue;
-      const char* name = elf_strptr(elf, sh.sh_link, sym.st_name);
-      if (name == nullptr) continue;
-      if (!out.have_runtime && std::strcmp(name, "_PyRuntime") == 0) {
-        out.runtime = sym.st_value;
-        out.have_runtime = true;
-      } else if (!out.have_version && std::strcmp(name, "Py_Version") == 0) {
-        out.py_version = sym.st_value;
-        out.have_version = true;
-      } else if (!out.have_code_type && std::strcmp(name, "PyCode_Type") == 0) {
-        out.code_type = sym.st_value;
-        out.have_code_type = true;
-      }
+  for_each_elf_symbol(elf, [&](const char* name, uint64_t value, uint64_t, unsigned char) {
+    if (!out.have_runtime && std::strcmp(name, "_PyRuntime") == 0) {
+      out.runtime = value;
+      out.have_runtime = true;
+    } else if (!out.have_version && std::strcmp(name, "Py_Version") == 0) {
+      out.py_version = value;
+      out.have_version = true;
+    } else if (!out.have_code_type && std::strcmp(name, "PyCode_Type") == 0) {
+      out.code_type = value;
+      out.have_code_type = true;
     }
-  }
+  });
   elf_end(elf);
   return true;
 }

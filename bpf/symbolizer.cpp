@@ -132,29 +132,16 @@ struct ElfFile {
 };
 
 void add_symbols(Elf* elf, std::vector<Symbol>& out) {
-  Elf_Scn* scn = nullptr;
-  while ((scn = elf_nextscn(elf, scn)) != nullptr) {
-    GElf_Shdr sh;
-    if (gelf_getshdr(scn, &sh) == nullptr) continue;
-    if (sh.sh_type != SHT_SYMTAB && sh.sh_type != SHT_DYNSYM) continue;
-    Elf_Data* data = elf_getdata(scn, nullptr);
-    if (data == nullptr || sh.sh_entsize == 0) continue;
-    const size_t n = sh.sh_size / sh.sh_entsize;
-    for (size_t i = 0; i < n; ++i) {
-      GElf_Sym sym;
-      if (gelf_getsym(data, static_cast<int>(i), &sym) == nullptr) continue;
-      const int type = GELF_ST_TYPE(sym.st_info);
-      if (type != STT_FUNC && type != STT_GNU_IFUNC) continue;
-      if (sym.st_shndx == SHN_UNDEF || sym.st_value == 0) continue;
-      const char* name = elf_strptr(elf, sh.sh_link, sym.st_name);
-      if (name == nullptr || name[0] == '\0') continue;
-      const int bind = GELF_ST_BIND(sym.st_info);
-      // Prefer global names, then weak, then local; among those, names without a leading '_'.
-      int rank = bind == STB_GLOBAL ? 0 : bind == STB_WEAK ? 2 : 4;
-      if (name[0] == '_') rank += 1;
-      out.push_back(Symbol{sym.st_value, sym.st_size, name, rank});
-    }
-  }
+  for_each_elf_symbol(elf, [&](const char* name, uint64_t value, uint64_t size, unsigned char info) {
+    const int type = GELF_ST_TYPE(info);
+    if (type != STT_FUNC && type != STT_GNU_IFUNC) return;
+    if (value == 0 || name[0] == '\0') return;
+    const int bind = GELF_ST_BIND(info);
+    // Prefer global names, then weak, then local; among those, names without a leading '_'.
+    int rank = bind == STB_GLOBAL ? 0 : bind == STB_WEAK ? 2 : 4;
+    if (name[0] == '_') rank += 1;
+    out.push_back(Symbol{value, size, name, rank});
+  });
 }
 
 void load_symbols(ElfFile& f) {
@@ -695,5 +682,25 @@ std::vector<StackFrame> Symbolizer::symbolize_kernel(std::span<const uint64_t> i
 }
 
 Symbolizer::Stats Symbolizer::stats() const { return impl_->stats; }
+
+void for_each_elf_symbol(::Elf* elf,
+                         const std::function<void(const char*, uint64_t, uint64_t, unsigned char)>& fn) {
+  Elf_Scn* scn = nullptr;
+  while ((scn = elf_nextscn(elf, scn)) != nullptr) {
+    GElf_Shdr sh;
+    if (gelf_getshdr(scn, &sh) == nullptr) continue;
+    if (sh.sh_type != SHT_SYMTAB && sh.sh_type != SHT_DYNSYM) continue;
+    Elf_Data* data = elf_getdata(scn, nullptr);
+    if (data == nullptr || sh.sh_entsize == 0) continue;
+    const size_t n = sh.sh_size / sh.sh_entsize;
+    for (size_t i = 0; i < n; ++i) {
+      GElf_Sym sym;
+      if (gelf_getsym(data, static_cast<int>(i), &sym) == nullptr || sym.st_shndx == SHN_UNDEF) continue;
+      const char* name = elf_strptr(elf, sh.sh_link, sym.st_name);
+      if (name == nullptr) continue;
+      fn(name, sym.st_value, sym.st_size, sym.st_info);
+    }
+  }
+}
 
 }  // namespace ingero::bpf

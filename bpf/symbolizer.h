@@ -31,12 +31,18 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "engine/stack.h"
+
+// libelf's handle (<libelf.h> declares it as a typedef of this struct).
+extern "C" {
+struct Elf;
+}
 
 namespace ingero::bpf {
 
@@ -115,6 +121,12 @@ class Symbolizer {  // thread-compatible (one owner thread: the live poller)
 
 // abi::__cxa_demangle; the input unchanged when it is not a mangled C++ name.
 std::string demangle(const char* name);
+
+// Every defined symbol of an ELF's .symtab and .dynsym: fn(name, value, size, st_info). Shared by
+// the symbolizer (function symbols) and the CPython introspection (_PyRuntime, Py_Version).
+void for_each_elf_symbol(::Elf* elf,
+                         const std::function<void(const char* name, uint64_t value, uint64_t size,
+                                                  unsigned char info)>& fn);
 
 
 }  // namespace ingero::bpf
