@@ -1,4 +1,5 @@
-// The flow graph: source thread -> router -> pid shards + one global shard -> collector.
+// The engine's scheduling: the calling thread reads and routes batches; pid shards (more of them
+// than threads) and one global shard run as serial oneTBB flow-graph nodes on `threads` workers.
 // See engine.h for the threading and watermark contract and docs/architecture.md for the picture.
 #include "engine/engine.h"
 
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "engine/runtime.h"
@@ -16,7 +18,6 @@
 namespace ingero {
 namespace {
 
-using Msg = std::shared_ptr<ShardInput>;
 using Out = std::shared_ptr<ShardOutput>;
 
 void merge_outcome(RuleOutcome& into, const RuleOutcome& from) {
@@ -31,6 +32,273 @@ void merge_outcome(RuleOutcome& into, const RuleOutcome& from) {
   into.miss_window_start = from.miss_window_start;
   into.miss_window_end = from.miss_window_end;
   into.miss_values = from.miss_values;
+}
+
+// Folds one shard's final output (statistics, rule outcomes, counters) into the run's totals.
+void merge_final(const ShardOutput& out, AnalysisResult& result, OpStatsAccumulator& stats,
+                 EngineCounters& counters) {
+  if (out.stats) stats.merge(*out.stats);
+  for (size_t i = 0; i < out.outcomes.size() && i < result.rules.size(); ++i)
+    merge_outcome(result.rules[i], out.outcomes[i]);
+  if (!out.counters.batches) return;
+  // The global shard sees every event again: count events once, from the pid shards.
+  if (!out.global) counters.events_in += out.counters.events_in;
+  counters.windows_closed += out.counters.windows_closed;
+  counters.late_events += out.counters.late_events;
+  counters.node_errors += out.counters.node_errors;
+  counters.evicted_spans += out.counters.evicted_spans;
+  counters.tail_windows_capped += out.counters.tail_windows_capped;
+}
+
+// Pid shards for `threads` workers: one thread, one shard (no routing at all); otherwise several
+// shards per thread, so that a few busy processes hashed together do not pin one thread while
+// another idles (shard tasks are picked up by whichever worker is free).
+unsigned shard_count(unsigned threads) {
+  if (threads <= 1) return 1;
+  return std::max(threads, std::min(4 * threads, 16u));
+}
+
+// Routing marks: Work::owner holds the owning shard, with this bit for host-wide events (which
+// every other pid shard also receives, for its joins).
+constexpr uint16_t kHostWideBit = 0x8000;
+constexpr unsigned kMaxShards = 0x7fff;
+
+// One source batch, shared read-only by every shard node. Routing does not copy events: it
+// lists each shard's event positions (a counting sort by owner), and each shard gathers its own
+// events on its own worker.
+struct Work {
+  EventsPtr events;                // the whole batch
+  std::vector<uint16_t> owner;     // per event: owning pid shard | kHostWideBit
+  std::vector<uint32_t> order;     // event positions grouped by owning shard, in batch order
+  std::vector<uint32_t> start;     // shard s owns order[start[s] .. start[s + 1])
+  std::vector<uint32_t> host_wide; // positions of host-wide events, in batch order
+  uint64_t watermark = 0;
+  bool final = false;
+  uint64_t dropped = 0;            // for shard 0 only
+  std::shared_ptr<const std::map<uint32_t, std::string>> names;
+  std::atomic<unsigned> pending{0};  // shard nodes that have not finished with it yet
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+// Fills w's routing (owner, order, start, host_wide) for `events` over `shards` pid shards.
+void route(const std::vector<Event>& events, unsigned shards, Work& w) {
+  const size_t n = events.size();
+  w.owner.resize(n);
+  w.start.assign(shards + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const Event& e = events[i];
+    const unsigned s = shard_of(e.pid, shards);
+    ++w.start[s + 1];
+    w.owner[i] = static_cast<uint16_t>(s);
+    if (is_host_wide(e)) {
+      w.owner[i] |= kHostWideBit;
+      w.host_wide.push_back(static_cast<uint32_t>(i));
+    }
+  }
+  for (unsigned s = 0; s < shards; ++s) w.start[s + 1] += w.start[s];
+  std::vector<uint32_t> next(w.start.begin(), w.start.end() - 1);
+  w.order.resize(n);
+  for (size_t i = 0; i < n; ++i) w.order[next[w.owner[i] & ~kHostWideBit]++] = static_cast<uint32_t>(i);
+}
+
+// Batches read but not yet processed by every shard: the source runs at most this far ahead.
+constexpr int kMaxBatchesInFlight = 32;
+
+// The whole run on the calling thread: one pid shard and the global shard, no routing, no TBB.
+void run_serial(CompiledPlan& compiled, EventSource& source, const EngineOptions& opts,
+                AnalysisResult& result, OpStatsAccumulator& stats, EngineCounters& counters,
+                std::vector<Chain>& chains) {
+  std::vector<std::unique_ptr<Shard>> shards;
+  shards.push_back(std::make_unique<Shard>(compiled, false, opts.compute_stats));
+  if (compiled.has_global) shards.push_back(std::make_unique<Shard>(compiled, true, false));
+  std::vector<ShardOutput> finals(shards.size());
+  Batch batch;
+  bool saw_final = false;
+  uint64_t done = 0;
+  size_t names_known = compiled.process_names.size();
+  std::shared_ptr<const std::map<uint32_t, std::string>> names;
+  while (!saw_final) {
+    if (!source.next(batch)) {
+      // A source that ends without a final batch still gets one, so every window closes.
+      batch = Batch{};
+      batch.final = true;
+      batch.watermark = UINT64_MAX;
+    }
+    saw_final = batch.final;
+    ++counters.batches;
+    if (source.meta().process_names.size() != names_known) {
+      names_known = source.meta().process_names.size();
+      names = std::make_shared<const std::map<uint32_t, std::string>>(source.meta().process_names);
+    }
+    if (compiled.uses_stacks && source.meta().stacks.size() != compiled.stacks->size())
+      compiled.stacks->sync(source.meta().stacks);
+    const size_t n_events = batch.events.size();
+    ShardInput in;
+    // Borrowed for the duration of the calls below (aliasing pointer, owns nothing).
+    in.owned = EventsPtr(EventsPtr(), &batch.events);
+    in.watermark = batch.watermark;
+    in.final = batch.final;
+    in.process_names = names;
+    for (size_t i = 0; i < shards.size(); ++i) {
+      in.dropped = i == 0 ? source.meta().health.dropped_events : 0;
+      try {
+        ShardOutput out = shards[i]->process(in);
+        for (auto& c : out.chains) {
+          if (opts.on_chain) opts.on_chain(c);
+          chains.push_back(std::move(c));
+        }
+        if (batch.final) finals[i] = std::move(out);
+      } catch (...) {
+        ++counters.node_errors;
+      }
+    }
+    batch.events.clear();
+    done += n_events;
+    if (opts.on_progress && (counters.batches % 8 == 0 || batch.final)) opts.on_progress(done);
+  }
+  for (const auto& f : finals) merge_final(f, result, stats, counters);
+}
+
+// `threads` workers run the shards; the calling thread is the source: it reads a batch, marks
+// each event's owner and hands the batch to every shard node, blocking only when
+// kMaxBatchesInFlight batches are still being processed (no barrier between batches).
+void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptions& opts,
+                  unsigned threads, AnalysisResult& result, OpStatsAccumulator& stats,
+                  EngineCounters& counters, std::vector<Chain>& chains) {
+  const unsigned n_pid = std::min(shard_count(threads), kMaxShards);
+  const bool global = compiled.has_global;
+  const unsigned n_nodes = n_pid + (global ? 1 : 0);
+
+  // The source thread blocks while workers run: give the arena `threads` workers of its own.
+  // oneTBB's default pool has hardware_concurrency - 1 workers; raise it when that is fewer.
+  std::optional<tbb::global_control> more_workers;
+  const size_t want = static_cast<size_t>(threads) + 1;
+  if (tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism) < want)
+    more_workers.emplace(tbb::global_control::max_allowed_parallelism, want);
+  tbb::task_arena arena(static_cast<int>(threads) + 1, 1);
+
+  std::vector<std::unique_ptr<Shard>> shards;
+  for (unsigned i = 0; i < n_pid; ++i)
+    shards.push_back(std::make_unique<Shard>(compiled, false, opts.compute_stats));
+  if (global) shards.push_back(std::make_unique<Shard>(compiled, true, false));
+  // Written by each shard's own node at the final batch, read after the graph is done.
+  std::vector<ShardOutput> finals(n_nodes);
+  std::atomic<uint64_t> node_errors{0}, done_events{0};
+  std::atomic<int> in_flight{0};
+
+  arena.execute([&] {
+    tbb::flow::graph g;
+    // Collector: serial, so it needs no locks; chains are sorted after the run.
+    tbb::flow::function_node<Out, tbb::flow::continue_msg> collector(
+        g, tbb::flow::serial, [&](const Out& out) {
+          try {
+            for (auto& c : out->chains) {
+              if (opts.on_chain) opts.on_chain(c);
+              chains.push_back(std::move(c));
+            }
+          } catch (...) {
+            node_errors.fetch_add(1);
+          }
+          return tbb::flow::continue_msg();
+        });
+
+    std::vector<std::unique_ptr<tbb::flow::function_node<WorkPtr, tbb::flow::continue_msg>>> nodes;
+    for (unsigned idx = 0; idx < n_nodes; ++idx) {
+      const bool is_global = idx == n_pid;
+      Shard* shard = shards[idx].get();
+      // The events this pid shard owns and the host-wide events it sees, gathered per batch
+      // into buffers this node reuses (its batches run one at a time).
+      auto owned = std::make_shared<std::vector<Event>>();
+      auto foreign = std::make_shared<std::vector<Event>>();
+      nodes.push_back(std::make_unique<tbb::flow::function_node<WorkPtr, tbb::flow::continue_msg>>(
+          g, tbb::flow::serial, [&, idx, is_global, shard, owned, foreign](const WorkPtr& w) {
+            try {
+              ShardInput in;
+              in.watermark = w->watermark;
+              in.final = w->final;
+              in.dropped = idx == 0 ? w->dropped : 0;
+              in.process_names = w->names;
+              if (is_global) {
+                in.owned = w->events;
+              } else {
+                owned->clear();
+                foreign->clear();
+                const Event* ev = w->events->data();
+                for (uint32_t j = w->start[idx]; j < w->start[idx + 1]; ++j) owned->push_back(ev[w->order[j]]);
+                for (const uint32_t i : w->host_wide)
+                  if ((w->owner[i] & ~kHostWideBit) != idx) foreign->push_back(ev[i]);
+                // Borrowed (aliasing pointers that own nothing): the shard keeps no pointer
+                // into its input past process().
+                in.owned = EventsPtr(EventsPtr(), owned.get());
+                in.foreign = EventsPtr(EventsPtr(), foreign.get());
+              }
+              ShardOutput out = shard->process(in);
+              if (w->final) {
+                finals[idx].stats = std::move(out.stats);
+                finals[idx].outcomes = std::move(out.outcomes);
+                finals[idx].counters = out.counters;
+                finals[idx].global = out.global;
+              }
+              if (!out.chains.empty()) {
+                auto o = std::make_shared<ShardOutput>();
+                o->chains = std::move(out.chains);
+                collector.try_put(o);
+              }
+            } catch (...) {
+              // An escaping exception would cancel the whole graph: count it and go on.
+              node_errors.fetch_add(1);
+            }
+            if (w->pending.fetch_sub(1) == 1) {
+              done_events.fetch_add(w->events->size());
+              in_flight.fetch_sub(1);
+              in_flight.notify_all();
+            }
+            return tbb::flow::continue_msg();
+          }));
+    }
+
+    Batch batch;
+    bool saw_final = false;
+    size_t names_known = compiled.process_names.size();
+    std::shared_ptr<const std::map<uint32_t, std::string>> names;
+    while (!saw_final) {
+      if (!source.next(batch)) {
+        // A source that ends without a final batch still gets one, so every window closes.
+        batch = Batch{};
+        batch.final = true;
+        batch.watermark = UINT64_MAX;
+      }
+      saw_final = batch.final;
+      ++counters.batches;
+      // A live source names processes as their first events arrive: pass the new names along so
+      // chains name the process as a replay of the same trace would.
+      if (source.meta().process_names.size() != names_known) {
+        names_known = source.meta().process_names.size();
+        names = std::make_shared<const std::map<uint32_t, std::string>>(source.meta().process_names);
+      }
+      // Stack predicates: stacks a live source symbolized since the last batch.
+      if (compiled.uses_stacks && source.meta().stacks.size() != compiled.stacks->size())
+        compiled.stacks->sync(source.meta().stacks);
+      auto w = std::make_shared<Work>();
+      w->watermark = batch.watermark;
+      w->final = batch.final;
+      w->dropped = source.meta().health.dropped_events;
+      w->names = names;
+      route(batch.events, n_pid, *w);
+      w->events = std::make_shared<const std::vector<Event>>(std::move(batch.events));
+      batch.events = {};
+      w->pending.store(n_nodes);
+      in_flight.fetch_add(1);
+      for (auto& node : nodes) node->try_put(w);
+      // Bound the batches in flight (memory), without waiting for the graph to drain.
+      for (int cur = in_flight.load(); cur >= kMaxBatchesInFlight; cur = in_flight.load())
+        in_flight.wait(cur);
+      if (opts.on_progress && (counters.batches % 8 == 0 || saw_final)) opts.on_progress(done_events.load());
+    }
+    g.wait_for_all();
+  });
+  counters.node_errors += node_errors.load();
+  for (const auto& f : finals) merge_final(f, result, stats, counters);
 }
 
 }  // namespace
@@ -49,140 +317,15 @@ AnalysisResult run_plan(const Plan& plan, EventSource& source, const EngineOptio
   compiled->process_names = source.meta().process_names;
   if (compiled->uses_stacks) compiled->stacks->sync(source.meta().stacks);
 
-  unsigned threads = opts.threads ? opts.threads : std::max(1u, std::thread::hardware_concurrency());
-  const unsigned shards = threads;
+  const unsigned threads = opts.threads ? opts.threads : std::max(1u, std::thread::hardware_concurrency());
   result.rules = compiled->rules;
   OpStatsAccumulator stats;
   EngineCounters counters;
   std::vector<Chain> chains;
-
-  tbb::task_arena arena(static_cast<int>(threads));
-  arena.execute([&] {
-    tbb::flow::graph g;
-    // Collector: serial, so it needs no locks; chains are sorted after the run.
-    tbb::flow::function_node<Out, tbb::flow::continue_msg> collector(
-        g, tbb::flow::serial, [&](const Out& out) {
-          try {
-            for (auto& c : out->chains) {
-              if (opts.on_chain) opts.on_chain(c);
-              chains.push_back(std::move(c));
-            }
-            if (out->stats) stats.merge(*out->stats);
-            for (size_t i = 0; i < out->outcomes.size() && i < result.rules.size(); ++i)
-              merge_outcome(result.rules[i], out->outcomes[i]);
-            if (out->counters.batches) {
-              // The global shard sees every event again: count events once, from the pid shards.
-              if (!out->global) counters.events_in += out->counters.events_in;
-              counters.windows_closed += out->counters.windows_closed;
-              counters.late_events += out->counters.late_events;
-              counters.node_errors += out->counters.node_errors;
-              counters.evicted_spans += out->counters.evicted_spans;
-              counters.tail_windows_capped += out->counters.tail_windows_capped;
-            }
-          } catch (...) {
-            ++counters.node_errors;
-          }
-          return tbb::flow::continue_msg();
-        });
-
-    std::vector<std::unique_ptr<Shard>> shard_state;
-    std::vector<std::unique_ptr<tbb::flow::function_node<Msg, Out>>> nodes;
-    std::atomic<uint64_t> node_errors{0};
-    auto make_node = [&](bool global, bool stats_here) {
-      shard_state.push_back(std::make_unique<Shard>(*compiled, global, stats_here && opts.compute_stats));
-      Shard* shard = shard_state.back().get();
-      nodes.push_back(std::make_unique<tbb::flow::function_node<Msg, Out>>(
-          g, tbb::flow::serial, [shard, &node_errors](const Msg& in) {
-            try {
-              return std::make_shared<ShardOutput>(shard->process(*in));
-            } catch (...) {
-              // An escaping exception would cancel the whole graph: count it and go on.
-              node_errors.fetch_add(1);
-              return std::make_shared<ShardOutput>();
-            }
-          }));
-      tbb::flow::make_edge(*nodes.back(), collector);
-    };
-    for (unsigned i = 0; i < shards; ++i) make_node(false, true);
-    const bool global = compiled->has_global;
-    if (global) make_node(true, false);
-
-    Batch batch;
-    bool saw_final = false;
-    uint64_t done = 0;
-    unsigned pending = 0;
-    std::vector<Msg> parts(shards);
-    // A source that ends without a final batch still gets one, so every window closes.
-    auto next = [&](Batch& b) {
-      if (saw_final) return false;
-      if (source.next(b)) return true;
-      b = Batch{};
-      b.final = true;
-      b.watermark = UINT64_MAX;
-      return true;
-    };
-    size_t names_known = compiled->process_names.size();
-    std::shared_ptr<const std::map<uint32_t, std::string>> names;
-    while (next(batch)) {
-      saw_final = batch.final;
-      ++counters.batches;
-      const uint64_t dropped = source.meta().health.dropped_events;
-      // A live source names processes as their first events arrive: pass the new names along so
-      // chains name the process as a replay of the same trace would.
-      if (source.meta().process_names.size() != names_known) {
-        names_known = source.meta().process_names.size();
-        names = std::make_shared<const std::map<uint32_t, std::string>>(source.meta().process_names);
-      }
-      // Stack predicates: stacks a live source symbolized since the last batch.
-      if (compiled->uses_stacks && source.meta().stacks.size() != compiled->stacks->size())
-        compiled->stacks->sync(source.meta().stacks);
-      const size_t n_events = batch.events.size();
-      auto all_events = std::make_shared<const std::vector<Event>>(std::move(batch.events));
-      for (unsigned i = 0; i < shards; ++i) {
-        parts[i] = std::make_shared<ShardInput>();
-        parts[i]->watermark = batch.watermark;
-        parts[i]->final = batch.final;
-        parts[i]->dropped = i == 0 ? dropped : 0;
-        parts[i]->process_names = names;
-      }
-      if (shards == 1) {
-        parts[0]->owned = all_events;
-      } else {
-        std::vector<std::vector<Event>> owned(shards), foreign(shards);
-        for (const auto& e : *all_events) {
-          const unsigned owner = shard_of(e.pid, shards);
-          owned[owner].push_back(e);
-          if (is_host_wide(e))
-            for (unsigned i = 0; i < shards; ++i)
-              if (i != owner) foreign[i].push_back(e);
-        }
-        for (unsigned i = 0; i < shards; ++i) {
-          parts[i]->owned = std::make_shared<const std::vector<Event>>(std::move(owned[i]));
-          parts[i]->foreign = std::make_shared<const std::vector<Event>>(std::move(foreign[i]));
-        }
-      }
-      for (unsigned i = 0; i < shards; ++i) nodes[i]->try_put(parts[i]);
-      if (global) {
-        auto all = std::make_shared<ShardInput>();
-        all->owned = all_events;
-        all->watermark = batch.watermark;
-        all->final = batch.final;
-        all->process_names = names;
-        nodes[shards]->try_put(all);
-      }
-      batch.events.clear();
-      done += n_events;
-      // Bound the batches in flight: the source never runs more than a few batches ahead.
-      if (++pending >= 8 || batch.final) {
-        g.wait_for_all();
-        pending = 0;
-        if (opts.on_progress) opts.on_progress(done);
-      }
-      if (batch.final) break;
-    }
-    g.wait_for_all();
-    counters.node_errors += node_errors.load();
-  });
+  if (threads == 1)
+    run_serial(*compiled, source, opts, result, stats, counters, chains);
+  else
+    run_parallel(*compiled, source, opts, threads, result, stats, counters, chains);
 
   std::sort(chains.begin(), chains.end(), chain_canonical_order);
   result.chains = std::move(chains);

@@ -1,16 +1,26 @@
-// The engine: a oneTBB flow graph that runs a Plan over an EventSource.
+// The engine: runs a compiled Plan over an EventSource on oneTBB workers.
 //
 // Threading and watermark contract (docs/architecture.md has the picture):
-// - One source thread pulls batches and pushes them into the graph in order.
-// - Events are routed to `threads` shards by pid (every thread of a process lands in one shard, so
-//   per-thread joins never cross shards); host-wide events (block I/O, TCP, NET, memory) are
-//   broadcast to every shard. Each shard is a serial flow-graph node owning its keyed state:
-//   no locks on the data path.
+// - threads == 1: everything runs on the calling thread (read a batch, run the pid shard and the
+//   global shard on it, next batch); no routing, no TBB.
+// - threads >= 2: the calling thread is the source thread: it reads batches, routes each one by
+//   index (an owner mark per event and a counting sort of positions: no event is copied there)
+//   and hands the shared batch to every shard node. `threads` oneTBB workers run the nodes.
+//   There are more pid shards than threads (4 per thread, at most 16, at least one per thread),
+//   so a few busy processes hashed together do not pin one thread while another idles: a shard
+//   gathers its own events on whichever worker runs it. The source runs at most 32 batches ahead
+//   of the slowest shard (no barrier between batches).
+// - Events are routed to pid shards by pid (every thread of a process lands in one shard, so
+//   per-thread joins never cross shards); host-wide events (block I/O, TCP, page allocations,
+//   OOM kills) also reach every other pid shard, for joins. The global shard sees every event.
+//   Each shard is a serial flow-graph node owning its keyed state: no locks on the data path.
 // - Each batch carries the source watermark; windows close on event time only, never the wall
-//   clock. Results are merged in a serial node and sorted canonically, so the result does not
-//   depend on the number of threads or on batch boundaries.
+//   clock. Chains are sorted canonically and the shards' final statistics are merged in shard
+//   order, so the result does not depend on the number of threads or on batch boundaries.
 // - A graph node never lets an exception escape (that would cancel the graph): it counts it in
 //   EngineCounters::node_errors and goes on.
+// - With threads >= 2 the arena needs threads + 1 slots; when oneTBB's process-wide worker limit
+//   is lower (it defaults to the core count) a tbb::global_control raises it for the run.
 #pragma once
 
 #include <functional>
@@ -24,11 +34,12 @@
 namespace ingero {
 
 struct EngineOptions {
-  unsigned threads = 1;             // shards; 0 = hardware concurrency
+  unsigned threads = 1;             // engine workers; 0 = hardware concurrency
   bool compute_stats = true;        // per-op statistics over the whole trace
   // Called from the merge node as chains are emitted (live view); may be empty.
   std::function<void(const Chain&)> on_chain;
-  // Called after every batch with the number of events processed so far (progress).
+  // Called on the source thread every 8 batches and after the final one, with the number of
+  // events every shard has finished with (progress; non-decreasing, at most the events read).
   std::function<void(uint64_t events)> on_progress;
 };
 

@@ -337,6 +337,127 @@ TEST(Engine, ProcessExitingMidWindowIsNotAThroughputDrop) {
   EXPECT_FALSE(has(exited, "throughput_drop")) << testing::PrintToString(categories(exited));
 }
 
+// Twelve processes (more than any shard count divides evenly) plus host-wide block I/O.
+std::vector<Event> many_process_trace() {
+  std::vector<Event> ev;
+  uint64_t next_id = 1;
+  for (uint32_t p = 0; p < 12; ++p) {
+    auto part = launch_trace(p % 3 ? OffCpuWhere::kSameThreadInsideCalls : OffCpuWhere::kOtherThreadInsideCalls);
+    for (auto& e : part) {
+      e.pid += p * 100;
+      e.tid += p * 100;
+      e.ts_ns += p * 313 * kUs;
+      e.id = next_id++;
+    }
+    ev.insert(ev.end(), part.begin(), part.end());
+  }
+  for (int i = 0; i < 80; ++i) {
+    Event io;
+    io.source = Source::kIo;
+    io.op = i % 2 ? op::kBlockWrite : op::kBlockRead;
+    io.pid = io.tid = 999;
+    io.ts_ns = kT0 + static_cast<uint64_t>(i) * 7 * kMs;
+    io.dur_ns = 3 * kMs;
+    io.id = next_id++;
+    ev.push_back(io);
+  }
+  return ev;
+}
+
+// Several pid shards per thread (up to 16 shards at 4+ threads, one per thread beyond): the
+// result is the one-thread result for every thread count and batch size, every event is counted
+// once, and the chains found are not an empty match.
+TEST(Engine, ManyShardsPerThreadGiveTheOneThreadResult) {
+  const auto ev = many_process_trace();
+  const auto one = analyse(ev, 1, 4096);
+  const std::string base = fingerprint(one);
+  ASSERT_TRUE(has(one, "cpu_contention")) << testing::PrintToString(categories(one));
+  EXPECT_EQ(one.counters.events_in, ev.size());
+  for (unsigned threads : {2u, 5u, 8u, 17u}) {
+    for (size_t batch : {1u, 64u, 4096u}) {
+      const auto r = analyse(ev, threads, batch);
+      EXPECT_EQ(fingerprint(r), base) << threads << " threads, batch " << batch;
+      EXPECT_EQ(r.counters.events_in, ev.size()) << threads << " threads, batch " << batch;
+      EXPECT_EQ(r.counters.threads, threads);
+      EXPECT_EQ(r.counters.node_errors, 0u);
+    }
+  }
+}
+
+// A source that ends without a final batch (next() returns false): the engine closes the
+// windows itself, with any number of threads.
+class NoFinalBatchSource final : public EventSource {
+ public:
+  explicit NoFinalBatchSource(std::vector<Event> ev) : inner_(std::move(ev), 50) {}
+  bool next(Batch& out) override {
+    if (!inner_.next(out)) return false;
+    if (out.final) {
+      out.final = false;  // hand the events over, but never say it was the last batch
+      out.watermark = out.events.empty() ? 0 : out.events.back().ts_ns;
+    }
+    return true;
+  }
+  TraceMeta& meta() override { return inner_.meta(); }
+
+ private:
+  VectorSource inner_;
+};
+
+TEST(Engine, SourceWithoutFinalBatchStillClosesEveryWindow) {
+  const auto ev = many_process_trace();
+  const std::string base = fingerprint(analyse(ev, 1, 50));
+  for (unsigned threads : {1u, 2u, 3u}) {
+    NoFinalBatchSource src(ev);
+    EngineOptions o;
+    o.threads = threads;
+    const auto r = run_plan(default_plan(), src, o);
+    EXPECT_EQ(fingerprint(r), base) << threads << " threads";
+    EXPECT_EQ(r.counters.events_in, ev.size()) << threads << " threads";
+  }
+}
+
+// Progress: never goes backwards, never passes the events read, and ends at the total (every
+// batch fully processed) with one or several threads and no barrier between batches.
+TEST(Engine, ProgressIsMonotonicAndEndsAtTheTotal) {
+  const auto ev = many_process_trace();
+  for (unsigned threads : {1u, 2u, 4u}) {
+    VectorSource src(ev, 16);
+    EngineOptions o;
+    o.threads = threads;
+    std::vector<uint64_t> seen;
+    o.on_progress = [&](uint64_t n) { seen.push_back(n); };
+    const auto r = run_plan(default_plan(), src, o);
+    ASSERT_FALSE(seen.empty()) << threads << " threads";
+    EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end())) << threads << " threads";
+    EXPECT_LE(seen.back(), ev.size());
+    EXPECT_EQ(r.counters.events_in, ev.size());
+    // The last call comes after the final batch was handed over; with one thread it has been
+    // processed already.
+    if (threads == 1) {
+      EXPECT_EQ(seen.back(), ev.size());
+    }
+  }
+}
+
+// Chains reach on_chain once each, from one thread at a time, whatever the thread count.
+TEST(Engine, OnChainSeesEveryChainOnce) {
+  const auto ev = many_process_trace();
+  for (unsigned threads : {1u, 3u}) {
+    VectorSource src(ev, 32);
+    EngineOptions o;
+    o.threads = threads;
+    std::vector<std::string> ids;
+    o.on_chain = [&](const Chain& c) { ids.push_back(c.id); };
+    const auto r = run_plan(default_plan(), src, o);
+    std::vector<std::string> want;
+    for (const auto& c : r.chains) want.push_back(c.id);
+    std::sort(ids.begin(), ids.end());
+    std::sort(want.begin(), want.end());
+    EXPECT_FALSE(want.empty());
+    EXPECT_EQ(ids, want) << threads << " threads";
+  }
+}
+
 TEST(Engine, InvalidPlanIsRejectedWithMessages) {
   Plan p;
   const int scan = p.add(ScanNode{});
