@@ -8,6 +8,7 @@
 #   2. Rewrites every mention of engine/<model file> in tracked text files (includes, comments,
 #      docs) to DEST/<model file>. Mentions preceded by a path character (tests/engine/x.cpp)
 #      are left alone.
+#      The folder map rows of docs/architecture.md are renamed to match.
 #   3. Moves the ip_model block of engine/CMakeLists.txt (the comment above it, add_library and
 #      every line naming ip_model up to the first blank line) into DEST/CMakeLists.txt.
 #      The top-level CMakeLists.txt already adds model/ when it exists; for engine/model the
@@ -59,6 +60,11 @@ for file in "${files[@]}"; do
   # Twice: two adjacent mentions share a boundary character, the first pass only takes one.
   sed -E -i "s#${pattern}#\\1${DEST}/\\2\\3#g; s#${pattern}#\\1${DEST}/\\2\\3#g" "$file"
 done
+
+# The folder map (docs/architecture.md): the model gets its own row name, the runtime keeps engine/.
+if [[ -f docs/architecture.md ]]; then
+  sed -i "s#^| \`engine/\` (model files) |#| \`${DEST}/\` |#; s#^| \`engine/\` (runtime) |#| \`engine/\` |#" docs/architecture.md
+fi
 
 # 3. CMake: carve the ip_model block out of engine/CMakeLists.txt into DEST/CMakeLists.txt.
 python3 - "$DEST" <<'PY'

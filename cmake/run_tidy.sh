@@ -17,8 +17,12 @@ jobs=2; checks=""; changed=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -j) jobs="$2"; shift 2 ;;
+    -j*) jobs="${1#-j}"; shift ;;
     --checks) checks="$2"; shift 2 ;;
+    --checks=*) checks="${1#--checks=}"; shift ;;
     --changed) changed="$2"; shift 2 ;;
+    --changed=*) changed="${1#--changed=}"; shift ;;
+    -*) echo "run_tidy: unknown option $1" >&2; exit 2 ;;
     *) break ;;
   esac
 done
