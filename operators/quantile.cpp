@@ -2,13 +2,56 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <mutex>
 
 namespace ingero {
+
+int SketchIndex::formula(uint64_t v, double log_gamma) {
+  return static_cast<int>(std::ceil(std::log(static_cast<double>(v)) / log_gamma));
+}
+
+SketchIndex::SketchIndex(double log_gamma) : log_gamma_(log_gamma), direct_(kDirect, 0) {
+  for (uint64_t v = 1; v < kDirect; ++v) direct_[v] = formula(v, log_gamma_);
+  cells_.resize(static_cast<size_t>(kTopBits - kDirectBits) * kCellsPerPow2);
+  for (int e = kDirectBits; e < kTopBits && cells_ok_; ++e)
+    for (uint64_t j = 0; j < kCellsPerPow2; ++j) {
+      const uint64_t lo = (kCellsPerPow2 + j) << (e - 6);
+      const uint64_t hi = ((kCellsPerPow2 + j + 1) << (e - 6)) - 1;
+      const int b_lo = formula(lo, log_gamma_), b_hi = formula(hi, log_gamma_);
+      Cell& c = cells_[static_cast<size_t>(e - kDirectBits) * kCellsPerPow2 + j];
+      c.bucket = b_lo;
+      c.next = UINT64_MAX;
+      if (b_hi == b_lo) continue;
+      if (b_hi != b_lo + 1) {
+        cells_ok_ = false;  // alpha too small for two buckets per cell: use the formula
+        break;
+      }
+      uint64_t a = lo, b = hi;  // formula(a) == b_lo, formula(b) == b_lo + 1
+      while (b - a > 1) {
+        const uint64_t m = a + (b - a) / 2;
+        (formula(m, log_gamma_) == b_lo ? a : b) = m;
+      }
+      c.next = b;
+    }
+}
+
+const SketchIndex& SketchIndex::for_alpha(double alpha) {
+  static std::mutex mu;
+  static std::vector<std::unique_ptr<SketchIndex>> tables;
+  const double log_gamma = std::log((1 + alpha) / (1 - alpha));
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& t : tables)
+    if (t->log_gamma() == log_gamma) return *t;
+  tables.push_back(std::make_unique<SketchIndex>(log_gamma));
+  return *tables.back();
+}
 
 QuantileState::QuantileState(uint32_t exact_limit, double alpha)
     : exact_limit_(exact_limit),
       alpha_(alpha > 0 && alpha < 1 ? alpha : 0.01),
-      log_gamma_(std::log((1 + alpha_) / (1 - alpha_))) {}
+      log_gamma_(std::log((1 + alpha_) / (1 - alpha_))),
+      index_(&SketchIndex::for_alpha(alpha_)) {}
 
 void QuantileState::clear() {
   count_ = 0;
@@ -18,11 +61,8 @@ void QuantileState::clear() {
   sorted_ = true;
   sketch_ = false;
   zeros_ = 0;
-  buckets_.clear();
-}
-
-int QuantileState::bucket_of(uint64_t v) const {
-  return static_cast<int>(std::ceil(std::log(static_cast<double>(v)) / log_gamma_));
+  counts_.clear();
+  lowest_ = 0;
 }
 
 uint64_t QuantileState::bucket_value(int b) const {
@@ -31,11 +71,26 @@ uint64_t QuantileState::bucket_value(int b) const {
   return static_cast<uint64_t>(std::llround(2.0 * std::pow(gamma, b) / (gamma + 1.0)));
 }
 
+void QuantileState::bucket_add(int b, uint64_t n) {
+  if (counts_.empty()) {
+    lowest_ = b;
+    counts_.assign(1, 0);
+  } else if (b < lowest_) {
+    // Grow downwards with some slack (empty buckets never change a quantile).
+    const size_t grow = static_cast<size_t>(lowest_ - b) + 16;
+    counts_.insert(counts_.begin(), grow, 0);
+    lowest_ -= static_cast<int>(grow);
+  } else if (static_cast<size_t>(b - lowest_) >= counts_.size()) {
+    counts_.resize(static_cast<size_t>(b - lowest_) + 16, 0);
+  }
+  counts_[static_cast<size_t>(b - lowest_)] += n;
+}
+
 void QuantileState::sketch_add(uint64_t v, uint64_t n) {
   if (v == 0)
     zeros_ += n;
   else
-    buckets_[bucket_of(v)] += n;
+    bucket_add((*index_)(v), n);
 }
 
 void QuantileState::to_sketch() {
@@ -71,7 +126,8 @@ void QuantileState::merge(const QuantileState& other) {
   if (!sketch_) to_sketch();
   if (other.sketch_) {
     zeros_ += other.zeros_;
-    for (const auto& [b, n] : other.buckets_) buckets_[b] += n;
+    for (size_t i = 0; i < other.counts_.size(); ++i)
+      if (other.counts_[i]) bucket_add(other.lowest_ + static_cast<int>(i), other.counts_[i]);
   } else {
     for (uint64_t v : other.values_) sketch_add(v, 1);
   }
@@ -95,9 +151,10 @@ uint64_t QuantileState::quantile(double q) const {
   }
   if (k <= zeros_) return 0;
   uint64_t seen = zeros_;
-  for (const auto& [b, n] : buckets_) {
-    seen += n;
-    if (seen >= k) return std::clamp(bucket_value(b), min_, max_);
+  for (size_t i = 0; i < counts_.size(); ++i) {
+    if (!counts_[i]) continue;
+    seen += counts_[i];
+    if (seen >= k) return std::clamp(bucket_value(lowest_ + static_cast<int>(i)), min_, max_);
   }
   return max_;
 }
