@@ -53,6 +53,7 @@ void SyncPointCollector::add(const Event& e) {
     st.pending = true;
     st.ordinal = next_ordinal_[key]++;
     st.op = e.op;
+    st.entry_ns = e.ts_ns;
     // Remember which communicator the pending collective belongs to through the points map key.
     pending_comm_[e.tid] = e.arg1;
     return;
@@ -63,7 +64,7 @@ void SyncPointCollector::add(const Event& e) {
   it->second.pending = false;  // only the FIRST wait after a collective is its sync point
   if (e.dur_ns < min_block_ns_) return;  // did not really block: the GPU was already done
   const CommKey key{e.pid, pending_comm_[e.tid]};
-  points_[key].push_back({it->second.ordinal, e.end_ns(), it->second.op});
+  points_[key].push_back({it->second.ordinal, e.end_ns(), it->second.op, it->second.entry_ns});
 }
 
 std::vector<SyncPoint> SyncPointCollector::points() const {
@@ -73,17 +74,19 @@ std::vector<SyncPoint> SyncPointCollector::points() const {
     auto& b = best[key.pid];
     if (!b || pts.size() > b->size()) b = &pts;
   }
-  std::map<uint64_t, std::vector<int64_t>> by_ordinal;
+  std::map<uint64_t, std::vector<int64_t>> by_ordinal, entries;
   std::map<uint64_t, uint8_t> op_of;
   for (const auto& [pid, pts] : best)
     for (const auto& p : *pts) {
       by_ordinal[p.ordinal].push_back(static_cast<int64_t>(p.exit_ns));
+      entries[p.ordinal].push_back(static_cast<int64_t>(p.entry_ns));
       op_of[p.ordinal] = p.op;
     }
   std::vector<SyncPoint> out;
   out.reserve(by_ordinal.size());
   for (auto& [ord, exits] : by_ordinal)
-    out.push_back({ord, static_cast<uint64_t>(median_of(std::move(exits))), op_of[ord]});
+    out.push_back({ord, static_cast<uint64_t>(median_of(std::move(exits))), op_of[ord],
+                   static_cast<uint64_t>(median_of(std::move(entries[ord])))});
   return out;
 }
 
@@ -141,6 +144,42 @@ OffsetEstimate estimate_offset(const std::vector<SyncPoint>& reference,
   best.ordinal_shift = pick->shift;
   best.pairs = pick->pairs;
   return best;
+}
+
+std::vector<ArrivalCount> count_last_arrivals(const std::vector<ArrivalNode>& nodes) {
+  std::vector<ArrivalCount> out(nodes.size());
+  // Reference ordinal -> (node index, corrected entry).
+  std::map<int64_t, std::vector<std::pair<size_t, int64_t>>> by_ordinal;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    out[i].node = nodes[i].node;
+    if (!nodes[i].matched) continue;
+    for (const auto& p : nodes[i].points)
+      by_ordinal[static_cast<int64_t>(p.ordinal) - nodes[i].ordinal_shift].push_back(
+          {i, static_cast<int64_t>(p.entry_ns)});
+  }
+  for (auto& [ord, arrivals] : by_ordinal) {
+    if (arrivals.size() < 2) continue;
+    std::sort(arrivals.begin(), arrivals.end(),
+              [](const auto& a, const auto& b) { return a.second > b.second; });  // latest first
+    for (const auto& a : arrivals) ++out[a.first].compared;
+    const auto& [last, t_last] = arrivals[0];
+    const int64_t lead = t_last - arrivals[1].second;
+    const int64_t u_last = nodes[last].uncertainty_ns;
+    // Two clocks may be off by their uncertainties in opposite directions: `last` is last only if
+    // it leads EVERY other node by more than the two uncertainties added.
+    bool resolved = u_last >= 0;
+    for (size_t k = 1; k < arrivals.size() && resolved; ++k) {
+      const int64_t u = nodes[arrivals[k].first].uncertainty_ns;
+      resolved = u >= 0 && t_last - arrivals[k].second > u_last + u;
+    }
+    if (resolved) {
+      ++out[last].last;
+      out[last].max_lead_ns = std::max(out[last].max_lead_ns, lead);
+    } else {
+      ++out[last].last_unresolved;
+    }
+  }
+  return out;
 }
 
 }  // namespace ingero

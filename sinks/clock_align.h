@@ -9,7 +9,8 @@
 //   first blocking wait on that thread after a collective (cudaStreamSynchronize,
 //   cudaDeviceSynchronize, cudaEventSynchronize, cuStreamSynchronize, cuCtxSynchronize, a D2H
 //   cudaMemcpy) that really blocked (>= min_block_ns). A wait after several collectives belongs
-//   to the last one. Memory: 24 bytes per collective instance seen, nothing per other event.
+//   to the last one. It also keeps the collective's entry (`entry_ns`: when the rank arrived).
+//   Memory: 32 bytes per collective instance seen, nothing per other event.
 // - Why that moment: ncclAllReduce returns once enqueued, so entries differ by the straggler gap,
 //   but a collective completes on every rank at the same instant, and a host that blocked on it
 //   wakes up within microseconds of that instant (docs/fleet.md).
@@ -21,6 +22,14 @@
 //   Ambiguity: when the step period is shorter than the wall-clock error, the shift cannot be told
 //   apart from the offset; `prior_ns` decides.
 // - Offsets are "node clock minus reference clock": corrected ts = ts - offset_ns.
+// - count_last_arrivals() is the one place that orders events of different nodes (which rank
+//   entered a collective last, "the others waited for it"). Per collective matched across at
+//   least two nodes (corrected entries), the latest node is named last only when it leads the
+//   next-latest by MORE than the two nodes' clock uncertainties added; otherwise the collective
+//   counts as unresolved for it, and no order is claimed. An unknown uncertainty (-1: merged
+//   without alignment or anchors) never allows a claim. A node is named last only if it leads
+//   EVERY other node by more than their two uncertainties. arrivals_of_merged_trace()
+//   (sinks/merge.h) does this on a merged trace with the uncertainties `merge` recorded in it.
 // - Never throws.
 #pragma once
 
@@ -38,6 +47,7 @@ struct SyncPoint {
   uint64_t ordinal = 0;   // per (pid, communicator) collective number, from 0
   uint64_t exit_ns = 0;   // return of the first blocking wait after that collective
   uint8_t op = 0;         // the collective's NCCL op (a cross-check when matching)
+  uint64_t entry_ns = 0;  // entry of the collective (the rank's arrival); median over the node's ranks
 };
 
 class SyncPointCollector {
@@ -54,6 +64,7 @@ class SyncPointCollector {
     bool pending = false;
     uint64_t ordinal = 0;
     uint8_t op = 0;
+    uint64_t entry_ns = 0;
   };
   struct CommKey {
     uint32_t pid;
@@ -81,6 +92,27 @@ struct OffsetEstimate {
 OffsetEstimate estimate_offset(const std::vector<SyncPoint>& reference,
                                const std::vector<SyncPoint>& node, int64_t prior_ns = 0,
                                int64_t max_shift = 64, uint64_t min_pairs = 3);
+
+// One node of a merged trace, for count_last_arrivals(): its sync points on the common clock
+// (already corrected), its clock uncertainty (-1 = unknown) and its ordinal shift against the
+// first node (node ordinal = first node's ordinal + shift).
+struct ArrivalNode {
+  std::string node;
+  std::vector<SyncPoint> points;
+  int64_t uncertainty_ns = -1;
+  int64_t ordinal_shift = 0;
+  bool matched = false;  // false: its collectives could not be matched; left out
+};
+
+struct ArrivalCount {
+  std::string node;
+  uint64_t compared = 0;          // collectives matched with at least one other node
+  uint64_t last = 0;              // arrived last by more than the clock uncertainty: claimed
+  uint64_t last_unresolved = 0;   // latest entry, but within the uncertainty: no order claimed
+  int64_t max_lead_ns = 0;        // largest lead over the next-latest among the claimed ones
+};
+
+std::vector<ArrivalCount> count_last_arrivals(const std::vector<ArrivalNode>& nodes);
 
 // Median of a vector (copied; empty -> 0).
 int64_t median_of(std::vector<int64_t> v);

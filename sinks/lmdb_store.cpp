@@ -13,6 +13,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "sinks/process_identity.h"
 #include "sinks/report.h"
 
 namespace ingero {
@@ -957,6 +958,63 @@ bool LmdbSink::close(std::string& error) {
   }
   closed_ = true;
   if (!ok) error = error_;
+  return ok;
+}
+
+// --- side values (sinks/process_identity.h): one string under a key of the meta database ------
+// Used for the fleet identity tables, which the event log has no place for. Readers of older
+// stores simply find no such key.
+
+bool lmdb_put_meta_value(const std::string& path, const std::string& key, const std::string& value,
+                         std::string& error) {
+  if (!is_lmdb_file(path)) {
+    error = path + ": not an LMDB trace";
+    return false;
+  }
+  const bool had_lock = ::access((path + "-lock").c_str(), F_OK) == 0;
+  MDB_env* env = nullptr;
+  int rc = mdb_env_create(&env);
+  if (rc == 0) rc = mdb_env_set_maxdbs(env, 4);
+  if (rc == 0) rc = mdb_env_open(env, path.c_str(), MDB_NOSUBDIR, 0644);
+  auto put = [&] {
+    MDB_txn* txn = nullptr;
+    MDB_dbi meta = 0;
+    int r = mdb_txn_begin(env, nullptr, 0, &txn);
+    if (r == 0) r = mdb_dbi_open(txn, "meta", 0, &meta);
+    if (r == 0) r = put_string(txn, meta, key, value);
+    if (r == 0) return mdb_txn_commit(txn);
+    if (txn) mdb_txn_abort(txn);
+    return r;
+  };
+  if (rc == 0) rc = put();
+  if (rc == MDB_MAP_FULL) {
+    // The writer sized the map to its data: grow it by what this value needs and retry once.
+    MDB_envinfo ei{};
+    mdb_env_info(env, &ei);
+    rc = mdb_env_set_mapsize(env, ei.me_mapsize + (value.size() / kPage + 16) * kPage);
+    if (rc == 0) rc = put();
+  }
+  if (env) mdb_env_close(env);
+  if (!had_lock) ::unlink((path + "-lock").c_str());  // leave no lock file we created
+  if (rc) error = path + ": writing '" + key + "': " + lmdb_error(rc);
+  return rc == 0;
+}
+
+bool lmdb_get_meta_value(const std::string& path, const std::string& key, std::string& value) {
+  if (!is_lmdb_file(path)) return false;
+  MDB_env* env = nullptr;
+  if (mdb_env_create(&env)) return false;
+  mdb_env_set_maxdbs(env, 4);
+  bool ok = false;
+  if (mdb_env_open(env, path.c_str(), MDB_RDONLY | MDB_NOSUBDIR | MDB_NOLOCK, 0644) == 0) {
+    MDB_txn* txn = nullptr;
+    MDB_dbi meta = 0;
+    if (mdb_txn_begin(env, nullptr, MDB_RDONLY, &txn) == 0) {
+      if (mdb_dbi_open(txn, "meta", 0, &meta) == 0) ok = get_string(txn, meta, key.c_str(), value);
+      mdb_txn_abort(txn);
+    }
+  }
+  mdb_env_close(env);
   return ok;
 }
 

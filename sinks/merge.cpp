@@ -16,6 +16,7 @@
 #include "engine/trace.h"
 #include "sinks/clock_align.h"
 #include "sinks/lmdb_store.h"
+#include "sinks/process_identity.h"
 #include "sinks/sqlite_store.h"
 
 namespace ingero {
@@ -145,7 +146,8 @@ bool write_node_tables(const std::string& path, const MergeReport& report,
                  "BEGIN;"
                  "CREATE TABLE IF NOT EXISTS ip_merge_nodes (node TEXT PRIMARY KEY, input TEXT, events INTEGER,"
                  " offset_ns INTEGER, uncertainty_ns INTEGER, method TEXT, pairs INTEGER, note TEXT,"
-                 " sessions TEXT);"
+                 " sessions TEXT, arrivals_compared INTEGER, last_arrivals INTEGER,"
+                 " last_arrivals_unresolved INTEGER, max_lead_ns INTEGER);"
                  "CREATE TABLE IF NOT EXISTS ip_node_process_names (node TEXT, pid INTEGER, name TEXT,"
                  " PRIMARY KEY(node, pid));"
                  "CREATE TABLE IF NOT EXISTS ip_node_snapshots (node TEXT, ts INTEGER, cpu_pct REAL,"
@@ -172,7 +174,8 @@ bool write_node_tables(const std::string& path, const MergeReport& report,
   auto text = [](sqlite3_stmt* st, int i, const std::string& s) {
     sqlite3_bind_text(st, i, s.c_str(), static_cast<int>(s.size()), SQLITE_TRANSIENT);
   };
-  run("INSERT OR REPLACE INTO ip_merge_nodes VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)", [&](sqlite3_stmt* st) {
+  const char* node_sql = "INSERT OR REPLACE INTO ip_merge_nodes VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)";
+  run(node_sql, [&](sqlite3_stmt* st) {
     for (const auto& n : report.nodes) {
       if (n.method == "duplicate") continue;
       nlohmann::json sessions = nlohmann::json::array();
@@ -190,6 +193,10 @@ bool write_node_tables(const std::string& path, const MergeReport& report,
       sqlite3_bind_int64(st, 7, static_cast<int64_t>(n.pairs));
       text(st, 8, n.note);
       text(st, 9, sessions.dump());
+      sqlite3_bind_int64(st, 10, static_cast<int64_t>(n.arrivals_compared));
+      sqlite3_bind_int64(st, 11, static_cast<int64_t>(n.last_arrivals));
+      sqlite3_bind_int64(st, 12, static_cast<int64_t>(n.last_arrivals_unresolved));
+      sqlite3_bind_int64(st, 13, n.max_lead_ns);
       step(st);
     }
   });
@@ -217,6 +224,30 @@ bool write_node_tables(const std::string& path, const MergeReport& report,
   if (!ok) error = path + ": writing per-node tables: " + error;
   sqlite3_close(db);
   return ok;
+}
+
+// Arrival nodes from per-node sync points on one clock: ordinals matched against the first node
+// that has enough of them (estimate_offset with prior 0: the clocks already agree).
+std::vector<ArrivalNode> arrival_nodes(const std::vector<std::string>& names,
+                                       const std::vector<std::vector<SyncPoint>>& points,
+                                       const std::vector<int64_t>& uncertainty) {
+  std::vector<ArrivalNode> out(names.size());
+  size_t ref = SIZE_MAX;
+  for (size_t i = 0; i < names.size(); ++i) {
+    out[i].node = names[i];
+    out[i].points = points[i];
+    out[i].uncertainty_ns = uncertainty[i];
+    if (ref == SIZE_MAX && points[i].size() >= 3) ref = i;
+  }
+  if (ref == SIZE_MAX) return out;
+  out[ref].matched = true;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i == ref) continue;
+    const OffsetEstimate est = estimate_offset(points[ref], points[i], 0);
+    out[i].matched = est.ok;
+    out[i].ordinal_shift = est.ordinal_shift;
+  }
+  return out;
 }
 
 // One input in pass 2: its current batch and position.
@@ -342,6 +373,30 @@ bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& opt
       node_by_name.emplace(local[j].name, nodes.size());
       input_nodes[i][j] = nodes.size();
       nodes.push_back(std::move(local[j]));
+    }
+  }
+
+  // ---- Fleet identity (hostname, per-process rank/job, sinks/process_identity.h): each input's
+  // rows under their output node names; rows of duplicate or unknown nodes are not carried.
+  IdentityTables identity;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    IdentityTables t = read_identity(inputs[i].path);
+    if (t.empty()) continue;
+    for (size_t j = 0; j < input_nodes[i].size(); ++j) {
+      if (input_nodes[i][j] == SIZE_MAX) continue;
+      const std::string& out_name = nodes[input_nodes[i][j]].name;
+      const std::string raw = j < metas[i].nodes.size() ? metas[i].nodes[j] : std::string{};
+      for (const std::string& key : {raw, out_name}) {
+        if (auto a = t.attributes.find(key); a != t.attributes.end()) {
+          identity.attributes[out_name].insert(a->second.begin(), a->second.end());
+          t.attributes.erase(a);
+        }
+        if (auto p = t.processes.find(key); p != t.processes.end()) {
+          auto& dst = identity.processes[out_name];
+          dst.insert(dst.end(), p->second.begin(), p->second.end());
+          t.processes.erase(p);
+        }
+      }
     }
   }
 
@@ -480,6 +535,7 @@ bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& opt
       cursors[i].offsets.push_back(s == SIZE_MAX ? 0 : nodes[s].offset_ns);
     }
   }
+  std::vector<SyncPointCollector> corrected(nodes.size(), SyncPointCollector(options.min_block_ns));
   using HeapItem = std::pair<uint64_t, size_t>;
   std::priority_queue<HeapItem, std::vector<HeapItem>, std::greater<>> heap;
   if (ok)
@@ -505,17 +561,50 @@ bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& opt
       if (dst < 0) continue;  // a duplicate node
       e.ts_ns = static_cast<uint64_t>(static_cast<int64_t>(e.ts_ns) - c.offsets[e.node]);
       e.node = static_cast<uint16_t>(dst);
+      corrected[static_cast<size_t>(dst)].add(e);
       out.push_back(e);
       if (out.size() >= options.batch_size) flush();
     }
     if (!c.done && c.advance()) heap.push({c.key(), i});
   }
   flush();
+  // Who entered each collective last, on the corrected clock, claimed only beyond the clock
+  // uncertainties (sinks/clock_align.h).
+  {
+    std::vector<std::string> names;
+    std::vector<std::vector<SyncPoint>> pts;
+    std::vector<int64_t> unc;
+    for (size_t k = 0; k < nodes.size(); ++k) {
+      names.push_back(nodes[k].name);
+      pts.push_back(corrected[k].points());
+      unc.push_back(report.nodes[k].uncertainty_ns);  // report.nodes[k] is nodes[k]
+    }
+    const auto counts = count_last_arrivals(arrival_nodes(names, pts, unc));
+    for (size_t k = 0; k < counts.size(); ++k) {
+      report.nodes[k].arrivals_compared = counts[k].compared;
+      report.nodes[k].last_arrivals = counts[k].last;
+      report.nodes[k].last_arrivals_unresolved = counts[k].last_unresolved;
+      report.nodes[k].max_lead_ns = counts[k].max_lead_ns;
+    }
+  }
   if (!ok && why.empty()) why = sq ? sq->error() : lm->error();
   if (ok) ok = sq ? sq->close(why) : lm->close(why);
   else if (sq) sq->close(why);
   else lm->close(why);
   if (ok && sq) ok = write_node_tables(tmp, report, per_node, why);
+  if (ok && !identity.empty()) ok = write_identity(tmp, identity, why);
+  if (ok && lm) {  // LMDB has no ip_merge_nodes: the same rows as one meta value
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& n : report.nodes)
+      if (n.method != "duplicate")
+        j.push_back({{"node", n.node}, {"input", n.input}, {"events", n.events},
+                     {"offset_ns", n.offset_ns}, {"uncertainty_ns", n.uncertainty_ns},
+                     {"method", n.method}, {"pairs", n.pairs}, {"note", n.note},
+                     {"arrivals_compared", n.arrivals_compared}, {"last_arrivals", n.last_arrivals},
+                     {"last_arrivals_unresolved", n.last_arrivals_unresolved},
+                     {"max_lead_ns", n.max_lead_ns}});
+    ok = lmdb_put_meta_value(tmp, "fleet_merge_nodes", j.dump(), why);
+  }
   if (ok) {
     fs::rename(tmp, options.out, ec);
     if (ec) {
@@ -534,6 +623,62 @@ bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& opt
     return false;
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return true;
+}
+
+bool arrivals_of_merged_trace(const std::string& path, std::vector<ArrivalCount>& out,
+                              std::string& error, uint64_t min_block_ns) {
+  out.clear();
+  auto src = open_input(path, 4096, error);
+  if (!src) return false;
+  std::vector<SyncPointCollector> collectors;
+  Batch b;
+  while (src->next(b)) {
+    for (const Event& e : b.events) {
+      if (e.node >= collectors.size()) collectors.resize(e.node + 1u, SyncPointCollector(min_block_ns));
+      collectors[e.node].add(e);
+    }
+    b.events.clear();
+  }
+  const auto& meta_nodes = src->meta().nodes;
+  // Recorded uncertainties by node name; -1 (no claim) where none was recorded.
+  std::map<std::string, int64_t> recorded;
+  if (is_lmdb_file(path)) {
+    std::string text;
+    if (lmdb_get_meta_value(path, "fleet_merge_nodes", text)) {
+      const auto j = nlohmann::json::parse(text, nullptr, false);
+      if (j.is_array())
+        for (const auto& n : j)
+          if (n.is_object() && n.contains("node") && n["node"].is_string() &&
+              n.contains("uncertainty_ns") && n["uncertainty_ns"].is_number_integer())
+            recorded[n["node"].get<std::string>()] = n["uncertainty_ns"].get<int64_t>();
+    }
+  } else {
+    sqlite3* db = nullptr;
+    const std::string uri = "file:" + path + "?immutable=1";
+    if (sqlite3_open_v2(uri.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, nullptr) == SQLITE_OK) {
+      sqlite3_stmt* st = nullptr;
+      if (sqlite3_prepare_v2(db, "SELECT node, uncertainty_ns FROM ip_merge_nodes", -1, &st, nullptr) == SQLITE_OK)
+        while (sqlite3_step(st) == SQLITE_ROW) {
+          const auto* n = sqlite3_column_text(st, 0);
+          if (n && sqlite3_column_type(st, 1) == SQLITE_INTEGER)
+            recorded[reinterpret_cast<const char*>(n)] = sqlite3_column_int64(st, 1);
+        }
+      sqlite3_finalize(st);
+    }
+    sqlite3_close(db);
+  }
+  std::vector<std::string> names;
+  std::vector<std::vector<SyncPoint>> pts;
+  std::vector<int64_t> unc;
+  for (size_t k = 0; k < collectors.size(); ++k) {
+    const std::string name = k < meta_nodes.size() ? meta_nodes[k] : "node#" + std::to_string(k);
+    names.push_back(name);
+    pts.push_back(collectors[k].points());
+    auto it = recorded.find(name);
+    unc.push_back(it == recorded.end() ? -1 : it->second);
+  }
+  out = count_last_arrivals(arrival_nodes(names, pts, unc));
   return true;
 }
 

@@ -30,6 +30,15 @@
 //   ip_node_process_names (node, pid, name), ip_node_snapshots (node, ts, cpu_pct, mem_pct,
 //   load_avg). Ingero's own process_names/system_snapshots keep only rows no two nodes disagree
 //   on (a pid named differently on two nodes is left out there, never attributed to one node).
+// - Arrival order: pass 2 also collects each node's collectives on the corrected clock and
+//   counts, per node, the collectives it entered last by more than the clock uncertainties
+//   (MergeNodeReport::last_arrivals) and those where it was latest only within them
+//   (last_arrivals_unresolved: no order is claimed). Stored in ip_merge_nodes (SQLite) or the
+//   meta value "fleet_merge_nodes" (LMDB) with each node's offset and uncertainty.
+// - Fleet identity (sinks/process_identity.h): every input's ip_node_attributes (hostname) and
+//   ip_process_identity rows (rank, local rank, world size, job id per process), or an LMDB
+//   input's "fleet_identity" meta value, are carried to the output (SQLite or LMDB) under the
+//   output node names; Event::rank travels with each event.
 // - Never throws.
 #pragma once
 
@@ -37,6 +46,8 @@
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "sinks/clock_align.h"
 
 namespace ingero {
 
@@ -62,6 +73,11 @@ struct MergeNodeReport {
   uint64_t pairs = 0;            // matched collectives behind the offset
   uint64_t collectives = 0;
   std::string note;              // why a fallback was taken, clock steps seen, ...
+  // Arrival order at collectives on the corrected clock (sinks/clock_align.h count_last_arrivals):
+  uint64_t arrivals_compared = 0;        // collectives matched with other nodes
+  uint64_t last_arrivals = 0;            // entered last by more than the clock uncertainties
+  uint64_t last_arrivals_unresolved = 0; // entered latest, but within them: no order claimed
+  int64_t max_lead_ns = 0;               // largest claimed lead over the next-latest node
 };
 
 struct MergeReport {
@@ -74,5 +90,12 @@ struct MergeReport {
 
 bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& options,
                   MergeReport& report, std::string& error);
+
+// Last arrivals at collectives on an already merged trace (SQLite or LMDB), qualified by the
+// clock uncertainty `merge` recorded per node (ip_merge_nodes, or the LMDB meta value
+// "fleet_merge_nodes"; a node without a recorded uncertainty never gets an order claim). Returns
+// one count per node of the trace; false with `error` when the trace cannot be opened.
+bool arrivals_of_merged_trace(const std::string& path, std::vector<ArrivalCount>& out,
+                              std::string& error, uint64_t min_block_ns = 100'000);
 
 }  // namespace ingero

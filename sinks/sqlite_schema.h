@@ -235,4 +235,26 @@ CREATE INDEX IF NOT EXISTS idx_events_id ON events(id);
 CREATE INDEX IF NOT EXISTS idx_events_source_op_stack ON events(source, op, stack_hash);
 )sql";
 
+// Fleet identity (sinks/process_identity.h, docs/fleet.md): written by `trace --db` after the
+// capture and carried by `merge`; absent from older files, whose readers never need them.
+inline constexpr const char* kIdentitySql = R"sql(
+CREATE TABLE IF NOT EXISTS ip_node_attributes (   -- per node: hostname, node_id_source, ...
+  node  TEXT NOT NULL,
+  key   TEXT NOT NULL,
+  value TEXT NOT NULL,
+  PRIMARY KEY (node, key)
+);
+CREATE TABLE IF NOT EXISTS ip_process_identity (  -- per traced process, from its environment
+  node       TEXT NOT NULL,
+  pid        INTEGER NOT NULL,
+  rank       INTEGER,                    -- NULL = not in the environment
+  local_rank INTEGER,
+  world_size INTEGER,
+  job_id     TEXT NOT NULL DEFAULT '',
+  launcher   TEXT NOT NULL DEFAULT '',   -- torchrun | openmpi | slurm
+  first_seen INTEGER NOT NULL DEFAULT 0, -- unix ns of the pid's first event
+  PRIMARY KEY (node, pid, first_seen)
+);
+)sql";
+
 }  // namespace ingero::sqlite_detail

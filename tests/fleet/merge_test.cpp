@@ -325,3 +325,126 @@ TEST(ClockAnchors, SampledAnchorsAreTightAndMergeUsesThem) {
   EXPECT_EQ(n1->method, "wall_clock_anchors");
   EXPECT_NEAR(static_cast<double>(n1->offset_ns), 2e6, 200e3);
 }
+
+// ---- Arrival order across nodes: never claimed finer than the clock uncertainty. -------------
+
+namespace {
+
+ArrivalNode arrival_node(const std::string& name, std::vector<uint64_t> entries, int64_t uncertainty) {
+  ArrivalNode n;
+  n.node = name;
+  n.uncertainty_ns = uncertainty;
+  n.matched = true;
+  for (size_t k = 0; k < entries.size(); ++k) n.points.push_back({k, entries[k] + 1'000'000, 1, entries[k]});
+  return n;
+}
+
+const ArrivalCount* find_count(const std::vector<ArrivalCount>& v, const std::string& node) {
+  for (const auto& c : v)
+    if (c.node == node) return &c;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST(ClockAlign, LastArrivalIsClaimedOnlyBeyondTheUncertainties) {
+  // c enters 50 us after b and 100 us after a at each of 4 collectives.
+  const std::vector<uint64_t> a = {1'000'000, 2'000'000, 3'000'000, 4'000'000};
+  auto shifted = [&](int64_t d) {
+    std::vector<uint64_t> v;
+    for (auto x : a) v.push_back(static_cast<uint64_t>(static_cast<int64_t>(x) + d));
+    return v;
+  };
+  // Uncertainties of 10 us: 50 us > 10 + 10, claimed.
+  auto r = count_last_arrivals({arrival_node("a", a, 10'000), arrival_node("b", shifted(50'000), 10'000),
+                                arrival_node("c", shifted(100'000), 10'000)});
+  EXPECT_EQ(r[2].last, 4u);
+  EXPECT_EQ(r[2].last_unresolved, 0u);
+  EXPECT_EQ(r[2].max_lead_ns, 50'000);
+  EXPECT_EQ(r[0].compared, 4u);
+  // 30 us each: 50 us < 30 + 30, the order of b and c is not known.
+  r = count_last_arrivals({arrival_node("a", a, 30'000), arrival_node("b", shifted(50'000), 30'000),
+                           arrival_node("c", shifted(100'000), 30'000)});
+  EXPECT_EQ(r[2].last, 0u);
+  EXPECT_EQ(r[2].last_unresolved, 4u);
+  // b is tight, but a's clock is uncertain by 200 us: a may have entered after c.
+  r = count_last_arrivals({arrival_node("a", a, 200'000), arrival_node("b", shifted(50'000), 1'000),
+                           arrival_node("c", shifted(100'000), 1'000)});
+  EXPECT_EQ(r[2].last, 0u);
+  EXPECT_EQ(r[2].last_unresolved, 4u);
+  // An unknown uncertainty (-1) never allows a claim.
+  r = count_last_arrivals({arrival_node("a", a, -1), arrival_node("c", shifted(10'000'000), 0)});
+  EXPECT_EQ(r[1].last, 0u);
+  EXPECT_EQ(r[1].last_unresolved, 4u);
+  // A node whose ordinals could not be matched is left out.
+  auto lone = arrival_node("d", shifted(900'000'000), 0);
+  lone.matched = false;
+  r = count_last_arrivals({arrival_node("a", a, 0), arrival_node("b", shifted(50'000), 0), lone});
+  EXPECT_EQ(r[2].compared, 0u);
+  EXPECT_EQ(r[1].last, 4u);
+}
+
+TEST(Merge, ArrivalOrderOnAMergedTraceFollowsTheRecordedUncertainty) {
+  TempDir t;
+  FleetSpec spec;
+  spec.ranks = 6;
+  spec.steps = 60;
+  spec.slow_rank = 4;                 // enters every collective ~10 ms after the others
+  spec.slow_extra_ns = 10'000'000;
+  spec.clock_offset_ns = {0, 3'100'000, -2'700'000, 5'500'000, -6'300'000, 1'900'000};
+  spec.first_step = {0, 1, 0, 2, 0, 1};
+  auto in = write_nodes(t, spec);
+  MergeOptions o;
+  o.out = t("arrivals.db");
+  MergeReport r;
+  std::string error;
+  ASSERT_TRUE(merge_traces(in, o, r, error)) << error;
+  const auto* slow = find_node(r, "node-4");
+  ASSERT_NE(slow, nullptr);
+  // The lead (~10 ms minus the 0-1 ms compute jitter) is far above the ~10 us uncertainty:
+  // the order is claimed, for node-4 only.
+  EXPECT_GT(slow->last_arrivals, 50u);
+  EXPECT_GT(slow->max_lead_ns, 8'000'000);
+  for (const auto& n : r.nodes)
+    if (n.node != "node-4") EXPECT_EQ(n.last_arrivals, 0u) << n.node;
+  EXPECT_EQ(query_int(o.out, "SELECT last_arrivals FROM ip_merge_nodes WHERE node='node-4'"),
+            static_cast<int64_t>(slow->last_arrivals));
+
+  // The same analysis from the merged file, with the uncertainties recorded in it.
+  std::vector<ArrivalCount> counts;
+  ASSERT_TRUE(arrivals_of_merged_trace(o.out, counts, error)) << error;
+  const auto* c4 = find_count(counts, "node-4");
+  ASSERT_NE(c4, nullptr);
+  EXPECT_EQ(c4->last, slow->last_arrivals);
+
+  // Recorded uncertainties larger than the lead (as from wall-clock anchors of 10 ms): the
+  // arrival differences are below the uncertainty, so no order is claimed.
+  const std::string wide = t("wide.db");
+  fs::copy_file(o.out, wide);
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(wide.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, "UPDATE ip_merge_nodes SET uncertainty_ns = 10000000", nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  ASSERT_TRUE(arrivals_of_merged_trace(wide, counts, error)) << error;
+  for (const auto& c : counts) EXPECT_EQ(c.last, 0u) << c.node;
+  c4 = find_count(counts, "node-4");
+  ASSERT_NE(c4, nullptr);
+  EXPECT_GT(c4->last_unresolved, 50u);
+
+  // --no-align: uncertainty unknown, nothing claimed. LMDB: recorded in its meta, claimed.
+  MergeOptions raw;
+  raw.out = t("raw.db");
+  raw.align = false;
+  ASSERT_TRUE(merge_traces(in, raw, r, error)) << error;
+  for (const auto& n : r.nodes) EXPECT_EQ(n.last_arrivals, 0u) << n.node;
+  MergeOptions lm;
+  lm.out = t("arrivals.lmdb");
+  ASSERT_TRUE(merge_traces(in, lm, r, error)) << error;
+  ASSERT_TRUE(arrivals_of_merged_trace(lm.out, counts, error)) << error;
+  c4 = find_count(counts, "node-4");
+  ASSERT_NE(c4, nullptr);
+  EXPECT_GT(c4->last, 50u);
+}
