@@ -66,6 +66,12 @@ if [[ -f docs/architecture.md ]]; then
   sed -i "s#^| \`engine/\` (model files) |#| \`${DEST}/\` |#; s#^| \`engine/\` (runtime) |#| \`engine/\` |#" docs/architecture.md
 fi
 
+# The top-level CMakeLists.txt's layer comment stops saying the model is still in engine/.
+sed -i '/^#  *(still in engine\/ until cmake\/move_model.sh runs; the layering_check$/{N;d}' CMakeLists.txt
+if [[ "$DEST" == engine/model ]]; then
+  sed -i 's#^\#   model/        (ip_model)#\#   engine/model/ (ip_model)#' CMakeLists.txt
+fi
+
 # 3. CMake: carve the ip_model block out of engine/CMakeLists.txt into DEST/CMakeLists.txt.
 python3 - "$DEST" <<'PY'
 import pathlib, re, sys
