@@ -20,6 +20,7 @@ struct ExplainArgs {
   bool json = false;
   unsigned threads = 1;
   std::vector<std::string> rules;
+  std::vector<std::string> params;  // --param NAME=VALUE (rule-pack params, `warmup` included)
   bool no_default_rules = false;
   std::string why_not;
   std::string save;
@@ -40,6 +41,14 @@ int run_explain(const ExplainArgs& a) {
   spec.use_default = !a.no_default_rules;
   spec.builtin = a.builtin;
   spec.rule_files = a.rules;
+  for (const auto& p : a.params) {
+    const auto eq = p.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      print_error("--param expects NAME=VALUE, got '" + p + "'");
+      return kExitUsage;
+    }
+    spec.params[p.substr(0, eq)] = p.substr(eq + 1);
+  }
   AnalysisPlan analysis;
   std::string error;
   if (!build_analysis(spec, analysis, error)) {
@@ -83,7 +92,8 @@ int run_explain(const ExplainArgs& a) {
   // Every chain gets its threads, top stacks and (rate/gap chains) the launching thread's time
   // split, computed as the engine emits it (bounded memory on long traces); launch_gap chains come
   // from the annotator's built-in detector.
-  LiveChainAnnotator annotator(LiveChainAnnotator::replay_defaults());
+  // Warm-up (`param warmup`) and the tail re-judgement follow the pack's params and --param.
+  LiveChainAnnotator annotator(annotate_options(analysis, LiveChainAnnotator::replay_defaults()));
   EventSource& annotated = annotator.tap(tee);
   opts.on_chain = [&annotator](const Chain& c) { annotator.annotate(c); };
   AnalysisResult r = run_plan(plan, annotated, opts, &errors);
@@ -109,10 +119,18 @@ int run_explain(const ExplainArgs& a) {
   if (!a.why_not.empty()) {
     for (const auto& o : r.rules)
       if (o.rule == a.why_not) {
-        if (a.json)
-          std::cout << rule_outcome_json(o).dump(2) << "\n";
-        else
-          std::cout << why_not_text(o);
+        // What the warm-up did to this rule's chains, naming the param (operators/chain_annotate.h).
+        const WarmupEffect w = warmup_effect(r.chains, o.rule);
+        if (a.json) {
+          auto j = rule_outcome_json(o);
+          j["warmup"] = {{"param", "warmup"},         {"window_ns", analysis.warmup_ns},
+                         {"chains", w.chains},        {"calls", w.calls},
+                         {"only_warmup", w.only},     {"only_warmup_calls", w.only_calls},
+                         {"demoted", w.demoted},      {"abnormal", w.abnormal}};
+          std::cout << j.dump(2) << "\n";
+        } else {
+          std::cout << why_not_text(o) << warmup_why_not_text(w, analysis.warmup_ns);
+        }
         return kExitOk;
       }
     std::string names;
@@ -152,6 +170,8 @@ Registrar reg{"explain", 20, [](CLI::App& app, int& rc) {
                     ->check(CLI::Range(1u, 256u));
                 cmd->add_option("--rules", args->rules, "Rule files to load (in addition to the default pack)");
                 cmd->add_flag("--no-default-rules", args->no_default_rules, "Use only the --rules files");
+                cmd->add_option("--param", args->params,
+                                "Override a rule-pack param: NAME=VALUE (e.g. min_share=60%, warmup=0s)");
                 cmd->add_flag("--builtin", args->builtin,
                               "Run the hand-built C++ plans instead of the rule pack (for comparison)");
                 cmd->add_option("--why-not", args->why_not,
@@ -161,6 +181,7 @@ Registrar reg{"explain", 20, [](CLI::App& app, int& rc) {
                                 "Also write a self-contained HTML report (chains, latency histograms, call rate, off-CPU share)");
                 cmd->add_option("--limit", args->limit, "Show at most N chains in text output (0 = all)");
                 cmd->add_flag("-v,--verbose", args->verbose, "Print every computed value of each chain");
+                add_quiet_flag(cmd);
                 cmd->add_option("--nodes", args->fleet.nodes,
                                 "Ask these nodes' MCP HTTP endpoints (http://HOST:PORT/mcp, comma-separated) instead")
                     ->delimiter(',');

@@ -46,6 +46,8 @@ bool build_analysis(const AnalysisSpec& spec, AnalysisPlan& out, std::string& er
     }
     out.plan = default_plan(spec.options);
     out.description = "built-in analyses (engine/default_plans)";
+    out.warmup_min_calls = spec.options.min_calls;
+    out.warmup_tail_ratio = spec.options.min_tail_ratio;
     return true;
   }
 #ifdef INGERO_HAVE_IP_RULES
@@ -57,6 +59,23 @@ bool build_analysis(const AnalysisSpec& spec, AnalysisPlan& out, std::string& er
     errors = dsl::render_diagnostics(lr.diagnostics);
     for (const auto& r : lr.rejected) errors += "rejected " + r + "\n";
     return false;
+  }
+  // Knobs the annotator applies beside the rules, read from the pack with the same overrides.
+  for (const char* name : {"warmup", "min_calls", "min_tail_ratio"}) {
+    rules::PackParam p;
+    std::string err;
+    if (!rules::pack_param(name, co.params, p, err)) {
+      errors = err + "\n";
+      return false;
+    }
+    const std::string n = name;
+    if (n == "warmup" && p.value >= 0) out.warmup_ns = static_cast<uint64_t>(p.value);
+    if (n == "min_calls" && p.value >= 1) out.warmup_min_calls = static_cast<uint64_t>(p.value);
+    if (n == "min_tail_ratio" && p.value >= 1) out.warmup_tail_ratio = p.value;
+    if (n == "warmup" && p.value < 0) {
+      errors = "--param warmup=" + p.text + ": the warm-up cannot be negative (0s turns it off)\n";
+      return false;
+    }
   }
   out.plan = std::move(lr.plan);
   for (auto& r : lr.rules) out.rule_plans.emplace_back(r.name, std::move(r.plan));
@@ -74,6 +93,13 @@ bool build_analysis(const AnalysisSpec& spec, AnalysisPlan& out, std::string& er
   errors = "rule files need the rule compiler, which this build does not have\n";
   return false;
 #endif
+}
+
+AnnotateOptions annotate_options(const AnalysisPlan& a, AnnotateOptions base) {
+  base.warmup_ns = a.warmup_ns;
+  base.warmup_min_calls = a.warmup_min_calls;
+  base.warmup_tail_ratio = a.warmup_tail_ratio;
+  return base;
 }
 
 uint64_t peak_rss_bytes() {

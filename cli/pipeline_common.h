@@ -9,6 +9,10 @@
 //   rule compiler, else the hand-built plans of engine/default_plans.h; `builtin` always the
 //   latter. Parameter overrides go to both (the pack by name through the rule compiler, the
 //   built-in plans through DefaultPlanOptions). Errors are rendered, ready for stderr.
+// - build_analysis() also reads the knobs the chain annotator applies beside the rules from the
+//   pack's params after the overrides (`warmup`, `min_calls`, `min_tail_ratio`: rules/pack.h
+//   pack_param()); annotate_options() puts them into an annotator's options. Without the rule
+//   compiler they come from DefaultPlanOptions, and warm-up keeps its default (10 s).
 // - MergeSource merges sources by timestamp with watermarks: an event is released only when
 //   every unfinished source has promised nothing earlier will follow. Node indexes of each input
 //   are remapped into the merged TraceMeta. TapSource hands every batch to a callback first.
@@ -24,6 +28,7 @@
 #include "engine/default_plans.h"
 #include "engine/plan.h"
 #include "engine/trace.h"
+#include "operators/chain_annotate.h"
 
 namespace ingero::cli {
 
@@ -45,7 +50,14 @@ struct AnalysisPlan {
   Plan plan;
   std::string description;                                // "rule pack (12 rules)" ...
   std::vector<std::pair<std::string, Plan>> rule_plans;   // each rule alone (per-rule timing)
+  // The annotator's knobs from the pack's params (after overrides): see annotate_options().
+  uint64_t warmup_ns = AnnotateOptions{}.warmup_ns;               // param warmup
+  uint64_t warmup_min_calls = AnnotateOptions{}.warmup_min_calls;  // param min_calls
+  double warmup_tail_ratio = AnnotateOptions{}.warmup_tail_ratio;  // param min_tail_ratio
 };
+
+// `base` (e.g. LiveChainAnnotator::replay_defaults()) with the analysis' warm-up knobs.
+AnnotateOptions annotate_options(const AnalysisPlan& a, AnnotateOptions base);
 
 bool build_analysis(const AnalysisSpec& spec, AnalysisPlan& out, std::string& errors);
 bool have_rule_compiler();

@@ -9,6 +9,7 @@
 
 #include "engine/format.h"
 #include "engine/ops.h"
+#include "engine/plan.h"
 #include "engine/stack.h"
 
 namespace ingero {
@@ -602,7 +603,7 @@ void ChainAnnotator::apply_warmup(Chain& c, uint64_t warm_calls, double warm_w, 
   c.values.emplace_back("warmup.calls", static_cast<double>(warm_calls));
   c.values.emplace_back("warmup.share", share);
   c.values.emplace_back("warmup.window_ns", static_cast<double>(opt_.warmup_ns));
-  const std::string secs = format_value(static_cast<double>(opt_.warmup_ns), Unit::kNs);
+  const std::string secs = format_duration(opt_.warmup_ns);
   bool only_warmup = false;
   if (by_time) {
     if (rest.size() < opt_.warmup_min_calls) {
@@ -622,12 +623,15 @@ void ChainAnnotator::apply_warmup(Chain& c, uint64_t warm_calls, double warm_w, 
   }
   const std::string what = std::to_string(warm_calls) + (by_time ? " of the slow calls" : " of the calls") +
                            " started in the process's warm-up (its first " + secs + " of GPU calls)";
+  const bool abnormal = only_warmup && static_cast<double>(warm_ns) >= static_cast<double>(opt_.warmup_abnormal_ns);
+  c.values.emplace_back("warmup.only", only_warmup ? 1.0 : 0.0);
+  c.values.emplace_back("warmup.abnormal", abnormal ? 1.0 : 0.0);
   if (!only_warmup) {
     if (!c.explanation.empty() && c.explanation.back() != ' ') c.explanation += ' ';
     c.explanation += what + "; the chain stands without them.";
     return;
   }
-  if (static_cast<double>(warm_ns) >= static_cast<double>(opt_.warmup_abnormal_ns)) {
+  if (abnormal) {
     c.summary = "abnormal warm-up: " + c.summary;
     if (!c.explanation.empty() && c.explanation.back() != ' ') c.explanation += ' ';
     c.explanation += what + ", holding " + format_value(static_cast<double>(warm_ns), Unit::kNs) +
@@ -641,7 +645,8 @@ void ChainAnnotator::apply_warmup(Chain& c, uint64_t warm_calls, double warm_w, 
   c.summary = "warm-up: " + c.summary;
   c.root_cause = "Warm-up, not steady state: " + what +
                  " (CUDA context creation, first allocations, autotuning, compilation); without them there is no chain. "
-                 "Warm-up is excluded from the judgement (warmup_ns), so this chain is LOW. Was: " + c.root_cause;
+                 "Warm-up is excluded from the judgement (param warmup = " + secs +
+                 "; `--param warmup=0s` turns it off), so this chain is LOW. Was: " + c.root_cause;
 }
 
 Chain ChainAnnotator::gap_chain(const GapGroup& g, const TraceMeta& meta) {
@@ -743,6 +748,44 @@ void annotate_result(AnalysisResult& r, ChainAnnotator& a) {
   auto gaps = a.take_gap_chains(r.meta, true);
   for (auto& g : gaps) r.chains.push_back(std::move(g));
   std::sort(r.chains.begin(), r.chains.end(), chain_canonical_order);
+}
+
+WarmupEffect warmup_effect(const std::vector<Chain>& chains, const std::string& rule) {
+  WarmupEffect w;
+  for (const auto& c : chains) {
+    if (c.rule != rule) continue;
+    const double calls = value_of(c, "warmup.calls");
+    if (!(calls > 0)) continue;
+    ++w.chains;
+    w.calls += static_cast<uint64_t>(calls);
+    if (value_of(c, "warmup.only") == 1.0) {
+      ++w.only;
+      w.only_calls += static_cast<uint64_t>(calls);
+      if (value_of(c, "warmup.abnormal") == 1.0)
+        ++w.abnormal;
+      else
+        ++w.demoted;
+    }
+  }
+  return w;
+}
+
+std::string warmup_why_not_text(const WarmupEffect& w, uint64_t warmup_ns) {
+  const std::string param = "param warmup = " + format_duration(warmup_ns);
+  if (warmup_ns == 0) return "  warm-up: off (" + param + "): every call was judged as steady state.\n";
+  std::string s = "  warm-up (" + param + ", per process from its first GPU call): ";
+  if (w.chains == 0)
+    return s + "no chain of this rule had calls in a warm-up. Warm-up never hides a rule's rows from the engine; it "
+               "only re-judges the chains that fired.\n";
+  s += std::to_string(w.chains) + " chain(s) had " + std::to_string(w.calls) + " call(s) in a warm-up";
+  if (w.demoted)
+    s += "; " + std::to_string(w.demoted) + " stood on warm-up calls alone and are reported LOW as \"warm-up:\"";
+  if (w.abnormal)
+    s += "; " + std::to_string(w.abnormal) + " stood on an abnormal warm-up (its calls held 5 s or more) and kept "
+         "their severity";
+  if (w.chains > w.only) s += "; " + std::to_string(w.chains - w.only) + " stand without their warm-up calls";
+  s += ". `--param warmup=0s` judges every call as steady state.\n";
+  return s;
 }
 
 }  // namespace ingero

@@ -38,7 +38,10 @@
 //   LOW, its summary starts with "warm-up:" and its root cause says so, unless the warm-up calls
 //   themselves hold >= warmup_abnormal_ns (an abnormal warm-up keeps its severity and says so).
 //   Every chain with calls in a warm-up gets the values warmup.calls, warmup.share (of the
-//   chain's weight) and warmup.window_ns.
+//   chain's weight), warmup.window_ns, warmup.only (1: it stood on warm-up calls alone) and
+//   warmup.abnormal (1: ... and they held >= warmup_abnormal_ns). warmup_ns is the rule pack's
+//   `param warmup` (rules/common.rules, 10 s): the CLI reads it with rules::pack_param() and
+//   --param overrides (cli/pipeline_common.h annotate_options()); the default here equals it.
 // - Severity from the time split (throughput_drop): a launching thread blocked off CPU for the
 //   dominant share was idle (its load fell, or it waited for input): >= 50% blocked caps the
 //   chain at LOW, a smaller dominant blocked share at MEDIUM; off CPU with unknown state (no
@@ -88,8 +91,9 @@ struct AnnotateOptions {
   uint64_t gap_min_launches = 5;           // ... at least this many on each side
   uint64_t gap_window_ns = 10'000'000'000;  // one chain per thread and window (its longest gap)
   uint64_t gap_high_ns = 1'000'000'000;    // severity high from this gap length
-  // Warm-up per process (see the contract above). Default 10 s: CUDA context creation (hundreds
-  // of ms), first allocations, cuDNN/cuBLAS autotuning and graph capture of a typical job.
+  // Warm-up per process (see the contract above). Default 10 s = the pack's `param warmup`
+  // (rules/common.rules; a test keeps them equal): CUDA context creation (hundreds of ms), first
+  // allocations, cuDNN/cuBLAS autotuning and graph capture of a typical job.
   uint64_t warmup_ns = 10'000'000'000;
   uint64_t warmup_min_calls = 10;          // = the pack's min_calls
   double warmup_tail_ratio = 3.0;          // = the pack's min_tail_ratio
@@ -275,6 +279,21 @@ class LiveChainAnnotator {
 // The replay path: annotates every chain of `r` from an annotator fed with the whole trace, adds
 // the launch_gap chains and puts all chains back in the engine's canonical order.
 void annotate_result(AnalysisResult& r, ChainAnnotator& a);
+
+// What the warm-up did to one rule's chains, from the warmup.* values the annotator puts on them
+// (for `explain --why-not RULE`). Warm-up never removes rows before the engine judges a rule: it
+// re-judges the chains that fired, so a rule that did not fire was not hidden by it.
+struct WarmupEffect {
+  uint64_t chains = 0;      // chains of the rule with calls in a process's warm-up
+  uint64_t calls = 0;       // ... their warm-up calls (slow calls for tail chains)
+  uint64_t only = 0;        // chains that stood on warm-up calls alone (warmup.only = 1)
+  uint64_t only_calls = 0;  // ... their warm-up calls
+  uint64_t demoted = 0;     // ... of those, reported LOW as "warm-up:"
+  uint64_t abnormal = 0;    // ... of those, kept at their severity as "abnormal warm-up:"
+};
+WarmupEffect warmup_effect(const std::vector<Chain>& chains, const std::string& rule);
+// The why-not line(s) for it, naming the param and its value (`param warmup = 10s`).
+std::string warmup_why_not_text(const WarmupEffect& w, uint64_t warmup_ns);
 
 // True for launch ops (cudaLaunchKernel, cuLaunchKernel, cudaGraphLaunch).
 bool is_launch_op(Source s, uint8_t op);

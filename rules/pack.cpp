@@ -1,9 +1,11 @@
 #include "rules/pack.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "dsl/parser.h"
 #include "engine/engine.h"
 #include "engine/trace.h"
 
@@ -32,7 +34,88 @@ bool read_embedded(const std::string& path, std::string& text) {
   return false;
 }
 
+// The number literal an expression is made of (`10s`, `-5%`), scaled to the engine's units with
+// the rule language's unit suffixes (docs/rules.md, "Units"). False for anything else.
+bool literal_value(const dsl::ast::Expr& e, double& value, std::string& kind) {
+  namespace ast = dsl::ast;
+  if (!e.rest.empty()) return false;
+  const auto* n = boost::get<ast::Number>(&e.first.operand.get());
+  if (!n) return false;
+  bool neg = false;
+  for (const auto op : e.first.ops) {
+    if (op != ast::UnOp::kNeg) return false;
+    neg = !neg;
+  }
+  struct U {
+    const char* suffix;
+    double scale;
+    const char* kind;
+  };
+  static constexpr U kUnits[] = {
+      {"", 1, "number"},           {"ns", 1, "duration"},     {"us", 1e3, "duration"},
+      {"ms", 1e6, "duration"},     {"s", 1e9, "duration"},    {"m", 60e9, "duration"},
+      {"h", 3600e9, "duration"},   {"B", 1, "bytes"},         {"KB", 1e3, "bytes"},
+      {"MB", 1e6, "bytes"},        {"GB", 1e9, "bytes"},      {"KiB", 1024.0, "bytes"},
+      {"MiB", 1048576.0, "bytes"}, {"GiB", 1073741824.0, "bytes"}, {"%", 0.01, "ratio"},
+      {"x", 1, "ratio"},
+  };
+  for (const auto& u : kUnits)
+    if (n->unit == u.suffix) {
+      value = (neg ? -1 : 1) * n->value * u.scale;
+      kind = u.kind;
+      return true;
+    }
+  return false;
+}
+
 }  // namespace
+
+bool pack_param(const std::string& name, const std::map<std::string, std::string>& overrides, PackParam& out,
+                std::string& error) {
+  out = PackParam{};
+  bool found = false;
+  for (const auto& f : embedded_rule_files()) {
+    const dsl::SourceText src{std::string(f.path), std::string(f.text)};
+    std::vector<dsl::Diagnostic> diags;
+    const dsl::ast::File file = dsl::parse_rules_text(src, diags);
+    for (const auto& item : file.items) {
+      const auto* p = std::get_if<dsl::ast::Param>(&item);
+      if (!p || p->name.name != name) continue;
+      const size_t a = static_cast<size_t>(std::max(p->value.id_first, 0));
+      const size_t b = static_cast<size_t>(std::max(p->value.id_last, p->value.id_first));
+      out.text = src.text().substr(a, b - a);
+      if (!literal_value(p->value, out.value, out.kind)) {
+        error = std::string(f.path) + ": param `" + name + "` is not a number literal";
+        return false;
+      }
+      found = true;
+      break;
+    }
+    if (found) break;
+  }
+  if (!found) {
+    error = "the rule pack declares no param `" + name + "`";
+    return false;
+  }
+  const auto it = overrides.find(name);
+  if (it == overrides.end()) return true;
+  const dsl::SourceText src{"<param " + name + ">", it->second};
+  dsl::ast::Expr e;
+  std::vector<dsl::Diagnostic> diags;
+  double v = 0;
+  std::string kind;
+  if (!dsl::parse_expression_at(src, 0, src.text().size(), e, diags) || !literal_value(e, v, kind) ||
+      kind != out.kind) {
+    error = "--param " + name + "=" + it->second + ": expected a " + out.kind + " literal like the pack's `" +
+            out.text + "`";
+    return false;
+  }
+  out.value = v;
+  out.kind = kind;
+  out.text = it->second;
+  out.overridden = true;
+  return true;
+}
 
 std::vector<dsl::RuleSource> default_rule_sources() {
   std::vector<dsl::RuleSource> out;

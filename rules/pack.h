@@ -9,8 +9,12 @@
 // - Imports from user files resolve on disk first, then against the embedded pack by file name,
 //   so `import "common.rules"` gives user rules the pack's params and defs.
 // - Inline tests run each fixture through run_plan (engine/engine.h) with the rule alone.
+// - pack_param() reads one param of the embedded pack (after `--param` overrides) as a number, for
+//   knobs that code beside the rules applies (the chain annotator's `warmup`): the same text, the
+//   same override syntax and the same units as the rules' own params.
 #pragma once
 
+#include <map>
 #include <span>
 #include <string>
 #include <string_view>
@@ -34,6 +38,20 @@ Plan default_rule_pack_plan();
 
 // Options that resolve imports on disk, then against the embedded pack.
 dsl::CompileOptions pack_compile_options(dsl::CompileOptions base = {});
+
+// A param declared by the embedded pack (rules/*.rules, common.rules included), after `overrides`
+// (name -> literal text, as given to `--param` or the config's analysis.params). `value` is in the
+// engine's units: durations in ns, bytes in bytes, `50%` as 0.5, `3x` and bare numbers as written.
+// `kind` is "duration", "bytes", "ratio" or "number"; `text` the literal that gave the value.
+struct PackParam {
+  double value = 0;
+  std::string kind, text;
+  bool overridden = false;
+};
+// False with `error` set when the pack declares no such param, or when the declaration or the
+// override is not a single (optionally negated) number literal of the declared kind.
+bool pack_param(const std::string& name, const std::map<std::string, std::string>& overrides, PackParam& out,
+                std::string& error);
 
 struct RuleTestOutcome {
   dsl::RuleTest test;

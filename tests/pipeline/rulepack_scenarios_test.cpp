@@ -348,6 +348,61 @@ TEST(RulePackImplicitSync, AThreadThatLaunchesNothingIsNotALaunchLoop) {
   EXPECT_GT(seen, 0u) << describe(r);
 }
 
+// Explicit stream syncs without stacks are not an implicit_sync chain (docs/rules.md): a
+// GPU-bound loop's one sync per step holds most of its launching thread's time - that is the GPU
+// working, not time lost - so a share-of-thread-time rule would fire on every healthy loop.
+TEST(RulePackImplicitSync, AGpuBoundLoopsOneSyncPerStepIsNotAChain) {
+  Trace tr;
+  // 40 launches then a ~20 ms cudaStreamSynchronize per step: ~95% of tid 2001's time in syncs.
+  uint64_t t = kT0;
+  for (uint64_t i = 0; t + 50 * kMs < kT0 + 60 * kS; ++i) {
+    t = step(tr, kPid, kTid, t, i, 40, {});
+    const uint64_t d = jit(18 * kMs, i);
+    tr.add(Source::kCuda, op::kCudaStreamSync, kPid, kTid, t, d);
+    t += d + 50 * kUs;
+  }
+  tr.finish();
+  uint64_t sync_ns = 0;
+  for (const auto& e : tr.ev)
+    if (e.op == op::kCudaStreamSync && e.source == Source::kCuda) sync_ns += e.dur_ns;
+  ASSERT_GT(static_cast<double>(sync_ns), 0.8 * 60e9) << "the control must be sync-heavy to mean anything";
+  const auto r = analyse(tr, 1);
+  for (const auto& c : r.chains) {
+    EXPECT_NE(c.category, "implicit_sync") << describe(r);
+    EXPECT_LT(c.severity, Severity::kMedium) << describe(r);
+  }
+}
+
+// The implicit_sync chain carries the time lost (`lost`, the value its severity comes from) and
+// its call site; a heavier fault loses more and ranks at least as high.
+TEST(RulePackImplicitSync, SeverityFollowsTheTimeLost) {
+  auto frees = [](uint64_t each) {
+    return in_loop(true, [each](Trace& tr, uint32_t p, uint32_t t, uint64_t ts, uint64_t i) {
+      const uint64_t d = jit(each, i);
+      tr.add(Source::kCuda, op::kCudaFree, p, t, ts, d);
+      return ts + d + 10 * kUs;
+    });
+  };
+  auto worst = [](const AnalysisResult& r, double& lost) {
+    Severity s = Severity::kLow;
+    lost = 0;
+    for (const auto& c : r.chains)
+      if (c.rule == "free_in_loop") {
+        s = std::max(s, c.severity);
+        for (const auto& [k, v] : c.values)
+          if (k == "lost") lost = std::max(lost, v);
+      }
+    return s;
+  };
+  double light = 0, heavy = 0;
+  const Severity sl = worst(analyse(frees(300 * kUs), 1), light);  // ~10% of the step
+  const Severity sh = worst(analyse(frees(3 * kMs), 1), heavy);    // ~50% of the step
+  EXPECT_GT(light, 0.05 * 10e9);
+  EXPECT_GT(heavy, light);
+  EXPECT_EQ(sl, Severity::kMedium);
+  EXPECT_EQ(sh, Severity::kHigh);
+}
+
 // --- warm-up ---------------------------------------------------------------------------------
 
 // A short script (traced live in the issue): its first calls create the context, load modules
@@ -402,6 +457,112 @@ TEST(RulePackWarmup, WithoutTheWarmupTheSameScriptGivesAMediumChain) {
   bool medium = false;
   for (const auto& c : r.chains) medium |= c.severity >= Severity::kMedium;
   EXPECT_TRUE(medium) << describe(r);
+}
+
+// Warm-up is the pack's `param warmup` (rules/common.rules): the annotator's default equals it,
+// overrides parse with the rule language's units, and a wrong kind is rejected.
+TEST(RulePackWarmup, IsAPackParamWithTheAnnotatorsDefault) {
+  rules::PackParam p;
+  std::string err;
+  ASSERT_TRUE(rules::pack_param("warmup", {}, p, err)) << err;
+  EXPECT_EQ(p.kind, "duration");
+  EXPECT_EQ(p.text, "10s");
+  EXPECT_FALSE(p.overridden);
+  EXPECT_EQ(static_cast<uint64_t>(p.value), AnnotateOptions{}.warmup_ns);
+  ASSERT_TRUE(rules::pack_param("min_calls", {}, p, err)) << err;
+  EXPECT_EQ(static_cast<uint64_t>(p.value), AnnotateOptions{}.warmup_min_calls);
+  ASSERT_TRUE(rules::pack_param("min_tail_ratio", {}, p, err)) << err;
+  EXPECT_EQ(p.value, AnnotateOptions{}.warmup_tail_ratio);
+
+  ASSERT_TRUE(rules::pack_param("warmup", {{"warmup", "0s"}}, p, err)) << err;
+  EXPECT_EQ(p.value, 0.0);
+  EXPECT_TRUE(p.overridden);
+  ASSERT_TRUE(rules::pack_param("warmup", {{"warmup", "2m"}, {"min_share", "60%"}}, p, err)) << err;
+  EXPECT_EQ(p.value, 120e9);
+  ASSERT_TRUE(rules::pack_param("warmup", {{"warmup", "1500ms"}}, p, err)) << err;
+  EXPECT_EQ(p.value, 1.5e9);
+  EXPECT_FALSE(rules::pack_param("warmup", {{"warmup", "5"}}, p, err));  // not a duration
+  EXPECT_NE(err.find("duration"), std::string::npos) << err;
+  EXPECT_FALSE(rules::pack_param("warmup", {{"warmup", "5MiB"}}, p, err));
+  EXPECT_FALSE(rules::pack_param("warmup", {{"warmup", "min_calls"}}, p, err));  // not a literal
+  EXPECT_FALSE(rules::pack_param("warmup", {{"warmup", "10s +"}}, p, err));
+  EXPECT_FALSE(rules::pack_param("no_such_param", {}, p, err));
+  EXPECT_NE(err.find("no param"), std::string::npos) << err;
+  // The override also compiles with the pack: the rule compiler knows the name.
+  dsl::CompileOptions co;
+  co.params["warmup"] = "0s";
+  EXPECT_TRUE(rules::load_rule_files({}, true, co).ok());
+}
+
+// The override reaches the annotator: `--param warmup=0s` turns warm-up off, so the script whose
+// only slow calls are its first ones gets its MEDIUM+ chain back; 30 s keeps it LOW.
+TEST(RulePackWarmup, TheParamOverrideDrivesTheAnnotator) {
+  rules::PackParam p;
+  std::string err;
+  ASSERT_TRUE(rules::pack_param("warmup", {{"warmup", "0s"}}, p, err)) << err;
+  AnnotateOptions off;
+  off.warmup_ns = static_cast<uint64_t>(p.value);
+  bool medium = false;
+  for (const auto& c : analyse(warmup_script(), 1, off).chains) medium |= c.severity >= Severity::kMedium;
+  EXPECT_TRUE(medium);
+  ASSERT_TRUE(rules::pack_param("warmup", {{"warmup", "30s"}}, p, err)) << err;
+  AnnotateOptions longer;
+  longer.warmup_ns = static_cast<uint64_t>(p.value);
+  const auto r = analyse(warmup_script(), 1, longer);
+  ASSERT_FALSE(r.chains.empty());
+  for (const auto& c : r.chains) {
+    EXPECT_EQ(c.severity, Severity::kLow) << describe(r);
+    for (const auto& [k, v] : c.values)
+      if (k == "warmup.window_ns") EXPECT_EQ(v, 30e9);
+    EXPECT_NE(c.root_cause.find("param warmup = 30s"), std::string::npos) << c.root_cause;
+  }
+}
+
+// `explain --why-not RULE` says what the warm-up did to the rule's chains, with the count and
+// the param's name and value (cli/cmd_explain.cpp prints warmup_why_not_text()).
+TEST(RulePackWarmup, WhyNotCountsTheChainsAndCallsTheWarmupJudged) {
+  const auto r = analyse(warmup_script(), 1);
+  std::set<std::string> rules_with_warmup;
+  uint64_t demoted = 0, calls = 0;
+  for (const auto& c : r.chains) {
+    double v_calls = 0, only = -1;
+    for (const auto& [k, v] : c.values) {
+      if (k == "warmup.calls") v_calls = v;
+      if (k == "warmup.only") only = v;
+    }
+    if (v_calls <= 0) continue;
+    rules_with_warmup.insert(c.rule);
+    EXPECT_EQ(only, 1.0) << c.summary;  // every chain of this script stands on warm-up alone
+  }
+  ASSERT_FALSE(rules_with_warmup.empty()) << describe(r);
+  for (const auto& rule : rules_with_warmup) {
+    const WarmupEffect w = warmup_effect(r.chains, rule);
+    EXPECT_GT(w.chains, 0u);
+    EXPECT_EQ(w.only, w.chains);
+    EXPECT_EQ(w.demoted, w.chains);
+    EXPECT_EQ(w.abnormal, 0u);
+    EXPECT_GT(w.calls, 0u);
+    demoted += w.demoted;
+    calls += w.calls;
+    const std::string text = warmup_why_not_text(w, 10 * kS);
+    EXPECT_NE(text.find("param warmup = 10s"), std::string::npos) << text;
+    EXPECT_NE(text.find(std::to_string(w.chains) + " chain(s) had " + std::to_string(w.calls) + " call(s)"),
+              std::string::npos)
+        << text;
+    EXPECT_NE(text.find("reported LOW"), std::string::npos) << text;
+  }
+  EXPECT_GT(demoted, 0u);
+  // A rule with no chain, and warm-up off, are said as such.
+  const WarmupEffect none = warmup_effect(r.chains, "graph_launch_tail");
+  EXPECT_EQ(none.chains, 0u);
+  EXPECT_NE(warmup_why_not_text(none, 10 * kS).find("no chain of this rule had calls in a warm-up"),
+            std::string::npos);
+  EXPECT_NE(warmup_why_not_text(none, 0).find("off (param warmup = 0s)"), std::string::npos);
+  // An abnormal warm-up is counted apart.
+  const auto slow = analyse(warmup_script(6 * kS), 1);
+  uint64_t abnormal = 0;
+  for (const auto& c : slow.chains) abnormal += warmup_effect({c}, c.rule).abnormal;
+  EXPECT_GT(abnormal, 0u) << describe(slow);
 }
 
 TEST(RulePackWarmup, AnAbnormalWarmupKeepsItsSeverityAndSaysSo) {
