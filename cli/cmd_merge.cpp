@@ -52,7 +52,11 @@ int run_merge(const MergeArgs& a) {
                             {"uncertainty_ns", n.uncertainty_ns},
                             {"method", n.method},
                             {"pairs", n.pairs},
-                            {"note", n.note}});
+                            {"note", n.note},
+                            {"arrivals_compared", n.arrivals_compared},
+                            {"last_arrivals", n.last_arrivals},
+                            {"last_arrivals_unresolved", n.last_arrivals_unresolved},
+                            {"max_lead_ns", n.max_lead_ns}});
     j["events"] = r.events_out;
     j["output"] = a.out;
     j["warnings"] = r.warnings;
@@ -71,6 +75,15 @@ int run_merge(const MergeArgs& a) {
     std::printf("  [%s%s]\n", n.method.c_str(),
                 n.pairs ? (", " + std::to_string(n.pairs) + " collectives").c_str() : "");
     if (!n.note.empty()) std::printf("      %s\n", n.note.c_str());
+    // Arrival order is claimed only beyond both nodes' clock uncertainties (docs/fleet.md).
+    if (n.last_arrivals)
+      std::printf("      entered last at %llu of %llu matched collectives, by more than the clock "
+                  "uncertainty (lead up to %.3f ms)\n",
+                  static_cast<unsigned long long>(n.last_arrivals),
+                  static_cast<unsigned long long>(n.arrivals_compared), n.max_lead_ns / 1e6);
+    if (n.last_arrivals_unresolved)
+      std::printf("      latest at %llu collectives only within the clock uncertainty: no order claimed\n",
+                  static_cast<unsigned long long>(n.last_arrivals_unresolved));
   }
   for (const auto& w : r.warnings) std::printf("warning: %s\n", w.c_str());
   return kExitOk;

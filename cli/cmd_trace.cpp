@@ -20,6 +20,7 @@
 #include "cli/command.h"
 #include "cli/metrics_cli.h"
 #include "sinks/clock_anchors.h"
+#include "sinks/process_identity.h"
 #include "cli/common.h"
 #include "engine/engine.h"
 #include "engine/format.h"
@@ -53,7 +54,8 @@ struct TraceArgs {
   std::string stack_min = "1ms";
   bool no_stacks = false, no_samples = false;
   unsigned sample_hz = 49, stack_bytes = 16384, stack_rate = 100;
-  // Fleet (docs/fleet.md): --metrics-addr, --node (names this node in the trace), --cluster.
+  // Fleet (docs/fleet.md): --metrics-addr, --node (names this node in the trace; default: the id
+  // persisted in $INGERO_STATE_DIR/node-id), --cluster.
   MetricsCliArgs metrics;
 };
 
@@ -268,6 +270,34 @@ int run_trace(const TraceArgs& a) {
   lo.max_hold_ns = hold_ns;
 
   std::string error;
+  // Node identity (docs/fleet.md "Node identity"): --node, else the id persisted on first run in
+  // $INGERO_STATE_DIR (default /var/lib/ingero-pipeline)/node-id, else the hostname.
+  MetricsCliArgs margs = a.metrics;
+  const std::string hostname = local_hostname();
+  std::string node_source = "--node";
+  if (!margs.node.empty() && !valid_node_name(margs.node)) {
+    print_error("--node '" + margs.node +
+                "': expected 1-64 of A-Z a-z 0-9 . _ - (ids are {node}:{seq})");
+    return kExitUsage;
+  }
+  if (margs.node.empty()) {
+    bool created = false;
+    const std::string dir = default_state_dir();
+    if (load_or_create_node_id(dir, margs.node, created, error)) {
+      node_source = dir + "/node-id";
+      std::fprintf(stderr, "node: %s (%s %s; --node overrides)\n", margs.node.c_str(),
+                   created ? "created in" : "from", node_source.c_str());
+    } else if (valid_node_name(hostname)) {
+      std::fprintf(stderr, "warning: %s; naming this node by its hostname '%s'\n", error.c_str(),
+                   hostname.c_str());
+      margs.node = hostname;
+      node_source = "hostname";
+    } else {
+      std::fprintf(stderr, "warning: %s; this capture's node stays unnamed\n", error.c_str());
+      node_source = "";
+    }
+    error.clear();
+  }
   // The database is written on its own thread (SpoolingWriter): the engine never waits for
   // SQLite; a backlog beyond 4 MiB of events goes to an unlinked spill file beside the database
   // instead of memory, so nothing is dropped and memory stays bounded.
@@ -291,9 +321,9 @@ int run_trace(const TraceArgs& a) {
   }
   for (const auto& w : src->take_warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
   // Node identity: --node names every event's node (ids become "{node}:{seq}", as Ingero 0.9's).
-  if (!a.metrics.node.empty()) src->meta().nodes[0] = a.metrics.node;
+  if (!margs.node.empty()) src->meta().nodes[0] = margs.node;
   MetricsHook metrics;
-  if (!metrics.start(a.metrics, error, &g_interrupted)) {
+  if (!metrics.start(margs, error, &g_interrupted)) {
     print_error(error);
     src->stop();
     return kExitUsage;
@@ -311,7 +341,11 @@ int run_trace(const TraceArgs& a) {
 
   ViewState view;
   bool meta_written = false;
-  bpf::TapSource tap(*src, [&](const Batch& b) {
+  // Rank / local rank / world size / job id of each traced process, read from its environment at
+  // its first event and stamped on every event of it (sinks/process_identity.h).
+  ProcessIdentityCache identities;
+  IdentityStampSource stamped(*src, identities);
+  bpf::TapSource tap(stamped, [&](const Batch& b) {
     metrics.observe(b, src->meta(), true);
     {
       std::lock_guard<std::mutex> lk(view.mu);
@@ -387,7 +421,13 @@ int run_trace(const TraceArgs& a) {
       rc = kExitRuntime;
     }
     db_summary = "  " + db_text(writer.get());
-    if (rc == kExitOk && !write_clock_anchors(a.db, a.metrics.node, anchors, error))
+    if (rc == kExitOk && !write_clock_anchors(a.db, margs.node, anchors, error))
+      std::fprintf(stderr, "warning: %s\n", error.c_str());
+    IdentityTables idt;
+    if (!hostname.empty()) idt.attributes[margs.node]["hostname"] = hostname;
+    if (!node_source.empty()) idt.attributes[margs.node]["node_id_source"] = node_source;
+    idt.processes[margs.node] = identities.rows();
+    if (rc == kExitOk && !write_identity(a.db, idt, error))
       std::fprintf(stderr, "warning: %s\n", error.c_str());
   }
   if (!a.quiet) {
@@ -420,6 +460,18 @@ int run_trace(const TraceArgs& a) {
                static_cast<unsigned long long>(st.stacks_lost),
                static_cast<unsigned long long>(st.samples),
                static_cast<unsigned long long>(st.python_procs));
+  const ProcessIdentityCache::Stats& is = identities.stats();
+  std::fprintf(stderr,
+               "trace: node %s; %llu processes seen, %llu with a rank in their environment, %llu "
+               "environments unreadable, %llu events stamped with a rank%s\n",
+               margs.node.empty() ? "(unnamed)" : margs.node.c_str(),
+               static_cast<unsigned long long>(is.reads),
+               static_cast<unsigned long long>(is.with_rank),
+               static_cast<unsigned long long>(is.unreadable),
+               static_cast<unsigned long long>(is.stamped),
+               is.bad_values
+                   ? (", " + std::to_string(is.bad_values) + " malformed rank variables ignored").c_str()
+                   : "");
   return rc;
 }
 #endif

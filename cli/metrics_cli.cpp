@@ -15,7 +15,7 @@ namespace ingero::cli {
 void add_metrics_options(CLI::App* cmd, MetricsCliArgs& a) {
   cmd->add_option("--metrics-addr", a.addr,
                   "Serve Prometheus /metrics here: PORT (binds 127.0.0.1) or HOST:PORT");
-  cmd->add_option("--node", a.node, "Node name in target_info (default: the hostname)");
+  cmd->add_option("--node", a.node, "Node name: names the trace's node (trace: default the id persisted in $INGERO_STATE_DIR/node-id, created on first run) and target_info's node label (default: the hostname)");
   cmd->add_option("--cluster", a.cluster, "Cluster name in target_info");
   cmd->add_option("--replay-speed", a.replay_speed,
                   "Pace a replay at this multiple of its recorded speed (1 = real time; 0 = full speed)")
