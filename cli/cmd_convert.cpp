@@ -136,7 +136,7 @@ Registrar reg{"convert", 60, [](CLI::App& app, int& rc) {
                 cmd->add_option("--chunk-events", args->chunk_events, "LMDB: events per stored chunk")
                     ->check(CLI::Range(size_t{64}, size_t{1} << 20));
                 cmd->add_flag("--durable", args->durable, "LMDB: fsync every transaction (slower)");
-                cmd->add_flag("-q,--quiet", args->quiet, "No summary line");
+                add_quiet_flag(cmd, &args->quiet, "No summary line and no progress on stderr");
                 cmd->callback([args, &rc] { rc = run_convert(*args); });
               }};
 

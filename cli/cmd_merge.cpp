@@ -113,7 +113,7 @@ Registrar reg{"merge", 62, [](CLI::App& app, int& rc) {
                     ->check(CLI::Range(0.0, 1e6));
                 cmd->add_flag("--json", args->json,
                               "Print {\"nodes\":[{node,events,offset_ns,uncertainty_ns,method,...}]}");
-                cmd->add_flag("-q,--quiet", args->quiet, "No summary");
+                add_quiet_flag(cmd, &args->quiet, "No summary and no progress on stderr");
                 cmd->callback([args, &rc] { rc = run_merge(*args); });
               }};
 

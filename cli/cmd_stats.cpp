@@ -47,6 +47,7 @@ Registrar reg{"stats", 10, [](CLI::App& app, int& rc) {
                 cmd->add_option("--db", args->db,
                                 "Trace (Ingero 0.8/0.9 SQLite, ours, or an LMDB log); default: the embedded sample");
                 cmd->add_flag("--json", args->json, "Machine-readable output (shape in docs/cli.md)");
+                add_quiet_flag(cmd);
                 cmd->add_option("--threads", args->threads, "Engine threads (results do not depend on it)")
                     ->check(CLI::Range(1u, 256u));
                 cmd->callback([args, &rc] { rc = run_stats(*args); });

@@ -3,7 +3,9 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <mutex>
 
@@ -88,6 +90,22 @@ bool build_plan(const std::vector<std::string>& rule_files, bool no_default, Pla
 void keep_large_buffers_out_of_the_heap() { mallopt(M_MMAP_THRESHOLD, 128 * 1024); }
 
 void print_error(const std::string& message) { std::fprintf(stderr, "ingero-pipeline: error: %s\n", message.c_str()); }
+
+void set_quiet(bool quiet) {
+  if (quiet) ::setenv("INGERO_QUIET", "1", 1);
+}
+
+bool quiet_requested() { return std::getenv("INGERO_QUIET") != nullptr; }
+
+CLI::Option* add_quiet_flag(CLI::App* cmd, bool* quiet, const std::string& help) {
+  return cmd->add_flag_function(
+      "-q,--quiet",
+      [quiet](int64_t count) {
+        if (quiet != nullptr) *quiet = count > 0;
+        set_quiet(count > 0);
+      },
+      help);
+}
 
 bool stdout_is_terminal() { return isatty(STDOUT_FILENO) == 1; }
 

@@ -6,6 +6,11 @@
 #include <string>
 #include <vector>
 
+namespace CLI {
+class App;
+class Option;
+}  // namespace CLI
+
 #include "engine/plan.h"
 #include "engine/trace.h"
 
@@ -34,5 +39,17 @@ bool stdout_is_terminal();
 // mmap-backed and returned on free (measured at 200k events/s without --db: peak 56 -> 46 MiB,
 // anonymous 33 -> 13 MiB; docs/performance.md). Call before starting threads.
 void keep_large_buffers_out_of_the_heap();
+
+// --quiet for long commands (explain, convert, stats, merge, bench): no progress line on stderr.
+// Progress is only ever drawn when stderr is a terminal; the SQLite reader decides when a trace
+// is opened, from the INGERO_QUIET environment variable (sinks/sqlite_reader.cpp). So the flag
+// sets INGERO_QUIET=1 in this process's environment while the command line is parsed, before
+// any trace is opened (children inherit it). `quiet`, when given, also receives the flag's value
+// for the command's own output (e.g. a summary line). Returns the option (`-q,--quiet`).
+CLI::Option* add_quiet_flag(CLI::App* cmd, bool* quiet = nullptr,
+                            const std::string& help = "No progress on stderr (only drawn on a terminal)");
+// What add_quiet_flag does on the flag: true sets INGERO_QUIET=1, false leaves the environment.
+void set_quiet(bool quiet);
+bool quiet_requested();  // INGERO_QUIET is set (by the flag or by the caller's environment)
 
 }  // namespace ingero::cli
