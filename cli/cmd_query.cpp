@@ -15,6 +15,8 @@ struct QueryArgs {
   bool json = false;
   size_t max_rows = 1000;
   uint64_t timeout_ms = 30'000;
+  uint64_t max_memory_mb = 1024;
+  int max_value_bytes = 16 << 20;
   size_t width = 48;
 };
 
@@ -34,6 +36,8 @@ int run_query(const QueryArgs& a) {
   limits.max_rows = a.max_rows;
   limits.max_ms = a.timeout_ms;
   limits.max_reply_bytes = 64u << 20;  // a terminal user asked for it; rows are the cap here
+  limits.max_memory_bytes = a.max_memory_mb << 20;
+  limits.max_value_bytes = a.max_value_bytes;
   const SqlResult r = runner->run(a.sql, limits);
   if (!r.ok) {
     if (a.json) std::cout << sql_result_to_json(r).dump(2) << "\n";
@@ -55,7 +59,9 @@ Registrar reg{"query", 40, [](CLI::App& app, int& rc) {
                     "query",
                     "Run one read-only SQL statement over a trace database.\n"
                     "Writes, ATTACH, PRAGMA changes, extensions and file access are refused by SQLite itself\n"
-                    "(read-only connection + authorizer), not by keyword matching. Time and rows are capped.\n"
+                    "(read-only connection + authorizer), not by keyword matching. Rows, time, SQLite's memory\n"
+                    "and the size of any one string/blob are capped; a statement over a limit stops with an\n"
+                    "error naming the file and the limit (exit status 2).\n"
                     "Examples:\n"
                     "  ingero-pipeline query --db trace.db \"SELECT op, count(*) FROM events GROUP BY op\"\n"
                     "  ingero-pipeline query --db trace.db --json \"PRAGMA table_info(events)\"");
@@ -65,6 +71,12 @@ Registrar reg{"query", 40, [](CLI::App& app, int& rc) {
                 cmd->add_option("--max-rows", args->max_rows, "Row cap (default 1000)")->check(CLI::Range(size_t{1}, size_t{10'000'000}));
                 cmd->add_option("--timeout-ms", args->timeout_ms, "Time budget of the statement (default 30000)")
                     ->check(CLI::Range(uint64_t{1}, uint64_t{3'600'000}));
+                cmd->add_option("--max-memory-mb", args->max_memory_mb,
+                                "Memory SQLite may add while the statement runs, MiB (default 1024)")
+                    ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));
+                cmd->add_option("--max-value-bytes", args->max_value_bytes,
+                                "Longest string or blob the statement may build (default 16 MiB)")
+                    ->check(CLI::Range(1024, 1'000'000'000));
                 cmd->add_option("--width", args->width, "Widest cell in the text table (default 48)")->check(CLI::Range(size_t{4}, size_t{100000}));
                 cmd->callback([args, &rc] { rc = run_query(*args); });
               }};

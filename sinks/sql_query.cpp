@@ -178,18 +178,21 @@ std::string kind_for(int rc, const RunGuard& guard, const char* msg) {
   return "error";
 }
 
+// Limit errors name the database file and the limit that stopped the statement, so a user of
+// `query` or an agent calling run_sql knows which knob to turn (or to add a LIMIT/WHERE).
 std::string message_for(const std::string& kind, const RunGuard& guard, const SqlLimits& limits,
-                        const char* msg) {
+                        const char* msg, const std::string& path) {
   if (kind == "denied" && !guard.denied.empty()) return guard.denied;
   if (kind == "timeout")
-    return "the query ran longer than its " + std::to_string(limits.max_ms) + " ms budget and was stopped";
+    return path + ": the query ran longer than its " + std::to_string(limits.max_ms) +
+           " ms budget (time limit) and was stopped";
   if (kind == "memory")
-    return "the query used more than " + std::to_string(limits.max_memory_bytes >> 20) +
-           " MiB of memory and was stopped";
+    return path + ": the query used more than its memory limit of " +
+           std::to_string(limits.max_memory_bytes >> 20) + " MiB and was stopped";
   if (kind == "cancelled") return "the query was cancelled";
   if (kind == "too_big")
-    return std::string(msg ? msg : "value too big") + " (values are limited to " +
-           std::to_string(limits.max_value_bytes) + " bytes)";
+    return path + ": " + std::string(msg ? msg : "value too big") + " (the value limit is " +
+           std::to_string(limits.max_value_bytes) + " bytes per string or blob)";
   return msg ? msg : "unknown SQLite error";
 }
 
@@ -386,7 +389,7 @@ SqlResult SqlQueryRunner::run(std::string_view sql, const SqlLimits& limits,
     out.ok = false;
     const char* msg = sqlite3_errmsg(db_);
     out.error_kind = kind_for(rc, guard, msg);
-    out.error = message_for(out.error_kind, guard, limits, msg);
+    out.error = message_for(out.error_kind, guard, limits, msg, path_);
     out.columns.clear();
     out.rows.clear();
     out.truncated = false;

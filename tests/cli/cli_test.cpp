@@ -138,4 +138,123 @@ TEST(Cli, SaveWritesAnIngeroReadableDatabase) {
   std::filesystem::remove(out.string() + "-shm");
 }
 
+// bench: end-to-end, load and run phases for the pack, each rule replayed from the in-memory
+// trace (not reloaded), and the fields docs/cli.md documents.
+TEST(Cli, BenchReportsPhasesAndReplaysRulesFromMemory) {
+  if (!std::filesystem::exists(kSample)) GTEST_SKIP() << "missing " << kSample;
+  const auto r = run("bench --json --trace " + kSample);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["events"], 3807);
+  EXPECT_EQ(j["mode"], "preloaded");
+  EXPECT_EQ(j["chains_match"], true);
+  for (const char* phase : {"end_to_end", "load", "run"}) {
+    ASSERT_TRUE(j["phases"].contains(phase)) << phase;
+    const auto& p = j["phases"][phase];
+    for (const char* k : {"seconds", "cpu_seconds", "events", "events_per_s", "events_per_cpu_s", "peak_rss_bytes"})
+      ASSERT_TRUE(p.contains(k)) << phase << "." << k;
+    EXPECT_EQ(p["events"], 3807) << phase;
+    EXPECT_GT(p["peak_rss_bytes"].get<uint64_t>(), 0u) << phase;
+  }
+  // 80 bytes per event at least, held in memory for the per-rule runs.
+  EXPECT_GE(j["loaded_bytes"].get<uint64_t>(), 3807u * 80u);
+  EXPECT_GT(j["rss_after_load_bytes"].get<uint64_t>(), 0u);
+  // The compatibility fields are the in-memory run.
+  EXPECT_EQ(j["run_seconds"], j["phases"]["run"]["seconds"]);
+  EXPECT_EQ(j["end_to_end_seconds"], j["phases"]["end_to_end"]["seconds"]);
+  ASSERT_TRUE(j["per_rule"].is_array());
+  ASSERT_FALSE(j["per_rule"].empty());
+  size_t chains = 0;
+  for (const auto& pr : j["per_rule"]) {
+    EXPECT_EQ(pr["source"], "memory") << pr["rule"];
+    EXPECT_FALSE(pr.contains("end_to_end")) << "streamed per rule only with --per-rule-end-to-end";
+    chains += pr["chains"].get<size_t>();
+  }
+  EXPECT_GT(chains, 0u);
+  EXPECT_GT(j["chains"].get<size_t>(), 0u);
+
+  const auto t = run("bench --trace " + kSample + " --no-per-rule");
+  ASSERT_EQ(t.status, 0) << t.err;
+  for (const char* row : {"end-to-end (stream)", "load (into memory)", "run (from memory)", "peak RSS", "preloaded"})
+    EXPECT_NE(t.out.find(row), std::string::npos) << row << "\n" << t.out;
+}
+
+TEST(Cli, BenchStreamsWhenAskedOrOverItsMemoryCap) {
+  if (!std::filesystem::exists(kSample)) GTEST_SKIP() << "missing " << kSample;
+  const auto s = nlohmann::json::parse(run("bench --json --no-preload --trace " + kSample).out);
+  EXPECT_EQ(s["mode"], "streamed");
+  EXPECT_FALSE(s["phases"].contains("load"));
+  EXPECT_FALSE(s["phases"].contains("run"));
+  for (const auto& pr : s["per_rule"]) EXPECT_EQ(pr["source"], "file");
+  // 200,000 synthetic events are ~16 MB decoded: over a 1 MiB cap, bench falls back to streaming.
+  const auto c = run("bench --json --no-per-rule --synthetic 200000 --max-preload-mb 1");
+  ASSERT_EQ(c.status, 0) << c.err;
+  const auto j = nlohmann::json::parse(c.out);
+  EXPECT_EQ(j["mode"], "streamed");
+  EXPECT_NE(j["fallback_reason"].get<std::string>().find("--max-preload-mb"), std::string::npos) << j.dump();
+  EXPECT_EQ(j["events"], 200000);
+  // Both ways per rule when asked.
+  const auto e = nlohmann::json::parse(run("bench --json --per-rule-end-to-end --trace " + kSample).out);
+  for (const auto& pr : e["per_rule"]) {
+    EXPECT_EQ(pr["source"], "memory");
+    ASSERT_TRUE(pr.contains("end_to_end")) << pr.dump();
+    EXPECT_EQ(pr["end_to_end"]["events"], 3807);
+  }
+}
+
+// --quiet is accepted by the long commands and leaves their results alone (the progress line it
+// suppresses is only drawn on a terminal, so it is checked by hand: docs/cli.md).
+TEST(Cli, QuietIsAcceptedByLongCommands) {
+  if (!std::filesystem::exists(kSample)) GTEST_SKIP() << "missing " << kSample;
+  const auto a = run("stats --json --db " + kSample);
+  const auto b = run("stats --json --quiet --db " + kSample);
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_EQ(nlohmann::json::parse(a.out), nlohmann::json::parse(b.out));
+  const auto e = run("explain --json -q --db " + kSample);
+  ASSERT_EQ(e.status, 0) << e.err;
+  EXPECT_FALSE(nlohmann::json::parse(e.out)["chains"].empty());
+  EXPECT_EQ(run("bench --quiet --no-per-rule --trace " + kSample).status, 0);
+  const auto out = std::filesystem::temp_directory_path() / ("ip-cli-quiet-" + std::to_string(getpid()) + ".lmdb");
+  const auto loud = run("convert " + kSample + " " + out.string());
+  ASSERT_EQ(loud.status, 0) << loud.err;
+  EXPECT_FALSE(loud.out.empty() && loud.err.empty()) << "convert prints a summary without --quiet";
+  std::filesystem::remove_all(out);
+  const auto quiet = run("convert --quiet " + kSample + " " + out.string());
+  ASSERT_EQ(quiet.status, 0) << quiet.err;
+  EXPECT_TRUE(quiet.out.empty()) << quiet.out;
+  EXPECT_TRUE(quiet.err.empty()) << quiet.err;
+  std::filesystem::remove_all(out);
+}
+
+// query: an endless statement or a huge string stops with an error naming the file and the
+// limit (exit status 2), never by running out of memory.
+TEST(Cli, QueryLimitsNameTheFileAndTheLimit) {
+  if (!std::filesystem::exists(kSample)) GTEST_SKIP() << "missing " << kSample;
+  const auto t = run("query --db " + kSample + " --timeout-ms 200 "
+                     "\"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c\"");
+  EXPECT_EQ(t.status, 2);
+  EXPECT_NE(t.err.find(kSample), std::string::npos) << t.err;
+  EXPECT_NE(t.err.find("200 ms"), std::string::npos) << t.err;
+  EXPECT_NE(t.err.find("timeout"), std::string::npos) << t.err;
+  const auto s = run("query --db " + kSample + " --max-value-bytes 100000 "
+                     "\"WITH RECURSIVE c(s) AS (SELECT 'x' UNION ALL SELECT s || s FROM c) SELECT max(length(s)) FROM c\"");
+  EXPECT_EQ(s.status, 2);
+  EXPECT_NE(s.err.find(kSample), std::string::npos) << s.err;
+  EXPECT_NE(s.err.find("100000 bytes"), std::string::npos) << s.err;
+  EXPECT_NE(s.err.find("too_big"), std::string::npos) << s.err;
+  const auto m = run("query --db " + kSample + " --max-memory-mb 4 --timeout-ms 60000 "
+                     "\"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 3000000) "
+                     "SELECT count(DISTINCT randomblob(100)) FROM c\"");
+  EXPECT_EQ(m.status, 2);
+  EXPECT_NE(m.err.find(kSample), std::string::npos) << m.err;
+  EXPECT_NE(m.err.find("4 MiB"), std::string::npos) << m.err;
+  // Rows of an endless CTE stop at --max-rows with a note.
+  const auto r = run("query --db " + kSample + " --json --max-rows 50 "
+                     "\"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c\"");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["row_count"], 50);
+  EXPECT_EQ(j["truncated"], true);
+}
+
 }  // namespace

@@ -159,6 +159,66 @@ TEST_F(SqlQueryTest, RowsAndReplyBytesAreCapped) {
   EXPECT_GT(r.rows.size(), 0u);
 }
 
+// Limit errors name the database file and the limit's value (issue 12: "a clear error naming
+// the file and the limit, never an OOM").
+TEST_F(SqlQueryTest, LimitErrorsNameTheFileAndTheLimit) {
+  SqlLimits limits;
+  limits.max_ms = 150;
+  auto r = run("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT max(x) FROM c", limits);
+  ASSERT_FALSE(r.ok);
+  EXPECT_EQ(r.error_kind, "timeout");
+  EXPECT_NE(r.error.find(db_), std::string::npos) << r.error;
+  EXPECT_NE(r.error.find("150 ms"), std::string::npos) << r.error;
+
+  limits = {};
+  limits.max_memory_bytes = 8u << 20;
+  limits.max_ms = 20'000;
+  r = run("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 5000000) "
+          "SELECT count(DISTINCT randomblob(100)) FROM c", limits);
+  ASSERT_FALSE(r.ok);
+  EXPECT_EQ(r.error_kind, "memory") << r.error;
+  EXPECT_NE(r.error.find(db_), std::string::npos) << r.error;
+  EXPECT_NE(r.error.find("8 MiB"), std::string::npos) << r.error;
+}
+
+// An endless recursive CTE that returns its rows (rather than aggregating them) ends at the row
+// cap as a truncated result, quickly, not at the time limit.
+TEST_F(SqlQueryTest, EndlessRecursiveRowsStopAtTheRowCap) {
+  SqlLimits limits;
+  limits.max_rows = 1000;
+  limits.max_ms = 30'000;
+  auto r = run("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c", limits);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_TRUE(r.truncated);
+  EXPECT_EQ(r.truncated_reason, "max_rows");
+  ASSERT_EQ(r.rows.size(), 1000u);
+  EXPECT_EQ(r.rows.back()[0].integer, 1000);
+  EXPECT_LT(r.elapsed_us, 5'000'000u);
+}
+
+// Strings that double every step (a recursive CTE) or accumulate over many rows (group_concat)
+// hit the value limit with too_big, naming the file and the limit, long before memory runs out.
+TEST_F(SqlQueryTest, HugeStringsStopAtTheValueLimit) {
+  SqlLimits limits;
+  limits.max_value_bytes = 64 * 1024;
+  for (const char* sql :
+       {"WITH RECURSIVE c(s) AS (SELECT 'x' UNION ALL SELECT s || s FROM c) SELECT max(length(s)) FROM c",
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 1000000) "
+        "SELECT length(group_concat(hex(randomblob(16)))) FROM c",
+        "SELECT length(group_concat(hex(randomblob(64)), '')) FROM events"}) {
+    auto r = run(sql, limits);
+    ASSERT_FALSE(r.ok) << sql;
+    EXPECT_EQ(r.error_kind, "too_big") << sql << ": " << r.error;
+    EXPECT_NE(r.error.find(db_), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find("65536 bytes"), std::string::npos) << r.error;
+  }
+  // Under the limit the same shapes work.
+  auto ok = run("WITH RECURSIVE c(s) AS (SELECT 'x' UNION ALL SELECT s || s FROM c LIMIT 10) "
+                "SELECT max(length(s)) FROM c", limits);
+  ASSERT_TRUE(ok.ok) << ok.error;
+  EXPECT_EQ(ok.rows[0][0].integer, 512);
+}
+
 TEST_F(SqlQueryTest, CancelFlagStopsTheQuery) {
   std::atomic<bool> cancel{true};
   auto r = runner_->run("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
