@@ -185,7 +185,10 @@ TEST(Cli, BenchStreamsWhenAskedOrOverItsMemoryCap) {
   EXPECT_EQ(s["mode"], "streamed");
   EXPECT_FALSE(s["phases"].contains("load"));
   EXPECT_FALSE(s["phases"].contains("run"));
-  for (const auto& pr : s["per_rule"]) EXPECT_EQ(pr["source"], "file");
+  for (const auto& pr : s["per_rule"]) {
+    EXPECT_EQ(pr["source"], "file");
+    EXPECT_FALSE(pr.contains("end_to_end")) << "a streamed rule's run is its end-to-end";
+  }
   // 200,000 synthetic events are ~16 MB decoded: over a 1 MiB cap, bench falls back to streaming.
   const auto c = run("bench --json --no-per-rule --synthetic 200000 --max-preload-mb 1");
   ASSERT_EQ(c.status, 0) << c.err;
@@ -193,6 +196,7 @@ TEST(Cli, BenchStreamsWhenAskedOrOverItsMemoryCap) {
   EXPECT_EQ(j["mode"], "streamed");
   EXPECT_NE(j["fallback_reason"].get<std::string>().find("--max-preload-mb"), std::string::npos) << j.dump();
   EXPECT_EQ(j["events"], 200000);
+  EXPECT_FALSE(j["phases"].contains("load")) << "an abandoned load is not reported as a phase";
   // Both ways per rule when asked.
   const auto e = nlohmann::json::parse(run("bench --json --per-rule-end-to-end --trace " + kSample).out);
   for (const auto& pr : e["per_rule"]) {
