@@ -45,13 +45,18 @@ struct {
 } offcpu SEC(".maps");
 
 /* tid -> a long blocked off-CPU span that ended, waiting for its thread's syscall return to be
- * sent with the user stacks (offcpu_user_at_exit). Starts with ts like the maps below. */
+ * sent with the user stacks (offcpu_user_at_exit). Starts with ts like the maps below. Every
+ * insert adds one to held_spans, every successful delete takes one off (see btf_sys_exit). */
 struct {
   __uint(type, BPF_MAP_TYPE_LRU_HASH);
   __uint(max_entries, IP_MAX_THREADS);
   __type(key, __u32);
   __type(value, struct ip_record);
 } offcpu_done SEC(".maps");
+
+/* An upper bound of the entries in offcpu_done (more only after an LRU eviction, which no
+ * delete reports): 0 lets btf_sys_exit return after one load, without a map lookup. */
+__u64 held_spans = 0;
 
 /* Every open-interval value starts with its entry timestamp: user space scans them all the same
  * way to hold the watermark (probes.cpp oldest_open). */
@@ -123,6 +128,11 @@ static __always_inline int current_traced(void) {
 
 /* ---- sched_switch: off-CPU spans ---------------------------------------------------------- */
 
+/* Ends a held span (sent or flushed): the entry goes, and held_spans with it. */
+static __always_inline void release_done(__u32 tid) {
+  if (bpf_map_delete_elem(&offcpu_done, &tid) == 0) __sync_fetch_and_add(&held_spans, -1);
+}
+
 /* A held span (offcpu_done) goes out as a plain record: its thread blocked again or exited
  * before a syscall return gave its user stacks. */
 static __always_inline void flush_done(__u32 tid) {
@@ -133,7 +143,7 @@ static __always_inline void flush_done(__u32 tid) {
     __builtin_memcpy(r, d, sizeof(*r));
     bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
   }
-  bpf_map_delete_elem(&offcpu_done, &tid);
+  release_done(tid);
 }
 
 static __always_inline void switch_out(void* ctx, __u32 tgid, __u32 tid, __u32 next_tid,
@@ -171,9 +181,16 @@ static __always_inline void switch_in(__u32 tid, __u64 now, __u8 flags) {
     rec.flags |= IP_REC_STACKIDS;
     hold = offcpu_user_at_exit;
   }
-  if (hold && bpf_map_update_elem(&offcpu_done, &tid, &rec, BPF_ANY) == 0) {
-    bpf_map_delete_elem(&offcpu, &tid);
-    return;
+  /* Counted before the insert, so btf_sys_exit cannot see the entry with the count still 0.
+   * NOEXIST: a span already held for this thread (none should be: switch_out flushes it) is
+   * never overwritten uncounted; this one then goes out without user stacks. */
+  if (hold) {
+    __sync_fetch_and_add(&held_spans, 1);
+    if (bpf_map_update_elem(&offcpu_done, &tid, &rec, BPF_NOEXIST) == 0) {
+      bpf_map_delete_elem(&offcpu, &tid);
+      return;
+    }
+    __sync_fetch_and_add(&held_spans, -1);
   }
   struct ip_record* r = reserve();
   if (r) {
@@ -184,9 +201,16 @@ static __always_inline void switch_in(__u32 tid, __u64 now, __u8 flags) {
 }
 
 /* The thread is back from the syscall it blocked in: its user registers and stack are still
- * those of the blocking call. Send the held span with them. */
+ * those of the blocking call. Send the held span with them.
+ *
+ * Cost: attaching any sys_exit program puts every syscall of every thread on the traced slow
+ * path, and since Linux 6.11 the uretprobe return trampoline is a syscall (sys_uretprobe): this
+ * program runs once per probed CUDA call. Spans are held only between a long block's switch-in
+ * and its syscall return (microseconds), so nearly every run finds held_spans == 0 and returns
+ * after one load, before the per-thread map lookup (which cost ~60 ns per probed call). */
 SEC("tp_btf/sys_exit")
 int BPF_PROG(btf_sys_exit, struct pt_regs* regs, long ret) {
+  if (!*(volatile __u64*)&held_spans) return 0;
   __u64 id = bpf_get_current_pid_tgid();
   __u32 tid = (__u32)id;
   struct ip_record* d = bpf_map_lookup_elem(&offcpu_done, &tid);
@@ -198,7 +222,7 @@ int BPF_PROG(btf_sys_exit, struct pt_regs* regs, long ret) {
     capture_user(ctx, s, BPF_CORE_READ(regs, ip), BPF_CORE_READ(regs, sp),
                  BPF_CORE_READ(regs, bp), id >> 32);
     if (stack_submit(s) == 0) {
-      bpf_map_delete_elem(&offcpu_done, &tid);
+      release_done(tid);
       return 0;
     }
   }

@@ -421,6 +421,10 @@ bool BpfProbes::read_code(uint32_t pid, uint64_t code, ip_py_code& out) const {
   return bpf_map_lookup_elem(bpf_map__fd(host_->maps.py_codes), &k, &out) == 0;
 }
 
+uint64_t BpfProbes::held_offcpu_spans() const {
+  return host_ && host_->bss ? __atomic_load_n(&host_->bss->held_spans, __ATOMIC_RELAXED) : 0;
+}
+
 bool BpfProbes::read_stack_id(uint32_t id, std::vector<uint64_t>& ips) const {
   uint64_t v[IP_KSTACK_MAX] = {};
   if (bpf_map_lookup_elem(bpf_map__fd(host_->maps.stack_ids), &id, v) != 0) return false;

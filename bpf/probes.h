@@ -138,6 +138,9 @@ class BpfProbes {
   // "tp_btf" or "classic" per tracepoint attached, for `check` and the docs.
   const std::vector<std::pair<std::string, std::string>>& tracepoints() const { return tps_; }
   size_t uprobes_attached() const { return links_uprobe_; }
+  // host.bpf.c held_spans: an upper bound of the long off-CPU spans waiting for their thread's
+  // syscall return (0 once every traced thread is gone; tests check the accounting).
+  uint64_t held_offcpu_spans() const;
   uint64_t target_cgroup() const { return cgroup_id_; }
 
  private:

@@ -127,6 +127,7 @@ struct ScriptRun {
   LiveStats stats;
   std::vector<std::string> warnings;
   std::string output;
+  uint64_t held_after = 0;  // BpfProbes::held_offcpu_spans() once the script's threads are gone
   uint32_t pid = 0;
 };
 
@@ -189,6 +190,7 @@ bool run_script(const std::string& python, const std::string& mode, uint64_t sta
   r.meta = src->meta();
   r.stats = src->stats();
   r.warnings = src->take_warnings();
+  r.held_after = src->probes().held_offcpu_spans();
   return true;
 }
 
@@ -370,6 +372,9 @@ TEST(LiveStacks, OffCpuSpanInFutexHasKernelStack) {
       if (f.kind == FrameKind::kKernel && f.function.find("futex") != std::string::npos) found = true;
   }
   EXPECT_TRUE(found) << seen;
+  // Every held span was released (sent or flushed when its thread exited): the counter that lets
+  // the sys_exit program skip its map lookup is back to 0, neither leaked nor wrapped below it.
+  EXPECT_EQ(r.held_after, 0u);
   // Sent from the futex's return (tp_btf sys_exit): the user side is the full unwind with the
   // Python frames of the waiting line.
   EXPECT_NE(seen.find("threading.py:"), std::string::npos) << seen;
