@@ -345,7 +345,8 @@ int run_pipeline(const RunArgs& a) {
     // Threads, stacks, time split and launch_gap chains (operators/chain_annotate.h), each chain
     // annotated as the engine emits it, over a bounded horizon (live: 15 s; replay: at least 2M
     // events).
-    LiveChainAnnotator annotator(any_live ? LiveChainAnnotator::defaults() : LiveChainAnnotator::replay_defaults());
+    LiveChainAnnotator annotator(
+        annotate_options(ap, any_live ? LiveChainAnnotator::defaults() : LiveChainAnnotator::replay_defaults()));
     EventSource& annotated = annotator.tap(input);
     eo.on_chain = [&annotator](const Chain& c) { annotator.annotate(c); };
     if (any_live) {

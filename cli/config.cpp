@@ -174,7 +174,7 @@ bool path_exists(const std::string& p, bool* is_dir = nullptr) {
 const std::vector<std::string> kProbeFamilies = {"cuda",    "driver", "graph",  "nccl",
                                                  "sched",   "wakeup", "process", "memory",
                                                  "block",   "tcp",    "net"};
-const std::vector<std::string> kDefaultParams = {"window", "min_calls", "min_tail_ratio", "min_share"};
+const std::vector<std::string> kDefaultParams = {"window", "min_calls", "min_tail_ratio", "min_share", "warmup"};
 
 // --- the validator -----------------------------------------------------------------------------
 

@@ -73,7 +73,7 @@ bool build_analysis(const AnalysisSpec& spec, AnalysisPlan& out, std::string& er
     if (n == "min_calls" && p.value >= 1) out.warmup_min_calls = static_cast<uint64_t>(p.value);
     if (n == "min_tail_ratio" && p.value >= 1) out.warmup_tail_ratio = p.value;
     if (n == "warmup" && p.value < 0) {
-      errors = "--param warmup=" + p.text + ": the warm-up cannot be negative (0s turns it off)\n";
+      errors = "param `warmup` overridden with `" + p.text + "`: the warm-up cannot be negative (0s turns it off)\n";
       return false;
     }
   }

@@ -106,8 +106,8 @@ bool pack_param(const std::string& name, const std::map<std::string, std::string
   std::string kind;
   if (!dsl::parse_expression_at(src, 0, src.text().size(), e, diags) || !literal_value(e, v, kind) ||
       kind != out.kind) {
-    error = "--param " + name + "=" + it->second + ": expected a " + out.kind + " literal like the pack's `" +
-            out.text + "`";
+    error = "param `" + name + "` overridden with `" + it->second + "`: expected a " + out.kind +
+            " literal like the pack's `" + out.text + "`";
     return false;
   }
   out.value = v;
