@@ -75,6 +75,7 @@ struct Work {
   uint64_t watermark = 0;
   bool final = false;
   uint64_t dropped = 0;            // for shard 0 only
+  uint64_t trace_end = 0;          // latest event end read so far (ShardInput::trace_end)
   std::shared_ptr<const std::map<uint32_t, std::string>> names;
   std::atomic<unsigned> pending{0};  // shard nodes that have not finished with it yet
 };
@@ -218,6 +219,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
               in.final = w->final;
               in.dropped = idx == 0 ? w->dropped : 0;
               in.process_names = w->names;
+              in.trace_end = w->trace_end;
               if (is_global) {
                 in.owned = w->events;
               } else {
@@ -259,6 +261,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
 
     Batch batch;
     bool saw_final = false;
+    uint64_t trace_end = 0;
     size_t names_known = compiled.process_names.size();
     std::shared_ptr<const std::map<uint32_t, std::string>> names;
     while (!saw_final) {
@@ -285,6 +288,8 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
       w->dropped = source.meta().health.dropped_events;
       w->names = names;
       route(batch.events, n_pid, *w);
+      for (const Event& e : batch.events) trace_end = std::max(trace_end, e.end_ns());
+      w->trace_end = trace_end;
       w->events = std::make_shared<const std::vector<Event>>(std::move(batch.events));
       batch.events = {};
       w->pending.store(n_nodes);

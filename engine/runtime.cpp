@@ -735,6 +735,7 @@ struct Shard::Impl {
     ShardOutput out;
     ++counters.batches;
     dropped += in.dropped;
+    last_ts = std::max(last_ts, in.trace_end);
     if (in.process_names) names = in.process_names;
     if (in.owned) {
       counters.events_in += in.owned->size();

@@ -148,6 +148,10 @@ struct ShardInput {
   uint64_t watermark = 0;
   bool final = false;
   uint64_t dropped = 0;        // events lost upstream (carried to chains)
+  // The latest event end (ts + dur) of every batch so far, all shards together (0: unknown). A
+  // shard ends its open windows and spans there at the final batch, not at its own last event,
+  // so the result does not depend on which processes share a shard.
+  uint64_t trace_end = 0;
   // Process names known when this batch was read, when they changed since the plan was compiled
   // (a live source learns them as processes appear); null: CompiledPlan::process_names.
   std::shared_ptr<const std::map<uint32_t, std::string>> process_names;

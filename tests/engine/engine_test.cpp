@@ -458,6 +458,24 @@ TEST(Engine, OnChainSeesEveryChainOnce) {
   }
 }
 
+// One process stops launching mid-window while another goes on to the end of the trace: the
+// first one's last window is judged up to the trace's end (a drop), whichever shard it shares
+// with whom. A shard that ended windows at its own last event would see no drop.
+TEST(Engine, TraceEndIsTheSameForEveryShard) {
+  std::vector<Event> ev;
+  uint64_t id = 1;
+  for (uint64_t t = 0; t < 49'900; t += 1) {
+    if (t < 45'000) ev.push_back(call(10, 11, kT0 + t * kMs, 20 * kUs, id++));
+    if (t % 50 == 0) ev.push_back(call(20, 21, kT0 + t * kMs + 300 * kUs, 20 * kUs, id++));
+  }
+  std::sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+  const auto one = analyse(ev, 1, 4096);
+  ASSERT_TRUE(has(one, "throughput_drop")) << testing::PrintToString(categories(one));
+  const std::string base = fingerprint(one);
+  for (unsigned threads : {2u, 3u, 4u, 8u})
+    EXPECT_EQ(fingerprint(analyse(ev, threads, 4096)), base) << threads << " threads";
+}
+
 TEST(Engine, InvalidPlanIsRejectedWithMessages) {
   Plan p;
   const int scan = p.add(ScanNode{});
