@@ -520,6 +520,35 @@ struct Row {
   std::vector<EvidenceItem> evidence;
 };
 
+// Whether an expression reads the event (a field or a stack predicate), not only row slots.
+bool reads_event(const Expr& e) {
+  if (e.op == ExprOp::kField || e.op == ExprOp::kStackMatch || e.op == ExprOp::kSiteMatch) return true;
+  for (const auto& a : e.args)
+    if (reads_event(*a)) return true;
+  return false;
+}
+
+// A join's tail condition when it is `duration >= X` or `duration > X` with X read from the row
+// only (the rule pack's `tail duration >= slow`): X is evaluated once per window and each call's
+// duration compared with it, the same double comparison eval() makes, instead of a tree walk per
+// buffered call. Any other condition is evaluated per call.
+struct TailCut {
+  bool fast = false;
+  bool strict = false;           // `>` rather than `>=`
+  const Expr* bound = nullptr;   // X
+};
+
+TailCut tail_cut_of(const Expr* tail) {
+  TailCut t;
+  if (!tail || (tail->op != ExprOp::kGe && tail->op != ExprOp::kGt) || tail->args.size() != 2) return t;
+  const Expr& lhs = *tail->args[0];
+  if (lhs.op != ExprOp::kField || lhs.field != Field::kDuration || reads_event(*tail->args[1])) return t;
+  t.fast = true;
+  t.strict = tail->op == ExprOp::kGt;
+  t.bound = tail->args[1].get();
+  return t;
+}
+
 PredicateResult judge(const Expr& pred, const std::string& label, const double* row) {
   PredicateResult r;
   r.label = label;
@@ -629,6 +658,30 @@ struct Shard::Impl {
   // Windows keyed by site: stack_id -> site index, remembered per shard (at most 65,536 entries,
   // then started over). Stacks not known yet are not remembered (index 0 this time).
   std::unordered_map<uint64_t, uint16_t> site_memo;
+  // Per pipe and stage: the join's tail cut (TailCut), and an id shared by the joins that compute
+  // the same outcome from the same window: same right stream, kind, key, reach, exemplars,
+  // retention and cut. Within one (window, key) close, a join whose id and threshold match an
+  // earlier one's reuses its outcome (the rule pack repeats some joins in several rules).
+  std::vector<std::vector<TailCut>> tail_cuts;
+  std::vector<std::vector<int>> join_ids;
+  struct CachedJoin {
+    int id;
+    double bound;
+    JoinOutcome outcome;
+  };
+  std::vector<CachedJoin> join_cache;  // cleared at every (window, key) close
+  // Per window group with tumbling or whole windows: a direct-mapped cache of the states events
+  // last went to, by key. Keys interleave in real traces (threads take turns), so WindowStore's
+  // one-entry cache misses and each event would pay two map lookups. An entry is used only for
+  // the same key and window index, and only while that window is open: the group's cache is
+  // emptied whenever the group closes a window (WinState pointers are stable until then).
+  struct WinCacheEntry {
+    Key key;
+    uint64_t k = 0;
+    WinState* state = nullptr;
+  };
+  static constexpr size_t kWinCache = 256;  // a power of two
+  std::vector<std::vector<WinCacheEntry>> win_cache;
   uint16_t site_key_of(uint64_t stack_id) {
     if (stack_id == 0) return 0;
     if (const auto it = site_memo.find(stack_id); it != site_memo.end()) return it->second;
@@ -660,10 +713,34 @@ struct Shard::Impl {
         if (st.kind == StageKind::kTrend) ps.trends[s] = std::make_unique<TrendOp>(*st.trend);
       }
     }
+    tail_cuts.resize(plan.pipes.size());
+    join_ids.resize(plan.pipes.size());
+    std::map<std::string, int> join_sig;
+    for (size_t i = 0; i < plan.pipes.size(); ++i) {
+      const auto& def = plan.pipes[i];
+      tail_cuts[i].resize(def.stages.size());
+      join_ids[i].assign(def.stages.size(), -1);
+      for (size_t s = 0; s < def.stages.size(); ++s) {
+        const auto& st = def.stages[s];
+        if (st.kind != StageKind::kJoin) continue;
+        const TailCut cut = tail_cut_of(st.tail.get());
+        tail_cuts[i][s] = cut;
+        if (!cut.fast) continue;
+        const std::string sig = std::to_string(st.right_stream) + "|" + std::to_string(static_cast<int>(st.join->kind)) +
+                                "|" + std::to_string(static_cast<int>(st.join->key)) + "|" +
+                                std::to_string(st.join->within_ns) + "|" + std::to_string(st.join->horizon_ns) + "|" +
+                                std::to_string(st.join->max_exemplars) + "|" + std::to_string(st.retain_ns) + "|" +
+                                (cut.strict ? ">" : ">=");
+        join_ids[i][s] = join_sig.try_emplace(sig, static_cast<int>(join_sig.size())).first->second;
+      }
+    }
     windows.resize(plan.groups.size());
     for (size_t g = 0; g < plan.groups.size(); ++g)
       if (plan.groups[g].global == global)
         windows[g] = std::make_unique<WindowStore<WinState>>(plan.groups[g].window, plan.groups[g].window.lateness_ns);
+    win_cache.resize(plan.groups.size());
+    for (size_t g = 0; g < plan.groups.size(); ++g)
+      if (windows[g] && plan.groups[g].window.kind != WindowKind::kSliding) win_cache[g].resize(kWinCache);
     if (compute_stats) stats = std::make_unique<OpStatsAccumulator>();
     outcomes = plan.rules;
     owned_out.resize(plan.streams.size());
@@ -770,21 +847,44 @@ struct Shard::Impl {
       const auto& group = plan.groups[g];
       const auto& first = plan.pipes[group.pipes.front()];
       compute(static_cast<size_t>(group.stream), in);
+      auto& cache = win_cache[g];
+      const WindowAssigner& assigner = windows[g]->assigner();
       for (const Event* ep : owned_out[static_cast<size_t>(group.stream)]) {
         const Event& e = *ep;
         Key key = first.keys.key_of(e);
         if (first.site_key) key.lo |= site_key_of(e.stack_id);
-        const bool ok = windows[g]->add(e.ts_ns, key, [&](uint64_t, WinState& w) {
+        auto feed = [&](WinState& w) {
           if (!w.ready) {
             w.agg = AggregateState(first.layout.get());
             w.ready = true;
           }
           w.agg.add(e);
           if (group.needs_calls) w.calls.add({e.ts_ns, e.dur_ns, e.id, e.pid, e.tid});
-        });
+        };
+        if (!cache.empty()) {
+          // Tumbling or whole: exactly one window, index ts / size (0 for whole).
+          const uint64_t k = assigner.whole() ? 0 : e.ts_ns / assigner.size();
+          auto& ce = cache[KeyHash{}(key) & (kWinCache - 1)];
+          if (ce.state && ce.k == k && ce.key == key) {
+            feed(*ce.state);
+            continue;
+          }
+          WinState* got = nullptr;
+          const bool ok = windows[g]->add(e.ts_ns, key, [&](uint64_t, WinState& w) {
+            feed(w);
+            got = &w;
+          });
+          if (!ok) ++counters.late_events;
+          if (got) ce = {key, k, got};
+          continue;
+        }
+        const bool ok = windows[g]->add(e.ts_ns, key, [&](uint64_t, WinState& w) { feed(w); });
         if (!ok) ++counters.late_events;
       }
+      const uint64_t closed_before = counters.windows_closed;
       close_group(g, wm, out);
+      if (counters.windows_closed != closed_before)
+        for (auto& ce : cache) ce.state = nullptr;
     }
     for (size_t p = 0; p < plan.pipes.size(); ++p) {
       const auto& def = plan.pipes[p];
@@ -826,6 +926,7 @@ struct Shard::Impl {
     };
     auto on_close = [&](uint64_t k, uint64_t start, uint64_t end, const Key& key, WinState& w) {
       ++counters.windows_closed;
+      join_cache.clear();
       for (size_t i = 0; i < group.pipes.size(); ++i) {
         const size_t p = group.pipes[i];
         const auto& def = plan.pipes[p];
@@ -862,6 +963,7 @@ struct Shard::Impl {
       windows[g]->close_all(on_close);
     else
       windows[g]->close(watermark, on_close);
+    join_cache.clear();
     for (size_t i = 0; i < group.pipes.size(); ++i) flush(i);
   }
 
@@ -890,7 +992,7 @@ struct Shard::Impl {
           break;
         }
         case StageKind::kJoin:
-          run_join(def, pipes[p], s, row, w);
+          run_join(p, s, row, w);
           break;
         case StageKind::kTrend: {
           const auto t = pipes[p].trends[s]->observe(row.key, row.window, v[st.trend_value]);
@@ -976,23 +1078,42 @@ struct Shard::Impl {
     }
   }
 
-  void run_join(const PipeDef& def, PipeState& ps, size_t s, Row& row, WinState* w) {
+  void run_join(size_t p, size_t s, Row& row, WinState* w) {
+    const PipeDef& def = plan.pipes[p];
+    PipeState& ps = pipes[p];
     const auto& st = def.stages[s];
     double* v = row.values.data();
+    const TailCut& cut = tail_cuts[p][s];
+    const double bound = cut.fast ? eval(*cut.bound, nullptr, v) : 0;
+    const int id = join_ids[p][s];
+    const CachedJoin* cached = nullptr;
+    if (w && id >= 0)
+      for (const auto& c : join_cache)
+        if (c.id == id && (c.bound == bound || (c.bound != c.bound && bound != bound))) cached = &c;
     JoinOutcome jo;
-    if (w) {
+    if (w && cached) {
+      if (w->calls.capped()) ++counters.tail_windows_capped;
+      jo = cached->outcome;
+    } else if (w) {
       Event probe{};
       if (w->calls.capped()) ++counters.tail_windows_capped;
       for (const auto& c : w->calls.calls()) {
-        probe.ts_ns = c.ts;
-        probe.dur_ns = c.dur;
-        probe.id = c.id;
-        probe.pid = c.pid;
-        probe.tid = c.tid;
-        if (!truthy(eval(*st.tail, &probe, v))) continue;
+        if (cut.fast) {
+          // The comparison eval() makes for `duration >= bound` (or `>`); NaN selects nothing.
+          const double d = static_cast<double>(c.dur);
+          if (!(cut.strict ? d > bound : d >= bound)) continue;
+        } else {
+          probe.ts_ns = c.ts;
+          probe.dur_ns = c.dur;
+          probe.id = c.id;
+          probe.pid = c.pid;
+          probe.tid = c.tid;
+          if (!truthy(eval(*st.tail, &probe, v))) continue;
+        }
         const auto r = ps.joins[s]->probe(join_key(st.join->key, c.pid, c.tid), c.ts, c.ts + c.dur);
         jo.add(c.id, c.dur, r, st.join->max_exemplars);
       }
+      if (id >= 0) join_cache.push_back({id, bound, jo});
     }
     v[st.js.overlap_ns] = static_cast<double>(jo.overlap_ns);
     v[st.js.tail_ns] = static_cast<double>(jo.tail_ns);
