@@ -1,8 +1,12 @@
 // The default rule pack (rules/*.rules compiled by dsl/) against the hand-built plans it
 // replaces (engine/default_plans.cpp), on the foundation's large synthetic trace, one thread.
 // Target: the pack within 20% of the hand-built plans (docs/performance.md, "Rule pack").
+// BM_RulePackThreads/N runs the pack with N engine threads (issue 12, "threads that scale":
+// 2 threads >= 1.8x one): wall time (real_time) and the whole process's CPU time per run, so
+// the speedup (wall 1 / wall N) and the added work (CPU N - CPU 1) read off the same table.
 //
 //   ./build/ingero-bench --benchmark_filter=RulePack --benchmark_min_time=1
+//   ./build/ingero-bench --benchmark_filter=RulePackThreads --benchmark_repetitions=3
 #include <benchmark/benchmark.h>
 
 #include "engine/default_plans.h"
@@ -20,10 +24,10 @@ const std::vector<Event>& pack_trace() {
   return events;
 }
 
-void run_pack(benchmark::State& state, const Plan& plan) {
+void run_pack(benchmark::State& state, const Plan& plan, unsigned threads = 1) {
   const auto& ev = pack_trace();
   EngineOptions opts;
-  opts.threads = 1;
+  opts.threads = threads;
   size_t chains = 0;
   for (auto _ : state) {
     BorrowedSource src(ev);
@@ -43,6 +47,10 @@ void BM_RulePackCompiled(benchmark::State& state) {
   static const Plan plan = rules::default_rule_pack_plan();
   run_pack(state, plan);
 }
+void BM_RulePackThreads(benchmark::State& state) {
+  static const Plan plan = rules::default_rule_pack_plan();
+  run_pack(state, plan, static_cast<unsigned>(state.range(0)));
+}
 // Compiling the embedded pack from text (parse + checks + lowering), for the record.
 void BM_RulePackCompile(benchmark::State& state) {
   const auto sources = rules::default_rule_sources();
@@ -55,5 +63,6 @@ void BM_RulePackCompile(benchmark::State& state) {
 BENCHMARK(BM_RulePackHandBuilt)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_RulePackCompiled)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_RulePackCompile)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_RulePackThreads)->Arg(1)->Arg(2)->Arg(4)->UseRealTime()->MeasureProcessCPUTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace ingero
