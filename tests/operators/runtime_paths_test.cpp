@@ -73,7 +73,9 @@ TEST(RuntimePaths, FastJoinTailsEqualGeneralOnScenarios) {
           const auto t = synth::make_scenario(info.id, fault, seed);
           const auto a = run(plan, t.events, t.meta), b = run(slow, t.events, t.meta);
           ASSERT_EQ(dump(a), dump(b)) << info.name << " fault=" << fault << " seed=" << seed;
-          if (fault && seed == 1) EXPECT_FALSE(a.chains.empty()) << info.name;
+          if (fault && seed == 1) {
+            EXPECT_FALSE(a.chains.empty()) << info.name;
+          }
         }
   }
 }
