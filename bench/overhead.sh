@@ -12,6 +12,11 @@
 #       cost of a captured slow-call stack: the same loop under `trace --stack-min 0` (a stack on
 #       every call, rate limit lifted) next to `trace --no-stacks --no-samples`, and bpftrace's
 #       `ustack` on the same uretprobe next to the bpftrace floor; prints ns added per stack.
+#   bench/overhead.sh bpfstats [BUILD_DIR] [CALLS]
+#       in-kernel time per BPF program (kernel.bpf_stats_enabled, `bpftool prog show -j`) around
+#       the same loop under `trace` defaults and under `trace --no-stacks --no-samples`: runs per
+#       call and ns per run of every program that ran. Counts only the programs' own time, so it
+#       is robust to machine load (absolute ns are still inflated on a loaded machine).
 #   bench/overhead.sh sustain [BUILD_DIR] [SECONDS] [RATE]
 #       the workload paced at RATE calls/s for SECONDS under `trace --db`; prints drops, late
 #       events and the tracer's peak resident memory (VmHWM).
@@ -59,6 +64,7 @@ uprobe:$cudart:cudaLaunchKernel { @start[tid] = nsecs; }
 uretprobe:$cudart:cudaLaunchKernel /@start[tid]/ { @ns = stats(nsecs - @start[tid]); delete(@start[tid]); }
 BT
   : >"$tmp/untraced"; : >"$tmp/ingero"; : >"$tmp/bpftrace"; : >"$tmp/nostk"
+  load_start=$(cut -d' ' -f1-3 /proc/loadavg)
   for r in $(seq 1 "$rounds"); do
     "$work" loop --calls "$calls" | awk '{print $2}' >>"$tmp/untraced"
 
@@ -90,6 +96,10 @@ BT
     printf "ratio ingero/bpftrace:    %.3f (target <= 1.0)\n", i / b
     printf "ratio ingero --no-stacks --no-samples/bpftrace: %.3f\n", n / b
     printf "added per call: ingero %.0f ns, bpftrace %.0f ns\n", i - u, b - u }'
+  # One line to quote: both ratios against the floor of the same run, and how loaded the machine was.
+  awk -v i="$i" -v b="$b" -v n="$n" -v ls="$load_start" -v le="$(cut -d' ' -f1-3 /proc/loadavg)" \
+      -v r="$rounds" -v c="$calls" 'BEGIN {
+    printf "SUMMARY overhead: with stacks (trace defaults) %.3fx, without (--no-stacks --no-samples) %.3fx the bpftrace uprobe+uretprobe floor (%.1f ns/call); %d rounds x %d calls, medians; load average %s at start, %s at end\n", i / b, n / b, b, r, c, ls, le }'
 elif [[ $mode = stacks ]]; then
   rounds=${3:-3}
   calls=${4:-200000}
@@ -131,6 +141,35 @@ BT
   echo "bpftrace + ustack:                 $u"
   awk -v n="$n" -v s="$s" -v f="$f" -v u="$u" 'BEGIN {
     printf "per captured stack: ingero %.0f ns (16 KiB window + FP stack + Python walk), bpftrace ustack %.0f ns (FP only)\n", s - n, u - f }'
+elif [[ $mode = bpfstats ]]; then
+  calls=${3:-1000000}
+  command -v bpftool >/dev/null || { echo "bpftool not installed" >&2; exit 2; }
+  was=$(sysctl -n kernel.bpf_stats_enabled)
+  sysctl -qw kernel.bpf_stats_enabled=1
+  for args in "" "--no-stacks --no-samples"; do
+    # shellcheck disable=SC2086
+    start_tracer $args
+    bpftool prog show -j >"$tmp/before.json"
+    ns=$("$work" loop --calls "$calls" | awk '{print $2}')
+    bpftool prog show -j >"$tmp/after.json"
+    stop_tracer
+    echo "trace ${args:-(defaults)}: $ns ns per call, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+    python3 - "$tmp/before.json" "$tmp/after.json" "$calls" <<'PY'
+import json, sys
+before = {p["id"]: p for p in json.load(open(sys.argv[1]))}
+calls = int(sys.argv[3])
+for p in json.load(open(sys.argv[2])):
+    q = before.get(p["id"])
+    if q is None:
+        continue
+    n = p.get("run_cnt", 0) - q.get("run_cnt", 0)
+    t = p.get("run_time_ns", 0) - q.get("run_time_ns", 0)
+    if n:
+        print(f"  {p.get('name', '?'):24s} {n / calls:7.3f} runs/call {t / n:8.1f} ns/run "
+              f"{t / calls:8.1f} ns/call")
+PY
+  done
+  sysctl -qw kernel.bpf_stats_enabled="$was"
 elif [[ $mode = sustain ]]; then
   seconds=${3:-60}
   rate=${4:-200000}
@@ -162,6 +201,6 @@ elif [[ $mode = sustain ]]; then
   echo "chains: $(sqlite3 "$tmp/sustain.db" "select count(*) from causal_chains")"
   sqlite3 "$tmp/sustain.db" "select '  [' || severity || '] ' || summary from causal_chains"
 else
-  echo "usage: $0 overhead|stacks|sustain [BUILD_DIR] ..." >&2
+  echo "usage: $0 overhead|stacks|bpfstats|sustain [BUILD_DIR] ..." >&2
   exit 2
 fi
