@@ -48,10 +48,15 @@ logs="$build/tidy"
 rm -rf "$logs"; mkdir -p "$logs"
 export tidy build logs checks
 start=$(date +%s)
-# One log per translation unit, so parallel runs never interleave.
-printf '%s\n' "${files[@]}" | xargs -P "$jobs" -I{} sh -c '
+# One log per translation unit, so parallel runs never interleave; the product's sources first,
+# tests and benchmarks last. CPU seconds per unit go to <log>.time when /usr/bin/time exists.
+timer=""; [[ -x /usr/bin/time ]] && timer=/usr/bin/time
+export timer
+{ printf '%s\n' "${files[@]}" | grep -vE "^$src/(tests|bench)/"
+  printf '%s\n' "${files[@]}" | grep -E "^$src/(tests|bench)/"; } | xargs -P "$jobs" -I{} sh -c '
   log="$logs/$(printf %s "$1" | tr / _).log"
-  "$tidy" -p "$build" --quiet --extra-arg=-Wno-unknown-warning-option ${checks:+--checks="$checks"} "$1" > "$log" 2>&1
+  ${timer:+$timer -f "%U %S" -o "$log.time"} "$tidy" -p "$build" --quiet --extra-arg=-Wno-unknown-warning-option \
+    ${checks:+--checks="$checks"} "$1" > "$log" 2>&1
   echo $? >> "$log.rc"' _ {}
 elapsed=$(( $(date +%s) - start ))
 
@@ -66,7 +71,8 @@ echo "== findings by check"
 sed -E 's/.*\[([^]]+)\]$/\1/' "$findings" | sort | uniq -c | sort -rn
 echo "== findings by file"
 cut -d: -f1 "$findings" | sort | uniq -c | sort -rn
-echo "run_tidy: ${#files[@]} translation units, $n finding(s), ${elapsed}s with -j$jobs"
+cpu="$(cat "$logs"/*.time 2>/dev/null | awk '{s += $1 + $2} END {printf "%.0f", s}')"
+echo "run_tidy: ${#files[@]} translation units, $n finding(s), ${elapsed}s wall with -j$jobs, ${cpu:-?} CPU s"
 if [[ -n "$errors" ]]; then
   printf '%s\n' "$errors" | head -50
   echo "run_tidy: clang-tidy could not compile some files (generated headers missing? see $logs)" >&2
