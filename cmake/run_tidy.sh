@@ -40,7 +40,7 @@ mapfile -t files < <(sed -n 's/^ *"file": "\(.*\)",\{0,1\}$/\1/p' "$db" | sort -
   grep "^$src/" | grep -v "^$src/build[^/]*/" | grep -E -- "$regex")
 if [[ -n "$changed" ]]; then
   mapfile -t diff < <(cd "$src" && git diff --name-only "$changed" -- '*.cpp' '*.c' | sed "s#^#$src/#")
-  mapfile -t files < <(comm -12 <(printf '%s\n' "${files[@]}" | sort) <(printf '%s\n' "${diff[@]}" | sort))
+  mapfile -t files < <(comm -12 <(printf '%s\n' "${files[@]}" | sort) <(printf '%s\n' "${diff[@]}" | sort) | grep -v '^$')
 fi
 if (( ${#files[@]} == 0 )); then echo "run_tidy: no translation unit to check"; exit 0; fi
 
