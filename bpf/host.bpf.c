@@ -11,9 +11,12 @@
  * stacks taken at switch-out (ids into stack_ids, in arg2); ~0 = no off-CPU stacks (nothing
  * captured at all). */
 const volatile __u64 offcpu_stack_min_ns = ~0ULL;
-/* Set by the loader when btf_sys_exit is loaded: a long blocked span of a thread that slept in a
- * syscall is held (offcpu_done) until that syscall returns, and sent from there with the thread's
- * full user stacks (window + Python frames), which are still those of the blocking call. */
+/* Set by the loader when offcpu_sys_exit (or its fallback btf_sys_exit) is loaded: a long blocked
+ * span of a thread that slept in a syscall is held (offcpu_done) until that syscall returns, and
+ * sent from there with the thread's full user stacks (window + Python frames), which are still
+ * those of the blocking call. A span whose syscall has no exit program (not on the loader's list)
+ * or that blocked outside a syscall (a page fault) is flushed with its switch-out stacks at the
+ * thread's next switch-out or exit. */
 const volatile bool offcpu_user_at_exit = false;
 
 /* Which families emit records (the programs of a disabled family are not even loaded; process
@@ -46,7 +49,7 @@ struct {
 
 /* tid -> a long blocked off-CPU span that ended, waiting for its thread's syscall return to be
  * sent with the user stacks (offcpu_user_at_exit). Starts with ts like the maps below. Every
- * insert adds one to held_spans, every successful delete takes one off (see btf_sys_exit). */
+ * insert adds one to held_spans, every successful delete takes one off (see offcpu_sys_exit). */
 struct {
   __uint(type, BPF_MAP_TYPE_LRU_HASH);
   __uint(max_entries, IP_MAX_THREADS);
@@ -55,7 +58,7 @@ struct {
 } offcpu_done SEC(".maps");
 
 /* An upper bound of the entries in offcpu_done (more only after an LRU eviction, which no
- * delete reports): 0 lets btf_sys_exit return after one load, without a map lookup. */
+ * delete reports): 0 lets the sys_exit programs return after one load, without a map lookup. */
 __u64 held_spans = 0;
 
 /* Every open-interval value starts with its entry timestamp: user space scans them all the same
@@ -181,7 +184,7 @@ static __always_inline void switch_in(__u32 tid, __u64 now, __u8 flags) {
     rec.flags |= IP_REC_STACKIDS;
     hold = offcpu_user_at_exit;
   }
-  /* Counted before the insert, so btf_sys_exit cannot see the entry with the count still 0.
+  /* Counted before the insert, so a sys_exit program cannot see the entry with the count still 0.
    * NOEXIST: a span already held for this thread (none should be: switch_out flushes it) is
    * never overwritten uncounted; this one then goes out without user stacks. */
   if (hold) {
@@ -201,16 +204,8 @@ static __always_inline void switch_in(__u32 tid, __u64 now, __u8 flags) {
 }
 
 /* The thread is back from the syscall it blocked in: its user registers and stack are still
- * those of the blocking call. Send the held span with them.
- *
- * Cost: attaching any sys_exit program puts every syscall of every thread on the traced slow
- * path, and since Linux 6.11 the uretprobe return trampoline is a syscall (sys_uretprobe): this
- * program runs once per probed CUDA call. Spans are held only between a long block's switch-in
- * and its syscall return (microseconds), so nearly every run finds held_spans == 0 and returns
- * after one load, before the per-thread map lookup (which cost ~60 ns per probed call). */
-SEC("tp_btf/sys_exit")
-int BPF_PROG(btf_sys_exit, struct pt_regs* regs, long ret) {
-  if (!*(volatile __u64*)&held_spans) return 0;
+ * those of the blocking call. Send the held span with them (ip/sp/bp: the user registers). */
+static __always_inline int send_held(void* ctx, __u64 ip, __u64 sp, __u64 bp) {
   __u64 id = bpf_get_current_pid_tgid();
   __u32 tid = (__u32)id;
   struct ip_record* d = bpf_map_lookup_elem(&offcpu_done, &tid);
@@ -219,8 +214,7 @@ int BPF_PROG(btf_sys_exit, struct pt_regs* regs, long ret) {
   if (s) {
     stack_record_init(s, IP_STK_OFFCPU);
     __builtin_memcpy(&s->rec, d, sizeof(s->rec));
-    capture_user(ctx, s, BPF_CORE_READ(regs, ip), BPF_CORE_READ(regs, sp),
-                 BPF_CORE_READ(regs, bp), id >> 32);
+    capture_user(ctx, s, ip, sp, bp, id >> 32);
     if (stack_submit(s) == 0) {
       release_done(tid);
       return 0;
@@ -228,6 +222,36 @@ int BPF_PROG(btf_sys_exit, struct pt_regs* regs, long ret) {
   }
   flush_done(tid); /* stack ring full: the span without its user stacks */
   return 0;
+}
+
+/* The return of the syscalls a thread blocks in (the loader attaches this one program to
+ * tracepoint/syscalls/sys_exit_<name> for each name of its list that tracefs has).
+ *
+ * Cost: why not one machine-wide sys_exit. Since Linux 6.11 the uretprobe return trampoline is a
+ * syscall (sys_uretprobe), so a program on raw sys_exit (tp_btf) runs once per probed CUDA call
+ * (measured 60-80 ns per call even when it returns at once). The classic per-syscall tracepoints
+ * are dispatched by the ftrace syscall layer, which tests a per-syscall bitmap first: a syscall
+ * not on the list, sys_uretprobe included, runs no program at all.
+ *
+ * held_spans first: spans are held only between a long block's switch-in and its syscall return
+ * (microseconds), so nearly every run (a read or write that did not block) returns after one
+ * load, before the per-thread map lookup. The user registers come from the current task (the
+ * tracepoint's context is the trace entry, not pt_regs). */
+SEC("tracepoint/syscalls/sys_exit_futex")
+int offcpu_sys_exit(struct trace_event_raw_sys_exit* ctx) {
+  if (!*(volatile __u64*)&held_spans) return 0;
+  struct pt_regs* regs = (struct pt_regs*)bpf_task_pt_regs(bpf_get_current_task_btf());
+  return send_held(ctx, BPF_CORE_READ(regs, ip), BPF_CORE_READ(regs, sp),
+                   BPF_CORE_READ(regs, bp));
+}
+
+/* Fallback for kernels whose tracefs has none of the per-syscall exit tracepoints: every
+ * syscall's return, sys_uretprobe's included (the per-call cost above). */
+SEC("tp_btf/sys_exit")
+int BPF_PROG(btf_sys_exit, struct pt_regs* regs, long ret) {
+  if (!*(volatile __u64*)&held_spans) return 0;
+  return send_held(ctx, BPF_CORE_READ(regs, ip), BPF_CORE_READ(regs, sp),
+                   BPF_CORE_READ(regs, bp));
 }
 
 /* TASK_RUNNING at switch-out (or an explicit preemption) means the thread wanted the CPU. */

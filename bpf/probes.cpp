@@ -76,6 +76,19 @@ const ClassicField kClassicFields[] = {
     {"tcp/tcp_retransmit_skb", "daddr_v6", IP_OFF_TCP_DADDR6},
 };
 
+// Syscalls a thread blocks in: a long blocked span that slept in one of them is sent from its
+// exit tracepoint with the thread's full user stacks (host.bpf.c offcpu_sys_exit). Spans in any
+// other syscall keep the frame-pointer user and kernel stacks taken at switch-out. Names missing
+// from this kernel's tracefs (e.g. no futex_waitv before 5.16) are skipped and counted.
+const char* const kBlockingSyscalls[] = {
+    "futex", "futex_waitv",                                                  // locks, cond vars
+    "epoll_wait", "epoll_pwait", "epoll_pwait2", "poll", "ppoll", "select", "pselect6",
+    "nanosleep", "clock_nanosleep", "pause", "rt_sigtimedwait",              // sleeps, signals
+    "read", "readv", "pread64", "write", "writev", "pwrite64", "fsync", "fdatasync", "flock",
+    "recvfrom", "recvmsg", "sendto", "sendmsg", "accept", "accept4", "connect",  // sockets
+    "wait4", "waitid", "ioctl", "io_getevents", "io_uring_enter", "msgrcv", "semop", "semtimedop",
+};
+
 // "\tfield:unsigned int nr_sector;\toffset:24;\tsize:4;\tsigned:0;" -> ("nr_sector", 24)
 std::map<std::string, uint32_t> read_format(const std::string& path) {
   std::map<std::string, uint32_t> out;
@@ -268,16 +281,33 @@ bool BpfProbes::load(const ProbeOptions& opts, std::string& error) {
     if (on) to_attach.emplace_back(prog, name + "=classic");
   }
 
-  // Blocked spans sent from the syscall return with full user stacks (host.bpf.c btf_sys_exit).
+  // Blocked spans sent from the syscall return with full user stacks (host.bpf.c
+  // offcpu_sys_exit): one program on the classic exit tracepoint of each syscall a thread blocks
+  // in, not on raw sys_exit, which would also run on every uretprobe return (sys_uretprobe).
+  // Needs vmlinux BTF (the program reads the user registers through the current task); raw
+  // tp_btf sys_exit is the fallback only where tracefs has none of these tracepoints.
+  std::vector<std::string> exit_syscalls;
+  bool exit_fallback = false;
   {
     btf* vb = btf__load_vmlinux_btf();
-    const bool has = vb && btf__find_by_name_kind(vb, "btf_trace_sys_exit", BTF_KIND_TYPEDEF) >= 0;
+    const bool has_btf = vb != nullptr;
+    const bool has_raw =
+        vb && btf__find_by_name_kind(vb, "btf_trace_sys_exit", BTF_KIND_TYPEDEF) >= 0;
     if (vb) btf__free(vb);
-    const bool on = has && !opts.force_classic && opts.families.sched &&
-                    opts.stacks.offcpu_min_ns != UINT64_MAX;
-    bpf_program__set_autoload(host_->progs.btf_sys_exit, on);
-    host_->rodata->offcpu_user_at_exit = on;
-    if (on) to_attach.emplace_back(host_->progs.btf_sys_exit, "sys_exit=tp_btf");
+    const bool want = has_btf && opts.families.sched && opts.stacks.offcpu_min_ns != UINT64_MAX;
+    if (want && !tracefs.empty()) {
+      for (const char* name : kBlockingSyscalls) {
+        if (::access((tracefs + "/events/syscalls/sys_exit_" + name).c_str(), R_OK) == 0)
+          exit_syscalls.emplace_back(name);
+        else
+          ++exit_syscalls_missing_;
+      }
+    }
+    exit_fallback = want && exit_syscalls.empty() && has_raw && !opts.force_classic;
+    bpf_program__set_autoload(host_->progs.offcpu_sys_exit, !exit_syscalls.empty());
+    bpf_program__set_autoload(host_->progs.btf_sys_exit, exit_fallback);
+    host_->rodata->offcpu_user_at_exit = !exit_syscalls.empty() || exit_fallback;
+    if (exit_fallback) to_attach.emplace_back(host_->progs.btf_sys_exit, "sys_exit=tp_btf");
   }
   bpf_map__set_max_entries(host_->maps.host_events, opts.ring_bytes);
   bpf_map__set_max_entries(host_->maps.stack_events, opts.stacks.ring_bytes);
@@ -295,6 +325,23 @@ bool BpfProbes::load(const ProbeOptions& opts, std::string& error) {
     }
     links_.push_back(l);
     tps_.emplace_back(label.substr(0, label.find('=')), label.substr(label.find('=') + 1));
+  }
+  for (const std::string& name : exit_syscalls) {
+    bpf_link* l = bpf_program__attach_tracepoint(host_->progs.offcpu_sys_exit, "syscalls",
+                                                 ("sys_exit_" + name).c_str());
+    if (!l) {
+      ++exit_syscalls_missing_;
+      continue;
+    }
+    links_.push_back(l);
+    ++exit_syscalls_attached_;
+  }
+  if (!exit_syscalls.empty()) {
+    if (exit_syscalls_attached_ > 0)
+      tps_.emplace_back("sys_exit", "classic");
+    else
+      warnings_.push_back("off-CPU stacks: no syscall exit tracepoint attached; long blocked "
+                          "spans keep their switch-out stacks (no Python frames)");
   }
 
   const bool any_gpu = opts.families.cuda || opts.families.driver || opts.families.graph ||

@@ -141,6 +141,11 @@ class BpfProbes {
   // host.bpf.c held_spans: an upper bound of the long off-CPU spans waiting for their thread's
   // syscall return (0 once every traced thread is gone; tests check the accounting).
   uint64_t held_offcpu_spans() const;
+  // Syscall exit tracepoints carrying held off-CPU spans (probes.cpp kBlockingSyscalls):
+  // attached, and skipped (not in this kernel's tracefs, or the attach failed). Both 0 when off-CPU
+  // stacks are off or the raw tp_btf sys_exit fallback is used.
+  size_t offcpu_exit_syscalls() const { return exit_syscalls_attached_; }
+  size_t offcpu_exit_syscalls_missing() const { return exit_syscalls_missing_; }
   uint64_t target_cgroup() const { return cgroup_id_; }
 
  private:
@@ -158,6 +163,8 @@ class BpfProbes {
   StackFn on_stack_;
   std::vector<bpf_link*> links_;
   size_t links_uprobe_ = 0;
+  size_t exit_syscalls_attached_ = 0;
+  size_t exit_syscalls_missing_ = 0;
   std::set<std::pair<uint64_t, uint64_t>> attached_;  // (dev, ino)
   std::vector<std::string> warnings_;
   std::vector<std::pair<std::string, std::string>> tps_;

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -128,6 +129,8 @@ struct ScriptRun {
   std::vector<std::string> warnings;
   std::string output;
   uint64_t held_after = 0;  // BpfProbes::held_offcpu_spans() once the script's threads are gone
+  std::string sys_exit_kind;  // how held off-CPU spans are sent: "classic", "tp_btf" or ""
+  size_t exit_syscalls = 0;   // classic syscall exit tracepoints attached for them
   uint32_t pid = 0;
 };
 
@@ -148,8 +151,10 @@ LiveOptions options(uint32_t pid, uint64_t stack_min_ns, bool sched, uint32_t sa
 }
 
 // Runs the script under `python` in `mode` with the live source attached; false + why to skip.
+// `script`: another script with the same protocol (empty: cuda_stacks.py).
 bool run_script(const std::string& python, const std::string& mode, uint64_t stack_min_ns,
-                bool sched, ScriptRun& r, std::string& why, uint32_t sample_hz = 0) {
+                bool sched, ScriptRun& r, std::string& why, uint32_t sample_hz = 0,
+                const std::string& script = "") {
   if (::geteuid() != 0) {
     why = "needs root (BPF uprobes)";
     return false;
@@ -159,7 +164,7 @@ bool run_script(const std::string& python, const std::string& mode, uint64_t sta
     return false;
   }
   Child child;
-  if (!child.spawn({python, script_path(), kCudart, mode})) {
+  if (!child.spawn({python, script.empty() ? script_path() : script, kCudart, mode})) {
     why = "cannot start " + python;
     return false;
   }
@@ -191,6 +196,9 @@ bool run_script(const std::string& python, const std::string& mode, uint64_t sta
   r.stats = src->stats();
   r.warnings = src->take_warnings();
   r.held_after = src->probes().held_offcpu_spans();
+  for (const auto& [name, kind] : src->probes().tracepoints())
+    if (name == "sys_exit") r.sys_exit_kind = kind;
+  r.exit_syscalls = src->probes().offcpu_exit_syscalls();
   return true;
 }
 
@@ -375,11 +383,64 @@ TEST(LiveStacks, OffCpuSpanInFutexHasKernelStack) {
   // Every held span was released (sent or flushed when its thread exited): the counter that lets
   // the sys_exit program skip its map lookup is back to 0, neither leaked nor wrapped below it.
   EXPECT_EQ(r.held_after, 0u);
-  // Sent from the futex's return (tp_btf sys_exit): the user side is the full unwind with the
-  // Python frames of the waiting line.
+  // Sent from the futex's return: by the classic sys_exit_futex tracepoint where tracefs has it
+  // (not the raw sys_exit, which would run on every uretprobe return too). The user side is the
+  // full unwind with the Python frames of the waiting line.
+  if (::access("/sys/kernel/tracing/events/syscalls/sys_exit_futex", R_OK) == 0) {
+    EXPECT_EQ(r.sys_exit_kind, "classic");
+    EXPECT_GT(r.exit_syscalls, 10u);
+  }
   EXPECT_NE(seen.find("threading.py:"), std::string::npos) << seen;
   EXPECT_NE(seen.find("cuda_stacks.py:" + std::to_string(sites().at("wait"))), std::string::npos)
       << seen;
+}
+
+// A long block in a syscall with no exit program (openat of a FIFO, not on the loader's list):
+// the span is held like any other, then flushed at the thread's next switch-out or exit with the
+// stacks taken at switch-out, never leaked (the held counter is back to 0).
+TEST(LiveStacks, OffCpuSpanInUnlistedSyscallIsFlushed) {
+  char dir[] = "/tmp/ip_fifo_XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string script = std::string(dir) + "/fifo_block.py";
+  {
+    std::ofstream out(script);
+    out << "import os, sys, threading, time\n"
+           "fifo = os.path.join(os.path.dirname(sys.argv[0]), 'fifo')\n"
+           "os.mkfifo(fifo)\n"
+           "def writer():\n"
+           "    time.sleep(0.3)\n"
+           "    os.close(os.open(fifo, os.O_WRONLY))\n"
+           "print('ready', flush=True)\n"
+           "sys.stdin.readline()\n"
+           "t = threading.Thread(target=writer)\n"
+           "t.start()\n"
+           "os.close(os.open(fifo, os.O_RDONLY))  # blocks in openat until the writer opens\n"
+           "t.join()\n"
+           "print('tid %d 0' % threading.get_native_id(), flush=True)\n";
+  }
+  ScriptRun r;
+  std::string why;
+  const bool ran = run_script("/usr/bin/python3", "fifo", UINT64_MAX, true, r, why, 0, script);
+  std::filesystem::remove_all(dir);
+  if (!ran) GTEST_SKIP() << why;
+  bool in_fifo_open = false;
+  std::string seen;
+  for (const Event& e : r.events) {
+    if (e.source != Source::kHost || e.op != op::kSchedSwitch || e.pid != r.pid) continue;
+    if (e.dur_ns < 250'000'000) continue;
+    ASSERT_NE(e.stack_id, 0u) << "a long off-CPU span without its stack";
+    const ParsedStack st = stack_of(r, e);
+    seen += describe(st) + "--\n";
+    bool fifo = false, open = false;
+    for (const auto& f : st.frames) {
+      if (f.kind != FrameKind::kKernel) continue;
+      fifo |= f.function.find("fifo") != std::string::npos;
+      open |= f.function.find("openat") != std::string::npos;
+    }
+    in_fifo_open |= fifo && open;
+  }
+  EXPECT_TRUE(in_fifo_open) << "no long span blocked in openat of the FIFO\n" << seen;
+  EXPECT_EQ(r.held_after, 0u);
 }
 
 // The CPU-clock sampler: a thread busy in pure Python (spin()) is sampled with its Python frames,
