@@ -153,21 +153,23 @@ TEST(StackRules, ReplayMatchesOnlyTheSitesOfThePattern) {
   }
 }
 
-// A source whose stacks appear part-way through, as a live capture's do: the first 40 events
-// reference a stack not yet known (they must not match), the last 20 come after it. The engine
-// runs at most 8 batches ahead of the shards, so the 8 batches of 5 before the stack appears are
-// all filtered before it is known (an event filtered after its stack arrived matches, whichever
-// batch it came in).
+// A source whose stacks appear part-way through, as a live capture's do: events reference a stack
+// the source only knows from event `known_from` on. An event filtered before its stack is known
+// does not match; one filtered after it does. The engine reads at most kMaxBatchesInFlight (32,
+// engine/engine.cpp) batches ahead of the slowest shard, so with one event per batch every event
+// more than 32 batches before `known_from` was filtered without the stack, every event from
+// `known_from` on with it, and the ones in between depend on thread timing.
 class LateStacksSource final : public EventSource {
  public:
-  LateStacksSource(std::vector<Event> ev, uint64_t id, StackTrace st) : ev_(std::move(ev)), id_(id), st_(std::move(st)) {}
+  LateStacksSource(std::vector<Event> ev, uint64_t id, StackTrace st, size_t known_from)
+      : ev_(std::move(ev)), id_(id), st_(std::move(st)), known_from_(known_from) {}
   bool next(Batch& out) override {
     if (pos_ >= ev_.size()) return false;
     out = Batch{};
-    const size_t n = std::min<size_t>(5, ev_.size() - pos_);
+    const size_t n = 1;
     out.events.assign(ev_.begin() + static_cast<long>(pos_), ev_.begin() + static_cast<long>(pos_ + n));
     pos_ += n;
-    if (pos_ > 40) meta_.stacks[id_] = st_;  // known from the ninth batch on
+    if (pos_ > known_from_) meta_.stacks[id_] = st_;
     out.seq = ++seq_;
     out.final = pos_ >= ev_.size();
     out.watermark = out.final ? UINT64_MAX : out.events.back().ts_ns;
@@ -179,6 +181,7 @@ class LateStacksSource final : public EventSource {
   std::vector<Event> ev_;
   uint64_t id_;
   StackTrace st_;
+  size_t known_from_;
   size_t pos_ = 0;
   uint64_t seq_ = 0;
   TraceMeta meta_;
@@ -188,12 +191,25 @@ TEST(StackRules, LiveStacksArrivingDuringTheRunAreUsed) {
   const ParsedStack a = py_stack({{"model.py", 3, "Net.forward"}});
   const uint64_t ida = stack_content_hash(a);
   const Plan plan = compile(kRule);
-  LateStacksSource src(syncs(ida, ida, 100, 60), ida, encode_stack(a));
-  EngineOptions eo;
-  eo.threads = 2;
-  const auto res = run_plan(plan, src, eo);
-  ASSERT_EQ(res.chains.size(), 1u);
-  EXPECT_NE(res.chains[0].summary.find("20 syncs"), std::string::npos) << res.chains[0].summary;
+  // 200 syncs 10 ms apart (one 10 s window), the stack known from the 181st on.
+  auto ev = syncs(ida, ida, 100, 200);
+  for (size_t i = 0; i < ev.size(); ++i) ev[i].ts_ns = ev[0].ts_ns + i * 10'000'000;
+  constexpr size_t kKnownFrom = 180, kAhead = 32;
+  for (unsigned threads : {1u, 2u}) {
+    LateStacksSource src(ev, ida, encode_stack(a), kKnownFrom);
+    EngineOptions eo;
+    eo.threads = threads;
+    const auto res = run_plan(plan, src, eo);
+    ASSERT_EQ(res.chains.size(), 1u) << threads << " threads";
+    const std::string& sum = res.chains[0].summary;
+    const size_t matched = std::stoul(sum.substr(0, sum.find(' ')));
+    // The 20 events after the stack arrived always match; none more than kAhead batches before.
+    EXPECT_GE(matched, ev.size() - kKnownFrom) << threads << " threads: " << sum;
+    EXPECT_LE(matched, ev.size() - kKnownFrom + kAhead + 1) << threads << " threads: " << sum;
+    if (threads == 1) {
+      EXPECT_EQ(matched, ev.size() - kKnownFrom) << sum;  // no read-ahead
+    }
+  }
 }
 
 // `window ... by site`: one row per call site; `{site}` prints it; the chains (ids, values, order)
