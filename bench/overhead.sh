@@ -17,6 +17,12 @@
 #       the same loop under `trace` defaults and under `trace --no-stacks --no-samples`: runs per
 #       call and ns per run of every program that ran. Counts only the programs' own time, so it
 #       is robust to machine load (absolute ns are still inflated on a loaded machine).
+#   bench/overhead.sh cputime [BUILD_DIR] [ROUNDS] [CALLS]
+#       the workload's own CPU time (user + sys from /usr/bin/time, which includes the uprobe and
+#       BPF work done in its context but not the tracer's consumer threads) per call, under `trace`
+#       defaults, `--no-stacks --no-samples`, `--disable sched` and the bpftrace floor, interleaved
+#       ROUNDS times; less sensitive to machine load than wall time (10 ms resolution: 10 ns per
+#       call at 1M calls).
 #   bench/overhead.sh sustain [BUILD_DIR] [SECONDS] [RATE]
 #       the workload paced at RATE calls/s for SECONDS under `trace --db`; prints drops, late
 #       events and the tracer's peak resident memory (VmHWM).
@@ -100,6 +106,39 @@ BT
   awk -v i="$i" -v b="$b" -v n="$n" -v ls="$load_start" -v le="$(cut -d' ' -f1-3 /proc/loadavg)" \
       -v r="$rounds" -v c="$calls" 'BEGIN {
     printf "SUMMARY overhead: with stacks (trace defaults) %.3fx, without (--no-stacks --no-samples) %.3fx the bpftrace uprobe+uretprobe floor (%.1f ns/call); %d rounds x %d calls, medians; load average %s at start, %s at end\n", i / b, n / b, b, r, c, ls, le }'
+elif [[ $mode = cputime ]]; then
+  rounds=${3:-3}
+  calls=${4:-1000000}
+  command -v bpftrace >/dev/null || { echo "bpftrace not installed (apt-get install bpftrace)" >&2; exit 2; }
+  cat >"$tmp/floor.bt" <<BT
+uprobe:$cudart:cudaLaunchKernel { @start[tid] = nsecs; }
+uretprobe:$cudart:cudaLaunchKernel /@start[tid]/ { @ns = stats(nsecs - @start[tid]); delete(@start[tid]); }
+BT
+  # ns of the workload's user + sys CPU time per call, appended to $1.
+  cpu_run() {
+    /usr/bin/time -f "%U %S" -o "$tmp/time" "$work" loop --calls "$calls" >/dev/null
+    awk -v c="$calls" '{printf "%.0f\n", ($1 + $2) * 1e9 / c}' "$tmp/time" >>"$1"
+  }
+  names=(defaults nostk nosched bpftrace)
+  for n in "${names[@]}"; do : >"$tmp/$n"; done
+  load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+  for r in $(seq 1 "$rounds"); do
+    start_tracer; cpu_run "$tmp/defaults"; stop_tracer
+    start_tracer --no-stacks --no-samples; cpu_run "$tmp/nostk"; stop_tracer
+    start_tracer --disable sched; cpu_run "$tmp/nosched"; stop_tracer
+    bpftrace "$tmp/floor.bt" >"$tmp/bt.out" 2>&1 &
+    bt=$!
+    for _ in $(seq 1 300); do grep -q "Attaching" "$tmp/bt.out" && break; sleep 0.1; done
+    sleep 0.5
+    cpu_run "$tmp/bpftrace"
+    kill -INT "$bt"; wait "$bt" || true
+    echo "round $r (workload CPU ns/call): defaults $(tail -1 "$tmp/defaults"), --no-stacks --no-samples $(tail -1 "$tmp/nostk"), --disable sched $(tail -1 "$tmp/nosched"), bpftrace $(tail -1 "$tmp/bpftrace")" >&2
+  done
+  d=$(median <"$tmp/defaults"); n=$(median <"$tmp/nostk"); s=$(median <"$tmp/nosched")
+  b=$(median <"$tmp/bpftrace")
+  awk -v d="$d" -v n="$n" -v s="$s" -v b="$b" -v ls="$load_start" \
+      -v le="$(cut -d' ' -f1-3 /proc/loadavg)" -v r="$rounds" -v c="$calls" 'BEGIN {
+    printf "SUMMARY cputime: workload CPU ns/call (medians) defaults %d (%.3fx), --no-stacks --no-samples %d (%.3fx), --disable sched %d (%.3fx), bpftrace floor %d; %d rounds x %d calls; load average %s at start, %s at end\n", d, d / b, n, n / b, s, s / b, b, r, c, ls, le }'
 elif [[ $mode = stacks ]]; then
   rounds=${3:-3}
   calls=${4:-200000}
