@@ -379,6 +379,8 @@ bool contention_run(bool contended, ContentionRun& run, std::string& why, bool c
   run.pid = static_cast<uint32_t>(child.pid);
   LiveOptions o = options_for(run.pid, IP_FAKE_CUDART);
   o.probes.force_classic = classic;
+  // Classic run: off-CPU stacks on too, so the held-span path (classic sys_exit_<name>) runs.
+  if (classic) o.probes.stacks.offcpu_min_ns = 1'000'000;
   std::string err;
   auto src = LiveSource::start(o, err);
   if (!src) {
@@ -465,6 +467,18 @@ void check_contention(bool classic) {
     if (name == "sched_switch") switch_kind_ok = kind == (classic ? "classic" : "tp_btf");
   if (!classic && !switch_kind_ok) GTEST_SKIP() << "this kernel has no tp_btf for sched_switch";
   EXPECT_TRUE(switch_kind_ok) << "sched_switch not attached as " << (classic ? "classic" : "tp_btf");
+  // --classic-tracepoints means no raw tracepoint at all: with off-CPU stacks on, held spans go
+  // out through the classic sys_exit_<name> tracepoints, never the tp_btf sys_exit fallback.
+  if (classic) {
+    bool sys_exit = false;
+    for (const auto& [name, kind] : run.tracepoints) {
+      EXPECT_EQ(kind, "classic") << name;
+      sys_exit |= name == "sys_exit";
+    }
+    if (::access("/sys/kernel/btf/vmlinux", R_OK) == 0) {  // the program reads regs via BTF
+      EXPECT_TRUE(sys_exit) << "off-CPU stacks on but no syscall exit tracepoint attached";
+    }
+  }
   ASSERT_GT(run.worker, 0);
   const uint32_t tid = static_cast<uint32_t>(run.worker);
 
