@@ -9,7 +9,7 @@
 
 #include "engine/default_plans.h"
 #include "engine/engine.h"
-#include "engine/synth.h"
+#include "model/synth.h"
 
 namespace ingero {
 namespace {

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <string>
 
-#include "engine/synth.h"
+#include "model/synth.h"
 #include "sinks/lmdb_store.h"
 
 namespace ingero {

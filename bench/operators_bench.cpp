@@ -1,12 +1,12 @@
 // Operators in isolation, per event: quantile state (exact and sketch), keying, off-CPU span
-// building and the interval join, over the large synthetic workload (engine/synth.h).
+// building and the interval join, over the large synthetic workload (model/synth.h).
 // Run: ./build/ingero-bench --benchmark_filter='BM_Op'
 #include <benchmark/benchmark.h>
 
 #include <vector>
 
-#include "engine/ops.h"
-#include "engine/synth.h"
+#include "model/ops.h"
+#include "model/synth.h"
 #include "operators/interval_join.h"
 #include "operators/key_by.h"
 #include "operators/offcpu_spans.h"

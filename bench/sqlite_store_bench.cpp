@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/ops.h"
+#include "model/ops.h"
 #include "sinks/spooling_writer.h"
 #include "sinks/sqlite_store.h"
 

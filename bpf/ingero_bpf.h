@@ -5,7 +5,7 @@
  *   ring buffer and user space reads it back byte for byte.
  * - `ts` is CLOCK_MONOTONIC (bpf_ktime_get_ns) at the START of the interval; user space adds the
  *   realtime-monotonic offset measured at start to get unix ns.
- * - `source`/`op` are the engine's ids (engine/ops.h); the static_asserts in bpf/records.cpp keep
+ * - `source`/`op` are the engine's ids (model/ops.h); the static_asserts in bpf/records.cpp keep
  *   both sides in step.
  */
 #ifndef INGERO_BPF_H
@@ -21,7 +21,7 @@
 #define IP_MAX_THREADS 32768    /* threads with open calls or off-CPU spans */
 #define IP_MAX_TRACED 8192      /* traced processes */
 
-/* Sources (engine/ops.h Source). */
+/* Sources (model/ops.h Source). */
 #define IP_SRC_CUDA 1
 #define IP_SRC_HOST 3
 #define IP_SRC_DRIVER 4
@@ -31,7 +31,7 @@
 #define IP_SRC_GRAPH 8
 #define IP_SRC_NCCL 9
 
-/* Off-CPU states (engine/event.h OffCpuState). */
+/* Off-CPU states (model/event.h OffCpuState). */
 #define IP_STATE_PREEMPTED 1
 #define IP_STATE_SLEEPING 2
 #define IP_STATE_DISKWAIT 3

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "engine/ops.h"
+#include "model/ops.h"
 
 namespace ingero::bpf {
 

@@ -42,7 +42,7 @@
 #include "bpf/probes.h"
 #include "bpf/records.h"
 #include "bpf/stack_resolver.h"
-#include "engine/trace.h"
+#include "model/trace.h"
 
 namespace ingero::bpf {
 

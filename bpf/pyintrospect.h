@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/stack.h"
+#include "model/stack.h"
 
 namespace ingero::bpf {
 

@@ -3,7 +3,7 @@
 
 #include <cstddef>
 
-#include "engine/ops.h"
+#include "model/ops.h"
 
 namespace ingero::bpf {
 

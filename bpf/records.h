@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "bpf/ingero_bpf.h"
-#include "engine/event.h"
+#include "model/event.h"
 
 namespace ingero::bpf {
 

@@ -1,6 +1,6 @@
 /* On-CPU samples of traced threads: a CPU-clock perf event per CPU (opened by the loader at
  * --sample-hz) runs this program; when the interrupted thread belongs to a traced process it emits
- * a HOST cpu_sample record (engine/ops.h op 8: ts = the sample time, dur 0) on the stack ring with
+ * a HOST cpu_sample record (model/ops.h op 8: ts = the sample time, dur 0) on the stack ring with
  * the thread's user stacks (registers, stack window, frame-pointer stack, Python frames, captured
  * by stack.bpf.h) and, when the sample hit kernel code, the kernel stack. Untraced threads cost one
  * map lookup. */

@@ -10,7 +10,7 @@
 #include "bpf/pyintrospect.h"
 #include "bpf/symbolizer.h"
 #include "bpf/unwind.h"
-#include "engine/ops.h"
+#include "model/ops.h"
 
 namespace ingero::bpf {
 namespace {

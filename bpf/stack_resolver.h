@@ -35,8 +35,8 @@
 
 #include "bpf/ingero_bpf.h"
 #include "bpf/probes.h"
-#include "engine/stack.h"
-#include "engine/trace.h"
+#include "model/stack.h"
+#include "model/trace.h"
 
 namespace ingero::bpf {
 

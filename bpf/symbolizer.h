@@ -37,7 +37,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/stack.h"
+#include "model/stack.h"
 
 // libelf's handle (<libelf.h> declares it as a typedef of this struct).
 extern "C" {

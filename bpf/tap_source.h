@@ -6,7 +6,7 @@
 #include <functional>
 #include <utility>
 
-#include "engine/trace.h"
+#include "model/trace.h"
 
 namespace ingero::bpf {
 

@@ -38,7 +38,7 @@
 #include "cli/config.h"
 #include "cli/pipeline_common.h"
 #include "engine/engine.h"
-#include "engine/synth.h"
+#include "model/synth.h"
 
 namespace ingero::cli {
 namespace {

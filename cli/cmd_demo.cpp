@@ -10,7 +10,7 @@
 #include "cli/common.h"
 #include "cli/pipeline_common.h"
 #include "engine/engine.h"
-#include "engine/synth.h"
+#include "model/synth.h"
 #include "sinks/lmdb_store.h"
 #include "sinks/report.h"
 #include "sinks/sqlite_store.h"

@@ -16,7 +16,7 @@
 #include "cli/config.h"
 #include "cli/pipeline_common.h"
 #include "engine/engine.h"
-#include "engine/ops.h"
+#include "model/ops.h"
 #include "operators/chain_annotate.h"
 #include "sinks/perfetto.h"
 #include "sinks/report.h"

@@ -22,7 +22,7 @@
 #include "cli/pipeline_common.h"
 #include "engine/engine.h"
 #include "operators/chain_annotate.h"
-#include "engine/synth.h"
+#include "model/synth.h"
 #include "sinks/lmdb_store.h"
 #include "sinks/perfetto.h"
 #include "sinks/report.h"

@@ -6,12 +6,12 @@
 //   TraceMeta::stacks once the source is drained) are attributed to a site; the others are
 //   counted in the header ("calls without a stack"), never guessed.
 // - Selected events: every GPU API call (CUDA, driver, graph, NCCL) by default, or the one op
-//   named by --op (any op of engine/ops.h; `cpu_sample` counts samples instead of time).
+//   named by --op (any op of model/ops.h; `cpu_sample` counts samples instead of time).
 //   --pid keeps one process, --min drops calls shorter than the duration before anything is
 //   computed.
 // - A call is slow when its duration >= max(p95, 3 x p50) of its (pid, op) (nearest-rank, over
 //   the selected calls): the same definition the tail rules use.
-// - A site is call_site() of the stack (engine/stack.h): the innermost Python frame, else the
+// - A site is call_site() of the stack (model/stack.h): the innermost Python frame, else the
 //   innermost native frame outside the CUDA libraries. Sites are ranked by total time (or by
 //   slow-call time with --sort slow); shares are of the time of calls that have a stack.
 // - --folded prints one line per distinct stack, outermost frame first, frames joined by ';',
@@ -40,9 +40,9 @@
 #include "cli/common.h"
 #include "cli/config.h"
 #include "cli/pipeline_common.h"
-#include "engine/format.h"
-#include "engine/ops.h"
-#include "engine/stack.h"
+#include "model/format.h"
+#include "model/ops.h"
+#include "model/stack.h"
 
 namespace ingero::cli {
 namespace {

@@ -11,8 +11,8 @@ class App;
 class Option;
 }  // namespace CLI
 
-#include "engine/plan.h"
-#include "engine/trace.h"
+#include "model/plan.h"
+#include "model/trace.h"
 
 namespace ingero::cli {
 

@@ -12,7 +12,7 @@
 #include <set>
 #include <sstream>
 
-#include "engine/synth.h"
+#include "model/synth.h"
 
 namespace ingero::cli {
 

@@ -23,8 +23,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include "engine/result.h"
-#include "engine/trace.h"
+#include "model/result.h"
+#include "model/trace.h"
 
 namespace ingero::cli {
 

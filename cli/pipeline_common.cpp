@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
-#include "engine/ops.h"
+#include "model/ops.h"
 #include "sinks/lmdb_store.h"
 
 #ifdef INGERO_HAVE_IP_RULES

@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "engine/default_plans.h"
-#include "engine/plan.h"
-#include "engine/trace.h"
+#include "model/plan.h"
+#include "model/trace.h"
 #include "operators/chain_annotate.h"
 
 namespace ingero::cli {

@@ -20,9 +20,9 @@
 
 #include "dsl/diagnostics.h"
 #include "dsl/parser.h"
-#include "engine/event.h"
-#include "engine/plan.h"
-#include "engine/trace.h"
+#include "model/event.h"
+#include "model/plan.h"
+#include "model/trace.h"
 
 namespace ingero::dsl {
 

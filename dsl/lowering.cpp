@@ -1,4 +1,4 @@
-// Lowering: a checked RuleSema -> plan IR nodes (engine/plan.h), one path per rule:
+// Lowering: a checked RuleSema -> plan IR nodes (model/plan.h), one path per rule:
 //   Scan -> Filter(source) [-> Filter(where)]   or   Scan -> OffCpu [-> Filter(where)]
 //   -> Window -> Aggregate -> (Let | Require | Join(.., right stream))* -> [Trend | Peer]
 //   -> (Let | Require)* -> [Let(template placeholders)] -> Emit

@@ -15,8 +15,8 @@
 
 #include "dsl/ast.h"
 #include "dsl/compiler.h"
-#include "engine/ops.h"
-#include "engine/plan.h"
+#include "model/ops.h"
+#include "model/plan.h"
 
 namespace ingero::dsl {
 

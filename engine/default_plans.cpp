@@ -1,6 +1,6 @@
 #include "engine/default_plans.h"
 
-#include "engine/ops.h"
+#include "model/ops.h"
 
 namespace ingero {
 namespace {

@@ -15,7 +15,7 @@
 //   unexplained_tail a heavy tail (p99/p50 >= 3) that no host signal covers
 #pragma once
 
-#include "engine/plan.h"
+#include "model/plan.h"
 
 namespace ingero {
 

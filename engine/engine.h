@@ -27,9 +27,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/plan.h"
-#include "engine/result.h"
-#include "engine/trace.h"
+#include "model/plan.h"
+#include "model/result.h"
+#include "model/trace.h"
 
 namespace ingero {
 

@@ -8,8 +8,8 @@
 #include <set>
 #include <unordered_map>
 
-#include "engine/format.h"
-#include "engine/ops.h"
+#include "model/format.h"
+#include "model/ops.h"
 
 namespace ingero {
 namespace {

@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/plan.h"
-#include "engine/result.h"
+#include "model/plan.h"
+#include "model/result.h"
 #include "operators/aggregate.h"
 #include "operators/interval_join.h"
 #include "operators/key_by.h"

@@ -11,8 +11,8 @@
 
 #include <vector>
 
-#include "engine/event.h"
-#include "engine/plan.h"
+#include "model/event.h"
+#include "model/plan.h"
 #include "operators/count_rate.h"
 #include "operators/quantile.h"
 

@@ -7,10 +7,10 @@
 #include <cmath>
 #include <unordered_map>
 
-#include "engine/format.h"
-#include "engine/ops.h"
-#include "engine/plan.h"
-#include "engine/stack.h"
+#include "model/format.h"
+#include "model/ops.h"
+#include "model/plan.h"
+#include "model/stack.h"
 
 namespace ingero {
 

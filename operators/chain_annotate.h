@@ -1,6 +1,6 @@
 // Chain annotation: which thread issued a chain's slow calls, from where in the code, and where
 // the launching thread's time went. Runs after the rules: it fills Chain::tid/threads/stacks/
-// time_split (engine/result.h) from the trace's events and TraceMeta::stacks, and it is the
+// time_split (model/result.h) from the trace's events and TraceMeta::stacks, and it is the
 // built-in detector of `launch_gap` chains (a thread that stopped launching GPU work for a while).
 //
 // Contract:
@@ -23,7 +23,7 @@
 //   rate/gap chains the launching thread's off-CPU stacks and on-CPU samples in the window (roles
 //   "offcpu" and "sample"). A share is of the role's total, stack-less events included, so shares
 //   of listed stacks may sum below 1. A chain whose top call stack has frames gets a first fix
-//   naming its call site (engine/stack.h call_site()).
+//   naming its call site (model/stack.h call_site()).
 // - time_split (throughput_drop and launch_gap chains): for the launching thread (most launch
 //   calls of the process in the window; else most GPU API calls) over the window: in_calls = union
 //   of its call intervals, off_cpu_* = its off-CPU spans outside any call by state (preempted;
@@ -73,10 +73,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/event.h"
-#include "engine/result.h"
-#include "engine/stack.h"
-#include "engine/trace.h"
+#include "model/event.h"
+#include "model/result.h"
+#include "model/stack.h"
+#include "model/trace.h"
 
 namespace ingero {
 

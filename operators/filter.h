@@ -7,8 +7,8 @@
 
 #include <vector>
 
-#include "engine/event.h"
-#include "engine/expr.h"
+#include "model/event.h"
+#include "model/expr.h"
 
 namespace ingero {
 

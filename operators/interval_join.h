@@ -10,7 +10,7 @@
 //   instant (dur 0) counts when inside that range. For kWithin a hit covers the whole call.
 //   Overlap is a union per call: two right spans covering the same nanoseconds count them once.
 // - JoinAccumulator folds probes of one window's tail calls into the slots documented in
-//   engine/plan.h (overlap_ns, tail_ns, share, calls, hit_calls, events, right_ns, sum_arg0) and
+//   model/plan.h (overlap_ns, tail_ns, share, calls, hit_calls, events, right_ns, sum_arg0) and
 //   keeps exemplars: the tail calls with the longest overlap and their right events.
 // - evict(watermark, retain): drops right spans whose end + retain < watermark. `retain` must be
 //   at least the window size + lateness of every window probing the buffer, so no open window
@@ -25,8 +25,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/event.h"
-#include "engine/plan.h"
+#include "model/event.h"
+#include "model/plan.h"
 
 namespace ingero {
 

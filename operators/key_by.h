@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/event.h"
-#include "engine/expr.h"
+#include "model/event.h"
+#include "model/expr.h"
 
 namespace ingero {
 

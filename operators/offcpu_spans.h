@@ -20,8 +20,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/event.h"
-#include "engine/plan.h"
+#include "model/event.h"
+#include "model/plan.h"
 
 namespace ingero {
 

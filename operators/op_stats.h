@@ -10,8 +10,8 @@
 #include <memory>
 #include <vector>
 
-#include "engine/event.h"
-#include "engine/result.h"
+#include "model/event.h"
+#include "model/result.h"
 #include "operators/quantile.h"
 
 namespace ingero {

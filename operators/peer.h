@@ -11,7 +11,7 @@
 
 #include <vector>
 
-#include "engine/plan.h"
+#include "model/plan.h"
 
 namespace ingero {
 

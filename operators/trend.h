@@ -14,7 +14,7 @@
 #include <deque>
 #include <unordered_map>
 
-#include "engine/plan.h"
+#include "model/plan.h"
 #include "operators/key_by.h"
 
 namespace ingero {

@@ -21,7 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/plan.h"
+#include "model/plan.h"
 #include "operators/key_by.h"
 
 namespace ingero {

@@ -7,7 +7,7 @@
 
 #include "dsl/parser.h"
 #include "engine/engine.h"
-#include "engine/trace.h"
+#include "model/trace.h"
 
 namespace ingero::rules {
 namespace {

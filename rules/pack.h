@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "dsl/compiler.h"
-#include "engine/plan.h"
+#include "model/plan.h"
 
 namespace ingero::rules {
 

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <limits>
 
-#include "engine/ops.h"
+#include "model/ops.h"
 
 namespace ingero {
 namespace {

@@ -39,7 +39,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/event.h"
+#include "model/event.h"
 
 namespace ingero {
 

@@ -10,10 +10,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "engine/format.h"
-#include "engine/ops.h"
-#include "engine/plan.h"
-#include "engine/stack.h"
+#include "model/format.h"
+#include "model/ops.h"
+#include "model/plan.h"
+#include "model/stack.h"
 #include "sinks/report.h"
 
 namespace ingero {

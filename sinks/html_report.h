@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/result.h"
-#include "engine/trace.h"
+#include "model/result.h"
+#include "model/trace.h"
 
 namespace ingero {
 

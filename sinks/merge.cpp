@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/trace.h"
+#include "model/trace.h"
 #include "sinks/clock_align.h"
 #include "sinks/lmdb_store.h"
 #include "sinks/process_identity.h"

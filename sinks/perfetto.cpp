@@ -12,9 +12,9 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "engine/ops.h"
-#include "engine/plan.h"
-#include "engine/stack.h"
+#include "model/ops.h"
+#include "model/plan.h"
+#include "model/stack.h"
 
 namespace ingero {
 

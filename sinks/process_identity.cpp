@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/ops.h"
+#include "model/ops.h"
 #include "sinks/lmdb_store.h"
 #include "sinks/sqlite_schema.h"
 #include "sinks/sqlite_store.h"

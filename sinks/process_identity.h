@@ -38,7 +38,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/trace.h"
+#include "model/trace.h"
 
 namespace ingero {
 

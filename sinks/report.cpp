@@ -6,8 +6,8 @@
 #include <set>
 #include <sstream>
 
-#include "engine/format.h"
-#include "engine/ops.h"
+#include "model/format.h"
+#include "model/ops.h"
 
 namespace ingero {
 namespace {

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "engine/result.h"
+#include "model/result.h"
 
 namespace ingero {
 

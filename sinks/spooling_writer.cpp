@@ -15,7 +15,7 @@
 #include <filesystem>
 #include <system_error>
 
-#include "engine/format.h"
+#include "model/format.h"
 
 namespace ingero {
 

@@ -46,9 +46,9 @@
 #include <thread>
 #include <vector>
 
-#include "engine/event.h"
-#include "engine/result.h"
-#include "engine/trace.h"
+#include "model/event.h"
+#include "model/result.h"
+#include "model/trace.h"
 #include "sinks/sqlite_store.h"
 
 namespace ingero {

@@ -20,7 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/ops.h"
+#include "model/ops.h"
 #include "sinks/sqlite_store.h"
 #include "sinks/sqlite_util.h"
 

@@ -40,8 +40,8 @@
 #include <span>
 #include <string>
 
-#include "engine/result.h"
-#include "engine/trace.h"
+#include "model/result.h"
+#include "model/trace.h"
 
 struct sqlite3;
 

@@ -13,8 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/format.h"
-#include "engine/ops.h"
+#include "model/format.h"
+#include "model/ops.h"
 #include "sinks/report.h"
 #include "sinks/sqlite_schema.h"
 #include "sinks/sqlite_store.h"

@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "dsl/sema.h"
-#include "engine/stack.h"
+#include "model/stack.h"
 
 namespace ingero::dsl {
 namespace {

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/plan.h"
-#include "engine/result.h"
+#include "model/plan.h"
+#include "model/result.h"
 
 namespace ingero::mcp {
 

@@ -28,7 +28,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/plan.h"
+#include "model/plan.h"
 #include "sinks/sql_query.h"
 
 namespace ingero::mcp {

@@ -14,8 +14,8 @@
 
 #include "engine/default_plans.h"
 #include "engine/engine.h"
-#include "engine/ops.h"
-#include "engine/stack.h"
+#include "model/ops.h"
+#include "model/stack.h"
 #include "operators/chain_annotate.h"
 #include "sinks/report.h"
 #include "sinks/mcp/rule_inspect.h"
@@ -845,7 +845,7 @@ Json TraceTools::get_stacks(const Json& a, RequestContext* ctx) {
       parsed = Json::parse(text, nullptr, /*allow_exceptions=*/false);
     bool truncated = false;
     if (parsed.is_array()) {
-      // Structured frames (engine/stack.h's parser): keys are ours, trace strings are marked.
+      // Structured frames (model/stack.h's parser): keys are ours, trace strings are marked.
       const ParsedStack st = parse_stack_frames(text);
       total_frames = st.frames.size();
       truncated = st.truncated;

@@ -21,7 +21,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/result.h"
+#include "model/result.h"
 #include "sinks/mcp/server.h"
 #include "sinks/sql_query.h"
 

@@ -11,8 +11,8 @@
 #include <limits>
 #include <sstream>
 
-#include "engine/ops.h"
-#include "engine/plan.h"
+#include "model/ops.h"
+#include "model/plan.h"
 
 namespace ingero::metrics {
 namespace {

@@ -34,9 +34,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/event.h"
-#include "engine/result.h"
-#include "engine/trace.h"
+#include "model/event.h"
+#include "model/result.h"
+#include "model/trace.h"
 
 namespace ingero::metrics {
 

@@ -10,7 +10,7 @@
 #include <random>
 
 #include "bpf/discovery.h"
-#include "engine/ops.h"
+#include "model/ops.h"
 #ifdef INGERO_HAVE_BPF
 #include "bpf/records.h"
 #endif

@@ -27,7 +27,7 @@
 #include "bpf/tap_source.h"
 #include "engine/default_plans.h"
 #include "engine/engine.h"
-#include "engine/ops.h"
+#include "model/ops.h"
 #include "sinks/sqlite_store.h"
 
 extern char** environ;

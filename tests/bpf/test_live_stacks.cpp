@@ -25,8 +25,8 @@
 #include <thread>
 
 #include "bpf/live_source.h"
-#include "engine/ops.h"
-#include "engine/stack.h"
+#include "model/ops.h"
+#include "model/stack.h"
 
 extern char** environ;
 

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/ops.h"
-#include "engine/stack.h"
+#include "model/ops.h"
+#include "model/stack.h"
 #include "sinks/sqlite_store.h"
 
 namespace {

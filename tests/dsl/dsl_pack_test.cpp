@@ -10,7 +10,7 @@
 
 #include "engine/default_plans.h"
 #include "engine/engine.h"
-#include "engine/synth.h"
+#include "model/synth.h"
 #include "rules/pack.h"
 
 using namespace ingero;

@@ -7,9 +7,9 @@
 
 #include "dsl/compiler.h"
 #include "engine/engine.h"
-#include "engine/expr.h"
-#include "engine/ops.h"
-#include "engine/stack.h"
+#include "model/expr.h"
+#include "model/ops.h"
+#include "model/stack.h"
 #include "rules/pack.h"
 
 using namespace ingero;

@@ -6,7 +6,7 @@
 
 #include "engine/default_plans.h"
 #include "engine/engine.h"
-#include "engine/ops.h"
+#include "model/ops.h"
 #include "engine/runtime.h"
 
 namespace ingero {

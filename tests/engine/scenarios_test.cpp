@@ -1,10 +1,10 @@
-// Every chain family of the default analyses on the synthetic scenarios (engine/synth.h): the
+// Every chain family of the default analyses on the synthetic scenarios (model/synth.h): the
 // injected cause is found with the right category, and the control without the fault is clean.
 #include <gtest/gtest.h>
 
 #include "engine/default_plans.h"
 #include "engine/engine.h"
-#include "engine/synth.h"
+#include "model/synth.h"
 
 namespace ingero {
 namespace {

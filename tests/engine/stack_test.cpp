@@ -1,8 +1,8 @@
-// engine/stack.h: the stored stack JSON (Ingero's keys and ours), content hashing, call sites and
+// model/stack.h: the stored stack JSON (Ingero's keys and ours), content hashing, call sites and
 // the one-line labels the text report prints.
 #include <gtest/gtest.h>
 
-#include "engine/stack.h"
+#include "model/stack.h"
 
 using namespace ingero;
 

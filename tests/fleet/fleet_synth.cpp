@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <random>
 
-#include "engine/ops.h"
-#include "engine/trace.h"
+#include "model/ops.h"
+#include "model/trace.h"
 #include "sinks/sqlite_store.h"
 
 namespace ingero::test {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/event.h"
+#include "model/event.h"
 
 namespace ingero::test {
 

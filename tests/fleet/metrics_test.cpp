@@ -9,7 +9,7 @@
 #include <cmath>
 #include <random>
 
-#include "engine/ops.h"
+#include "model/ops.h"
 #include "sinks/metrics/prometheus_exporter.h"
 
 using namespace ingero;

@@ -14,7 +14,7 @@
 #include <set>
 #include <thread>
 
-#include "engine/ops.h"
+#include "model/ops.h"
 #include "sinks/lmdb_store.h"
 #include "sinks/merge.h"
 #include "sinks/process_identity.h"

@@ -11,9 +11,9 @@
 #include <string>
 
 #include "engine/default_plans.h"
-#include "engine/ops.h"
-#include "engine/stack.h"
-#include "engine/synth.h"
+#include "model/ops.h"
+#include "model/stack.h"
+#include "model/synth.h"
 #include "sinks/mcp/server.h"
 #include "sinks/sqlite_store.h"
 

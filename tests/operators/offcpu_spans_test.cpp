@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "engine/ops.h"
+#include "model/ops.h"
 #include "operators/offcpu_spans.h"
 
 namespace ingero {

@@ -17,9 +17,9 @@
 
 #include "engine/default_plans.h"
 #include "engine/engine.h"
-#include "engine/ops.h"
-#include "engine/stack.h"
-#include "engine/synth.h"
+#include "model/ops.h"
+#include "model/stack.h"
+#include "model/synth.h"
 #include "operators/chain_annotate.h"
 #include "sinks/lmdb_store.h"
 #include "sinks/report.h"

@@ -14,7 +14,7 @@
 #include <random>
 #include <string>
 
-#include "engine/synth.h"
+#include "model/synth.h"
 #include "sinks/lmdb_store.h"
 
 namespace fs = std::filesystem;

@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "engine/ops.h"
-#include "engine/stack.h"
-#include "engine/synth.h"
+#include "model/ops.h"
+#include "model/stack.h"
+#include "model/synth.h"
 #include "operators/chain_annotate.h"
 #include "rules/pack.h"
 #include "sinks/sqlite_store.h"

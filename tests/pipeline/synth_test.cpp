@@ -8,8 +8,8 @@
 #include <map>
 #include <tuple>
 
-#include "engine/ops.h"
-#include "engine/synth.h"
+#include "model/ops.h"
+#include "model/synth.h"
 
 using namespace ingero;
 using namespace ingero::synth;

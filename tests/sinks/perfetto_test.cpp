@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/ops.h"
-#include "engine/stack.h"
+#include "model/ops.h"
+#include "model/stack.h"
 #include "sinks/perfetto.h"
 
 namespace {

@@ -13,7 +13,7 @@
 #include <random>
 #include <set>
 
-#include "engine/ops.h"
+#include "model/ops.h"
 #include "sinks/spooling_writer.h"
 #include "sinks/sqlite_store.h"
 #include "tests/sinks/sqlite_test_util.h"

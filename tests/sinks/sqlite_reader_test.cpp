@@ -5,7 +5,7 @@
 #include <limits>
 #include <map>
 
-#include "engine/ops.h"
+#include "model/ops.h"
 #include "sinks/sqlite_store.h"
 #include "tests/sinks/sqlite_test_util.h"
 

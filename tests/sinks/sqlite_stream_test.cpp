@@ -12,7 +12,7 @@
 #include <random>
 #include <sstream>
 
-#include "engine/ops.h"
+#include "model/ops.h"
 #include "sinks/sqlite_store.h"
 #include "tests/sinks/sqlite_test_util.h"
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/trace.h"
+#include "model/trace.h"
 
 namespace ingero::test {
 

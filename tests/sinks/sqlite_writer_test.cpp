@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/ops.h"
+#include "model/ops.h"
 #include "sinks/sql_query.h"
 #include "sinks/sqlite_store.h"
 #include "tests/sinks/sqlite_test_util.h"

@@ -20,7 +20,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/trace.h"
+#include "model/trace.h"
 
 namespace ingero {
 

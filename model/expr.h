@@ -10,7 +10,7 @@
 //   The DSL's checker warns where a denominator may be zero.
 // - `and`/`or` short-circuit; booleans are 1.0/0.0.
 // - Stack predicates (kStackMatch: some frame of the event's stack matches one of `patterns`;
-//   kSiteMatch: its call site does; globs over frame_text() of engine/stack.h) ask a
+//   kSiteMatch: its call site does; globs over frame_text() of model/stack.h) ask a
 //   StackMatcher. Without one, or for an event without a known stack, they are false (0), never
 //   NaN, so `not (site ~ "...")` holds for events without a stack.
 #pragma once
@@ -24,8 +24,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/event.h"
-#include "engine/stack.h"
+#include "model/event.h"
+#include "model/stack.h"
 
 namespace ingero {
 

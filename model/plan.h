@@ -23,7 +23,7 @@
 #include <variant>
 #include <vector>
 
-#include "engine/expr.h"
+#include "model/expr.h"
 
 namespace ingero {
 

@@ -1,10 +1,10 @@
-#include "engine/plan.h"
+#include "model/plan.h"
 
 #include <cstdio>
 #include <map>
 #include <sstream>
 
-#include "engine/ops.h"
+#include "model/ops.h"
 
 namespace ingero {
 namespace {

@@ -1,4 +1,4 @@
-#include "engine/ops.h"
+#include "model/ops.h"
 
 #include <algorithm>
 #include <array>

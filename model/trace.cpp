@@ -1,4 +1,4 @@
-#include "engine/trace.h"
+#include "model/trace.h"
 
 #include <algorithm>
 #include <limits>

@@ -47,7 +47,7 @@ inline constexpr uint8_t kSwitchOut = 1u << 2;
 inline constexpr uint8_t kSwitchIn = 1u << 3;
 // A context interval (off-CPU span, I/O request, socket call; never a probed call) delivered after
 // a watermark later than its start: it was open longer than the live source holds results back
-// for (engine/trace.h, Batch).
+// for (model/trace.h, Batch).
 inline constexpr uint8_t kLate = 1u << 4;
 }  // namespace event_flags
 

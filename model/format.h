@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "engine/expr.h"
+#include "model/expr.h"
 
 namespace ingero {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/event.h"
+#include "model/event.h"
 
 namespace ingero {
 
@@ -63,7 +63,7 @@ struct TraceMeta {
   std::vector<std::string> nodes{""};     // Event::node indexes this; 0 = local / unnamed
   std::map<uint32_t, std::string> process_names;
   std::map<uint32_t, std::string> thread_names;  // tid -> comm, when the source knows it
-  std::map<uint64_t, StackTrace> stacks;  // by Event::stack_id (engine/stack.h parses them)
+  std::map<uint64_t, StackTrace> stacks;  // by Event::stack_id (model/stack.h parses them)
   std::vector<SessionInfo> sessions;
   std::vector<SystemSnapshot> snapshots;
   InputHealth health;

@@ -1,4 +1,4 @@
-#include "engine/format.h"
+#include "model/format.h"
 
 #include <cmath>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "engine/stack.h"
+#include "model/stack.h"
 
 #include <cstdio>
 #include <cstdlib>

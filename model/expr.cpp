@@ -1,4 +1,4 @@
-#include "engine/expr.h"
+#include "model/expr.h"
 
 #include <cmath>
 #include <cstdio>

@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/event.h"
-#include "engine/plan.h"
-#include "engine/stack.h"
-#include "engine/trace.h"
+#include "model/event.h"
+#include "model/plan.h"
+#include "model/stack.h"
+#include "model/trace.h"
 
 namespace ingero {
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-#include "engine/event.h"
+#include "model/event.h"
 
 namespace ingero {
 

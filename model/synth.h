@@ -5,7 +5,7 @@
 // - Pure functions of (scenario, fault on/off, seed): the same arguments give byte-identical
 //   events on every platform (own RNG and distributions, never <random>'s distributions, whose
 //   output differs between standard libraries).
-// - Events follow engine/event.h: ts_ns is the START of every interval (off-CPU spans start at the
+// - Events follow model/event.h: ts_ns is the START of every interval (off-CPU spans start at the
 //   switch-out), events are returned sorted by ts_ns, ids are 1..n in that order.
 // - Timestamps start at kSynthEpochNs, a multiple of 10 s, so the default 10 s tumbling windows
 //   start exactly at the trace start; every scenario covers whole windows, and every rate that is
@@ -50,8 +50,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/event.h"
-#include "engine/trace.h"
+#include "model/event.h"
+#include "model/trace.h"
 
 namespace ingero::synth {
 

@@ -1,11 +1,11 @@
-#include "engine/synth.h"
+#include "model/synth.h"
 
 #include <algorithm>
 #include <array>
 #include <limits>
 #include <queue>
 
-#include "engine/ops.h"
+#include "model/ops.h"
 
 namespace ingero::synth {
 namespace {
