@@ -22,7 +22,6 @@ const std::vector<Event>& trace() {
   return events;
 }
 
-
 void run(benchmark::State& state, const Plan& plan) {
   const auto& ev = trace();
   EngineOptions opts;

@@ -63,6 +63,12 @@ void BM_RulePackCompile(benchmark::State& state) {
 BENCHMARK(BM_RulePackHandBuilt)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_RulePackCompiled)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_RulePackCompile)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_RulePackThreads)->Arg(1)->Arg(2)->Arg(4)->UseRealTime()->MeasureProcessCPUTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_RulePackThreads)
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(4)
+    ->UseRealTime()
+    ->MeasureProcessCPUTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace ingero

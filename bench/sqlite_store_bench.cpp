@@ -1,16 +1,16 @@
 // SQLite store throughput: the sink's insert rate and the replay reader's load rate.
 // Figures are quoted in docs/storage.md with the command that produced them.
 #include <benchmark/benchmark.h>
-#include <stdlib.h>
 #include <cstdlib>
+#include <stdlib.h>
 #include <sys/resource.h>
 #include <time.h>
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "model/ops.h"
@@ -95,8 +95,8 @@ void run_sink(benchmark::State& state, const SqliteSink::Options& options) {
   state.counters["insert_cpu_us"] = insert_cpu_s * 1e6 / iters / static_cast<double>(state.range(0));
   state.counters["close_ms"] = close_s * 1e3 / iters;
   state.counters["close_cpu_ms"] = close_cpu_s * 1e3 / iters;
-  state.counters["bytes_per_event"] =
-      static_cast<double>(std::filesystem::file_size(path)) / static_cast<double>(state.range(0));
+  state.counters["bytes_per_event"] = static_cast<double>(std::filesystem::file_size(path)) /
+                                      static_cast<double>(state.range(0));
   std::filesystem::remove_all(dir);
 }
 
@@ -141,8 +141,7 @@ void BM_SpoolingWriter(benchmark::State& state) {
     const double p0 = process_cpu_s(), m0 = thread_cpu_s();
     std::string error;
     auto sink = SqliteSink::create(path, error);
-    auto w = sink ? SpoolingWriter::start(std::move(sink), SpoolingWriter::Options{}, error)
-                  : nullptr;
+    auto w = sink ? SpoolingWriter::start(std::move(sink), SpoolingWriter::Options{}, error) : nullptr;
     if (!w) {
       state.SkipWithError(error.c_str());
       break;
@@ -219,8 +218,7 @@ void BM_SqliteReplay(benchmark::State& state) {
   {
     std::string error;
     auto sink = SqliteSink::create(path, error);
-    if (!sink || !sink->write_events(make_events(static_cast<size_t>(state.range(0)))) ||
-        !sink->close(error)) {
+    if (!sink || !sink->write_events(make_events(static_cast<size_t>(state.range(0)))) || !sink->close(error)) {
       state.SkipWithError(error.c_str());
       return;
     }

@@ -65,8 +65,7 @@ inline std::optional<LibKind> classify_library(const std::string& path) {
     for (size_t i = head.size(); i < base.size(); ++i) {
       const char c = base[i];
       if (c == '.') {
-        if (i + 1 >= base.size() || !std::isdigit(static_cast<unsigned char>(base[i + 1])))
-          return false;
+        if (i + 1 >= base.size() || !std::isdigit(static_cast<unsigned char>(base[i + 1]))) return false;
       } else if (!std::isdigit(static_cast<unsigned char>(c))) {
         return false;
       }
@@ -93,8 +92,7 @@ inline std::optional<std::pair<std::string, uint64_t>> parse_maps_line(const std
   path = path.substr(start);
   if (path.empty() || path[0] != '/') return std::nullopt;
   const std::string deleted = " (deleted)";
-  if (path.size() > deleted.size() &&
-      path.compare(path.size() - deleted.size(), deleted.size(), deleted) == 0)
+  if (path.size() > deleted.size() && path.compare(path.size() - deleted.size(), deleted.size(), deleted) == 0)
     return std::nullopt;  // replaced on disk: the inode we could open is not the mapped one
   return std::make_pair(path, inode);
 }
@@ -113,8 +111,8 @@ struct DiscoveryOptions {
   std::vector<std::string> explicit_paths;  // --cuda-lib (files or directories)
   std::string proc_root = "/proc";
   bool use_maps = true, use_ldcache = true, use_toolkit = true, use_wheels = true;
-  std::vector<std::string> toolkit_roots;   // empty: $CUDA_HOME, $CUDA_PATH, /usr/local/cuda*
-  std::vector<std::string> python_roots;    // empty: the usual site-packages parents
+  std::vector<std::string> toolkit_roots;  // empty: $CUDA_HOME, $CUDA_PATH, /usr/local/cuda*
+  std::vector<std::string> python_roots;   // empty: the usual site-packages parents
   size_t max_pids_per_poll = 256;
 };
 
@@ -152,8 +150,7 @@ class LibraryDiscovery {
       scan_maps(p, out);
     }
     if (!old.empty()) {
-      for (size_t n = 0; n < old.size() && budget > 0; ++n, --budget)
-        scan_maps(old[(cursor_ + n) % old.size()], out);
+      for (size_t n = 0; n < old.size() && budget > 0; ++n, --budget) scan_maps(old[(cursor_ + n) % old.size()], out);
       cursor_ = (cursor_ + opts_.max_pids_per_poll) % old.size();
     }
     // Forget pids that went away so the set stays as large as /proc.
@@ -188,8 +185,7 @@ class LibraryDiscovery {
     return true;
   }
 
-  void add_path_or_dir(const std::string& p, const std::string& how, bool allow_stubs,
-                       std::vector<CudaLibrary>& out) {
+  void add_path_or_dir(const std::string& p, const std::string& how, bool allow_stubs, std::vector<CudaLibrary>& out) {
     struct stat st {};
     if (::stat(p.c_str(), &st) != 0) return;
     if (S_ISDIR(st.st_mode)) {
@@ -235,10 +231,8 @@ class LibraryDiscovery {
       // process's root.
       std::string path = entry->first;
       struct stat st {};
-      if (::stat(path.c_str(), &st) != 0 || st.st_ino != entry->second)
-        path = base + "/root" + entry->first;
-      remember({*classify_library(entry->first), path, "maps of pid " + std::to_string(pid)}, out,
-               force);
+      if (::stat(path.c_str(), &st) != 0 || st.st_ino != entry->second) path = base + "/root" + entry->first;
+      remember({*classify_library(entry->first), path, "maps of pid " + std::to_string(pid)}, out, force);
     }
   }
 
@@ -275,8 +269,7 @@ class LibraryDiscovery {
     if (parents.empty()) {
       for (const char* p : {"/usr/lib", "/usr/local/lib", "/opt/conda/lib", "/root/.local/lib"})
         parents.emplace_back(p);
-      if (const char* venv = std::getenv("VIRTUAL_ENV"); venv && *venv)
-        parents.push_back(std::string(venv) + "/lib");
+      if (const char* venv = std::getenv("VIRTUAL_ENV"); venv && *venv) parents.push_back(std::string(venv) + "/lib");
       if (const char* conda = std::getenv("CONDA_PREFIX"); conda && *conda)
         parents.push_back(std::string(conda) + "/lib");
       if (DIR* d = ::opendir("/home")) {

@@ -6,11 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <iterator>
 #include <chrono>
 #include <concurrentqueue/blockingconcurrentqueue.h>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 
 #include "model/ops.h"
 
@@ -51,15 +51,13 @@ std::string families_text(const ProbeFamilies& f) {
 }  // namespace
 
 LiveSource::LiveSource(const LiveOptions& opts)
-    : opts_(opts), conv_(realtime_offset_ns()), queue_(std::make_unique<Queue>()),
-      discovery_(opts.discovery) {}
+    : opts_(opts), conv_(realtime_offset_ns()), queue_(std::make_unique<Queue>()), discovery_(opts.discovery) {}
 
 std::unique_ptr<LiveSource> LiveSource::start(const LiveOptions& opts, std::string& error) {
   std::unique_ptr<LiveSource> s(new LiveSource(opts));
   LiveSource* self = s.get();
   const StackOptions& so = opts.probes.stacks;
-  const bool stacks = so.call_min_ns != UINT64_MAX || so.offcpu_min_ns != UINT64_MAX ||
-                      so.sample_hz > 0;
+  const bool stacks = so.call_min_ns != UINT64_MAX || so.offcpu_min_ns != UINT64_MAX || so.sample_hz > 0;
   s->probes_ = BpfProbes::open(
       opts.probes,
       [self](const ip_record& r) {
@@ -70,8 +68,7 @@ std::unique_ptr<LiveSource> LiveSource::start(const LiveOptions& opts, std::stri
           self->unknown_.fetch_add(1, std::memory_order_relaxed);
           return;
         }
-        if ((r.flags & IP_REC_STACKIDS) && self->resolver_ && r.source == IP_SRC_HOST &&
-            r.op == op::kSchedSwitch) {
+        if ((r.flags & IP_REC_STACKIDS) && self->resolver_ && r.source == IP_SRC_HOST && r.op == op::kSchedSwitch) {
           if (!self->resolver_->noted(r.pid)) self->resolver_->note_process(r.pid);
           e.stack_id = self->resolver_->resolve_offcpu(r.pid, static_cast<uint32_t>(r.arg2),
                                                        static_cast<uint32_t>(r.arg2 >> 32));
@@ -115,11 +112,13 @@ std::unique_ptr<LiveSource> LiveSource::start(const LiveOptions& opts, std::stri
     return false;
   };
   if ((f.cuda || f.graph) && !have(LibKind::kCudart))
-    s->warn("libcudart not found (processes' maps, ld.so.cache, CUDA toolkit, Python wheels); "
-            "CUDA runtime calls are not traced until a process loads it (or pass --cuda-lib PATH)");
+    s->warn(
+        "libcudart not found (processes' maps, ld.so.cache, CUDA toolkit, Python wheels); "
+        "CUDA runtime calls are not traced until a process loads it (or pass --cuda-lib PATH)");
   if (f.driver && !have(LibKind::kCuda))
-    s->warn("libcuda not found (no NVIDIA driver installed?); driver calls are not traced until "
-            "a process loads it");
+    s->warn(
+        "libcuda not found (no NVIDIA driver installed?); driver calls are not traced until "
+        "a process loads it");
   if (f.nccl && !have(LibKind::kNccl))
     s->warn("libnccl not found; NCCL collectives are not traced until a process loads it");
 
@@ -139,17 +138,15 @@ std::unique_ptr<LiveSource> LiveSource::start(const LiveOptions& opts, std::stri
   switch (opts.probes.filter) {
     case FilterMode::kAllCuda: si.pid_filter = "all CUDA processes"; break;
     case FilterMode::kPids:
-      for (uint32_t p : opts.probes.pids)
-        si.pid_filter += (si.pid_filter.empty() ? "" : ",") + std::to_string(p);
+      for (uint32_t p : opts.probes.pids) si.pid_filter += (si.pid_filter.empty() ? "" : ",") + std::to_string(p);
       break;
     case FilterMode::kCgroup: si.pid_filter = "cgroup " + opts.probes.cgroup_path; break;
   }
   si.flags = "families=" + families_text(f);
   if (stacks) {
     auto ns = [](uint64_t v) { return v == UINT64_MAX ? std::string("off") : std::to_string(v); };
-    si.flags += "; stack_min_ns=" + ns(so.call_min_ns) + "; offcpu_stack_min_ns=" +
-                ns(so.offcpu_min_ns) + "; sample_hz=" + std::to_string(so.sample_hz) +
-                "; ustack_bytes=" + std::to_string(so.ustack_bytes);
+    si.flags += "; stack_min_ns=" + ns(so.call_min_ns) + "; offcpu_stack_min_ns=" + ns(so.offcpu_min_ns) +
+                "; sample_hz=" + std::to_string(so.sample_hz) + "; ustack_bytes=" + std::to_string(so.ustack_bytes);
   }
   // Names of the processes known now (the engine reads them when a run starts); later ones are
   // added as their first events are delivered.
@@ -197,8 +194,8 @@ void LiveSource::on_event(Event& e, const char* comm16) {
   if (e.tid && !named_tids_.count(e.tid)) {
     std::string comm = comm16 ? std::string(comm16, strnlen(comm16, 16)) : std::string();
     if (comm.empty() && tried_tids_.insert(e.tid).second)
-      comm = read_first_line("/proc/" + std::to_string(e.pid ? e.pid : e.tid) + "/task/" +
-                             std::to_string(e.tid) + "/comm");
+      comm = read_first_line("/proc/" + std::to_string(e.pid ? e.pid : e.tid) + "/task/" + std::to_string(e.tid) +
+                             "/comm");
     if (!comm.empty()) {
       named_tids_.insert(e.tid);
       std::lock_guard<std::mutex> lk(mu_);
@@ -227,8 +224,7 @@ void LiveSource::attach_found(const std::vector<CudaLibrary>& libs) {
 
 void LiveSource::poller() {
   using clock = std::chrono::steady_clock;
-  auto next_scan = clock::now(), next_discovery = clock::now() +
-      std::chrono::nanoseconds(opts_.rediscover_interval_ns);
+  auto next_scan = clock::now(), next_discovery = clock::now() + std::chrono::nanoseconds(opts_.rediscover_interval_ns);
   uint64_t page_start = monotonic_ns(), page_bytes = 0, page_count = 0;
   {
     const ProbeCounters c0 = probes_->counters();
@@ -306,10 +302,8 @@ void LiveSource::poller() {
         std::lock_guard<std::mutex> lk(mu_);
         // Stack-ring overflow is not an event loss (the call still goes out, without its stack).
         const uint64_t total = c.v[IP_CNT_DROP_GPU] + c.v[IP_CNT_DROP_HOST] + queue_drops_.load();
-        if (drop_timeline_.size() < 2 || drop_timeline_.back().second != total)
-          drop_timeline_.emplace_back(t, total);
-        else
-          drop_timeline_.back().first = t;  // unchanged: extend the last sample
+        if (drop_timeline_.size() < 2 || drop_timeline_.back().second != total) drop_timeline_.emplace_back(t, total);
+        else drop_timeline_.back().first = t;  // unchanged: extend the last sample
       }
       if (opts_.probes.families.memory && (last || t - page_start >= opts_.page_interval_ns)) {
         // Page allocations are summed in the kernel; one host-wide event per interval.
@@ -335,8 +329,7 @@ void LiveSource::poller() {
     uint64_t wm = std::min({t, scan_time, oldest});
     if (opts_.probes.families.memory) wm = std::min(wm, page_start);
     wm = wm > opts_.lag_ns ? wm - opts_.lag_ns : 0;
-    if (wm > wm_mono_.load(std::memory_order_relaxed))
-      wm_mono_.store(wm, std::memory_order_release);
+    if (wm > wm_mono_.load(std::memory_order_relaxed)) wm_mono_.store(wm, std::memory_order_release);
     if (last) break;
 
     if (clock::now() >= next_discovery) {
@@ -355,7 +348,8 @@ void LiveSource::late(const Event& e) {
     return;
   }
   ++late_;
-  meta_.health.skip(op_name(e.source, e.op) + " older than the watermark already delivered (open "
+  meta_.health.skip(op_name(e.source, e.op) +
+                    " older than the watermark already delivered (open "
                     "longer than --max-hold); dropped");
 }
 
@@ -363,8 +357,7 @@ bool LiveSource::next(Batch& out) {
   if (finished_) return false;
   out.events.clear();
   out.final = false;
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::nanoseconds(opts_.batch_interval_ns);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(opts_.batch_interval_ns);
   std::vector<Event>& buf = dequeued_;
   buf.resize(4096);
   for (;;) {
@@ -387,8 +380,7 @@ bool LiveSource::next(Batch& out) {
         std::vector<Event> merged;
         merged.reserve(out.events.size() + late_context_.size());
         std::merge(out.events.begin(), out.events.end(), late_context_.begin(), late_context_.end(),
-                   std::back_inserter(merged),
-                   [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+                   std::back_inserter(merged), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
         out.events.swap(merged);
       } else {
         out.events.insert(out.events.end(), late_context_.begin(), late_context_.end());
@@ -401,8 +393,7 @@ bool LiveSource::next(Batch& out) {
     if (reorder_.size() > reorder_peak_.load(std::memory_order_relaxed))
       reorder_peak_.store(reorder_.size(), std::memory_order_relaxed);
     if (wm > last_wm_) last_wm_ = wm;
-    if (done || out.events.size() >= opts_.batch_max ||
-        std::chrono::steady_clock::now() >= deadline) {
+    if (done || out.events.size() >= opts_.batch_max || std::chrono::steady_clock::now() >= deadline) {
       {
         std::lock_guard<std::mutex> lk(mu_);
         for (auto& [id, st] : new_stacks_) meta_.stacks.emplace(id, std::move(st));
@@ -430,8 +421,7 @@ bool LiveSource::next(Batch& out) {
         out.final = true;
         out.watermark = UINT64_MAX;
         finished_ = true;
-        if (const uint64_t unk = unknown_.load(); unk)
-          meta_.health.skip("BPF records with an unknown source/op", unk);
+        if (const uint64_t unk = unknown_.load(); unk) meta_.health.skip("BPF records with an unknown source/op", unk);
         SessionInfo& si = meta_.sessions.back();
         si.stopped_at = conv_.to_unix(monotonic_ns());
         si.flags += "; dropped_stack=" + std::to_string(dropped_[IP_RING_STACK].load()) +

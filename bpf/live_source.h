@@ -30,11 +30,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
-#include <string>
-#include <map>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -49,35 +49,35 @@ namespace ingero::bpf {
 struct LiveOptions {
   ProbeOptions probes;
   DiscoveryOptions discovery;
-  uint64_t lag_ns = 50'000'000;                 // in-flight records (per-CPU commit order)
-  uint64_t max_hold_ns = 2'000'000'000;         // longest an open probed call may hold the watermark
+  uint64_t lag_ns = 50'000'000;          // in-flight records (per-CPU commit order)
+  uint64_t max_hold_ns = 2'000'000'000;  // longest an open probed call may hold the watermark
   // Longest an open context interval (off-CPU span, block request, socket call) holds it: one open
   // longer is delivered late (flagged event_flags::kLate) instead, so a thread asleep for seconds
   // or a slow disk never holds every other event in memory (reorder memory ~ rate x this).
   uint64_t context_hold_ns = 250'000'000;
-  uint64_t batch_interval_ns = 100'000'000;     // a batch at least this often
-  size_t batch_max = 16384;                     // events per batch at most
-  uint64_t page_interval_ns = 50'000'000;       // page-allocation aggregation interval
+  uint64_t batch_interval_ns = 100'000'000;  // a batch at least this often
+  size_t batch_max = 16384;                  // events per batch at most
+  uint64_t page_interval_ns = 50'000'000;    // page-allocation aggregation interval
   uint64_t rediscover_interval_ns = 2'000'000'000;
   int poll_timeout_ms = 10;
-  size_t queue_max = 65536;                     // events between poller and engine (5 MiB)
+  size_t queue_max = 65536;  // events between poller and engine (5 MiB)
 };
 
 struct LiveStats {
-  uint64_t records = 0;           // consumed from the rings
-  uint64_t delivered = 0;         // handed to the engine
-  uint64_t late = 0;              // probed calls dropped for arriving behind the watermark
-  uint64_t late_delivered = 0;    // context intervals delivered behind it (flagged kLate)
+  uint64_t records = 0;                 // consumed from the rings
+  uint64_t delivered = 0;               // handed to the engine
+  uint64_t late = 0;                    // probed calls dropped for arriving behind the watermark
+  uint64_t late_delivered = 0;          // context intervals delivered behind it (flagged kLate)
   uint64_t dropped[IP_NUM_RINGS] = {};  // ring overflow (kernel side)
-  uint64_t queue_dropped = 0;     // engine too slow: dropped before the queue (user side)
+  uint64_t queue_dropped = 0;           // engine too slow: dropped before the queue (user side)
   uint64_t depth_overflow = 0, unmatched = 0, no_slot = 0;
   size_t reorder_size = 0, reorder_peak = 0;  // events held for ordering (now, at most)
   size_t libraries = 0, uprobes = 0;
   // Stacks
-  uint64_t stack_records = 0;     // records with stacks emitted by BPF
-  uint64_t stacks_lost = 0;       // stack ring full: event sent without its stack / sample lost
+  uint64_t stack_records = 0;        // records with stacks emitted by BPF
+  uint64_t stacks_lost = 0;          // stack ring full: event sent without its stack / sample lost
   uint64_t stacks_rate_limited = 0;  // slow calls whose stack the per-thread rate limit skipped
-  uint64_t samples = 0;           // CPU-clock samples of traced threads
+  uint64_t samples = 0;              // CPU-clock samples of traced threads
   uint64_t stacks_resolved = 0, stacks_unique = 0, python_stacks = 0, python_procs = 0;
 };
 
@@ -123,23 +123,23 @@ class LiveSource final : public EventSource {
   std::atomic<uint64_t> records_{0}, unknown_{0};
   std::atomic<uint64_t> dropped_[IP_NUM_RINGS] = {};
   std::atomic<uint64_t> depth_{0}, unmatched_{0}, no_slot_{0}, queue_drops_{0};
-  std::vector<Event> pending_;  // poller-local: converted, not yet enqueued
-  std::unique_ptr<StackResolver> resolver_;  // poller-owned; null when no stacks are captured
+  std::vector<Event> pending_;                              // poller-local: converted, not yet enqueued
+  std::unique_ptr<StackResolver> resolver_;                 // poller-owned; null when no stacks are captured
   std::set<uint32_t> seen_pids_, named_tids_, tried_tids_;  // poller-local
-  std::map<uint32_t, uint64_t> forget_at_;    // poller-local: pid -> mono ns to forget it
-  std::atomic<uint64_t> stacks_resolved_{0}, stacks_unique_{0}, python_stacks_{0},
-      python_procs_{0}, stack_records_{0}, stacks_rate_{0}, samples_{0};
+  std::map<uint32_t, uint64_t> forget_at_;                  // poller-local: pid -> mono ns to forget it
+  std::atomic<uint64_t> stacks_resolved_{0}, stacks_unique_{0}, python_stacks_{0}, python_procs_{0}, stack_records_{0},
+      stacks_rate_{0}, samples_{0};
 
   mutable std::mutex mu_;  // guards the members below
   std::vector<std::string> warnings_;
   std::vector<CudaLibrary> libs_;
-  std::vector<std::pair<uint64_t, uint64_t>> drop_timeline_;  // (mono ns, cumulative drops)
-  std::vector<std::pair<uint64_t, StackTrace>> new_stacks_;   // for meta_.stacks
+  std::vector<std::pair<uint64_t, uint64_t>> drop_timeline_;   // (mono ns, cumulative drops)
+  std::vector<std::pair<uint64_t, StackTrace>> new_stacks_;    // for meta_.stacks
   std::vector<std::pair<uint32_t, std::string>> new_threads_;  // for meta_.thread_names
 
   // Engine-thread state (next()).
   ReorderBuffer reorder_;
-  std::vector<Event> dequeued_;  // next()'s bulk-dequeue buffer
+  std::vector<Event> dequeued_;      // next()'s bulk-dequeue buffer
   std::vector<Event> late_context_;  // context intervals behind the watermark, for the next batch
   std::atomic<uint64_t> late_delivered_{0};
   TraceMeta meta_;

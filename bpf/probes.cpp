@@ -9,12 +9,12 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <ctime>
 #include <fstream>
-#include <algorithm>
-#include <cstddef>
 #include <map>
 #include <sstream>
 
@@ -30,7 +30,7 @@ struct TracepointSpec {
   const char* category;
   const char* name;
   bool ProbeFamilies::*family;  // nullptr: always loaded (process tracking and cleanup)
-  const char* btf;      // program names in host.bpf.c
+  const char* btf;              // program names in host.bpf.c
   const char* classic;
 };
 
@@ -38,15 +38,12 @@ const TracepointSpec kTracepoints[] = {
     {"sched", "sched_switch", &ProbeFamilies::sched, "btf_sched_switch", "tp_sched_switch"},
     {"sched", "sched_wakeup", &ProbeFamilies::wakeup, "btf_sched_wakeup", "tp_sched_wakeup"},
     {"sched", "sched_process_fork", nullptr, "btf_process_fork", "tp_process_fork"},
-    {"sched", "sched_process_exec", &ProbeFamilies::process, "btf_process_exec",
-     "tp_process_exec"},
+    {"sched", "sched_process_exec", &ProbeFamilies::process, "btf_process_exec", "tp_process_exec"},
     {"sched", "sched_process_exit", nullptr, "btf_process_exit", "tp_process_exit"},
     {"kmem", "mm_page_alloc", &ProbeFamilies::memory, "btf_page_alloc", "tp_page_alloc"},
     {"block", "block_rq_issue", &ProbeFamilies::block, "btf_block_issue", "tp_block_issue"},
-    {"block", "block_rq_complete", &ProbeFamilies::block, "btf_block_complete",
-     "tp_block_complete"},
-    {"tcp", "tcp_retransmit_skb", &ProbeFamilies::tcp, "btf_tcp_retransmit",
-     "tp_tcp_retransmit"},
+    {"block", "block_rq_complete", &ProbeFamilies::block, "btf_block_complete", "tp_block_complete"},
+    {"tcp", "tcp_retransmit_skb", &ProbeFamilies::tcp, "btf_tcp_retransmit", "tp_tcp_retransmit"},
 };
 
 // Classic fields host.bpf.c reads: (category/event, field, IP_OFF_* index).
@@ -81,12 +78,14 @@ const ClassicField kClassicFields[] = {
 // other syscall keep the frame-pointer user and kernel stacks taken at switch-out. Names missing
 // from this kernel's tracefs (e.g. no futex_waitv before 5.16) are skipped and counted.
 const char* const kBlockingSyscalls[] = {
-    "futex", "futex_waitv",                                                  // locks, cond vars
-    "epoll_wait", "epoll_pwait", "epoll_pwait2", "poll", "ppoll", "select", "pselect6",
-    "nanosleep", "clock_nanosleep", "pause", "rt_sigtimedwait",              // sleeps, signals
-    "read", "readv", "pread64", "write", "writev", "pwrite64", "fsync", "fdatasync", "flock",
-    "recvfrom", "recvmsg", "sendto", "sendmsg", "accept", "accept4", "connect",  // sockets
-    "wait4", "waitid", "ioctl", "io_getevents", "io_uring_enter", "msgrcv", "semop", "semtimedop",
+    "futex",      "futex_waitv",  // locks, cond vars
+    "epoll_wait", "epoll_pwait", "epoll_pwait2",    "poll",         "ppoll",           "select",
+    "pselect6",   "nanosleep",   "clock_nanosleep", "pause",        "rt_sigtimedwait",  // sleeps, signals
+    "read",       "readv",       "pread64",         "write",        "writev",          "pwrite64",
+    "fsync",      "fdatasync",   "flock",           "recvfrom",     "recvmsg",         "sendto",
+    "sendmsg",    "accept",      "accept4",         "connect",  // sockets
+    "wait4",      "waitid",      "ioctl",           "io_getevents", "io_uring_enter",  "msgrcv",
+    "semop",      "semtimedop",
 };
 
 // "\tfield:unsigned int nr_sector;\toffset:24;\tsize:4;\tsigned:0;" -> ("nr_sector", 24)
@@ -107,8 +106,7 @@ std::map<std::string, uint32_t> read_format(const std::string& path) {
 }
 
 std::string find_tracefs(const std::string& preferred) {
-  for (const std::string& p : {preferred, std::string("/sys/kernel/tracing"),
-                               std::string("/sys/kernel/debug/tracing")})
+  for (const std::string& p : {preferred, std::string("/sys/kernel/tracing"), std::string("/sys/kernel/debug/tracing")})
     if (!p.empty() && ::access((p + "/events").c_str(), R_OK) == 0) return p;
   return {};
 }
@@ -154,8 +152,8 @@ LibKind symbol_library(const std::string& sym) {
 
 bool symbol_enabled(const std::string& sym, const ProbeFamilies& f) {
   if (sym.rfind("nccl", 0) == 0) return f.nccl;
-  if (sym == "cudaStreamBeginCapture" || sym == "cudaStreamEndCapture" ||
-      sym == "cudaGraphInstantiate" || sym == "cudaGraphLaunch")
+  if (sym == "cudaStreamBeginCapture" || sym == "cudaStreamEndCapture" || sym == "cudaGraphInstantiate" ||
+      sym == "cudaGraphLaunch")
     return f.graph;
   if (sym.rfind("cuda", 0) == 0) return f.cuda;
   return f.driver;
@@ -187,8 +185,8 @@ int64_t realtime_offset_ns() {
   return offset;
 }
 
-std::unique_ptr<BpfProbes> BpfProbes::open(const ProbeOptions& opts, RecordFn on_record,
-                                           std::string& error, StackFn on_stack) {
+std::unique_ptr<BpfProbes> BpfProbes::open(const ProbeOptions& opts, RecordFn on_record, std::string& error,
+                                           StackFn on_stack) {
   libbpf_set_print(libbpf_quiet);
   std::unique_ptr<BpfProbes> p(new BpfProbes());
   p->on_record_ = std::move(on_record);
@@ -202,7 +200,8 @@ bool BpfProbes::load(const ProbeOptions& opts, std::string& error) {
   if (opts.filter == FilterMode::kCgroup) {
     struct stat st {};
     if (::stat(opts.cgroup_path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-      error = "cgroup '" + opts.cgroup_path + "' is not a directory (expected a cgroup v2 path "
+      error = "cgroup '" + opts.cgroup_path +
+              "' is not a directory (expected a cgroup v2 path "
               "such as /sys/fs/cgroup/system.slice/docker-<id>.scope)";
       return false;
     }
@@ -230,8 +229,8 @@ bool BpfProbes::load(const ProbeOptions& opts, std::string& error) {
     bpf_program* c = bpf_object__find_program_by_name(host_->obj, tp.classic);
     const bool on = tp.family == nullptr || opts.families.*tp.family;
     const bool has_btf = vmlinux != nullptr &&
-        btf__find_by_name_kind(vmlinux, (std::string("btf_trace_") + tp.name).c_str(),
-                               BTF_KIND_TYPEDEF) >= 0;
+                         btf__find_by_name_kind(vmlinux, (std::string("btf_trace_") + tp.name).c_str(),
+                                                BTF_KIND_TYPEDEF) >= 0;
     const bool use_btf = on && has_btf && !opts.force_classic;
     const bool use_classic = on && !use_btf;
     if (use_classic && tracefs.empty()) {
@@ -261,20 +260,19 @@ bool BpfProbes::load(const ProbeOptions& opts, std::string& error) {
   }
 
   // Socket syscalls: classic tracepoints only (there is no tp_btf for individual syscalls).
-  const char* net_progs[] = {"sys_enter_sendto", "sys_enter_sendmsg", "sys_enter_recvfrom",
-                             "sys_enter_recvmsg", "sys_exit_sendto",   "sys_exit_sendmsg",
-                             "sys_exit_recvfrom", "sys_exit_recvmsg"};
+  const char* net_progs[] = {"sys_enter_sendto", "sys_enter_sendmsg", "sys_enter_recvfrom", "sys_enter_recvmsg",
+                             "sys_exit_sendto",  "sys_exit_sendmsg",  "sys_exit_recvfrom",  "sys_exit_recvmsg"};
   bpf_program* prog = nullptr;
   bpf_object__for_each_program(prog, host_->obj) {
     const std::string name = bpf_program__name(prog);
     if (name.rfind("sys_", 0) != 0) continue;
     bool on = opts.families.net;
-    if (on && (tracefs.empty() ||
-               ::access((tracefs + "/events/syscalls/" + name).c_str(), R_OK) != 0)) {
+    if (on && (tracefs.empty() || ::access((tracefs + "/events/syscalls/" + name).c_str(), R_OK) != 0)) {
       if (name == net_progs[0])
-        warnings_.push_back("socket send/recv: syscall tracepoints not available "
-                            "(kernel without CONFIG_FTRACE_SYSCALLS or tracefs not mounted); "
-                            "not traced");
+        warnings_.push_back(
+            "socket send/recv: syscall tracepoints not available "
+            "(kernel without CONFIG_FTRACE_SYSCALLS or tracefs not mounted); "
+            "not traced");
       on = false;
     }
     bpf_program__set_autoload(prog, on);
@@ -291,16 +289,14 @@ bool BpfProbes::load(const ProbeOptions& opts, std::string& error) {
   {
     btf* vb = btf__load_vmlinux_btf();
     const bool has_btf = vb != nullptr;
-    const bool has_raw =
-        vb && btf__find_by_name_kind(vb, "btf_trace_sys_exit", BTF_KIND_TYPEDEF) >= 0;
+    const bool has_raw = vb && btf__find_by_name_kind(vb, "btf_trace_sys_exit", BTF_KIND_TYPEDEF) >= 0;
     if (vb) btf__free(vb);
     const bool want = has_btf && opts.families.sched && opts.stacks.offcpu_min_ns != UINT64_MAX;
     if (want && !tracefs.empty()) {
       for (const char* name : kBlockingSyscalls) {
         if (::access((tracefs + "/events/syscalls/sys_exit_" + name).c_str(), R_OK) == 0)
           exit_syscalls.emplace_back(name);
-        else
-          ++exit_syscalls_missing_;
+        else ++exit_syscalls_missing_;
       }
     }
     exit_fallback = want && exit_syscalls.empty() && has_raw && !opts.force_classic;
@@ -337,15 +333,14 @@ bool BpfProbes::load(const ProbeOptions& opts, std::string& error) {
     ++exit_syscalls_attached_;
   }
   if (!exit_syscalls.empty()) {
-    if (exit_syscalls_attached_ > 0)
-      tps_.emplace_back("sys_exit", "classic");
+    if (exit_syscalls_attached_ > 0) tps_.emplace_back("sys_exit", "classic");
     else
-      warnings_.push_back("off-CPU stacks: no syscall exit tracepoint attached; long blocked "
-                          "spans keep their switch-out stacks (no Python frames)");
+      warnings_.push_back(
+          "off-CPU stacks: no syscall exit tracepoint attached; long blocked "
+          "spans keep their switch-out stacks (no Python frames)");
   }
 
-  const bool any_gpu = opts.families.cuda || opts.families.driver || opts.families.graph ||
-                       opts.families.nccl;
+  const bool any_gpu = opts.families.cuda || opts.families.driver || opts.families.graph || opts.families.nccl;
   if (any_gpu) {
     gpu_ = ip_gpu_bpf__open();
     if (!gpu_) {
@@ -371,21 +366,18 @@ bool BpfProbes::load(const ProbeOptions& opts, std::string& error) {
 
   if (opts.stacks.sample_hz > 0 && !open_sampler(opts, error)) return false;
 
-  rb_ = ring_buffer__new(bpf_map__fd(host_->maps.host_events), on_ring_record, &on_record_,
-                         nullptr);
+  rb_ = ring_buffer__new(bpf_map__fd(host_->maps.host_events), on_ring_record, &on_record_, nullptr);
   if (!rb_) {
     error = std::string("cannot open the host ring buffer: ") + std::strerror(errno);
     return false;
   }
-  if (gpu_ && ring_buffer__add(rb_, bpf_map__fd(gpu_->maps.gpu_events), on_ring_record,
-                               &on_record_) != 0) {
+  if (gpu_ && ring_buffer__add(rb_, bpf_map__fd(gpu_->maps.gpu_events), on_ring_record, &on_record_) != 0) {
     error = std::string("cannot open the GPU ring buffer: ") + std::strerror(errno);
     return false;
   }
 
   // Last: a pass over the rings reads the stack ring after the others.
-  if (ring_buffer__add(rb_, bpf_map__fd(host_->maps.stack_events), on_stack_record, &on_stack_) !=
-      0) {
+  if (ring_buffer__add(rb_, bpf_map__fd(host_->maps.stack_events), on_stack_record, &on_stack_) != 0) {
     error = std::string("cannot open the stack ring buffer: ") + std::strerror(errno);
     return false;
   }
@@ -397,8 +389,8 @@ bool BpfProbes::load(const ProbeOptions& opts, std::string& error) {
 
 void BpfProbes::reuse_shared(bpf_object* obj) {
   // Every map both objects declare (common.bpf.h, stack.bpf.h) is the host object's.
-  for (const char* name : {"traced_tgids", "call_stacks", "counters", "stack_events", "py_procs",
-                           "py_codes", "stack_tat", "stack_ids"}) {
+  for (const char* name :
+       {"traced_tgids", "call_stacks", "counters", "stack_events", "py_procs", "py_codes", "stack_tat", "stack_ids"}) {
     bpf_map* m = bpf_object__find_map_by_name(obj, name);
     bpf_map* h = bpf_object__find_map_by_name(host_->obj, name);
     if (m && h) bpf_map__reuse_fd(m, bpf_map__fd(h));
@@ -427,8 +419,7 @@ bool BpfProbes::open_sampler(const ProbeOptions& opts, std::string& error) {
     // cpu-clock counts nanoseconds: a fixed period gives the rate from the first tick (frequency
     // mode would start slow and converge).
     a.sample_period = 1'000'000'000ull / opts.stacks.sample_hz;
-    const int fd = static_cast<int>(::syscall(__NR_perf_event_open, &a, -1, cpu, -1,
-                                              PERF_FLAG_FD_CLOEXEC));
+    const int fd = static_cast<int>(::syscall(__NR_perf_event_open, &a, -1, cpu, -1, PERF_FLAG_FD_CLOEXEC));
     if (fd < 0) {  // an offline CPU: nothing runs there
       ++failed;
       last_err = errno;
@@ -445,8 +436,8 @@ bool BpfProbes::open_sampler(const ProbeOptions& opts, std::string& error) {
     sample_links_.push_back(l);
   }
   if (sample_links_.empty())
-    warnings_.push_back(std::string("CPU sampler: no perf event could be opened (") +
-                        std::strerror(last_err) + "); no on-CPU samples");
+    warnings_.push_back(std::string("CPU sampler: no perf event could be opened (") + std::strerror(last_err) +
+                        "); no on-CPU samples");
   else if (failed > 0)
     warnings_.push_back("CPU sampler: " + std::to_string(failed) + " of " + std::to_string(ncpu) +
                         " CPUs without a perf event (offline?)");
@@ -457,9 +448,7 @@ bool BpfProbes::set_python(uint32_t pid, const ip_py_proc& layout) {
   return bpf_map_update_elem(bpf_map__fd(host_->maps.py_procs), &pid, &layout, BPF_ANY) == 0;
 }
 
-void BpfProbes::forget_python(uint32_t pid) {
-  bpf_map_delete_elem(bpf_map__fd(host_->maps.py_procs), &pid);
-}
+void BpfProbes::forget_python(uint32_t pid) { bpf_map_delete_elem(bpf_map__fd(host_->maps.py_procs), &pid); }
 
 bool BpfProbes::read_code(uint32_t pid, uint64_t code, ip_py_code& out) const {
   ip_py_code_key k{};
@@ -582,8 +571,7 @@ void scan_map(const bpf_map* m, F&& visit) {
   for (int guard = 0; guard < 1024; ++guard) {
     uint32_t n = kChunk;
     LIBBPF_OPTS(bpf_map_batch_opts, bo);
-    const int rc = bpf_map_lookup_batch(fd, first ? nullptr : &in_batch, &out_batch, keys.data(),
-                                        vals.data(), &n, &bo);
+    const int rc = bpf_map_lookup_batch(fd, first ? nullptr : &in_batch, &out_batch, keys.data(), vals.data(), &n, &bo);
     const int err = rc ? errno : 0;
     for (uint32_t i = 0; i < n; ++i) visit(vals.data() + i * value_size);
     if (rc != 0 && err != ENOSPC) break;  // ENOENT: done
@@ -593,8 +581,7 @@ void scan_map(const bpf_map* m, F&& visit) {
 }
 }  // namespace
 
-uint64_t BpfProbes::oldest_open(uint64_t now_mono, uint64_t call_max_age_ns,
-                                uint64_t context_max_age_ns) const {
+uint64_t BpfProbes::oldest_open(uint64_t now_mono, uint64_t call_max_age_ns, uint64_t context_max_age_ns) const {
   uint64_t oldest = UINT64_MAX;
   uint64_t floor = now_mono > call_max_age_ns ? now_mono - call_max_age_ns : 0;
   auto consider = [&](uint64_t ts) {

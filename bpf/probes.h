@@ -52,8 +52,7 @@ struct ProbeFamilies {
   bool net = true;      // socket send/recv syscalls
 };
 
-enum class FilterMode : uint32_t { kAllCuda = IP_FILTER_CUDA, kPids = IP_FILTER_PIDS,
-                                   kCgroup = IP_FILTER_CGROUP };
+enum class FilterMode : uint32_t { kAllCuda = IP_FILTER_CUDA, kPids = IP_FILTER_PIDS, kCgroup = IP_FILTER_CGROUP };
 
 // What is captured with stacks, and how much (docs/live-capture.md "Stacks").
 struct StackOptions {
@@ -72,10 +71,10 @@ struct ProbeOptions {
   ProbeFamilies families;
   StackOptions stacks;
   FilterMode filter = FilterMode::kAllCuda;
-  std::vector<uint32_t> pids;   // kPids: these processes and their descendants
-  std::string cgroup_path;      // kCgroup: a cgroup v2 directory
-  bool force_classic = false;   // classic tracepoints even where tp_btf works (tests)
-  std::string tracefs;          // empty: /sys/kernel/tracing, then /sys/kernel/debug/tracing
+  std::vector<uint32_t> pids;  // kPids: these processes and their descendants
+  std::string cgroup_path;     // kCgroup: a cgroup v2 directory
+  bool force_classic = false;  // classic tracepoints even where tp_btf works (tests)
+  std::string tracefs;         // empty: /sys/kernel/tracing, then /sys/kernel/debug/tracing
   // Size of each ring buffer (GPU calls, host events): a power of two, at least one page. The
   // poller empties the rings every 10 ms; 4 MiB holds ~58,000 records (~0.3 s at 200k records/s)
   // of slack for a descheduled poller. The kernel maps a ring's data twice, so each ring shows in
@@ -96,8 +95,8 @@ class BpfProbes {
 
   // Loads and attaches the tracepoints; uprobes come with attach_library(). Null and `error` on
   // failure (not root, no BPF, verifier rejection).
-  static std::unique_ptr<BpfProbes> open(const ProbeOptions& opts, RecordFn on_record,
-                                         std::string& error, StackFn on_stack = {});
+  static std::unique_ptr<BpfProbes> open(const ProbeOptions& opts, RecordFn on_record, std::string& error,
+                                         StackFn on_stack = {});
   ~BpfProbes();
   BpfProbes(const BpfProbes&) = delete;
   BpfProbes& operator=(const BpfProbes&) = delete;
@@ -118,8 +117,7 @@ class BpfProbes {
   // Oldest entry timestamp (CLOCK_MONOTONIC ns) among open probed calls no older than
   // `call_max_age_ns` before `now_mono` and open context intervals (off-CPU spans, block
   // requests, socket calls) no older than `context_max_age_ns`; UINT64_MAX when none.
-  uint64_t oldest_open(uint64_t now_mono, uint64_t call_max_age_ns,
-                       uint64_t context_max_age_ns) const;
+  uint64_t oldest_open(uint64_t now_mono, uint64_t call_max_age_ns, uint64_t context_max_age_ns) const;
   // Marks a process as traced (kPids/kCgroup seeding).
   void trace_pid(uint32_t pid);
 

@@ -28,36 +28,108 @@ namespace {
 // minors and, on 3.13, with the interpreter's own _Py_DebugOffsets (checked at attach).
 constexpr PyOffsets kTable[] = {
     // 3.10: gilstate.autoTSSkey at 560+24; tstate->frame is a PyFrameObject*; f_lasti in code units.
-    {.minor = 10, .runtime_tss = 584, .runtime_interp_head = 32, .interp_threads_head = 8,
-     .tstate_interp = 16, .tstate_native_thread_id = 0, .tstate_next = 8, .tstate_thread_id = 176,
-     .tstate_frame = 24, .cframe_current_frame = -1, .frame_code = 32, .frame_back = 24,
-     .frame_instr = 96, .frame_owner = -1, .code_filename = 104, .code_name = 112,
-     .code_qualname = 0, .code_firstlineno = 40, .code_linetable = 120, .code_bytecode = 48,
-     .str_ascii_data = 48, .str_compact_data = 72, .str_state = 32, .bytes_data = 32,
+    {.minor = 10,
+     .runtime_tss = 584,
+     .runtime_interp_head = 32,
+     .interp_threads_head = 8,
+     .tstate_interp = 16,
+     .tstate_native_thread_id = 0,
+     .tstate_next = 8,
+     .tstate_thread_id = 176,
+     .tstate_frame = 24,
+     .cframe_current_frame = -1,
+     .frame_code = 32,
+     .frame_back = 24,
+     .frame_instr = 96,
+     .frame_owner = -1,
+     .code_filename = 104,
+     .code_name = 112,
+     .code_qualname = 0,
+     .code_firstlineno = 40,
+     .code_linetable = 120,
+     .code_bytecode = 48,
+     .str_ascii_data = 48,
+     .str_compact_data = 72,
+     .str_state = 32,
+     .bytes_data = 32,
      .bytes_size = 16},
     // 3.11: tstate->cframe->current_frame (_PyInterpreterFrame); prev_instr; co_code_adaptive inline.
-    {.minor = 11, .runtime_tss = 592, .runtime_interp_head = 40, .interp_threads_head = 16,
-     .tstate_interp = 16, .tstate_native_thread_id = 160, .tstate_next = 8, .tstate_thread_id = 152,
-     .tstate_frame = 56, .cframe_current_frame = 8, .frame_code = 32, .frame_back = 48,
-     .frame_instr = 56, .frame_owner = 69, .code_filename = 112, .code_name = 120,
-     .code_qualname = 128, .code_firstlineno = 72, .code_linetable = 136, .code_bytecode = 184,
-     .str_ascii_data = 48, .str_compact_data = 72, .str_state = 32, .bytes_data = 32,
+    {.minor = 11,
+     .runtime_tss = 592,
+     .runtime_interp_head = 40,
+     .interp_threads_head = 16,
+     .tstate_interp = 16,
+     .tstate_native_thread_id = 160,
+     .tstate_next = 8,
+     .tstate_thread_id = 152,
+     .tstate_frame = 56,
+     .cframe_current_frame = 8,
+     .frame_code = 32,
+     .frame_back = 48,
+     .frame_instr = 56,
+     .frame_owner = 69,
+     .code_filename = 112,
+     .code_name = 120,
+     .code_qualname = 128,
+     .code_firstlineno = 72,
+     .code_linetable = 136,
+     .code_bytecode = 184,
+     .str_ascii_data = 48,
+     .str_compact_data = 72,
+     .str_state = 32,
+     .bytes_data = 32,
      .bytes_size = 16},
     // 3.12: _PyRuntime.autoTSSkey; cframe->current_frame at 0; shim frames (owner 3).
-    {.minor = 12, .runtime_tss = 1544, .runtime_interp_head = 40, .interp_threads_head = 72,
-     .tstate_interp = 16, .tstate_native_thread_id = 144, .tstate_next = 8, .tstate_thread_id = 136,
-     .tstate_frame = 56, .cframe_current_frame = 0, .frame_code = 0, .frame_back = 8,
-     .frame_instr = 56, .frame_owner = 70, .code_filename = 112, .code_name = 120,
-     .code_qualname = 128, .code_firstlineno = 68, .code_linetable = 136, .code_bytecode = 192,
-     .str_ascii_data = 40, .str_compact_data = 56, .str_state = 32, .bytes_data = 32,
+    {.minor = 12,
+     .runtime_tss = 1544,
+     .runtime_interp_head = 40,
+     .interp_threads_head = 72,
+     .tstate_interp = 16,
+     .tstate_native_thread_id = 144,
+     .tstate_next = 8,
+     .tstate_thread_id = 136,
+     .tstate_frame = 56,
+     .cframe_current_frame = 0,
+     .frame_code = 0,
+     .frame_back = 8,
+     .frame_instr = 56,
+     .frame_owner = 70,
+     .code_filename = 112,
+     .code_name = 120,
+     .code_qualname = 128,
+     .code_firstlineno = 68,
+     .code_linetable = 136,
+     .code_bytecode = 192,
+     .str_ascii_data = 40,
+     .str_compact_data = 56,
+     .str_state = 32,
+     .bytes_data = 32,
      .bytes_size = 16},
     // 3.13: tstate->current_frame; f_executable; instr_ptr; entry frames (owner 3, executable None).
-    {.minor = 13, .runtime_tss = 2160, .runtime_interp_head = 632, .interp_threads_head = 7344,
-     .tstate_interp = 16, .tstate_native_thread_id = 160, .tstate_next = 8, .tstate_thread_id = 152,
-     .tstate_frame = 72, .cframe_current_frame = -1, .frame_code = 0, .frame_back = 8,
-     .frame_instr = 56, .frame_owner = 70, .code_filename = 112, .code_name = 120,
-     .code_qualname = 128, .code_firstlineno = 68, .code_linetable = 136, .code_bytecode = 200,
-     .str_ascii_data = 40, .str_compact_data = 56, .str_state = 32, .bytes_data = 32,
+    {.minor = 13,
+     .runtime_tss = 2160,
+     .runtime_interp_head = 632,
+     .interp_threads_head = 7344,
+     .tstate_interp = 16,
+     .tstate_native_thread_id = 160,
+     .tstate_next = 8,
+     .tstate_thread_id = 152,
+     .tstate_frame = 72,
+     .cframe_current_frame = -1,
+     .frame_code = 0,
+     .frame_back = 8,
+     .frame_instr = 56,
+     .frame_owner = 70,
+     .code_filename = 112,
+     .code_name = 120,
+     .code_qualname = 128,
+     .code_firstlineno = 68,
+     .code_linetable = 136,
+     .code_bytecode = 200,
+     .str_ascii_data = 40,
+     .str_compact_data = 56,
+     .str_state = 32,
+     .bytes_data = 32,
      .bytes_size = 16},
 };
 
@@ -131,8 +203,7 @@ std::vector<Mapping> read_maps(uint32_t pid) {
     char perms[8];
     unsigned maj = 0, min = 0;
     int consumed = 0;
-    if (std::sscanf(line, "%llx-%llx %7s %llx %x:%x %llu %n", &s, &e, perms, &off, &maj, &min, &ino,
-                    &consumed) < 7)
+    if (std::sscanf(line, "%llx-%llx %7s %llx %x:%x %llu %n", &s, &e, perms, &off, &maj, &min, &ino, &consumed) < 7)
       continue;
     std::string path = line + consumed;
     while (!path.empty() && (path.back() == '\n' || path.back() == ' ')) path.pop_back();
@@ -183,8 +254,7 @@ bool elf_syms(int fd, ElfSyms& out) {
   if (elf_getphdrnum(elf, &phnum) == 0)
     for (size_t i = 0; i < phnum; ++i) {
       GElf_Phdr ph;
-      if (gelf_getphdr(elf, static_cast<int>(i), &ph) != nullptr && ph.p_type == PT_LOAD)
-        out.loads.push_back(ph);
+      if (gelf_getphdr(elf, static_cast<int>(i), &ph) != nullptr && ph.p_type == PT_LOAD) out.loads.push_back(ph);
     }
   for_each_elf_symbol(elf, [&](const char* name, uint64_t value, uint64_t, unsigned char) {
     if (!out.have_runtime && std::strcmp(name, "_PyRuntime") == 0) {
@@ -203,8 +273,7 @@ bool elf_syms(int fd, ElfSyms& out) {
 }
 
 // Process address of ELF vaddr 0 for the file mapped by `maps` entries with this path.
-bool load_bias(const std::vector<Mapping>& maps, const std::string& path, const ElfSyms& syms,
-               uint64_t& bias) {
+bool load_bias(const std::vector<Mapping>& maps, const std::string& path, const ElfSyms& syms, uint64_t& bias) {
   for (const Mapping& m : maps) {
     if (m.path != path) continue;
     for (const GElf_Phdr& ph : syms.loads) {
@@ -395,8 +464,7 @@ std::optional<PyProcess> inspect_python(uint32_t pid, std::string& why) {
   std::vector<std::string> candidates;
   for (const Mapping& m : maps) {
     const std::string b = base_name(m.path);
-    if (b.rfind("libpython3.", 0) == 0 &&
-        std::find(candidates.begin(), candidates.end(), m.path) == candidates.end())
+    if (b.rfind("libpython3.", 0) == 0 && std::find(candidates.begin(), candidates.end(), m.path) == candidates.end())
       candidates.push_back(m.path);
   }
   char exe[4096];
@@ -508,8 +576,9 @@ std::optional<PyProcess> inspect_python(uint32_t pid, std::string& why) {
         t = mem.ptr(t + off->tstate_next);
       }
       if (!tss_ok) {
-        why = "no thread state is reachable through the glibc TSS slot (pthread_self + 0x310 + "
-              "16*key + 8): unknown libc layout";
+        why =
+            "no thread state is reachable through the glibc TSS slot (pthread_self + 0x310 + "
+            "16*key + 8): unknown libc layout";
         return std::nullopt;
       }
     }
@@ -554,8 +623,8 @@ std::optional<PyProcess> inspect_python(uint32_t pid, std::string& why) {
       };
       for (const auto& c : checks)
         if (u64(c.at) != c.want) {
-          why = std::string("_Py_DebugOffsets.") + c.what + " = " + std::to_string(u64(c.at)) +
-                ", table says " + std::to_string(c.want);
+          why = std::string("_Py_DebugOffsets.") + c.what + " = " + std::to_string(u64(c.at)) + ", table says " +
+                std::to_string(c.want);
           return std::nullopt;
         }
     }
@@ -577,10 +646,8 @@ std::optional<uint64_t> thread_fsbase(uint32_t pid, uint32_t tid, std::string& w
     int st = 0;
     if (waitpid(t, &st, __WALL) == t && WIFSTOPPED(st)) {
       struct user_regs_struct regs;
-      if (ptrace(PTRACE_GETREGS, t, nullptr, &regs) == 0)
-        out = regs.fs_base;
-      else
-        why = std::string("PTRACE_GETREGS failed: ") + std::strerror(errno);
+      if (ptrace(PTRACE_GETREGS, t, nullptr, &regs) == 0) out = regs.fs_base;
+      else why = std::string("PTRACE_GETREGS failed: ") + std::strerror(errno);
     } else {
       why = "the thread did not stop";
     }
@@ -617,8 +684,8 @@ std::vector<uint64_t> py_thread_states(const PyProcess& p, size_t max, std::stri
   return out;
 }
 
-std::vector<StackFrame> py_walk_tstate(const PyProcess& p, uint64_t tstate, size_t max_frames,
-                                       bool& truncated, std::string& why) {
+std::vector<StackFrame> py_walk_tstate(const PyProcess& p, uint64_t tstate, size_t max_frames, bool& truncated,
+                                       std::string& why) {
   truncated = false;
   std::vector<StackFrame> out;
   Mem mem(p.pid);
@@ -640,15 +707,15 @@ std::vector<StackFrame> py_walk_tstate(const PyProcess& p, uint64_t tstate, size
     bool skip = false;
     if (o.frame_owner >= 0) {
       uint8_t owner = 0;
-      if (mem.get(frame + static_cast<uint32_t>(o.frame_owner), owner) && owner == kFrameOwnedByCStack)
-        skip = true;
+      if (mem.get(frame + static_cast<uint32_t>(o.frame_owner), owner) && owner == kFrameOwnedByCStack) skip = true;
     }
     if (!skip && p.code_type_addr != 0 && (code == 0 || mem.ptr(code + kObTypeOffset) != p.code_type_addr))
       skip = true;  // not a code object (3.13 entry frame: Py_None)
     if (!skip) {
       uint8_t hdr[256];
-      const size_t need = std::max({o.code_filename, o.code_name, o.code_qualname, o.code_linetable,
-                                    o.code_firstlineno}) + 8u;
+      const size_t need = std::max(
+                              {o.code_filename, o.code_name, o.code_qualname, o.code_linetable, o.code_firstlineno}) +
+                          8u;
       if (need > sizeof hdr || !mem.read(code, hdr, need)) {
         why = "cannot read a code object";
         break;
@@ -677,8 +744,7 @@ std::vector<StackFrame> py_walk_tstate(const PyProcess& p, uint64_t tstate, size
       if (lb != UINT32_MAX) {
         const uint64_t lt = ptr_at(o.code_linetable);
         int64_t size = 0;
-        if (lt != 0 && mem.get(lt + o.bytes_size, size) && size >= 0 &&
-            static_cast<size_t>(size) <= kMaxLineTable) {
+        if (lt != 0 && mem.get(lt + o.bytes_size, size) && size >= 0 && static_cast<size_t>(size) <= kMaxLineTable) {
           std::vector<uint8_t> table(static_cast<size_t>(size));
           if (table.empty() || mem.read(lt + o.bytes_data, table.data(), table.size()))
             line = python_line(p.minor, table, first, lb);

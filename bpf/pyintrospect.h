@@ -35,19 +35,22 @@ namespace ingero::bpf {
 inline constexpr uint32_t kGlibcSpecificOffset = 0x310;
 inline constexpr uint32_t kGlibcSpecificFastKeys = 32;
 
-struct PyOffsets {  // byte offsets for one CPython minor version, x86-64 (table in docs/stacks.md)
-  int minor = 0;    // 10..13
+struct PyOffsets {           // byte offsets for one CPython minor version, x86-64 (table in docs/stacks.md)
+  int minor = 0;             // 10..13
   uint32_t runtime_tss = 0;  // _PyRuntime -> Py_tss_t of autoTSSkey (the key is at +4, _is_initialized at +0)
   uint32_t runtime_interp_head = 0, interp_threads_head = 0, tstate_interp = 0,
            tstate_native_thread_id = 0;  // native_thread_id: 0 on 3.10 (absent)
   uint32_t tstate_next = 0;              // tstate->next (the interpreter's thread list)
   uint32_t tstate_thread_id = 0;         // tstate->thread_id (pthread_self(), every version)
-  uint32_t tstate_frame = 0;   // 3.10: tstate->frame (PyFrameObject*); 3.11/3.12: tstate->cframe; 3.13: current_frame
+  uint32_t tstate_frame = 0;  // 3.10: tstate->frame (PyFrameObject*); 3.11/3.12: tstate->cframe; 3.13: current_frame
   int32_t cframe_current_frame = -1;  // 3.11: 8, 3.12: 0, else -1 (no cframe indirection)
-  uint32_t frame_code = 0, frame_back = 0, frame_instr = 0;  // 3.10: f_code, f_back, f_lasti(int, code units); 3.11+: code, previous, prev_instr/instr_ptr
+  uint32_t
+      frame_code = 0,
+      frame_back = 0,
+      frame_instr = 0;  // 3.10: f_code, f_back, f_lasti(int, code units); 3.11+: code, previous, prev_instr/instr_ptr
   int32_t frame_owner = -1;  // 3.11+: owner byte offset (skip owner == 3, FRAME_OWNED_BY_CSTACK), -1 on 3.10
-  uint32_t code_filename = 0, code_name = 0, code_qualname = 0 /*0 on 3.10*/, code_firstlineno = 0,
-           code_linetable = 0, code_bytecode = 0;  // 3.10: co_code (PyBytesObject*); 3.11+: co_code_adaptive (inline)
+  uint32_t code_filename = 0, code_name = 0, code_qualname = 0 /*0 on 3.10*/, code_firstlineno = 0, code_linetable = 0,
+           code_bytecode = 0;     // 3.10: co_code (PyBytesObject*); 3.11+: co_code_adaptive (inline)
   uint32_t str_ascii_data = 0;    // sizeof(PyASCIIObject): compact ASCII data offset
   uint32_t str_compact_data = 0;  // sizeof(PyCompactUnicodeObject): non-ASCII compact data offset
   uint32_t str_state = 0;         // offset of the state bitfield (kind/compact/ascii)
@@ -59,11 +62,11 @@ const PyOffsets* py_offsets_for(int minor);  // null for unsupported versions
 struct PyProcess {
   uint32_t pid = 0;
   int minor = 0;
-  std::string version;       // "3.12.1" (3.10: "3.10" from the file name)
-  std::string module;        // the ELF holding _PyRuntime (exe or libpython3.X.so.1.0), full path
-  uint64_t runtime_addr = 0;  // absolute address of _PyRuntime in the process
-  uint32_t tss_key = 0;      // the autoTSSkey value read from the process (must be < 32 for glibc's fast path)
-  uint64_t interp_head = 0;  // the main interpreter (interpreters.head) at inspection time
+  std::string version;          // "3.12.1" (3.10: "3.10" from the file name)
+  std::string module;           // the ELF holding _PyRuntime (exe or libpython3.X.so.1.0), full path
+  uint64_t runtime_addr = 0;    // absolute address of _PyRuntime in the process
+  uint32_t tss_key = 0;         // the autoTSSkey value read from the process (must be < 32 for glibc's fast path)
+  uint64_t interp_head = 0;     // the main interpreter (interpreters.head) at inspection time
   uint64_t code_type_addr = 0;  // &PyCode_Type in the process: frames whose code is not a code object are skipped
   PyOffsets off;
 };
@@ -89,8 +92,7 @@ uint32_t py_lasti_bytes(int minor, uint64_t code_addr, uint64_t instr, const PyO
 // bytecode (3.10: f_lasti*2; 3.11+: (instr_ptr - (code + code_bytecode)) as bytes). Decodes 3.10
 // co_linetable (the 3.10 format) and the 3.11+ location table. Returns 0 when the table does not
 // cover the offset.
-uint32_t python_line(int minor, std::span<const uint8_t> linetable, int firstlineno,
-                     uint32_t lasti_bytes);
+uint32_t python_line(int minor, std::span<const uint8_t> linetable, int firstlineno, uint32_t lasti_bytes);
 
 // Decodes a str object's bytes as read from memory (header + data, as many bytes as were read) to
 // UTF-8: compact ASCII and compact non-ASCII kinds 1/2/4. Empty on anything it does not recognise.
@@ -110,8 +112,8 @@ std::vector<uint64_t> py_thread_states(const PyProcess& p, size_t max, std::stri
 
 // The Python frames of the thread state `tstate`, innermost first (see the contract), at most
 // max_frames; `truncated` set when more remained. Reads /proc/PID/mem.
-std::vector<StackFrame> py_walk_tstate(const PyProcess& p, uint64_t tstate, size_t max_frames,
-                                       bool& truncated, std::string& why);
+std::vector<StackFrame> py_walk_tstate(const PyProcess& p, uint64_t tstate, size_t max_frames, bool& truncated,
+                                       std::string& why);
 
 // User-space walk of a live process's Python stack for one thread (reads /proc/PID/mem; for
 // tests and `check`): frames innermost first, kind python, with file / qualname / executing

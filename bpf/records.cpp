@@ -34,8 +34,7 @@ uint32_t nccl_type_size(uint64_t t) {
 bool RecordConverter::convert(const ip_record& r, Event& e, std::string& reason) {
   const auto src = static_cast<Source>(r.source);
   if (!find_op(src, r.op)) {
-    reason = "unknown BPF record (source " + std::to_string(r.source) + ", op " +
-             std::to_string(r.op) + ")";
+    reason = "unknown BPF record (source " + std::to_string(r.source) + ", op " + std::to_string(r.op) + ")";
     return false;
   }
   e = Event{};
@@ -72,8 +71,7 @@ bool RecordConverter::convert(const ip_record& r, Event& e, std::string& reason)
         if (auto it = comm_rank_.find(r.arg2); it != comm_rank_.end()) e.rank = it->second;
       }
       break;
-    default:
-      break;
+    default: break;
   }
   if (e.rank < 0 && !pid_rank_.empty())
     if (auto it = pid_rank_.find(e.pid); it != pid_rank_.end()) e.rank = it->second;

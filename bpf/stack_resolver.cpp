@@ -90,8 +90,7 @@ std::string py_str_utf8(const char* data, size_t bytes, unsigned kind) {
 }
 
 StackResolver::StackResolver(BpfProbes& probes)
-    : probes_(probes), sym_(std::make_unique<Symbolizer>()),
-      unw_(std::make_unique<Unwinder>(*sym_)) {}
+    : probes_(probes), sym_(std::make_unique<Symbolizer>()), unw_(std::make_unique<Unwinder>(*sym_)) {}
 
 StackResolver::~StackResolver() = default;
 
@@ -112,8 +111,7 @@ void StackResolver::note_process(uint32_t pid) {
     // A Python process whose layout did not validate (or anything else inspect_python refused):
     // native stacks only, said once.
     ++stats_.python_refused;
-    warnings_.push_back("pid " + std::to_string(pid) + ": no Python frames (" + why +
-                        "); native stacks only");
+    warnings_.push_back("pid " + std::to_string(pid) + ": no Python frames (" + why + "); native stacks only");
   }
 }
 
@@ -121,8 +119,7 @@ void StackResolver::forget_process(uint32_t pid) {
   if (!noted_.erase(pid)) return;
   sym_->forget_process(pid);
   if (minor_.erase(pid)) probes_.forget_python(pid);
-  for (auto it = codes_.lower_bound({pid, 0}); it != codes_.end() && it->first.first == pid;)
-    it = codes_.erase(it);
+  for (auto it = codes_.lower_bound({pid, 0}); it != codes_.end() && it->first.first == pid;) it = codes_.erase(it);
 }
 
 const StackResolver::Code& StackResolver::code(uint32_t pid, uint64_t addr) {
@@ -134,8 +131,7 @@ const StackResolver::Code& StackResolver::code(uint32_t pid, uint64_t addr) {
   c.firstlineno = raw.firstlineno;
   c.file = py_str_utf8(raw.file, std::min<size_t>(raw.file_len, sizeof(raw.file)), raw.file_kind);
   c.name = py_str_utf8(raw.name, std::min<size_t>(raw.name_len, sizeof(raw.name)), raw.name_kind);
-  c.linetable.assign(raw.linetable,
-                     raw.linetable + std::min<size_t>(raw.linetable_len, sizeof(raw.linetable)));
+  c.linetable.assign(raw.linetable, raw.linetable + std::min<size_t>(raw.linetable_len, sizeof(raw.linetable)));
   return c;
 }
 
@@ -158,8 +154,7 @@ void StackResolver::add_python(const ip_stack_record& r, uint32_t pid, ParsedSta
     f.file = c.file;
     f.function = c.name;
     uint32_t line = 0;
-    if (r.py[i].lasti != UINT32_MAX)
-      line = python_line(mit->second, c.linetable, c.firstlineno, r.py[i].lasti);
+    if (r.py[i].lasti != UINT32_MAX) line = python_line(mit->second, c.linetable, c.firstlineno, r.py[i].lasti);
     f.line = line ? line : static_cast<uint32_t>(std::max(c.firstlineno, 0));
     py.push_back(std::move(f));
   }
@@ -218,8 +213,7 @@ uint64_t StackResolver::resolve(const ip_stack_record& r, size_t len) {
     regs.sp = r.sp;
     regs.bp = r.bp;
     bool trunc = false;
-    std::vector<uint64_t> ips =
-        unw_->unwind(pid, regs, std::span<const uint8_t>(r.ustack, win), kMaxNative, trunc);
+    std::vector<uint64_t> ips = unw_->unwind(pid, regs, std::span<const uint8_t>(r.ustack, win), kMaxNative, trunc);
     // The frame-pointer stack is the cross-check: used when it saw further (FP-built code).
     const uint32_t nfp = std::min<uint32_t>(r.n_fp, IP_FP_MAX);
     if (nfp > ips.size()) {
@@ -239,18 +233,16 @@ uint64_t StackResolver::resolve(const ip_stack_record& r, size_t len) {
   return finish(st, all_ips);
 }
 
-void StackResolver::add_kernel_from_id(uint32_t kstack_id1, ParsedStack& st,
-                                       std::vector<uint64_t>& all_ips) {
+void StackResolver::add_kernel_from_id(uint32_t kstack_id1, ParsedStack& st, std::vector<uint64_t>& all_ips) {
   std::vector<uint64_t> ips;
   if (kstack_id1 && probes_.read_stack_id(kstack_id1 - 1, ips) && !ips.empty()) {
     auto frames = sym_->symbolize_kernel(ips);
     // The capture's own frames (our tracepoint program and the trampoline that ran it) are not
     // where the thread waited.
     size_t skip = 0;
-    while (skip < frames.size() && (frames[skip].function.rfind("bpf_prog_", 0) == 0 ||
-                                    frames[skip].function.rfind("bpf_trace_run", 0) == 0 ||
-                                    frames[skip].function.rfind("__bpf_trace_", 0) == 0 ||
-                                    frames[skip].function.rfind("__traceiter_", 0) == 0))
+    while (skip < frames.size() &&
+           (frames[skip].function.rfind("bpf_prog_", 0) == 0 || frames[skip].function.rfind("bpf_trace_run", 0) == 0 ||
+            frames[skip].function.rfind("__bpf_trace_", 0) == 0 || frames[skip].function.rfind("__traceiter_", 0) == 0))
       ++skip;
     for (size_t i = skip; i < frames.size(); ++i) st.frames.push_back(std::move(frames[i]));
     all_ips.insert(all_ips.end(), ips.begin() + static_cast<long>(skip), ips.end());

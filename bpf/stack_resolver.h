@@ -44,11 +44,11 @@ class Symbolizer;
 class Unwinder;
 
 struct StackResolverStats {
-  uint64_t resolved = 0;        // records turned into a stack
-  uint64_t unique = 0;          // distinct stacks (new ids)
-  uint64_t empty = 0;           // records with nothing resolvable
-  uint64_t python_stacks = 0;   // stacks with at least one Python frame
-  uint64_t unknown_code = 0;    // Python frames whose code object BPF had not read
+  uint64_t resolved = 0;       // records turned into a stack
+  uint64_t unique = 0;         // distinct stacks (new ids)
+  uint64_t empty = 0;          // records with nothing resolvable
+  uint64_t python_stacks = 0;  // stacks with at least one Python frame
+  uint64_t unknown_code = 0;   // Python frames whose code object BPF had not read
   uint64_t truncated = 0;
   uint64_t python_procs = 0;    // processes with validated Python offsets
   uint64_t python_refused = 0;  // Python processes whose layout did not validate
@@ -94,7 +94,7 @@ class StackResolver {
   BpfProbes& probes_;
   std::unique_ptr<Symbolizer> sym_;
   std::unique_ptr<Unwinder> unw_;
-  std::map<int, std::string> module_;        // Source -> library basename
+  std::map<int, std::string> module_;  // Source -> library basename
   std::set<uint32_t> noted_;
   std::unordered_map<uint32_t, int> minor_;  // pid -> CPython minor (validated)
   std::map<std::pair<uint32_t, uint64_t>, Code> codes_;

@@ -48,11 +48,10 @@ namespace {
 // GNU build-id under the local debug directories (/usr/lib/debug/.build-id/xx/yyyy.debug) only.
 // ELF files are always reported with an fd, so find_elf never has anything to find.
 int local_find_elf(Dwfl_Module*, void**, const char*, Dwarf_Addr, char**, Elf**) { return -1; }
-int local_find_debuginfo(Dwfl_Module* mod, void** userdata, const char* modname, Dwarf_Addr base,
-                         const char* file_name, const char* debuglink_file, GElf_Word debuglink_crc,
-                         char** debuginfo_file_name) {
-  return dwfl_build_id_find_debuginfo(mod, userdata, modname, base, file_name, debuglink_file,
-                                      debuglink_crc, debuginfo_file_name);
+int local_find_debuginfo(Dwfl_Module* mod, void** userdata, const char* modname, Dwarf_Addr base, const char* file_name,
+                         const char* debuglink_file, GElf_Word debuglink_crc, char** debuginfo_file_name) {
+  return dwfl_build_id_find_debuginfo(mod, userdata, modname, base, file_name, debuglink_file, debuglink_crc,
+                                      debuginfo_file_name);
 }
 
 std::string basename_of(const std::string& path) {
@@ -150,8 +149,8 @@ void load_symbols(ElfFile& f) {
   add_symbols(f.elf, f.syms);
   // A separate debug file by build-id (Debian's *-dbgsym packages) adds .symtab when stripped.
   if (f.build_id.size() > 2) {
-    const std::string dbg = "/usr/lib/debug/.build-id/" + f.build_id.substr(0, 2) + "/" +
-                            f.build_id.substr(2) + ".debug";
+    const std::string dbg = "/usr/lib/debug/.build-id/" + f.build_id.substr(0, 2) + "/" + f.build_id.substr(2) +
+                            ".debug";
     const int dfd = open(dbg.c_str(), O_RDONLY | O_CLOEXEC);
     if (dfd >= 0) {
       if (Elf* de = elf_begin(dfd, ELF_C_READ_MMAP, nullptr)) {
@@ -199,8 +198,7 @@ const Symbol* find_symbol(const ElfFile& f, uint64_t vaddr) {
 void ensure_dwarf(ElfFile& f) {
   if (f.dwarf_tried) return;
   f.dwarf_tried = true;
-  static const Dwfl_Callbacks cb = {
-      local_find_elf, local_find_debuginfo, dwfl_offline_section_address, nullptr};
+  static const Dwfl_Callbacks cb = {local_find_elf, local_find_debuginfo, dwfl_offline_section_address, nullptr};
   Dwfl* d = dwfl_begin(&cb);
   if (d == nullptr) return;
   const int fd = dup(f.fd);
@@ -225,7 +223,7 @@ Resolved resolve(ElfFile& f, uint64_t vaddr) {
   load_symbols(f);
   Resolved r;
   if (const Symbol* s = find_symbol(f, vaddr)) {
-    r.function = demangle(s->name);  // lazily: only symbols that appear in a stack
+    r.function = demangle(s->name);          // lazily: only symbols that appear in a stack
     const size_t at = r.function.find('@');  // "name@VERSION" from some toolchains
     if (at != std::string::npos && at > 0) r.function.resize(at);
     r.offset = vaddr - s->addr;
@@ -278,8 +276,8 @@ bool parse_maps(uint32_t pid, std::vector<MapEntry>& out) {
     unsigned maj = 0, min = 0;
     char perms[8] = {0};
     int consumed = 0;
-    if (std::sscanf(line, "%llx-%llx %7s %llx %x:%x %llu %n", &start, &end, perms, &off, &maj, &min,
-                    &ino, &consumed) < 7)
+    if (std::sscanf(line, "%llx-%llx %7s %llx %x:%x %llu %n", &start, &end, perms, &off, &maj, &min, &ino, &consumed) <
+        7)
       continue;
     MapEntry e;
     e.start = start;
@@ -318,13 +316,12 @@ struct Symbolizer::Impl {
   std::shared_ptr<ElfFile> open_elf(uint32_t pid, const MapEntry& m) {
     int fd = -1;
     char p[128];
-    std::snprintf(p, sizeof p, "/proc/%u/map_files/%llx-%llx", pid,
-                  static_cast<unsigned long long>(m.start), static_cast<unsigned long long>(m.end));
+    std::snprintf(p, sizeof p, "/proc/%u/map_files/%llx-%llx", pid, static_cast<unsigned long long>(m.start),
+                  static_cast<unsigned long long>(m.end));
     fd = open(p, O_RDONLY | O_CLOEXEC);
     std::string clean = m.path;
     const std::string deleted = " (deleted)";
-    if (clean.size() > deleted.size() &&
-        clean.compare(clean.size() - deleted.size(), deleted.size(), deleted) == 0)
+    if (clean.size() > deleted.size() && clean.compare(clean.size() - deleted.size(), deleted.size(), deleted) == 0)
       clean.resize(clean.size() - deleted.size());
     if (fd < 0) {
       const std::string viaroot = "/proc/" + std::to_string(pid) + "/root" + clean;
@@ -354,8 +351,7 @@ struct Symbolizer::Impl {
     std::string build_id;
     if (n > 0 && bid != nullptr) build_id = hex(static_cast<const uint8_t*>(bid), static_cast<size_t>(n));
     key = !build_id.empty() ? "b:" + build_id
-                            : "p:" + clean + "|" + std::to_string(st.st_size) + "|" +
-                                  std::to_string(st.st_mtim.tv_sec);
+                            : "p:" + clean + "|" + std::to_string(st.st_size) + "|" + std::to_string(st.st_mtim.tv_sec);
     if (auto it = elf_cache.find(key); it != elf_cache.end()) {
       elf_end(elf);
       close(fd);
@@ -605,8 +601,7 @@ std::string Symbolizer::build_id_at(uint32_t pid, uint64_t addr) {
   return s->elfs[static_cast<size_t>(i)]->build_id;
 }
 
-std::vector<StackFrame> Symbolizer::symbolize_user(uint32_t pid, std::span<const uint64_t> ips,
-                                                   bool first_is_exact) {
+std::vector<StackFrame> Symbolizer::symbolize_user(uint32_t pid, std::span<const uint64_t> ips, bool first_is_exact) {
   std::vector<StackFrame> out(ips.size());
   ProcSnapshot* s = impl_->get(pid, true);
   bool reread = false;
@@ -683,8 +678,7 @@ std::vector<StackFrame> Symbolizer::symbolize_kernel(std::span<const uint64_t> i
 
 Symbolizer::Stats Symbolizer::stats() const { return impl_->stats; }
 
-void for_each_elf_symbol(::Elf* elf,
-                         const std::function<void(const char*, uint64_t, uint64_t, unsigned char)>& fn) {
+void for_each_elf_symbol(::Elf* elf, const std::function<void(const char*, uint64_t, uint64_t, unsigned char)>& fn) {
   Elf_Scn* scn = nullptr;
   while ((scn = elf_nextscn(elf, scn)) != nullptr) {
     GElf_Shdr sh;

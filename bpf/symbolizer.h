@@ -55,9 +55,9 @@ struct MapEntry {
 
 // One ELF file mapped by a process, as the unwinder reports it to libdw.
 struct LoadedModule {
-  std::string path;     // the path in the maps (may be " (deleted)" or in another mount namespace)
-  int fd = -1;          // an open fd on the file, owned by the Symbolizer (dup it to hand it on)
-  uint64_t bias = 0;    // load bias: process address = ELF vaddr + bias
+  std::string path;         // the path in the maps (may be " (deleted)" or in another mount namespace)
+  int fd = -1;              // an open fd on the file, owned by the Symbolizer (dup it to hand it on)
+  uint64_t bias = 0;        // load bias: process address = ELF vaddr + bias
   uint64_t lo = 0, hi = 0;  // lowest and highest process address mapped from the file
 };
 
@@ -77,8 +77,7 @@ class Symbolizer {  // thread-compatible (one owner thread: the live poller)
   void forget_process(uint32_t pid);  // drop the pid's maps (ELF cache stays, LRU-bounded)
 
   // User addresses -> frames (kind native), one per ip, same order. See the contract above.
-  std::vector<StackFrame> symbolize_user(uint32_t pid, std::span<const uint64_t> ips,
-                                         bool first_is_exact = true);
+  std::vector<StackFrame> symbolize_user(uint32_t pid, std::span<const uint64_t> ips, bool first_is_exact = true);
   // Kernel addresses -> frames (kind kernel) from /proc/kallsyms.
   std::vector<StackFrame> symbolize_kernel(std::span<const uint64_t> ips);
 
@@ -124,9 +123,7 @@ std::string demangle(const char* name);
 
 // Every defined symbol of an ELF's .symtab and .dynsym: fn(name, value, size, st_info). Shared by
 // the symbolizer (function symbols) and the CPython introspection (_PyRuntime, Py_Version).
-void for_each_elf_symbol(::Elf* elf,
-                         const std::function<void(const char* name, uint64_t value, uint64_t size,
-                                                  unsigned char info)>& fn);
-
+void for_each_elf_symbol(
+    ::Elf* elf, const std::function<void(const char* name, uint64_t value, uint64_t size, unsigned char info)>& fn);
 
 }  // namespace ingero::bpf

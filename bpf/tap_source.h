@@ -12,8 +12,7 @@ namespace ingero::bpf {
 
 class TapSource final : public EventSource {
  public:
-  TapSource(EventSource& inner, std::function<void(const Batch&)> tap)
-      : inner_(inner), tap_(std::move(tap)) {}
+  TapSource(EventSource& inner, std::function<void(const Batch&)> tap) : inner_(inner), tap_(std::move(tap)) {}
   bool next(Batch& out) override {
     if (!inner_.next(out)) return false;
     if (tap_) tap_(out);

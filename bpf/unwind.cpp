@@ -71,8 +71,8 @@ bool cb_set_initial_registers(Dwfl_Thread* thread, void* arg) {
   return true;
 }
 
-const Dwfl_Thread_Callbacks kThreadCallbacks = {
-    cb_next_thread, cb_get_thread, cb_memory_read, cb_set_initial_registers, nullptr, nullptr};
+const Dwfl_Thread_Callbacks kThreadCallbacks = {cb_next_thread,           cb_get_thread, cb_memory_read,
+                                                cb_set_initial_registers, nullptr,       nullptr};
 
 // libdwfl callbacks that only look on this machine. libdw's standard find_debuginfo ends by asking
 // the debuginfod servers in $DEBUGINFOD_URLS (Debian's libdebuginfod-common sets it for login
@@ -80,11 +80,10 @@ const Dwfl_Thread_Callbacks kThreadCallbacks = {
 // GNU build-id under the local debug directories (/usr/lib/debug/.build-id/xx/yyyy.debug) only.
 // ELF files are always reported with an fd, so find_elf never has anything to find.
 int local_find_elf(Dwfl_Module*, void**, const char*, Dwarf_Addr, char**, Elf**) { return -1; }
-int local_find_debuginfo(Dwfl_Module* mod, void** userdata, const char* modname, Dwarf_Addr base,
-                         const char* file_name, const char* debuglink_file, GElf_Word debuglink_crc,
-                         char** debuginfo_file_name) {
-  return dwfl_build_id_find_debuginfo(mod, userdata, modname, base, file_name, debuglink_file,
-                                      debuglink_crc, debuginfo_file_name);
+int local_find_debuginfo(Dwfl_Module* mod, void** userdata, const char* modname, Dwarf_Addr base, const char* file_name,
+                         const char* debuglink_file, GElf_Word debuglink_crc, char** debuginfo_file_name) {
+  return dwfl_build_id_find_debuginfo(mod, userdata, modname, base, file_name, debuglink_file, debuglink_crc,
+                                      debuginfo_file_name);
 }
 
 const Dwfl_Callbacks kDwflCallbacks = {local_find_elf, local_find_debuginfo, nullptr, nullptr};
@@ -158,12 +157,10 @@ struct Unwinder::Impl {
       if (fd < 0) continue;
       const size_t slash = m.path.rfind('/');
       const std::string name = slash == std::string::npos ? m.path : m.path.substr(slash + 1);
-      if (dwfl_report_elf(s->dwfl, name.c_str(), m.path.c_str(), fd, m.bias, true) == nullptr)
-        close(fd);
+      if (dwfl_report_elf(s->dwfl, name.c_str(), m.path.c_str(), fd, m.bias, true) == nullptr) close(fd);
     }
     dwfl_report_end(s->dwfl, nullptr, nullptr);
-    if (!dwfl_attach_state(s->dwfl, nullptr, static_cast<pid_t>(pid), &kThreadCallbacks,
-                           s->capture.get()))
+    if (!dwfl_attach_state(s->dwfl, nullptr, static_cast<pid_t>(pid), &kThreadCallbacks, s->capture.get()))
       return nullptr;
     Session* raw = s.get();
     sessions[pid] = std::move(s);
@@ -174,9 +171,8 @@ struct Unwinder::Impl {
 Unwinder::Unwinder(Symbolizer& s) : impl_(std::make_unique<Impl>(s)) {}
 Unwinder::~Unwinder() = default;
 
-std::vector<uint64_t> Unwinder::unwind(uint32_t pid, const UserRegs& regs,
-                                       std::span<const uint8_t> stack, size_t max_frames,
-                                       bool& truncated) {
+std::vector<uint64_t> Unwinder::unwind(uint32_t pid, const UserRegs& regs, std::span<const uint8_t> stack,
+                                       size_t max_frames, bool& truncated) {
   truncated = false;
   std::vector<uint64_t> out;
   ++impl_->stats.calls;
@@ -236,8 +232,7 @@ std::vector<uint64_t> Unwinder::unwind(uint32_t pid, const UserRegs& regs,
   }
 }
 
-std::vector<uint64_t> Unwinder::unwind_fp(const UserRegs& regs, std::span<const uint8_t> stack,
-                                          size_t max_frames) {
+std::vector<uint64_t> Unwinder::unwind_fp(const UserRegs& regs, std::span<const uint8_t> stack, size_t max_frames) {
   std::vector<uint64_t> out;
   if (max_frames == 0 || regs.ip == 0) return out;
   out.push_back(regs.ip);

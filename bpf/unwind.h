@@ -41,13 +41,12 @@ class Unwinder {
   // .eh_frame/DWARF unwind (libdw: dwfl_attach_state with next_thread / set_initial_registers /
   // memory_read callbacks, dwfl_getthread_frames) from the registers and a copy of the user stack
   // starting at regs.sp. See the contract above.
-  std::vector<uint64_t> unwind(uint32_t pid, const UserRegs& regs, std::span<const uint8_t> stack,
-                               size_t max_frames, bool& truncated);
+  std::vector<uint64_t> unwind(uint32_t pid, const UserRegs& regs, std::span<const uint8_t> stack, size_t max_frames,
+                               bool& truncated);
 
   // A frame-pointer walk over the same copy (the cheap cross-check; what bpf_get_stack would give):
   // regs.ip, then [bp+8] while bp stays inside the copy and grows. Never reads outside the copy.
-  static std::vector<uint64_t> unwind_fp(const UserRegs& regs, std::span<const uint8_t> stack,
-                                         size_t max_frames);
+  static std::vector<uint64_t> unwind_fp(const UserRegs& regs, std::span<const uint8_t> stack, size_t max_frames);
 
   struct Stats {
     uint64_t calls = 0, frames = 0, failed = 0, truncated = 0;

@@ -86,8 +86,8 @@ struct BenchArgs {
   std::string trace;
   uint64_t synthetic = 0;
   std::vector<std::string> rules, params;
-  bool no_default = false, builtin = false, json = false, replay_only = false, no_per_rule = false,
-       no_warm = false, no_preload = false, per_rule_e2e = false;
+  bool no_default = false, builtin = false, json = false, replay_only = false, no_per_rule = false, no_warm = false,
+       no_preload = false, per_rule_e2e = false;
   unsigned threads = 1;
   size_t batch = 4096;
   uint64_t max_preload_mb = 0;  // 0 = half of MemAvailable
@@ -154,7 +154,7 @@ Phase measure(F&& body) {
 }
 
 nlohmann::json phase_json(const Phase& p) {
-  return {{"seconds", p.wall},       {"cpu_seconds", p.cpu},        {"events", p.events},
+  return {{"seconds", p.wall},       {"cpu_seconds", p.cpu},         {"events", p.events},
           {"events_per_s", p.eps()}, {"events_per_cpu_s", p.epcs()}, {"peak_rss_bytes", p.peak_rss}};
 }
 
@@ -403,8 +403,7 @@ int run_bench(const BenchArgs& a) {
   if (mode == "preloaded")
     std::printf("mode         preloaded: read once into memory (%s of events, RSS %s after loading), then replayed\n",
                 mib(loaded_bytes).c_str(), mib(rss_after_load).c_str());
-  else
-    std::printf("mode         streamed%s%s\n", fallback_reason.empty() ? "" : ": ", fallback_reason.c_str());
+  else std::printf("mode         streamed%s%s\n", fallback_reason.empty() ? "" : ": ", fallback_reason.c_str());
   if (!a.replay_only) std::printf("plan         %.3f s\n", plan_s);
   if (warm_s > 0) std::printf("warm         %.3f s (file read once through the page cache)\n", warm_s);
   std::printf("  %-26s %9s %9s %12s %14s %11s\n", "phase", "wall s", "CPU s", "events/s", "events/CPU-s",
@@ -421,8 +420,8 @@ int run_bench(const BenchArgs& a) {
     }
     std::printf("%s\n", by_category.empty() ? "" : ")");
     if (!chains_match)
-      std::printf("WARNING      the in-memory replay found %zu chains, the streamed run %zu\n", mem_result.chains.size(),
-                  result.chains.size());
+      std::printf("WARNING      the in-memory replay found %zu chains, the streamed run %zu\n",
+                  mem_result.chains.size(), result.chains.size());
   }
   if (!per_rule.empty()) {
     std::printf("per rule, each alone (%s):\n",
@@ -441,44 +440,44 @@ int run_bench(const BenchArgs& a) {
   return chains_match ? kExitOk : kExitInput;
 }
 
-Registrar reg{"bench", 70, [](CLI::App& app, int& rc) {
-                auto args = std::make_shared<BenchArgs>();
-                auto* cmd = app.add_subcommand(
-                    "bench",
-                    "Replay a captured trace through the analysis as fast as possible. Reports, with wall\n"
-                    "and CPU seconds, events/s and peak RSS: end-to-end (streamed from the file, as explain\n"
-                    "does), load (the trace read once into memory) and run (replayed from memory), then each\n"
-                    "rule alone replayed from the same memory. Field by field: docs/cli.md.\n"
-                    "Examples:\n"
-                    "  ingero-pipeline bench --trace big.db                      # table\n"
-                    "  ingero-pipeline bench --trace big.lmdb --json             # machines\n"
-                    "  ingero-pipeline bench --trace big.lmdb --replay-only      # the reader alone\n"
-                    "  ingero-pipeline bench --trace trace.db --rules my.rules --threads 2\n"
-                    "  ingero-pipeline bench --synthetic 5000000                 # no file: generated events");
-                cmd->add_option("--trace", args->trace, "Captured trace (SQLite or LMDB, detected from the file)");
-                cmd->add_option("--synthetic", args->synthetic, "Generate N events in memory instead of a file");
-                cmd->add_option("--rules", args->rules, "Rule files, added to the default rules");
-                cmd->add_flag("--no-default-rules", args->no_default, "Only the --rules files");
-                cmd->add_flag("--builtin", args->builtin,
-                              "Default analyses from the built-in plans instead of the rule pack");
-                cmd->add_option("--param", args->params, "Override a rule parameter: name=value (e.g. min_share=60%)");
-                cmd->add_option("--threads", args->threads, "Engine threads")->check(CLI::Range(1u, 256u));
-                cmd->add_option("--batch", args->batch, "Events per batch")->check(CLI::Range(size_t{64}, size_t{1} << 20));
-                cmd->add_flag("--json", args->json,
-                              "JSON: events, mode, phases{end_to_end,load,run}, per_rule, peak_rss_bytes, chains, ...");
-                cmd->add_flag("--replay-only", args->replay_only, "Only read the trace (no rules): reader throughput");
-                cmd->add_flag("--no-per-rule", args->no_per_rule, "Skip the per-rule runs");
-                cmd->add_flag("--no-preload", args->no_preload,
-                              "Do not load the trace into memory: no load/run split, per-rule runs stream the file");
-                cmd->add_flag("--per-rule-end-to-end", args->per_rule_e2e,
-                              "Also stream each rule alone from the file (reads the trace once more per rule)");
-                cmd->add_option("--max-preload-mb", args->max_preload_mb,
-                                "Memory for the preloaded trace; above it bench streams instead (default: half of "
-                                "MemAvailable)");
-                add_quiet_flag(cmd);
-                cmd->add_flag("--no-warm", args->no_warm, "LMDB: do not pre-read the file into the page cache");
-                cmd->callback([args, &rc] { rc = run_bench(*args); });
-              }};
+Registrar reg{
+    "bench", 70, [](CLI::App& app, int& rc) {
+      auto args = std::make_shared<BenchArgs>();
+      auto* cmd = app.add_subcommand(
+          "bench",
+          "Replay a captured trace through the analysis as fast as possible. Reports, with wall\n"
+          "and CPU seconds, events/s and peak RSS: end-to-end (streamed from the file, as explain\n"
+          "does), load (the trace read once into memory) and run (replayed from memory), then each\n"
+          "rule alone replayed from the same memory. Field by field: docs/cli.md.\n"
+          "Examples:\n"
+          "  ingero-pipeline bench --trace big.db                      # table\n"
+          "  ingero-pipeline bench --trace big.lmdb --json             # machines\n"
+          "  ingero-pipeline bench --trace big.lmdb --replay-only      # the reader alone\n"
+          "  ingero-pipeline bench --trace trace.db --rules my.rules --threads 2\n"
+          "  ingero-pipeline bench --synthetic 5000000                 # no file: generated events");
+      cmd->add_option("--trace", args->trace, "Captured trace (SQLite or LMDB, detected from the file)");
+      cmd->add_option("--synthetic", args->synthetic, "Generate N events in memory instead of a file");
+      cmd->add_option("--rules", args->rules, "Rule files, added to the default rules");
+      cmd->add_flag("--no-default-rules", args->no_default, "Only the --rules files");
+      cmd->add_flag("--builtin", args->builtin, "Default analyses from the built-in plans instead of the rule pack");
+      cmd->add_option("--param", args->params, "Override a rule parameter: name=value (e.g. min_share=60%)");
+      cmd->add_option("--threads", args->threads, "Engine threads")->check(CLI::Range(1u, 256u));
+      cmd->add_option("--batch", args->batch, "Events per batch")->check(CLI::Range(size_t{64}, size_t{1} << 20));
+      cmd->add_flag("--json", args->json,
+                    "JSON: events, mode, phases{end_to_end,load,run}, per_rule, peak_rss_bytes, chains, ...");
+      cmd->add_flag("--replay-only", args->replay_only, "Only read the trace (no rules): reader throughput");
+      cmd->add_flag("--no-per-rule", args->no_per_rule, "Skip the per-rule runs");
+      cmd->add_flag("--no-preload", args->no_preload,
+                    "Do not load the trace into memory: no load/run split, per-rule runs stream the file");
+      cmd->add_flag("--per-rule-end-to-end", args->per_rule_e2e,
+                    "Also stream each rule alone from the file (reads the trace once more per rule)");
+      cmd->add_option("--max-preload-mb", args->max_preload_mb,
+                      "Memory for the preloaded trace; above it bench streams instead (default: half of "
+                      "MemAvailable)");
+      add_quiet_flag(cmd);
+      cmd->add_flag("--no-warm", args->no_warm, "LMDB: do not pre-read the file into the page cache");
+      cmd->callback([args, &rc] { rc = run_bench(*args); });
+    }};
 
 }  // namespace
 }  // namespace ingero::cli

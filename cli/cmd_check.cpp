@@ -84,8 +84,7 @@ std::vector<Check> run_checks(const std::vector<std::string>& cuda_libs) {
   const bool root = ::geteuid() == 0;
   {
     const uint64_t caps = effective_caps();
-    const bool sys_admin = caps & (1ull << 21), perfmon = caps & (1ull << 38),
-               bpf = caps & (1ull << 39);
+    const bool sys_admin = caps & (1ull << 21), perfmon = caps & (1ull << 38), bpf = caps & (1ull << 39);
     Check c{"privileges", Status::kOk, "", ""};
     if (root || sys_admin || (bpf && perfmon)) {
       c.detail = root ? "root" : (sys_admin ? "CAP_SYS_ADMIN" : "CAP_BPF + CAP_PERFMON");
@@ -122,17 +121,19 @@ std::vector<Check> run_checks(const std::vector<std::string>& cuda_libs) {
       bpf::ProbeOptions po;
       po.families.cuda = po.families.driver = po.families.graph = po.families.nccl = false;
       std::string err;
-      auto probes = bpf::BpfProbes::open(po, [](const ip_record&) {}, err);
+      auto probes = bpf::BpfProbes::open(
+          po, [](const ip_record&) {}, err);
       if (!probes) {
         c.status = Status::kFail;
         c.detail = err;
-        c.hint = "check `dmesg` and that the kernel has CONFIG_BPF_SYSCALL, CONFIG_BPF_EVENTS, "
-                 "CONFIG_UPROBE_EVENTS; INGERO_BPF_VERBOSE=1 prints libbpf's log";
+        c.hint =
+            "check `dmesg` and that the kernel has CONFIG_BPF_SYSCALL, CONFIG_BPF_EVENTS, "
+            "CONFIG_UPROBE_EVENTS; INGERO_BPF_VERBOSE=1 prints libbpf's log";
       } else {
         size_t btf = 0, classic = 0;
         for (const auto& [name, kind] : probes->tracepoints()) (kind == "tp_btf" ? btf : classic)++;
-        c.detail = "loaded; " + std::to_string(btf) + " tracepoints via tp_btf, " +
-                   std::to_string(classic) + " classic";
+        c.detail = "loaded; " + std::to_string(btf) + " tracepoints via tp_btf, " + std::to_string(classic) +
+                   " classic";
         for (const auto& w : probes->warnings()) {
           c.status = Status::kWarn;
           c.detail += "; " + w;
@@ -182,8 +183,9 @@ std::vector<Check> run_checks(const std::vector<std::string>& cuda_libs) {
         c.hint = "load the driver's device nodes (nvidia-modprobe) or check the container's device mounts";
       }
     } else {
-      c.detail = "no NVIDIA driver loaded (no /proc/driver/nvidia/version): CUDA calls fail fast, "
-                 "host API time is still traced";
+      c.detail =
+          "no NVIDIA driver loaded (no /proc/driver/nvidia/version): CUDA calls fail fast, "
+          "host API time is still traced";
       c.hint = "on a GPU host: install the NVIDIA driver";
     }
     out.push_back(c);
@@ -200,16 +202,21 @@ int run_check(bool json, const std::vector<std::string>& cuda_libs) {
     j["ok"] = ok;
     j["checks"] = nlohmann::json::array();
     for (const auto& c : checks)
-      j["checks"].push_back({{"name", c.name}, {"status", status_name(c.status)},
-                             {"detail", c.detail}, {"hint", c.hint}});
+      j["checks"].push_back(
+          {{"name", c.name}, {"status", status_name(c.status)}, {"detail", c.detail}, {"hint", c.hint}});
     std::cout << j.dump(2) << "\n";
   } else {
     const bool color = stdout_is_terminal();
     for (const auto& c : checks) {
-      const char* tag = c.status == Status::kOk ? "  ok" : c.status == Status::kWarn ? "WARN"
-                        : c.status == Status::kFail ? "FAIL" : "info";
-      const char* col = !color ? "" : c.status == Status::kOk ? "\x1b[32m"
-                        : c.status == Status::kFail ? "\x1b[31m" : c.status == Status::kWarn ? "\x1b[33m" : "";
+      const char* tag = c.status == Status::kOk     ? "  ok"
+                        : c.status == Status::kWarn ? "WARN"
+                        : c.status == Status::kFail ? "FAIL"
+                                                    : "info";
+      const char* col = !color                      ? ""
+                        : c.status == Status::kOk   ? "\x1b[32m"
+                        : c.status == Status::kFail ? "\x1b[31m"
+                        : c.status == Status::kWarn ? "\x1b[33m"
+                                                    : "";
       std::printf("%s[%s]%s %-13s %s\n", col, tag, color ? "\x1b[0m" : "", c.name.c_str(), c.detail.c_str());
       if (c.status != Status::kOk && !c.hint.empty()) std::printf("       %-13s fix: %s\n", "", c.hint.c_str());
     }

@@ -103,9 +103,9 @@ int run_convert(const ConvertArgs& a) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!a.quiet) {
     const auto& h = src->meta().health;
-    std::printf("converted %s (%s) -> %s (%s): %llu events, %zu chains in %.2f s (%.0f events/s)\n",
-                a.in.c_str(), in_fmt.c_str(), a.out.c_str(), fmt.c_str(),
-                static_cast<unsigned long long>(events), chains.size(), secs, secs > 0 ? events / secs : 0.0);
+    std::printf("converted %s (%s) -> %s (%s): %llu events, %zu chains in %.2f s (%.0f events/s)\n", a.in.c_str(),
+                in_fmt.c_str(), a.out.c_str(), fmt.c_str(), static_cast<unsigned long long>(events), chains.size(),
+                secs, secs > 0 ? events / secs : 0.0);
     if (h.rows_skipped)
       std::printf("skipped %llu unreadable input rows (see `ingero-pipeline stats`)\n",
                   static_cast<unsigned long long>(h.rows_skipped));
@@ -116,29 +116,28 @@ int run_convert(const ConvertArgs& a) {
   return kExitOk;
 }
 
-Registrar reg{"convert", 60, [](CLI::App& app, int& rc) {
-                auto args = std::make_shared<ConvertArgs>();
-                auto* cmd = app.add_subcommand(
-                    "convert",
-                    "Copy a trace between the SQLite store (Ingero-compatible) and the LMDB event log:\n"
-                    "events, metadata and stored chains. The input format is detected from the file;\n"
-                    "the output format comes from --to-format or the extension (.lmdb/.mdb = LMDB).\n"
-                    "Examples:\n"
-                    "  ingero-pipeline convert trace.db trace.lmdb\n"
-                    "  ingero-pipeline convert trace.lmdb back.db\n"
-                    "  ingero-pipeline convert big.db big.lmdb --max-size 2GiB   # keep the newest data");
-                cmd->add_option("input", args->in, "Trace to read (SQLite or LMDB)")->required();
-                cmd->add_option("output", args->out, "File to write (replaced if it is a trace of that format)")
-                    ->required();
-                cmd->add_option("--to-format", args->to_format, "Output format")
-                    ->check(CLI::IsMember({"sqlite", "lmdb"}));
-                cmd->add_option("--max-size", args->max_size, "LMDB: size bound; the oldest events go first");
-                cmd->add_option("--chunk-events", args->chunk_events, "LMDB: events per stored chunk")
-                    ->check(CLI::Range(size_t{64}, size_t{1} << 20));
-                cmd->add_flag("--durable", args->durable, "LMDB: fsync every transaction (slower)");
-                add_quiet_flag(cmd, &args->quiet, "No summary line and no progress on stderr");
-                cmd->callback([args, &rc] { rc = run_convert(*args); });
-              }};
+Registrar reg{
+    "convert", 60, [](CLI::App& app, int& rc) {
+      auto args = std::make_shared<ConvertArgs>();
+      auto* cmd = app.add_subcommand(
+          "convert",
+          "Copy a trace between the SQLite store (Ingero-compatible) and the LMDB event log:\n"
+          "events, metadata and stored chains. The input format is detected from the file;\n"
+          "the output format comes from --to-format or the extension (.lmdb/.mdb = LMDB).\n"
+          "Examples:\n"
+          "  ingero-pipeline convert trace.db trace.lmdb\n"
+          "  ingero-pipeline convert trace.lmdb back.db\n"
+          "  ingero-pipeline convert big.db big.lmdb --max-size 2GiB   # keep the newest data");
+      cmd->add_option("input", args->in, "Trace to read (SQLite or LMDB)")->required();
+      cmd->add_option("output", args->out, "File to write (replaced if it is a trace of that format)")->required();
+      cmd->add_option("--to-format", args->to_format, "Output format")->check(CLI::IsMember({"sqlite", "lmdb"}));
+      cmd->add_option("--max-size", args->max_size, "LMDB: size bound; the oldest events go first");
+      cmd->add_option("--chunk-events", args->chunk_events, "LMDB: events per stored chunk")
+          ->check(CLI::Range(size_t{64}, size_t{1} << 20));
+      cmd->add_flag("--durable", args->durable, "LMDB: fsync every transaction (slower)");
+      add_quiet_flag(cmd, &args->quiet, "No summary line and no progress on stderr");
+      cmd->callback([args, &rc] { rc = run_convert(*args); });
+    }};
 
 }  // namespace
 }  // namespace ingero::cli

@@ -63,7 +63,7 @@ bool save_trace(const std::string& path, EventSource& src, const std::vector<Cha
 }
 
 struct Verdict {
-  bool found = false;        // a chain of the expected category, about the faulty process/rank
+  bool found = false;  // a chain of the expected category, about the faulty process/rank
   size_t chains = 0;
   std::vector<const Chain*> matching;
 };
@@ -184,7 +184,8 @@ int run_one(const DemoArgs& a, const synth::ScenarioInfo& info, const Plan& plan
 int run_all(const DemoArgs& a, const Plan& plan) {
   nlohmann::json all = nlohmann::json::array();
   bool ok = true;
-  if (!a.json) std::printf("%-16s %-16s %-8s %-8s %s\n", "SCENARIO", "CATEGORY", "FAULT", "CONTROL", "WHAT THE ANALYSIS SAID");
+  if (!a.json)
+    std::printf("%-16s %-16s %-8s %-8s %s\n", "SCENARIO", "CATEGORY", "FAULT", "CONTROL", "WHAT THE ANALYSIS SAID");
   for (const auto& info : synth::all_scenarios()) {
     const synth::SynthTrace fault = synth::make_scenario(info.id, true, a.seed);
     const AnalysisResult rf = analyse(fault, plan, a.threads);
@@ -211,8 +212,8 @@ int run_all(const DemoArgs& a, const Plan& plan) {
   }
   std::printf("\nWhat each scenario injected:\n");
   for (const auto& info : synth::all_scenarios())
-    std::printf("  %-16s %s\n  %-16s fix: %s\n", std::string(info.name).c_str(), std::string(info.cause).c_str(),
-                "", std::string(info.fix).c_str());
+    std::printf("  %-16s %s\n  %-16s fix: %s\n", std::string(info.name).c_str(), std::string(info.cause).c_str(), "",
+                std::string(info.fix).c_str());
   std::printf("\n%s\nRun one with its full report: ingero-pipeline demo cpu_contention\n",
               ok ? "Every injected cause was found with the right category, and every control is clean."
                  : "Some scenarios were missed or their controls were not clean (see above).");

@@ -3,8 +3,8 @@
 #include <iostream>
 
 #include "cli/command.h"
-#include "cli/fleet_explain.h"
 #include "cli/common.h"
+#include "cli/fleet_explain.h"
 #include "cli/pipeline_common.h"
 #include "engine/engine.h"
 #include "operators/chain_annotate.h"
@@ -123,10 +123,9 @@ int run_explain(const ExplainArgs& a) {
         const WarmupEffect w = warmup_effect(r.chains, o.rule);
         if (a.json) {
           auto j = rule_outcome_json(o);
-          j["warmup"] = {{"param", "warmup"},         {"window_ns", analysis.warmup_ns},
-                         {"chains", w.chains},        {"calls", w.calls},
-                         {"only_warmup", w.only},     {"only_warmup_calls", w.only_calls},
-                         {"demoted", w.demoted},      {"abnormal", w.abnormal}};
+          j["warmup"] = {{"param", "warmup"},    {"window_ns", analysis.warmup_ns}, {"chains", w.chains},
+                         {"calls", w.calls},     {"only_warmup", w.only},           {"only_warmup_calls", w.only_calls},
+                         {"demoted", w.demoted}, {"abnormal", w.abnormal}};
           std::cout << j.dump(2) << "\n";
         } else {
           std::cout << why_not_text(o) << warmup_why_not_text(w, analysis.warmup_ns);
@@ -177,8 +176,9 @@ Registrar reg{"explain", 20, [](CLI::App& app, int& rc) {
                 cmd->add_option("--why-not", args->why_not,
                                 "Say why RULE did not fire: its closest miss, by how much, for which key/window");
                 cmd->add_option("--save", args->save, "Also write the trace and its chains to this SQLite database");
-                cmd->add_option("--html", args->html,
-                                "Also write a self-contained HTML report (chains, latency histograms, call rate, off-CPU share)");
+                cmd->add_option(
+                    "--html", args->html,
+                    "Also write a self-contained HTML report (chains, latency histograms, call rate, off-CPU share)");
                 cmd->add_option("--limit", args->limit, "Show at most N chains in text output (0 = all)");
                 cmd->add_flag("-v,--verbose", args->verbose, "Print every computed value of each chain");
                 add_quiet_flag(cmd);

@@ -72,8 +72,8 @@ struct Census {
   bool started = false;
   uint64_t start = 0, last = 0;
   uint64_t total = 0, kept = 0;
-  std::vector<uint64_t> per_second;        // kept by pid/op filters, by second since start
-  std::map<uint32_t, uint64_t> per_pid;    // kept by time/op filters
+  std::vector<uint64_t> per_second;      // kept by pid/op filters, by second since start
+  std::map<uint32_t, uint64_t> per_pid;  // kept by time/op filters
 };
 
 // The filters' description, for messages.
@@ -148,7 +148,8 @@ int run_export(const ExportArgs& a) {
   for (const auto& name : a.ops) {
     const OpInfo* info = find_op(name);
     if (!info) {
-      print_error("--op: unknown operation '" + name + "' (names as `ingero-pipeline stats` prints them, e.g. "
+      print_error("--op: unknown operation '" + name +
+                  "' (names as `ingero-pipeline stats` prints them, e.g. "
                   "cudaLaunchKernel, sched_switch, block_read)");
       return kExitUsage;
     }
@@ -237,7 +238,8 @@ int run_export(const ExportArgs& a) {
       pids += (pids.empty() ? "" : ", ") + std::to_string(pid);
     }
     print_error("no event matches " + filter_text(a) + "; the trace has " + std::to_string(census.total) +
-                " events over " + secs_text((census.last - census.start) / 1'000'000'000ull + (census.started ? 1 : 0)) +
+                " events over " +
+                secs_text((census.last - census.start) / 1'000'000'000ull + (census.started ? 1 : 0)) +
                 (pids.empty() ? std::string() : " (processes in range: " + pids + ")") + "; nothing was written");
     return kExitInput;
   }
@@ -302,44 +304,45 @@ int run_export(const ExportArgs& a) {
       std::fprintf(stderr,
                    "export: %llu slice(s) overlapped without nesting and went to \"(overlap k)\" tracks; %llu placed "
                    "on the last one anyway\n",
-                   static_cast<unsigned long long>(c.overlap_lanes), static_cast<unsigned long long>(c.lanes_exhausted));
+                   static_cast<unsigned long long>(c.overlap_lanes),
+                   static_cast<unsigned long long>(c.lanes_exhausted));
     std::fprintf(stderr, "open it at https://ui.perfetto.dev (Open trace file) or chrome://tracing (Load)\n");
   }
   return kExitOk;
 }
 
-Registrar reg{"export", 25, [](CLI::App& app, int& rc) {
-                auto args = std::make_shared<ExportArgs>();
-                auto* cmd = app.add_subcommand(
-                    "export",
-                    "Write a trace as a timeline for ui.perfetto.dev / chrome://tracing (trace-event JSON):\n"
-                    "a track per process and thread (CUDA/driver/NCCL calls, off-CPU spans with their state\n"
-                    "and the task that ran instead, block and socket I/O), instants (fork/exec/exit, TCP\n"
-                    "retransmits), counters (calls/s and p99 per op, host memory), and every causal chain\n"
-                    "as a slice on the \"ingero chains\" track with flow arrows to its evidence events.\n"
-                    "Examples:\n"
-                    "  ingero-pipeline export --format perfetto --db trace.db -o trace.json\n"
-                    "  ingero-pipeline export --db trace.db -o trace.json.gz --from 10s --to 20s --pid 4242\n"
-                    "  ingero-pipeline export --db a.db --db b.db -o merged.json     # nodes as process groups");
-                cmd->add_option("--format", args->format, "Output format (perfetto)")->capture_default_str();
-                cmd->add_option("--db", args->dbs,
-                                "Trace (Ingero SQLite, ours, or an LMDB log); repeat to merge; default: the embedded sample");
-                cmd->add_option("-o,--output", args->out, "Output file: .json, or .json.gz (gzip)")->required();
-                cmd->add_option("--from", args->from, "Keep events starting at or after this offset from the trace start (10s)");
-                cmd->add_option("--to", args->to, "Keep events starting before this offset from the trace start (20s)");
-                cmd->add_option("--pid", args->pids, "Keep these processes only (repeatable)");
-                cmd->add_option("--op", args->ops, "Keep these operations only (repeatable; cudaLaunchKernel, sched_switch)");
-                cmd->add_option("--max-size", args->max_size,
-                                "Refuse an output larger than this much JSON (0 = no limit)")
-                    ->capture_default_str();
-                cmd->add_option("--counter-window", args->counter_window, "Window of the calls/s and p99 counters")
-                    ->capture_default_str();
-                cmd->add_flag("--no-chains", args->no_chains, "Do not run the analyses (events only, one pass)");
-                cmd->add_option("--threads", args->threads, "Engine threads (results do not depend on it)")
-                    ->check(CLI::Range(1u, 256u));
-                cmd->add_flag("-q,--quiet", args->quiet, "No summary on stderr");
-                cmd->callback([args, &rc] { rc = run_export(*args); });
-              }};
+Registrar reg{
+    "export", 25, [](CLI::App& app, int& rc) {
+      auto args = std::make_shared<ExportArgs>();
+      auto* cmd = app.add_subcommand(
+          "export",
+          "Write a trace as a timeline for ui.perfetto.dev / chrome://tracing (trace-event JSON):\n"
+          "a track per process and thread (CUDA/driver/NCCL calls, off-CPU spans with their state\n"
+          "and the task that ran instead, block and socket I/O), instants (fork/exec/exit, TCP\n"
+          "retransmits), counters (calls/s and p99 per op, host memory), and every causal chain\n"
+          "as a slice on the \"ingero chains\" track with flow arrows to its evidence events.\n"
+          "Examples:\n"
+          "  ingero-pipeline export --format perfetto --db trace.db -o trace.json\n"
+          "  ingero-pipeline export --db trace.db -o trace.json.gz --from 10s --to 20s --pid 4242\n"
+          "  ingero-pipeline export --db a.db --db b.db -o merged.json     # nodes as process groups");
+      cmd->add_option("--format", args->format, "Output format (perfetto)")->capture_default_str();
+      cmd->add_option("--db", args->dbs,
+                      "Trace (Ingero SQLite, ours, or an LMDB log); repeat to merge; default: the embedded sample");
+      cmd->add_option("-o,--output", args->out, "Output file: .json, or .json.gz (gzip)")->required();
+      cmd->add_option("--from", args->from, "Keep events starting at or after this offset from the trace start (10s)");
+      cmd->add_option("--to", args->to, "Keep events starting before this offset from the trace start (20s)");
+      cmd->add_option("--pid", args->pids, "Keep these processes only (repeatable)");
+      cmd->add_option("--op", args->ops, "Keep these operations only (repeatable; cudaLaunchKernel, sched_switch)");
+      cmd->add_option("--max-size", args->max_size, "Refuse an output larger than this much JSON (0 = no limit)")
+          ->capture_default_str();
+      cmd->add_option("--counter-window", args->counter_window, "Window of the calls/s and p99 counters")
+          ->capture_default_str();
+      cmd->add_flag("--no-chains", args->no_chains, "Do not run the analyses (events only, one pass)");
+      cmd->add_option("--threads", args->threads, "Engine threads (results do not depend on it)")
+          ->check(CLI::Range(1u, 256u));
+      cmd->add_flag("-q,--quiet", args->quiet, "No summary on stderr");
+      cmd->callback([args, &rc] { rc = run_export(*args); });
+    }};
 
 }  // namespace
 }  // namespace ingero::cli

@@ -125,36 +125,37 @@ int run_mcp(const McpArgs& a) {
   return rc == 0 ? kExitOk : kExitRuntime;
 }
 
-Registrar reg{"mcp", 50, [](CLI::App& app, int& rc) {
-                auto args = std::make_shared<McpArgs>();
-                auto* cmd = app.add_subcommand(
-                    "mcp",
-                    "Serve a recorded trace to AI agents over the Model Context Protocol (MCP 2025-11-25).\n"
-                    "Tools: get_check, get_trace_stats, get_causal_chains, explain_chain, get_stacks, run_sql,\n"
-                    "list_rules, check_rule, why_not (all read-only); prompt: investigate. See docs/mcp.md.\n"
-                    "Examples:\n"
-                    "  ingero-pipeline mcp --db trace.db                  stdio (Claude Code, Cursor, ...)\n"
-                    "  claude mcp add ingero -- ingero-pipeline mcp --db /abs/trace.db\n"
-                    "  ingero-pipeline mcp --db trace.db --http 8787      Streamable HTTP on 127.0.0.1");
-                cmd->add_option("--db", args->db, "Trace database (Ingero 0.8/0.9 or ours); default: the embedded sample");
-                cmd->add_option("--rules", args->rules, "Rule files (.rules) to run besides the default analyses");
-                cmd->add_flag("--no-default", args->no_default, "Run only the --rules files");
-                cmd->add_option("--http", args->http_port, "Serve Streamable HTTP on 127.0.0.1:PORT (0 = any free port)")
-                    ->check(CLI::Range(0, 65535));
-                cmd->add_option("--token", args->token,
-                                "Bearer token for --http (default: $INGERO_MCP_TOKEN, else a random one printed on stderr)");
-                cmd->add_option("--threads", args->threads, "Engine threads")->check(CLI::Range(1u, 256u));
-                cmd->add_option("--fleet-nodes", args->fleet_nodes,
-                                "query_fleet: other nodes' MCP URLs (http://HOST:PORT/mcp, comma-separated)")
-                    ->delimiter(',');
-                cmd->add_option("--fleet-token", args->fleet_token,
-                                "query_fleet: bearer token of those nodes (default: $INGERO_MCP_TOKEN)");
-                cmd->add_option("--max-rows", args->max_rows, "run_sql row cap (default 10000)")
-                    ->check(CLI::Range(size_t{1}, size_t{10'000}));
-                cmd->add_option("--sql-timeout-ms", args->sql_timeout_ms, "run_sql time budget per statement (default 30000)")
-                    ->check(CLI::Range(uint64_t{10}, uint64_t{600'000}));
-                cmd->callback([args, &rc] { rc = run_mcp(*args); });
-              }};
+Registrar reg{
+    "mcp", 50, [](CLI::App& app, int& rc) {
+      auto args = std::make_shared<McpArgs>();
+      auto* cmd = app.add_subcommand(
+          "mcp",
+          "Serve a recorded trace to AI agents over the Model Context Protocol (MCP 2025-11-25).\n"
+          "Tools: get_check, get_trace_stats, get_causal_chains, explain_chain, get_stacks, run_sql,\n"
+          "list_rules, check_rule, why_not (all read-only); prompt: investigate. See docs/mcp.md.\n"
+          "Examples:\n"
+          "  ingero-pipeline mcp --db trace.db                  stdio (Claude Code, Cursor, ...)\n"
+          "  claude mcp add ingero -- ingero-pipeline mcp --db /abs/trace.db\n"
+          "  ingero-pipeline mcp --db trace.db --http 8787      Streamable HTTP on 127.0.0.1");
+      cmd->add_option("--db", args->db, "Trace database (Ingero 0.8/0.9 or ours); default: the embedded sample");
+      cmd->add_option("--rules", args->rules, "Rule files (.rules) to run besides the default analyses");
+      cmd->add_flag("--no-default", args->no_default, "Run only the --rules files");
+      cmd->add_option("--http", args->http_port, "Serve Streamable HTTP on 127.0.0.1:PORT (0 = any free port)")
+          ->check(CLI::Range(0, 65535));
+      cmd->add_option("--token", args->token,
+                      "Bearer token for --http (default: $INGERO_MCP_TOKEN, else a random one printed on stderr)");
+      cmd->add_option("--threads", args->threads, "Engine threads")->check(CLI::Range(1u, 256u));
+      cmd->add_option("--fleet-nodes", args->fleet_nodes,
+                      "query_fleet: other nodes' MCP URLs (http://HOST:PORT/mcp, comma-separated)")
+          ->delimiter(',');
+      cmd->add_option("--fleet-token", args->fleet_token,
+                      "query_fleet: bearer token of those nodes (default: $INGERO_MCP_TOKEN)");
+      cmd->add_option("--max-rows", args->max_rows, "run_sql row cap (default 10000)")
+          ->check(CLI::Range(size_t{1}, size_t{10'000}));
+      cmd->add_option("--sql-timeout-ms", args->sql_timeout_ms, "run_sql time budget per statement (default 30000)")
+          ->check(CLI::Range(uint64_t{10}, uint64_t{600'000}));
+      cmd->callback([args, &rc] { rc = run_mcp(*args); });
+    }};
 
 }  // namespace
 }  // namespace ingero::cli

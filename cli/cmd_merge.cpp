@@ -68,8 +68,8 @@ int run_merge(const MergeArgs& a) {
   std::printf("merged %zu input(s) -> %s: %llu events in %.2f s\n", a.inputs.size(), a.out.c_str(),
               static_cast<unsigned long long>(r.events_out), r.seconds);
   for (const auto& n : r.nodes) {
-    std::printf("  %-20s %10llu events  offset %+.3f ms", n.node.c_str(),
-                static_cast<unsigned long long>(n.events), n.offset_ns / 1e6);
+    std::printf("  %-20s %10llu events  offset %+.3f ms", n.node.c_str(), static_cast<unsigned long long>(n.events),
+                n.offset_ns / 1e6);
     if (n.uncertainty_ns >= 0) std::printf(" +- %.3f ms", n.uncertainty_ns / 1e6);
     else std::printf(" +- unknown");
     std::printf("  [%s%s]\n", n.method.c_str(),
@@ -77,10 +77,11 @@ int run_merge(const MergeArgs& a) {
     if (!n.note.empty()) std::printf("      %s\n", n.note.c_str());
     // Arrival order is claimed only beyond both nodes' clock uncertainties (docs/fleet.md).
     if (n.last_arrivals)
-      std::printf("      entered last at %llu of %llu matched collectives, by more than the clock "
-                  "uncertainty (lead up to %.3f ms)\n",
-                  static_cast<unsigned long long>(n.last_arrivals),
-                  static_cast<unsigned long long>(n.arrivals_compared), n.max_lead_ns / 1e6);
+      std::printf(
+          "      entered last at %llu of %llu matched collectives, by more than the clock "
+          "uncertainty (lead up to %.3f ms)\n",
+          static_cast<unsigned long long>(n.last_arrivals), static_cast<unsigned long long>(n.arrivals_compared),
+          n.max_lead_ns / 1e6);
     if (n.last_arrivals_unresolved)
       std::printf("      latest at %llu collectives only within the clock uncertainty: no order claimed\n",
                   static_cast<unsigned long long>(n.last_arrivals_unresolved));
@@ -89,33 +90,29 @@ int run_merge(const MergeArgs& a) {
   return kExitOk;
 }
 
-Registrar reg{"merge", 62, [](CLI::App& app, int& rc) {
-                auto args = std::make_shared<MergeArgs>();
-                auto* cmd = app.add_subcommand(
-                    "merge",
-                    "Merge per-node traces (SQLite or LMDB, Ingero 0.8/0.9 or ours) into one trace on one\n"
-                    "corrected clock. Each node keeps its identity; clock skew is estimated from matched\n"
-                    "NCCL collectives (the return of the first blocking wait after each), else from the\n"
-                    "capture's clock anchors, and subtracted. Merging a node twice writes it once.\n"
-                    "Examples:\n"
-                    "  ingero-pipeline merge node-a.db node-b.db -o fleet.db\n"
-                    "  ingero-pipeline merge a=old-0.8.db b=old-0.8-b.db -o fleet.lmdb --json\n"
-                    "  ingero-pipeline merge a.db b.db -o raw.db --no-align");
-                cmd->add_option("inputs", args->inputs, "Traces to merge ([NAME=]PATH; NAME names an unnamed node)")
-                    ->required();
-                cmd->add_option("-o,--output", args->out, "Merged trace to write (.lmdb/.mdb = LMDB, else SQLite)")
-                    ->required();
-                cmd->add_option("--to-format", args->format, "Output format")
-                    ->check(CLI::IsMember({"sqlite", "lmdb"}));
-                cmd->add_flag("--no-align", args->no_align, "Keep every node's raw clock");
-                cmd->add_option("--min-block-us", args->min_block_us,
-                                "A wait shorter than this did not block (no sync point)")
-                    ->check(CLI::Range(0.0, 1e6));
-                cmd->add_flag("--json", args->json,
-                              "Print {\"nodes\":[{node,events,offset_ns,uncertainty_ns,method,...}]}");
-                add_quiet_flag(cmd, &args->quiet, "No summary and no progress on stderr");
-                cmd->callback([args, &rc] { rc = run_merge(*args); });
-              }};
+Registrar reg{
+    "merge", 62, [](CLI::App& app, int& rc) {
+      auto args = std::make_shared<MergeArgs>();
+      auto* cmd = app.add_subcommand(
+          "merge",
+          "Merge per-node traces (SQLite or LMDB, Ingero 0.8/0.9 or ours) into one trace on one\n"
+          "corrected clock. Each node keeps its identity; clock skew is estimated from matched\n"
+          "NCCL collectives (the return of the first blocking wait after each), else from the\n"
+          "capture's clock anchors, and subtracted. Merging a node twice writes it once.\n"
+          "Examples:\n"
+          "  ingero-pipeline merge node-a.db node-b.db -o fleet.db\n"
+          "  ingero-pipeline merge a=old-0.8.db b=old-0.8-b.db -o fleet.lmdb --json\n"
+          "  ingero-pipeline merge a.db b.db -o raw.db --no-align");
+      cmd->add_option("inputs", args->inputs, "Traces to merge ([NAME=]PATH; NAME names an unnamed node)")->required();
+      cmd->add_option("-o,--output", args->out, "Merged trace to write (.lmdb/.mdb = LMDB, else SQLite)")->required();
+      cmd->add_option("--to-format", args->format, "Output format")->check(CLI::IsMember({"sqlite", "lmdb"}));
+      cmd->add_flag("--no-align", args->no_align, "Keep every node's raw clock");
+      cmd->add_option("--min-block-us", args->min_block_us, "A wait shorter than this did not block (no sync point)")
+          ->check(CLI::Range(0.0, 1e6));
+      cmd->add_flag("--json", args->json, "Print {\"nodes\":[{node,events,offset_ns,uncertainty_ns,method,...}]}");
+      add_quiet_flag(cmd, &args->quiet, "No summary and no progress on stderr");
+      cmd->callback([args, &rc] { rc = run_merge(*args); });
+    }};
 
 }  // namespace
 }  // namespace ingero::cli

@@ -44,10 +44,8 @@ int run_query(const QueryArgs& a) {
     print_error("query refused or failed (" + r.error_kind + "): " + r.error);
     return kExitUsage;
   }
-  if (a.json)
-    std::cout << sql_result_to_json(r).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-  else
-    std::cout << render_sql_table(r, a.width);
+  if (a.json) std::cout << sql_result_to_json(r).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  else std::cout << render_sql_table(r, a.width);
   if (r.truncated)
     std::cerr << "note: output truncated at " << r.truncated_reason << " (raise --max-rows or add LIMIT)\n";
   return kExitOk;
@@ -68,7 +66,8 @@ Registrar reg{"query", 40, [](CLI::App& app, int& rc) {
                 cmd->add_option("--db", args->db, "Trace database; default: the embedded sample");
                 cmd->add_option("sql", args->sql, "One SQL statement")->required();
                 cmd->add_flag("--json", args->json, "JSON output: {columns, rows, row_count, truncated}");
-                cmd->add_option("--max-rows", args->max_rows, "Row cap (default 1000)")->check(CLI::Range(size_t{1}, size_t{10'000'000}));
+                cmd->add_option("--max-rows", args->max_rows, "Row cap (default 1000)")
+                    ->check(CLI::Range(size_t{1}, size_t{10'000'000}));
                 cmd->add_option("--timeout-ms", args->timeout_ms, "Time budget of the statement (default 30000)")
                     ->check(CLI::Range(uint64_t{1}, uint64_t{3'600'000}));
                 cmd->add_option("--max-memory-mb", args->max_memory_mb,
@@ -77,7 +76,8 @@ Registrar reg{"query", 40, [](CLI::App& app, int& rc) {
                 cmd->add_option("--max-value-bytes", args->max_value_bytes,
                                 "Longest string or blob the statement may build (default 16 MiB)")
                     ->check(CLI::Range(1024, 1'000'000'000));
-                cmd->add_option("--width", args->width, "Widest cell in the text table (default 48)")->check(CLI::Range(size_t{4}, size_t{100000}));
+                cmd->add_option("--width", args->width, "Widest cell in the text table (default 48)")
+                    ->check(CLI::Range(size_t{4}, size_t{100000}));
                 cmd->callback([args, &rc] { rc = run_query(*args); });
               }};
 

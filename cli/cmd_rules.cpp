@@ -70,77 +70,77 @@ bool load_inputs(const RulesArgs& a, Inputs& in, int& rc) {
 
 }  // namespace
 
-static ingero::cli::Registrar reg{"rules", 40, [](CLI::App& app, int& rc) {
-  auto* cmd = app.add_subcommand("rules", "Check, test and inspect .rules files");
-  cmd->require_subcommand(1);
-  auto args = std::make_shared<RulesArgs>();
-  auto add_common = [&](CLI::App* sub) {
-    sub->add_option("files", args->files, "Rule files (`default` = the embedded pack)")->required();
-    sub->add_option("--param", args->params, "Override a param: NAME=VALUE");
-  };
+static ingero::cli::Registrar reg{
+    "rules", 40, [](CLI::App& app, int& rc) {
+      auto* cmd = app.add_subcommand("rules", "Check, test and inspect .rules files");
+      cmd->require_subcommand(1);
+      auto args = std::make_shared<RulesArgs>();
+      auto add_common = [&](CLI::App* sub) {
+        sub->add_option("files", args->files, "Rule files (`default` = the embedded pack)")->required();
+        sub->add_option("--param", args->params, "Override a param: NAME=VALUE");
+      };
 
-  auto* check = cmd->add_subcommand("check", "Compile rule files and print diagnostics");
-  add_common(check);
-  check->add_flag("--json", args->json, "Diagnostics as JSON on stdout");
-  check->callback([args, &rc] {
-    Inputs in;
-    if (!load_inputs(*args, in, rc)) return;
-    const auto& src = in.sources;
-    const auto& opts = in.options;
-    auto r = ingero::dsl::compile_rules(src, opts);
-    print_diags(r, args->json);
-    if (!args->json && r.ok())
-      std::cerr << r.rules.size() << " rule(s), " << r.tests.size() << " test(s): ok\n";
-    rc = r.ok() ? ingero::cli::kExitOk : ingero::cli::kExitFindings;
-  });
+      auto* check = cmd->add_subcommand("check", "Compile rule files and print diagnostics");
+      add_common(check);
+      check->add_flag("--json", args->json, "Diagnostics as JSON on stdout");
+      check->callback([args, &rc] {
+        Inputs in;
+        if (!load_inputs(*args, in, rc)) return;
+        const auto& src = in.sources;
+        const auto& opts = in.options;
+        auto r = ingero::dsl::compile_rules(src, opts);
+        print_diags(r, args->json);
+        if (!args->json && r.ok()) std::cerr << r.rules.size() << " rule(s), " << r.tests.size() << " test(s): ok\n";
+        rc = r.ok() ? ingero::cli::kExitOk : ingero::cli::kExitFindings;
+      });
 
-  auto* test = cmd->add_subcommand("test", "Run the inline tests of rule files");
-  add_common(test);
-  test->callback([args, &rc] {
-    Inputs in;
-    if (!load_inputs(*args, in, rc)) return;
-    const auto& src = in.sources;
-    const auto& opts = in.options;
-    auto r = ingero::dsl::compile_rules(src, opts);
-    print_diags(r, false);
-    if (!r.ok()) {
-      rc = ingero::cli::kExitFindings;
-      return;
-    }
-    size_t failed = 0;
-    for (const auto& o : ingero::rules::run_rule_tests(r)) {
-      std::cout << (o.passed ? "PASS " : "FAIL ") << o.test.file << ":" << o.test.line << " " << o.test.rule
-                << " / \"" << o.test.name << "\"";
-      if (!o.passed) {
-        std::cout << ": " << o.detail;
-        ++failed;
-      }
-      std::cout << "\n";
-    }
-    std::cout << r.tests.size() - failed << " passed, " << failed << " failed\n";
-    rc = failed ? ingero::cli::kExitFindings : ingero::cli::kExitOk;
-  });
+      auto* test = cmd->add_subcommand("test", "Run the inline tests of rule files");
+      add_common(test);
+      test->callback([args, &rc] {
+        Inputs in;
+        if (!load_inputs(*args, in, rc)) return;
+        const auto& src = in.sources;
+        const auto& opts = in.options;
+        auto r = ingero::dsl::compile_rules(src, opts);
+        print_diags(r, false);
+        if (!r.ok()) {
+          rc = ingero::cli::kExitFindings;
+          return;
+        }
+        size_t failed = 0;
+        for (const auto& o : ingero::rules::run_rule_tests(r)) {
+          std::cout << (o.passed ? "PASS " : "FAIL ") << o.test.file << ":" << o.test.line << " " << o.test.rule
+                    << " / \"" << o.test.name << "\"";
+          if (!o.passed) {
+            std::cout << ": " << o.detail;
+            ++failed;
+          }
+          std::cout << "\n";
+        }
+        std::cout << r.tests.size() - failed << " passed, " << failed << " failed\n";
+        rc = failed ? ingero::cli::kExitFindings : ingero::cli::kExitOk;
+      });
 
-  auto* plan = cmd->add_subcommand("plan", "Print the compiled plan (canonical text)");
-  add_common(plan);
-  plan->add_flag("--ast", args->ast, "Print the parse tree instead");
-  plan->callback([args, &rc] {
-    Inputs in;
-    if (!load_inputs(*args, in, rc)) return;
-    const auto& src = in.sources;
-    const auto& opts = in.options;
-    if (args->ast) {
-      for (const auto& s : src) std::cout << ingero::dsl::dump_ast(s);
-      rc = ingero::cli::kExitOk;
-      return;
-    }
-    auto r = ingero::dsl::compile_rules(src, opts);
-    print_diags(r, false);
-    if (!r.ok()) {
-      rc = ingero::cli::kExitFindings;
-      return;
-    }
-    std::cout << r.plan.to_string();
-    rc = ingero::cli::kExitOk;
-  });
-}};
+      auto* plan = cmd->add_subcommand("plan", "Print the compiled plan (canonical text)");
+      add_common(plan);
+      plan->add_flag("--ast", args->ast, "Print the parse tree instead");
+      plan->callback([args, &rc] {
+        Inputs in;
+        if (!load_inputs(*args, in, rc)) return;
+        const auto& src = in.sources;
+        const auto& opts = in.options;
+        if (args->ast) {
+          for (const auto& s : src) std::cout << ingero::dsl::dump_ast(s);
+          rc = ingero::cli::kExitOk;
+          return;
+        }
+        auto r = ingero::dsl::compile_rules(src, opts);
+        print_diags(r, false);
+        if (!r.ok()) {
+          rc = ingero::cli::kExitFindings;
+          return;
+        }
+        std::cout << r.plan.to_string();
+        rc = ingero::cli::kExitOk;
+      });
+    }};

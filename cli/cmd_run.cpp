@@ -16,13 +16,13 @@
 #include <thread>
 
 #include "cli/command.h"
-#include "cli/metrics_cli.h"
 #include "cli/common.h"
 #include "cli/config.h"
+#include "cli/metrics_cli.h"
 #include "cli/pipeline_common.h"
 #include "engine/engine.h"
-#include "operators/chain_annotate.h"
 #include "model/synth.h"
+#include "operators/chain_annotate.h"
 #include "sinks/lmdb_store.h"
 #include "sinks/perfetto.h"
 #include "sinks/report.h"
@@ -56,7 +56,7 @@ struct SinkRt {
   std::unique_ptr<SpoolingWriter> sqlite;
   std::unique_ptr<LmdbSink> lmdb;
   std::unique_ptr<PerfettoWriter> perfetto;  // trace-event JSON, renamed into place at the end
-  FILE* out = nullptr;                 // jsonl
+  FILE* out = nullptr;                       // jsonl
   bool owns_out = false;
   bool takes_chains = false;
   bool meta_written = false;
@@ -182,8 +182,7 @@ bool open_sink(SinkRt& s, std::string& error) {
         }
       }
       return true;
-    case SinkKind::kReport:
-      return true;  // written when the analysis ends
+    case SinkKind::kReport: return true;  // written when the analysis ends
     case SinkKind::kPerfetto:
       s.perfetto = PerfettoWriter::create(c.path, PerfettoOptions{}, error);
       return s.perfetto != nullptr;
@@ -290,11 +289,11 @@ int run_pipeline(const RunArgs& a) {
     std::vector<SinkRt*> taps;
     for (auto& s : sinks)
       if (s.takes_events_from(rt.cfg->name)) taps.push_back(&s);
-    rt.tap = std::make_unique<TapSource>(*rt.src, [taps, &metrics, live = rt.live](const Batch& b,
-                                                                                 const TraceMeta& meta) {
-      metrics.observe(b, meta, live);
-      for (auto* s : taps) write_events(*s, b, meta);
-    });
+    rt.tap = std::make_unique<TapSource>(*rt.src,
+                                         [taps, &metrics, live = rt.live](const Batch& b, const TraceMeta& meta) {
+                                           metrics.observe(b, meta, live);
+                                           for (auto* s : taps) write_events(*s, b, meta);
+                                         });
   }
 
   // Live sources stop on Ctrl-C or after their duration.
@@ -482,7 +481,8 @@ Registrar reg{"run", 50, [](CLI::App& app, int& rc) {
                     "  ingero-pipeline run --config pipeline.yaml\n"
                     "Reference: docs/pipeline.md");
                 cmd->add_option("-c,--config", args->config, "Pipeline config (YAML)");
-                cmd->add_flag("--dry-run", args->dry_run, "Validate, compile the rules, print the resolved graph, stop");
+                cmd->add_flag("--dry-run", args->dry_run,
+                              "Validate, compile the rules, print the resolved graph, stop");
                 cmd->add_flag("--print-default", args->print_default, "Print the embedded default config");
                 cmd->add_flag("-q,--quiet", args->quiet, "No summary line on stderr");
                 add_metrics_options(cmd, args->metrics);

@@ -155,9 +155,7 @@ std::string pad(std::string s, size_t w, bool right = false) {
 
 // The text table keeps a site to one readable line: frame_label() drops a C++ symbol's return
 // type, template arguments and parameters, and what is still long is cut; --json has it whole.
-std::string clip(const std::string& s, size_t max = 140) {
-  return s.size() <= max ? s : s.substr(0, max - 3) + "...";
-}
+std::string clip(const std::string& s, size_t max = 140) { return s.size() <= max ? s : s.substr(0, max - 3) + "..."; }
 
 std::string pct(double share) {
   char buf[16];
@@ -195,8 +193,7 @@ int run_stacks(const StacksArgs& a) {
   Batch b;
   while (source->next(b)) {
     for (const Event& e : b.events) {
-      if (only_op ? (e.source != only_op->source || e.op != only_op->op) : !is_gpu_api(e.source))
-        continue;
+      if (only_op ? (e.source != only_op->source || e.op != only_op->op) : !is_gpu_api(e.source)) continue;
       if (a.pid && e.pid != a.pid) continue;
       if (e.dur_ns < min_ns) continue;
       ++selected;
@@ -368,20 +365,22 @@ int run_stacks(const StacksArgs& a) {
   }
 
   // --- text ------------------------------------------------------------------------------------
-  auto amount = [&](uint64_t v) { return samples ? format_count(static_cast<double>(v)) : format_ns(static_cast<double>(v)); };
+  auto amount = [&](uint64_t v) {
+    return samples ? format_count(static_cast<double>(v)) : format_ns(static_cast<double>(v));
+  };
   // What the selected events are called in the text: calls, or spans/events of a host op.
   const std::string noun = samples ? "samples" : (only_op && only_op->kind != OpKind::kCall ? "events" : "calls");
   std::cout << "Call sites of " << what << (a.pid ? " in pid " + std::to_string(a.pid) : std::string())
             << (min_ns ? " >= " + format_ns(static_cast<double>(min_ns)) : std::string()) << "  (" << meta.path
             << ")\n";
   std::cout << "  " << format_count(static_cast<double>(selected)) << " " << noun << ", "
-            << format_count(static_cast<double>(stacked)) << " with a stack ("
-            << pct(share(stacked_ns, selected_ns)) << " of the " << (samples ? "samples" : "time") << "); "
-            << meta.stacks.size() << " stacks in the trace\n";
+            << format_count(static_cast<double>(stacked)) << " with a stack (" << pct(share(stacked_ns, selected_ns))
+            << " of the " << (samples ? "samples" : "time") << "); " << meta.stacks.size() << " stacks in the trace\n";
   if (sites.empty()) {
-    std::cout << (meta.stacks.empty()
-                      ? "  This trace has no stacks. Live capture records them for calls at or above `trace --stack-min`.\n"
-                      : "  None of the selected " + noun + " has a stack.\n");
+    std::cout
+        << (meta.stacks.empty()
+                ? "  This trace has no stacks. Live capture records them for calls at or above `trace --stack-min`.\n"
+                : "  None of the selected " + noun + " has a stack.\n");
     return kExitOk;
   }
   std::cout << "  Ranked by " << (by_slow ? "slow-call time" : "total time")
@@ -392,7 +391,8 @@ int run_stacks(const StacksArgs& a) {
   for (size_t i = 0; i < shown; ++i) {
     const Site& s = *order[i];
     std::cout << pad(std::to_string(i + 1), 3, true) << "  " << pad(amount(s.total), 9, true)
-              << pad(pct(share(s.total, stacked_ns)), 7, true) << pad(format_count(static_cast<double>(s.calls)), 8, true)
+              << pad(pct(share(s.total, stacked_ns)), 7, true)
+              << pad(format_count(static_cast<double>(s.calls)), 8, true)
               << pad(samples ? "-" : format_ns(static_cast<double>(s.slow)), 9, true)
               << pad(samples ? "-" : pct(share(s.slow, slow_stacked_ns)), 7, true)
               << pad(samples ? "-" : format_ns(static_cast<double>(nearest_rank(s.durs, 0.50))), 9, true)
@@ -429,9 +429,10 @@ Registrar reg{"stacks", 15, [](CLI::App& app, int& rc) {
                 cmd->add_option("--op", args->op, "Only this op (default: every CUDA/driver/graph/NCCL call)");
                 cmd->add_option("--pid", args->pid, "Only this process");
                 auto* json = cmd->add_flag("--json", args->json, "Machine-readable output (shape in docs/cli.md)");
-                auto* folded = cmd->add_flag("--folded", args->folded,
-                              "Folded stacks for flamegraph.pl/speedscope: frames outermost first, value = total ns "
-                              "(samples for cpu_sample)");
+                auto* folded = cmd->add_flag(
+                    "--folded", args->folded,
+                    "Folded stacks for flamegraph.pl/speedscope: frames outermost first, value = total ns "
+                    "(samples for cpu_sample)");
                 cmd->add_option("--limit", args->limit, "Sites shown (0 = all)")->capture_default_str();
                 cmd->add_option("--min", args->min, "Ignore calls shorter than this (e.g. 1ms)");
                 cmd->add_option("--sort", args->sort, "Rank by total time or by slow-call time")

@@ -28,10 +28,8 @@ int run_stats(const StatsArgs& a) {
   opts.threads = a.threads;
   const Plan empty;  // statistics only: no rules
   const AnalysisResult r = run_plan(empty, *source, opts);
-  if (a.json)
-    std::cout << stats_json(r).dump(2) << "\n";
-  else
-    std::cout << stats_text(r);
+  if (a.json) std::cout << stats_json(r).dump(2) << "\n";
+  else std::cout << stats_text(r);
   return kExitOk;
 }
 

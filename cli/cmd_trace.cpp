@@ -18,14 +18,14 @@
 #include <thread>
 
 #include "cli/command.h"
-#include "cli/metrics_cli.h"
-#include "sinks/clock_anchors.h"
-#include "sinks/process_identity.h"
 #include "cli/common.h"
+#include "cli/metrics_cli.h"
 #include "engine/engine.h"
 #include "model/format.h"
 #include "model/ops.h"
 #include "operators/chain_annotate.h"
+#include "sinks/clock_anchors.h"
+#include "sinks/process_identity.h"
 #include "sinks/report.h"
 #include "sinks/spooling_writer.h"
 #include "sinks/sqlite_store.h"
@@ -169,8 +169,7 @@ std::string db_text(const SpoolingWriter* w) {
   return t;
 }
 
-void render(ViewState& v, const bpf::LiveSource& src, const SpoolingWriter* writer, double elapsed_s,
-            bool tty) {
+void render(ViewState& v, const bpf::LiveSource& src, const SpoolingWriter* writer, double elapsed_s, bool tty) {
   const bpf::LiveStats st = src.stats();
   std::string out;
   if (tty) out += "\x1b[H\x1b[2J";
@@ -182,24 +181,22 @@ void render(ViewState& v, const bpf::LiveSource& src, const SpoolingWriter* writ
                 elapsed_s > 0 ? st.delivered / elapsed_s : 0.0,
                 static_cast<unsigned long long>(st.dropped[IP_RING_GPU]),
                 static_cast<unsigned long long>(st.dropped[IP_RING_HOST]),
-                static_cast<unsigned long long>(st.queue_dropped),
-                static_cast<unsigned long long>(st.late), st.libraries, st.uprobes);
+                static_cast<unsigned long long>(st.queue_dropped), static_cast<unsigned long long>(st.late),
+                st.libraries, st.uprobes);
   out += line;
   if (writer) out += db_text(writer) + "\n";
   if (!tty) {  // a log line per refresh when not on a terminal
     std::fputs(out.c_str(), stderr);
     return;
   }
-  std::snprintf(line, sizeof(line), "\n%-26s %10s %10s %10s %10s %10s\n", "op", "count", "p50",
-                "p95", "p99", "max");
+  std::snprintf(line, sizeof(line), "\n%-26s %10s %10s %10s %10s %10s\n", "op", "count", "p50", "p95", "p99", "max");
   out += line;
   std::lock_guard<std::mutex> lk(v.mu);
   for (const auto& [key, h] : v.ops) {
     std::snprintf(line, sizeof(line), "%-26s %10llu %10s %10s %10s %10s\n",
                   op_name(static_cast<Source>(key.first), key.second).c_str(),
                   static_cast<unsigned long long>(h.count()), fmt_ns(h.quantile(0.5)).c_str(),
-                  fmt_ns(h.quantile(0.95)).c_str(), fmt_ns(h.quantile(0.99)).c_str(),
-                  fmt_ns(h.max()).c_str());
+                  fmt_ns(h.quantile(0.95)).c_str(), fmt_ns(h.quantile(0.99)).c_str(), fmt_ns(h.max()).c_str());
     out += line;
   }
   out += "\nchains (" + std::to_string(v.chains_total) + ")\n";
@@ -276,8 +273,7 @@ int run_trace(const TraceArgs& a) {
   const std::string hostname = local_hostname();
   std::string node_source = "--node";
   if (!margs.node.empty() && !valid_node_name(margs.node)) {
-    print_error("--node '" + margs.node +
-                "': expected 1-64 of A-Z a-z 0-9 . _ - (ids are {node}:{seq})");
+    print_error("--node '" + margs.node + "': expected 1-64 of A-Z a-z 0-9 . _ - (ids are {node}:{seq})");
     return kExitUsage;
   }
   if (margs.node.empty()) {
@@ -285,11 +281,10 @@ int run_trace(const TraceArgs& a) {
     const std::string dir = default_state_dir();
     if (load_or_create_node_id(dir, margs.node, created, error)) {
       node_source = dir + "/node-id";
-      std::fprintf(stderr, "node: %s (%s %s; --node overrides)\n", margs.node.c_str(),
-                   created ? "created in" : "from", node_source.c_str());
+      std::fprintf(stderr, "node: %s (%s %s; --node overrides)\n", margs.node.c_str(), created ? "created in" : "from",
+                   node_source.c_str());
     } else if (valid_node_name(hostname)) {
-      std::fprintf(stderr, "warning: %s; naming this node by its hostname '%s'\n", error.c_str(),
-                   hostname.c_str());
+      std::fprintf(stderr, "warning: %s; naming this node by its hostname '%s'\n", error.c_str(), hostname.c_str());
       margs.node = hostname;
       node_source = "hostname";
     } else {
@@ -331,8 +326,7 @@ int run_trace(const TraceArgs& a) {
   // Clock anchors every 10 s (sinks/clock_anchors.h), written to --db at the end for `merge`.
   std::vector<ClockAnchor> anchors{sample_clock_anchor(src->converter().offset())};
   for (const auto& l : src->libraries())
-    std::fprintf(stderr, "tracing %s %s (%s)\n", bpf::lib_kind_name(l.kind), l.path.c_str(),
-                 l.found_by.c_str());
+    std::fprintf(stderr, "tracing %s %s (%s)\n", bpf::lib_kind_name(l.kind), l.path.c_str(), l.found_by.c_str());
 
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -350,8 +344,7 @@ int run_trace(const TraceArgs& a) {
     {
       std::lock_guard<std::mutex> lk(view.mu);
       for (const Event& e : b.events)
-        if (is_gpu_api(e.source))
-          view.ops[{static_cast<uint8_t>(e.source), e.op}].add(e.dur_ns);
+        if (is_gpu_api(e.source)) view.ops[{static_cast<uint8_t>(e.source), e.op}].add(e.dur_ns);
     }
     if (writer) {
       if (!meta_written) {
@@ -427,8 +420,7 @@ int run_trace(const TraceArgs& a) {
     if (!hostname.empty()) idt.attributes[margs.node]["hostname"] = hostname;
     if (!node_source.empty()) idt.attributes[margs.node]["node_id_source"] = node_source;
     idt.processes[margs.node] = identities.rows();
-    if (rc == kExitOk && !write_identity(a.db, idt, error))
-      std::fprintf(stderr, "warning: %s\n", error.c_str());
+    if (rc == kExitOk && !write_identity(a.db, idt, error)) std::fprintf(stderr, "warning: %s\n", error.c_str());
   }
   if (!a.quiet) {
     if (tty) render(view, *src, writer.get(), elapsed, tty);
@@ -443,103 +435,94 @@ int run_trace(const TraceArgs& a) {
                "trace: stacks %llu captured (%llu distinct, %llu with Python frames; %llu skipped "
                "by the per-thread rate limit, %llu lost to a full stack ring), %llu CPU samples, "
                "%llu Python processes\n",
-               elapsed, static_cast<unsigned long long>(st.delivered),
-               static_cast<unsigned long long>(st.records),
+               elapsed, static_cast<unsigned long long>(st.delivered), static_cast<unsigned long long>(st.records),
                static_cast<unsigned long long>(st.dropped[IP_RING_GPU]),
                static_cast<unsigned long long>(st.dropped[IP_RING_HOST]),
-               static_cast<unsigned long long>(st.queue_dropped),
-               static_cast<unsigned long long>(st.late),
+               static_cast<unsigned long long>(st.queue_dropped), static_cast<unsigned long long>(st.late),
                static_cast<unsigned long long>(st.late_delivered),
                static_cast<unsigned long long>(result.counters.late_events),
                static_cast<unsigned long long>(st.unmatched), st.reorder_peak, result.chains.size(),
                a.db.empty() ? "" : ", written to ", a.db.c_str(), db_summary.c_str(),
-               static_cast<unsigned long long>(st.stacks_resolved),
-               static_cast<unsigned long long>(st.stacks_unique),
+               static_cast<unsigned long long>(st.stacks_resolved), static_cast<unsigned long long>(st.stacks_unique),
                static_cast<unsigned long long>(st.python_stacks),
-               static_cast<unsigned long long>(st.stacks_rate_limited),
-               static_cast<unsigned long long>(st.stacks_lost),
-               static_cast<unsigned long long>(st.samples),
-               static_cast<unsigned long long>(st.python_procs));
+               static_cast<unsigned long long>(st.stacks_rate_limited), static_cast<unsigned long long>(st.stacks_lost),
+               static_cast<unsigned long long>(st.samples), static_cast<unsigned long long>(st.python_procs));
   const ProcessIdentityCache::Stats& is = identities.stats();
   std::fprintf(stderr,
                "trace: node %s; %llu processes seen, %llu with a rank in their environment, %llu "
                "environments unreadable, %llu events stamped with a rank%s\n",
-               margs.node.empty() ? "(unnamed)" : margs.node.c_str(),
-               static_cast<unsigned long long>(is.reads),
-               static_cast<unsigned long long>(is.with_rank),
-               static_cast<unsigned long long>(is.unreadable),
+               margs.node.empty() ? "(unnamed)" : margs.node.c_str(), static_cast<unsigned long long>(is.reads),
+               static_cast<unsigned long long>(is.with_rank), static_cast<unsigned long long>(is.unreadable),
                static_cast<unsigned long long>(is.stamped),
-               is.bad_values
-                   ? (", " + std::to_string(is.bad_values) + " malformed rank variables ignored").c_str()
-                   : "");
+               is.bad_values ? (", " + std::to_string(is.bad_values) + " malformed rank variables ignored").c_str()
+                             : "");
   return rc;
 }
 #endif
 
-Registrar reg{"trace", 5, [](CLI::App& app, int& rc) {
-                auto args = std::make_shared<TraceArgs>();
-                auto* cmd = app.add_subcommand(
-                    "trace",
-                    "Live capture with eBPF (root): CUDA runtime/driver/NCCL calls via uprobes and the\n"
-                    "host via tracepoints, analysed as they arrive. Shows per-op latency, drops and chains\n"
-                    "as they fire; stops at --duration or Ctrl-C and writes everything to --db.\n"
-                    "Examples:\n"
-                    "  sudo ingero-pipeline trace --duration 30s --db run.db\n"
-                    "  sudo ingero-pipeline trace --pid 1234 --disable net,tcp\n"
-                    "  sudo ingero-pipeline trace --stack-min 0 --db run.db   # a stack on every call\n"
-                    "  sudo ingero-pipeline trace --cgroup /sys/fs/cgroup/system.slice/docker-<id>.scope");
-                cmd->add_option("--duration", args->duration, "Stop after this long (30s, 2m); default: until Ctrl-C");
-                cmd->add_option("--pid", args->pids, "Trace these processes (all threads, and their children)");
-                cmd->add_option("--cgroup", args->cgroup, "Trace the processes of this cgroup v2 directory (a container)");
-                cmd->add_option("--db", args->db, "Write the trace, stats and chains to this SQLite database");
-                cmd->add_option("--rules", args->rules, "Rule files to load (in addition to the default pack)");
-                cmd->add_flag("--no-default-rules", args->no_default_rules, "Use only the --rules files");
-                cmd->add_option("--cuda-lib", args->cuda_libs,
-                                "A libcudart/libcuda/libnccl file or directory to probe (besides discovery)");
-                cmd->add_option("--disable", args->disable,
-                                "Probe families to switch off: cuda, driver, graph, nccl, sched, wakeup, "
-                                "process, memory, block, tcp, net")
-                    ->delimiter(',');
-                cmd->add_option("--threads", args->threads, "Engine threads")->check(CLI::Range(1u, 256u));
-                cmd->add_option("--ring-mb", args->ring_mb,
-                                "Size of each of the two BPF ring buffers in MiB, a power of two "
-                                "(default 4: ~0.3 s of slack at 200k records/s; raise it if drops "
-                                "gpu=/host= are counted)")
-                    ->check(CLI::Range(1u, 1024u));
-                cmd->add_option("--lag", args->lag, "Reorder lag before events are released (default 50ms)");
-                cmd->add_option("--max-hold", args->max_hold,
-                                "Longest an open call may hold results back (default 2s)");
-                cmd->add_flag("--classic-tracepoints", args->classic,
-                              "Use classic tracepoints even where tp_btf works");
-                cmd->add_option("--stack-min", args->stack_min,
-                                "Capture the caller's native + Python stack of CUDA/driver/NCCL calls "
-                                "at least this long, and of off-CPU spans as long (default 1ms; 0 = "
-                                "every call)");
-                cmd->add_flag("--no-stacks", args->no_stacks, "Capture no call or off-CPU stacks");
-                cmd->add_option("--sample-hz", args->sample_hz,
-                                "On-CPU stack samples of the traced threads per second (default 49)")
-                    ->check(CLI::Range(1u, 1000u));
-                cmd->add_flag("--no-samples", args->no_samples, "No on-CPU stack samples");
-                cmd->add_option("--stack-bytes", args->stack_bytes,
-                                "User stack copied per stack for unwinding (default 16384, at most 28672)")
-                    ->check(CLI::Range(512u, 28672u));
-                cmd->add_option("--stack-rate", args->stack_rate,
-                                "Slow-call stacks per second per thread at most (default 100, bursts "
-                                "of 20); the rest are counted as skipped")
-                    ->check(CLI::Range(1u, 1000000u));
-                cmd->add_flag("-q,--quiet", args->quiet, "No live view or report (summary line only)");
-                add_metrics_options(cmd, args->metrics);
-                cmd->callback([args, &rc] {
+Registrar reg{
+    "trace", 5, [](CLI::App& app, int& rc) {
+      auto args = std::make_shared<TraceArgs>();
+      auto* cmd = app.add_subcommand(
+          "trace",
+          "Live capture with eBPF (root): CUDA runtime/driver/NCCL calls via uprobes and the\n"
+          "host via tracepoints, analysed as they arrive. Shows per-op latency, drops and chains\n"
+          "as they fire; stops at --duration or Ctrl-C and writes everything to --db.\n"
+          "Examples:\n"
+          "  sudo ingero-pipeline trace --duration 30s --db run.db\n"
+          "  sudo ingero-pipeline trace --pid 1234 --disable net,tcp\n"
+          "  sudo ingero-pipeline trace --stack-min 0 --db run.db   # a stack on every call\n"
+          "  sudo ingero-pipeline trace --cgroup /sys/fs/cgroup/system.slice/docker-<id>.scope");
+      cmd->add_option("--duration", args->duration, "Stop after this long (30s, 2m); default: until Ctrl-C");
+      cmd->add_option("--pid", args->pids, "Trace these processes (all threads, and their children)");
+      cmd->add_option("--cgroup", args->cgroup, "Trace the processes of this cgroup v2 directory (a container)");
+      cmd->add_option("--db", args->db, "Write the trace, stats and chains to this SQLite database");
+      cmd->add_option("--rules", args->rules, "Rule files to load (in addition to the default pack)");
+      cmd->add_flag("--no-default-rules", args->no_default_rules, "Use only the --rules files");
+      cmd->add_option("--cuda-lib", args->cuda_libs,
+                      "A libcudart/libcuda/libnccl file or directory to probe (besides discovery)");
+      cmd->add_option("--disable", args->disable,
+                      "Probe families to switch off: cuda, driver, graph, nccl, sched, wakeup, "
+                      "process, memory, block, tcp, net")
+          ->delimiter(',');
+      cmd->add_option("--threads", args->threads, "Engine threads")->check(CLI::Range(1u, 256u));
+      cmd->add_option("--ring-mb", args->ring_mb,
+                      "Size of each of the two BPF ring buffers in MiB, a power of two "
+                      "(default 4: ~0.3 s of slack at 200k records/s; raise it if drops "
+                      "gpu=/host= are counted)")
+          ->check(CLI::Range(1u, 1024u));
+      cmd->add_option("--lag", args->lag, "Reorder lag before events are released (default 50ms)");
+      cmd->add_option("--max-hold", args->max_hold, "Longest an open call may hold results back (default 2s)");
+      cmd->add_flag("--classic-tracepoints", args->classic, "Use classic tracepoints even where tp_btf works");
+      cmd->add_option("--stack-min", args->stack_min,
+                      "Capture the caller's native + Python stack of CUDA/driver/NCCL calls "
+                      "at least this long, and of off-CPU spans as long (default 1ms; 0 = "
+                      "every call)");
+      cmd->add_flag("--no-stacks", args->no_stacks, "Capture no call or off-CPU stacks");
+      cmd->add_option("--sample-hz", args->sample_hz,
+                      "On-CPU stack samples of the traced threads per second (default 49)")
+          ->check(CLI::Range(1u, 1000u));
+      cmd->add_flag("--no-samples", args->no_samples, "No on-CPU stack samples");
+      cmd->add_option("--stack-bytes", args->stack_bytes,
+                      "User stack copied per stack for unwinding (default 16384, at most 28672)")
+          ->check(CLI::Range(512u, 28672u));
+      cmd->add_option("--stack-rate", args->stack_rate,
+                      "Slow-call stacks per second per thread at most (default 100, bursts "
+                      "of 20); the rest are counted as skipped")
+          ->check(CLI::Range(1u, 1000000u));
+      cmd->add_flag("-q,--quiet", args->quiet, "No live view or report (summary line only)");
+      add_metrics_options(cmd, args->metrics);
+      cmd->callback([args, &rc] {
 #ifdef INGERO_HAVE_BPF
-                  rc = run_trace(*args);
+        rc = run_trace(*args);
 #else
                   print_error("this ingero-pipeline was built without eBPF support (INGERO_BUILD_BPF=OFF, or "
                               "clang/bpftool/libbpf missing at build time); replay a recorded trace with "
                               "`explain --db FILE` instead");
                   rc = kExitRuntime;
 #endif
-                });
-              }};
+      });
+    }};
 
 }  // namespace
 }  // namespace ingero::cli

@@ -31,9 +31,9 @@ struct Registrar {
 
 // Exit statuses shared by every command.
 inline constexpr int kExitOk = 0;
-inline constexpr int kExitFindings = 1;   // e.g. `rules check` found errors
-inline constexpr int kExitUsage = 2;      // bad arguments
-inline constexpr int kExitInput = 3;      // unreadable or invalid input file
-inline constexpr int kExitRuntime = 4;    // the system refused (privileges, BPF)
+inline constexpr int kExitFindings = 1;  // e.g. `rules check` found errors
+inline constexpr int kExitUsage = 2;     // bad arguments
+inline constexpr int kExitInput = 3;     // unreadable or invalid input file
+inline constexpr int kExitRuntime = 4;   // the system refused (privileges, BPF)
 
 }  // namespace ingero::cli

@@ -18,7 +18,8 @@ asm(".section .rodata\n"
     ".balign 16\n"
     ".global ingero_sample_db_start\n"
     "ingero_sample_db_start:\n"
-    ".incbin \"" INGERO_SAMPLE_DB "\"\n"
+    ".incbin \"" INGERO_SAMPLE_DB
+    "\"\n"
     ".global ingero_sample_db_end\n"
     "ingero_sample_db_end:\n"
     ".previous\n");

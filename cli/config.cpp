@@ -49,9 +49,7 @@ struct YNode {
   std::vector<YNode> items;
   std::vector<std::pair<YNode, YNode>> pairs;
 
-  bool is_null() const {
-    return kind == kScalar && plain && (value.empty() || value == "~" || value == "null");
-  }
+  bool is_null() const { return kind == kScalar && plain && (value.empty() || value == "~" || value == "null"); }
   const char* kind_name() const {
     if (is_null()) return "nothing";
     return kind == kScalar ? "a scalar" : kind == kSeq ? "a list" : "a mapping";
@@ -84,8 +82,7 @@ bool convert(yaml_document_t* doc, yaml_node_t* n, YNode& out, int depth) {
           return false;
       }
       return true;
-    default:
-      return false;
+    default: return false;
   }
 }
 
@@ -95,8 +92,8 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   for (size_t i = 1; i <= a.size(); ++i) {
     cur[0] = i;
     for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1,
-                         prev[j - 1] + (std::tolower(a[i - 1]) == std::tolower(b[j - 1]) ? 0 : 1)});
+      cur[j] = std::min(
+          {prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (std::tolower(a[i - 1]) == std::tolower(b[j - 1]) ? 0 : 1)});
     std::swap(prev, cur);
   }
   return prev[b.size()];
@@ -134,7 +131,8 @@ bool parse_number(const std::string& s, double& v) {
 }
 
 bool parse_uint(const std::string& s, uint64_t& v) {
-  if (s.empty() || !std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) || c == '_'; }))
+  if (s.empty() ||
+      !std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) || c == '_'; }))
     return false;
   v = 0;
   for (char c : s) {
@@ -148,7 +146,8 @@ bool parse_uint(const std::string& s, uint64_t& v) {
 // Splits "250ms" into 250 and "ms".
 bool split_unit(const std::string& text, double& num, std::string& unit) {
   size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.' || text[i] == '_')) ++i;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.' || text[i] == '_'))
+    ++i;
   std::string digits;
   for (size_t k = 0; k < i; ++k)
     if (text[k] != '_') digits += text[k];
@@ -159,9 +158,8 @@ bool split_unit(const std::string& text, double& num, std::string& unit) {
 
 bool is_identifier(const std::string& s) {
   if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
-  });
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'; });
 }
 
 bool path_exists(const std::string& p, bool* is_dir = nullptr) {
@@ -171,9 +169,8 @@ bool path_exists(const std::string& p, bool* is_dir = nullptr) {
   return true;
 }
 
-const std::vector<std::string> kProbeFamilies = {"cuda",    "driver", "graph",  "nccl",
-                                                 "sched",   "wakeup", "process", "memory",
-                                                 "block",   "tcp",    "net"};
+const std::vector<std::string> kProbeFamilies = {"cuda",    "driver", "graph", "nccl", "sched", "wakeup",
+                                                 "process", "memory", "block", "tcp",  "net"};
 const std::vector<std::string> kDefaultParams = {"window", "min_calls", "min_tail_ratio", "min_share", "warmup"};
 
 // --- the validator -----------------------------------------------------------------------------
@@ -218,7 +215,8 @@ class Checker {
       }
       if (std::find(allowed.begin(), allowed.end(), k.value) == allowed.end()) {
         error(k, "C0101",
-              "unknown key `" + k.value + "` " + (where == "the top level" ? std::string("at the top level") : "in " + where),
+              "unknown key `" + k.value + "` " +
+                  (where == "the top level" ? std::string("at the top level") : "in " + where),
               suggest(k.value, allowed));
         continue;
       }
@@ -243,8 +241,9 @@ class Checker {
     if (!scalar(n, what)) return false;
     uint64_t v = 0;
     if (!n.plain || !parse_uint(n.value, v)) {
-      error(n, "C0202", what + " must be an integer in " + std::to_string(lo) + ".." + std::to_string(hi) +
-                            ", found `" + n.value + "`");
+      error(n, "C0202",
+            what + " must be an integer in " + std::to_string(lo) + ".." + std::to_string(hi) + ", found `" + n.value +
+                "`");
       return false;
     }
     if (v < lo || v > hi) {
@@ -341,8 +340,7 @@ void check_engine(Checker& c, const YNode& n, EngineSettings& e) {
     if (c.duration(*m["window"], "engine.window", ns)) {
       if (ns < 1'000'000)
         c.error(*m["window"], "C0202", "engine.window must be at least 1ms, found `" + m["window"]->value + "`");
-      else
-        e.window_ns = ns;
+      else e.window_ns = ns;
     }
   }
 }
@@ -350,7 +348,8 @@ void check_engine(Checker& c, const YNode& n, EngineSettings& e) {
 void check_source(Checker& c, const YNode& n, size_t index, const std::string& dir, SourceConfig& s) {
   const std::string where = "sources[" + std::to_string(index) + "]";
   std::map<std::string, const YNode*> m;
-  if (!c.mapping(n, where, {"name", "type", "path", "probes", "targets", "duration", "scenario", "fault", "events", "seed"}, m))
+  if (!c.mapping(n, where,
+                 {"name", "type", "path", "probes", "targets", "duration", "scenario", "fault", "events", "seed"}, m))
     return;
   s.pos = {n.line, n.col};
   if (!m.count("type")) {
@@ -371,9 +370,9 @@ void check_source(Checker& c, const YNode& n, size_t index, const std::string& d
   s.name = source_kind_name(s.kind);
   if (m.count("name") && c.scalar(*m["name"], where + ".name")) {
     if (!is_identifier(m["name"]->value))
-      c.error(*m["name"], "C0202", where + ".name must be a name (letters, digits, _ and -), found `" + m["name"]->value + "`");
-    else
-      s.name = m["name"]->value;
+      c.error(*m["name"], "C0202",
+              where + ".name must be a name (letters, digits, _ and -), found `" + m["name"]->value + "`");
+    else s.name = m["name"]->value;
   }
   // Keys that belong to another source type are mistakes worth naming.
   auto only_for = [&](const char* key, std::initializer_list<SourceKind> kinds) {
@@ -382,11 +381,11 @@ void check_source(Checker& c, const YNode& n, size_t index, const std::string& d
       for (const auto& [k, v] : n.pairs)
         if (k.value == key)
           c.error(k, "C0101", "key `" + std::string(key) + "` does not apply to a source of type `" + type.value + "`",
-                  std::string("it is for ") + (std::string(key) == "path" ? "sqlite and lmdb sources"
-                                               : std::string(key) == "probes" || std::string(key) == "targets" ||
-                                                         std::string(key) == "duration"
-                                                   ? "ebpf sources"
-                                                   : "synthetic sources"));
+                  std::string("it is for ") +
+                      (std::string(key) == "path" ? "sqlite and lmdb sources"
+                       : std::string(key) == "probes" || std::string(key) == "targets" || std::string(key) == "duration"
+                           ? "ebpf sources"
+                           : "synthetic sources"));
   };
   only_for("path", {SourceKind::kSqlite, SourceKind::kLmdb});
   only_for("probes", {SourceKind::kEbpf});
@@ -399,8 +398,8 @@ void check_source(Checker& c, const YNode& n, size_t index, const std::string& d
 
   if (s.kind == SourceKind::kSqlite || s.kind == SourceKind::kLmdb) {
     if (!m.count("path")) {
-      c.error(n, "C0102", where + " (" + type.value + ") has no `path`", "add `path: trace." +
-                                                                        std::string(s.kind == SourceKind::kLmdb ? "lmdb" : "db") + "`");
+      c.error(n, "C0102", where + " (" + type.value + ") has no `path`",
+              "add `path: trace." + std::string(s.kind == SourceKind::kLmdb ? "lmdb" : "db") + "`");
     } else if (c.scalar(*m["path"], where + ".path")) {
       s.path = c.resolve(dir, m["path"]->value);
       bool is_dir = false;
@@ -422,8 +421,7 @@ void check_source(Checker& c, const YNode& n, size_t index, const std::string& d
         for (const YNode* p : items) {
           if (std::find(kProbeFamilies.begin(), kProbeFamilies.end(), p->value) == kProbeFamilies.end())
             c.error(*p, "C0206", "unknown probe family `" + p->value + "`", suggest(p->value, kProbeFamilies));
-          else
-            s.probes.push_back(p->value);
+          else s.probes.push_back(p->value);
         }
     }
     if (m.count("targets")) {
@@ -459,8 +457,7 @@ void check_source(Checker& c, const YNode& n, size_t index, const std::string& d
       if (std::find(names.begin(), names.end(), m["scenario"]->value) == names.end())
         c.error(*m["scenario"], "C0206", "unknown scenario `" + m["scenario"]->value + "`",
                 suggest(m["scenario"]->value, names));
-      else
-        s.scenario = m["scenario"]->value;
+      else s.scenario = m["scenario"]->value;
     }
     if (m.count("fault")) c.boolean(*m["fault"], where + ".fault", s.fault);
     if (m.count("events")) c.integer(*m["events"], where + ".events", 1, 10'000'000'000ull, s.events);
@@ -541,8 +538,7 @@ void check_analysis(Checker& c, const YNode& n, const std::string& dir, Analysis
         if (!num.empty() && num.back() == 'x') num.pop_back();  // "3x", the rule language's ratio
         if (!parse_number(num, d) || d < 1)
           c.error(v, "C0202", "analysis.params.min_tail_ratio must be a ratio >= 1, found `" + v.value + "`");
-        else
-          a.min_tail_ratio = d;
+        else a.min_tail_ratio = d;
       } else if (k.value == "min_share") {
         c.fraction(v, "analysis.params.min_share", a.min_share);
       }
@@ -575,9 +571,9 @@ void check_sink(Checker& c, const YNode& n, size_t index, const std::string& dir
   s.name = sink_kind_name(s.kind);
   if (m.count("name") && c.scalar(*m["name"], where + ".name")) {
     if (!is_identifier(m["name"]->value))
-      c.error(*m["name"], "C0202", where + ".name must be a name (letters, digits, _ and -), found `" + m["name"]->value + "`");
-    else
-      s.name = m["name"]->value;
+      c.error(*m["name"], "C0202",
+              where + ".name must be a name (letters, digits, _ and -), found `" + m["name"]->value + "`");
+    else s.name = m["name"]->value;
   }
   const bool to_stdout_ok = s.kind == SinkKind::kJsonl || s.kind == SinkKind::kReport;
   if (m.count("path")) {
@@ -596,8 +592,12 @@ void check_sink(Checker& c, const YNode& n, size_t index, const std::string& dir
   } else if (to_stdout_ok) {
     s.path = "-";
   } else {
-    c.error(n, "C0102", where + " (" + type.value + ") has no `path`", "add `path: out." +
-                                                                       std::string(s.kind == SinkKind::kLmdb ? "lmdb" : s.kind == SinkKind::kPerfetto ? "json" : "db") + "`");
+    c.error(n, "C0102", where + " (" + type.value + ") has no `path`",
+            "add `path: out." +
+                std::string(s.kind == SinkKind::kLmdb       ? "lmdb"
+                            : s.kind == SinkKind::kPerfetto ? "json"
+                                                            : "db") +
+                "`");
   }
   if (m.count("from")) {
     std::vector<const YNode*> items;
@@ -607,16 +607,12 @@ void check_sink(Checker& c, const YNode& n, size_t index, const std::string& dir
     s.from.push_back({"analysis", {n.line, n.col}});
   }
   if (m.count("max_size")) {
-    if (s.kind != SinkKind::kLmdb)
-      c.error(*m["max_size"], "C0101", "`max_size` applies to lmdb sinks only");
-    else
-      c.size(*m["max_size"], where + ".max_size", s.max_bytes);
+    if (s.kind != SinkKind::kLmdb) c.error(*m["max_size"], "C0101", "`max_size` applies to lmdb sinks only");
+    else c.size(*m["max_size"], where + ".max_size", s.max_bytes);
   }
   if (m.count("durable")) {
-    if (s.kind != SinkKind::kLmdb)
-      c.error(*m["durable"], "C0101", "`durable` applies to lmdb sinks only");
-    else
-      c.boolean(*m["durable"], where + ".durable", s.durable);
+    if (s.kind != SinkKind::kLmdb) c.error(*m["durable"], "C0101", "`durable` applies to lmdb sinks only");
+    else c.boolean(*m["durable"], where + ".durable", s.durable);
   }
 }
 
@@ -627,7 +623,8 @@ void check_graph(Checker& c, PipelineConfig& cfg, const YNode& root) {
   for (const auto& s : cfg.sources) {
     if (names.count(s.name)) {
       c.error(s.pos.line, s.pos.col, 1, "C0402",
-              "two sources are named `" + s.name + "` (the other is on line " + std::to_string(names[s.name].line) + ")",
+              "two sources are named `" + s.name + "` (the other is on line " + std::to_string(names[s.name].line) +
+                  ")",
               "give each source a distinct `name`");
       continue;
     }
@@ -669,8 +666,8 @@ void check_graph(Checker& c, PipelineConfig& cfg, const YNode& root) {
     if (s.kind == SinkKind::kMcp) {
       // The MCP server speaks JSON-RPC on stdout: nothing else may write there.
       if (outputs.count("stdout"))
-        c.error(s.pos.line, s.pos.col, 1, "C0403", "sink `" + s.name + "` (mcp) needs stdout, which sink `" +
-                                                       outputs["stdout"] + "` already writes",
+        c.error(s.pos.line, s.pos.col, 1, "C0403",
+                "sink `" + s.name + "` (mcp) needs stdout, which sink `" + outputs["stdout"] + "` already writes",
                 "send that sink to a file (`path: out.jsonl`)");
       outputs["stdout"] = s.name;
     }
@@ -687,8 +684,10 @@ void check_graph(Checker& c, PipelineConfig& cfg, const YNode& root) {
 
 std::string fmt_duration(uint64_t ns) {
   char buf[48];
-  if (ns % 1'000'000'000 == 0) std::snprintf(buf, sizeof buf, "%llus", static_cast<unsigned long long>(ns / 1'000'000'000));
-  else if (ns % 1'000'000 == 0) std::snprintf(buf, sizeof buf, "%llums", static_cast<unsigned long long>(ns / 1'000'000));
+  if (ns % 1'000'000'000 == 0)
+    std::snprintf(buf, sizeof buf, "%llus", static_cast<unsigned long long>(ns / 1'000'000'000));
+  else if (ns % 1'000'000 == 0)
+    std::snprintf(buf, sizeof buf, "%llums", static_cast<unsigned long long>(ns / 1'000'000));
   else if (ns % 1'000 == 0) std::snprintf(buf, sizeof buf, "%lluus", static_cast<unsigned long long>(ns / 1'000));
   else std::snprintf(buf, sizeof buf, "%lluns", static_cast<unsigned long long>(ns));
   return buf;
@@ -740,9 +739,11 @@ bool parse_size(const std::string& text, uint64_t& bytes) {
   double num = 0;
   std::string unit;
   if (!split_unit(text, num, unit)) return false;
-  static const std::map<std::string, double> kUnits = {
-      {"", 1},       {"B", 1},       {"KB", 1e3},           {"KiB", 1024.0},     {"MB", 1e6},
-      {"MiB", 1048576.0}, {"GB", 1e9}, {"GiB", 1073741824.0}, {"TB", 1e12}, {"TiB", 1099511627776.0}};
+  static const std::map<std::string, double> kUnits = {{"", 1},      {"B", 1},
+                                                       {"KB", 1e3},  {"KiB", 1024.0},
+                                                       {"MB", 1e6},  {"MiB", 1048576.0},
+                                                       {"GB", 1e9},  {"GiB", 1073741824.0},
+                                                       {"TB", 1e12}, {"TiB", 1099511627776.0}};
   auto it = kUnits.find(unit);
   if (it == kUnits.end()) return false;
   const double v = num * it->second;
@@ -762,8 +763,8 @@ bool parse_fraction(const std::string& text, double& fraction) {
 }
 
 std::string ConfigDiagnostic::render() const {
-  std::string out = file + (line > 0 ? ":" + std::to_string(line) + ":" + std::to_string(col) : "") +
-                    ": error[" + code + "]: " + message + "\n";
+  std::string out = file + (line > 0 ? ":" + std::to_string(line) + ":" + std::to_string(col) : "") + ": error[" +
+                    code + "]: " + message + "\n";
   if (line > 0 && !source_line.empty()) {
     const std::string num = std::to_string(line);
     const std::string pad(num.size(), ' ');
@@ -805,7 +806,8 @@ bool parse_config(const std::string& text, const std::string& file, PipelineConf
   YNode root;
   bool loaded = yaml_parser_load(&parser, &doc) != 0;
   if (!loaded) {
-    const int line = static_cast<int>(parser.problem_mark.line) + 1, col = static_cast<int>(parser.problem_mark.column) + 1;
+    const int line = static_cast<int>(parser.problem_mark.line) + 1,
+              col = static_cast<int>(parser.problem_mark.column) + 1;
     std::string msg = std::string("YAML syntax: ") + (parser.problem ? parser.problem : "malformed document");
     if (parser.context) msg += std::string(" (") + parser.context + ")";
     c.error(line, col, 1, "C0001", msg, "check the indentation and the `key: value` form around here");
@@ -817,7 +819,8 @@ bool parse_config(const std::string& text, const std::string& file, PipelineConf
   yaml_document_delete(&doc);
   yaml_parser_delete(&parser);
   if (!rn) {
-    c.error(1, 1, 1, "C0404", "the config is empty: nothing to run", "start from `ingero-pipeline run --print-default`");
+    c.error(1, 1, 1, "C0404", "the config is empty: nothing to run",
+            "start from `ingero-pipeline run --print-default`");
     return false;
   }
   if (!converted) {
@@ -916,7 +919,9 @@ std::string describe_config(const PipelineConfig& cfg) {
         o << " duration=" << (s.duration_ns ? fmt_duration(s.duration_ns) : "until-interrupted");
         break;
       case SourceKind::kSynthetic:
-        o << " scenario=" << s.scenario << (s.scenario == "large" ? " events=" + std::to_string(s.events) : std::string(s.fault ? " fault" : " control"))
+        o << " scenario=" << s.scenario
+          << (s.scenario == "large" ? " events=" + std::to_string(s.events)
+                                    : std::string(s.fault ? " fault" : " control"))
           << " seed=" << s.seed;
         break;
     }
@@ -931,12 +936,11 @@ std::string describe_config(const PipelineConfig& cfg) {
     char share[32], ratio[32];
     std::snprintf(share, sizeof share, "%g%%", cfg.analysis.min_share * 100);
     std::snprintf(ratio, sizeof ratio, "%g", cfg.analysis.min_tail_ratio);
-    o << "analysis from=[" << join(from, ",") << "] rules=[" << join(rules, ",") << "] window="
-      << fmt_duration(cfg.analysis.window_ns) << " min_calls=" << cfg.analysis.min_calls
+    o << "analysis from=[" << join(from, ",") << "] rules=[" << join(rules, ",")
+      << "] window=" << fmt_duration(cfg.analysis.window_ns) << " min_calls=" << cfg.analysis.min_calls
       << " min_tail_ratio=" << ratio << " min_share=" << share;
     for (const auto& [k, v] : cfg.analysis.params)
-      if (std::find(kDefaultParams.begin(), kDefaultParams.end(), k) == kDefaultParams.end())
-        o << " " << k << "=" << v;
+      if (std::find(kDefaultParams.begin(), kDefaultParams.end(), k) == kDefaultParams.end()) o << " " << k << "=" << v;
     o << "\n";
   } else {
     o << "analysis off\n";
@@ -947,7 +951,8 @@ std::string describe_config(const PipelineConfig& cfg) {
     o << "sink " << s.name << " type=" << sink_kind_name(s.kind) << " path=" << (s.path == "-" ? "stdout" : s.path)
       << " from=[" << join(from, ",") << "]";
     if (s.kind == SinkKind::kLmdb)
-      o << " max_size=" << (s.max_bytes ? std::to_string(s.max_bytes) : "unbounded") << " durable=" << (s.durable ? "true" : "false");
+      o << " max_size=" << (s.max_bytes ? std::to_string(s.max_bytes) : "unbounded")
+        << " durable=" << (s.durable ? "true" : "false");
     o << "\n";
   }
   return o.str();

@@ -29,7 +29,7 @@ struct ConfigPos {
 struct ConfigDiagnostic {
   std::string file;
   int line = 0, col = 0, width = 1;
-  std::string code;          // "C0101"
+  std::string code;  // "C0101"
   std::string message, hint;
   std::string source_line;
   // `file:line:col: error[code]: message`, the source line with a caret, and `= hint: ...`.
@@ -57,9 +57,9 @@ struct SourceConfig {
   std::string cgroup;               // targets: a cgroup v2 directory
   uint64_t duration_ns = 0;         // 0 = until Ctrl-C
   // synthetic
-  std::string scenario;             // a demo scenario name, or "large"
+  std::string scenario;  // a demo scenario name, or "large"
   bool fault = true;
-  uint64_t events = 1'000'000;      // "large" only
+  uint64_t events = 1'000'000;  // "large" only
   uint64_t seed = 1;
 };
 
@@ -94,10 +94,10 @@ struct SinkConfig {
   std::string name;
   SinkKind kind = SinkKind::kJsonl;
   ConfigPos pos;
-  std::string path;               // resolved; "-" = stdout (jsonl, report)
-  std::vector<EdgeRef> from;      // source names (events) and/or "analysis" (chains)
-  uint64_t max_bytes = 0;         // lmdb: size bound with retention
-  bool durable = true;            // lmdb: fsync per commit
+  std::string path;           // resolved; "-" = stdout (jsonl, report)
+  std::vector<EdgeRef> from;  // source names (events) and/or "analysis" (chains)
+  uint64_t max_bytes = 0;     // lmdb: size bound with retention
+  bool durable = true;        // lmdb: fsync per commit
 };
 
 struct PipelineConfig {

@@ -11,10 +11,10 @@ namespace ingero::cli {
 
 struct FleetExplainArgs {
   std::vector<std::string> nodes;
-  std::string token;          // --token, else $INGERO_MCP_TOKEN
+  std::string token;  // --token, else $INGERO_MCP_TOKEN
   double timeout_s = 5;
-  std::string severity;       // minimum severity ("" = all)
-  size_t limit = 20;          // chains per node
+  std::string severity;  // minimum severity ("" = all)
+  size_t limit = 20;     // chains per node
   bool json = false;
 };
 

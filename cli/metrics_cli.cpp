@@ -13,9 +13,10 @@
 namespace ingero::cli {
 
 void add_metrics_options(CLI::App* cmd, MetricsCliArgs& a) {
-  cmd->add_option("--metrics-addr", a.addr,
-                  "Serve Prometheus /metrics here: PORT (binds 127.0.0.1) or HOST:PORT");
-  cmd->add_option("--node", a.node, "Node name: names the trace's node (trace: default the id persisted in $INGERO_STATE_DIR/node-id, created on first run) and target_info's node label (default: the hostname)");
+  cmd->add_option("--metrics-addr", a.addr, "Serve Prometheus /metrics here: PORT (binds 127.0.0.1) or HOST:PORT");
+  cmd->add_option("--node", a.node,
+                  "Node name: names the trace's node (trace: default the id persisted in $INGERO_STATE_DIR/node-id, "
+                  "created on first run) and target_info's node label (default: the hostname)");
   cmd->add_option("--cluster", a.cluster, "Cluster name in target_info");
   cmd->add_option("--replay-speed", a.replay_speed,
                   "Pace a replay at this multiple of its recorded speed (1 = real time; 0 = full speed)")
@@ -88,8 +89,9 @@ void MetricsHook::observe(const Batch& b, const TraceMeta& meta, bool live) {
                                           static_cast<double>(ts - impl_->first_ts) / impl_->args.replay_speed));
       lock.unlock();
       while (std::chrono::steady_clock::now() < due && !(impl_->stop && impl_->stop->load()))
-        std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
-            due - std::chrono::steady_clock::now(), std::chrono::milliseconds(100)));
+        std::this_thread::sleep_for(
+            std::min<std::chrono::steady_clock::duration>(due - std::chrono::steady_clock::now(),
+                                                          std::chrono::milliseconds(100)));
     }
   }
 #ifdef INGERO_HAVE_IP_METRICS

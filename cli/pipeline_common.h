@@ -32,15 +32,14 @@
 
 namespace ingero::cli {
 
-std::unique_ptr<EventSource> open_any_trace(const std::string& path, std::string& error,
-                                            size_t batch_size = 4096);
+std::unique_ptr<EventSource> open_any_trace(const std::string& path, std::string& error, size_t batch_size = 4096);
 
 // "lmdb" when the file starts like an LMDB environment, else "sqlite".
 std::string trace_format_of(const std::string& path);
 
 struct AnalysisSpec {
-  bool use_default = true;   // the default analyses (pack or built-in)
-  bool builtin = false;      // force the hand-built plans for the default analyses
+  bool use_default = true;  // the default analyses (pack or built-in)
+  bool builtin = false;     // force the hand-built plans for the default analyses
   std::vector<std::string> rule_files;
   DefaultPlanOptions options;                 // built-in plans
   std::map<std::string, std::string> params;  // rule-pack / rule-file overrides, as text
@@ -48,10 +47,10 @@ struct AnalysisSpec {
 
 struct AnalysisPlan {
   Plan plan;
-  std::string description;                                // "rule pack (12 rules)" ...
-  std::vector<std::pair<std::string, Plan>> rule_plans;   // each rule alone (per-rule timing)
+  std::string description;                               // "rule pack (12 rules)" ...
+  std::vector<std::pair<std::string, Plan>> rule_plans;  // each rule alone (per-rule timing)
   // The annotator's knobs from the pack's params (after overrides): see annotate_options().
-  uint64_t warmup_ns = AnnotateOptions{}.warmup_ns;               // param warmup
+  uint64_t warmup_ns = AnnotateOptions{}.warmup_ns;                // param warmup
   uint64_t warmup_min_calls = AnnotateOptions{}.warmup_min_calls;  // param min_calls
   double warmup_tail_ratio = AnnotateOptions{}.warmup_tail_ratio;  // param min_tail_ratio
 };
@@ -91,8 +90,7 @@ class MergeSource final : public EventSource {
 
 class TapSource final : public EventSource {
  public:
-  TapSource(EventSource& in, std::function<void(const Batch&, const TraceMeta&)> tap)
-      : in_(in), tap_(std::move(tap)) {}
+  TapSource(EventSource& in, std::function<void(const Batch&, const TraceMeta&)> tap) : in_(in), tap_(std::move(tap)) {}
   bool next(Batch& out) override {
     if (!in_.next(out)) return false;
     if (tap_) tap_(out, in_.meta());

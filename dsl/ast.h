@@ -68,7 +68,20 @@ struct Primary : x3::variant<Number, String, List, Call, Path, x3::forward_ast<E
 
 enum class UnOp : uint8_t { kNeg, kNot };
 enum class BinOp : uint8_t {
-  kOr, kAnd, kLt, kLe, kGt, kGe, kEq, kNe, kIn, kNotIn, kAdd, kSub, kMul, kDiv,
+  kOr,
+  kAnd,
+  kLt,
+  kLe,
+  kGt,
+  kGe,
+  kEq,
+  kNe,
+  kIn,
+  kNotIn,
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
   kMatch,  // `stack ~ "glob"`, `site ~ ["glob", ...]`
 };
 
@@ -107,10 +120,10 @@ struct FromClause : x3::position_tagged {
 };
 
 struct WindowClause : x3::position_tagged {
-  Ident kind;                      // tumbling | sliding | whole
+  Ident kind;  // tumbling | sliding | whole
   boost::optional<Number> size;
-  boost::optional<Number> slide;   // `every`
-  std::vector<Ident> keys;         // `by`
+  boost::optional<Number> slide;  // `every`
+  std::vector<Ident> keys;        // `by`
 };
 
 struct Binding : x3::position_tagged {
@@ -129,16 +142,16 @@ struct RequireClause : x3::position_tagged {
 struct JoinClause : x3::position_tagged {
   Ident name;
   Stream stream;
-  Ident key;                       // tid | pid | host
-  Ident mode;                      // overlapping | within
+  Ident key;   // tid | pid | host
+  Ident mode;  // overlapping | within
   boost::optional<Number> within;
   Expr tail;
-  std::vector<Option> options;     // horizon, exemplars
+  std::vector<Option> options;  // horizon, exemplars
 };
 
 struct TrendClause : x3::position_tagged {
   Ident value;
-  Ident mode;                      // rising | below
+  Ident mode;  // rising | below
   boost::optional<Number> factor;
   Number windows;
 };
@@ -146,7 +159,7 @@ struct TrendClause : x3::position_tagged {
 struct PeerClause : x3::position_tagged {
   Ident value;
   Ident group;
-  std::vector<Option> options;     // z, floor, min_peers
+  std::vector<Option> options;  // z, floor, min_peers
 };
 
 struct SeverityCase : x3::position_tagged {
@@ -163,7 +176,7 @@ struct CategoryClause : x3::position_tagged {
 };
 
 struct TextClause : x3::position_tagged {
-  Ident kind;                      // summary | root_cause | explanation
+  Ident kind;  // summary | root_cause | explanation
   String text;
 };
 
@@ -197,9 +210,8 @@ struct TestClause : x3::position_tagged {
   Expect expect;
 };
 
-struct Clause : x3::variant<FromClause, WindowClause, LetClause, RequireClause, JoinClause,
-                            TrendClause, PeerClause, SeverityClause, CategoryClause, TextClause,
-                            FixClause, EvidenceClause, TestClause> {
+struct Clause : x3::variant<FromClause, WindowClause, LetClause, RequireClause, JoinClause, TrendClause, PeerClause,
+                            SeverityClause, CategoryClause, TextClause, FixClause, EvidenceClause, TestClause> {
   using base_type::base_type;
   using base_type::operator=;
 };

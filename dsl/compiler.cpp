@@ -84,7 +84,8 @@ struct Dumper {
   void line(int depth, const std::string& s) { out += std::string(static_cast<size_t>(depth) * 2, ' ') + s + "\n"; }
 
   static const char* binop(ast::BinOp op) {
-    static const char* kNames[] = {"or", "and", "<", "<=", ">", ">=", "==", "!=", "in", "not in", "+", "-", "*", "/", "~"};
+    static const char* kNames[] = {"or", "and",    "<", "<=", ">", ">=", "==", "!=",
+                                   "in", "not in", "+", "-",  "*", "/",  "~"};
     static_assert(sizeof kNames / sizeof kNames[0] == static_cast<size_t>(ast::BinOp::kMatch) + 1,
                   "one name per ast::BinOp");
     return kNames[static_cast<int>(op)];
@@ -164,8 +165,8 @@ struct Dumper {
       }
       void operator()(const ast::RequireClause& c) { d.line(2, d.at(c) + " require " + d.expr(c.pred)); }
       void operator()(const ast::JoinClause& c) {
-        d.line(2, d.at(c) + " join " + c.name.name + " = " + d.stream(c.stream) + " on=" + c.key.name + " mode=" +
-                      c.mode.name + (c.within ? " " + d.num(*c.within) : "") + " tail=" + d.expr(c.tail) +
+        d.line(2, d.at(c) + " join " + c.name.name + " = " + d.stream(c.stream) + " on=" + c.key.name +
+                      " mode=" + c.mode.name + (c.within ? " " + d.num(*c.within) : "") + " tail=" + d.expr(c.tail) +
                       d.options(c.options));
       }
       void operator()(const ast::TrendClause& c) {
@@ -177,10 +178,13 @@ struct Dumper {
       }
       void operator()(const ast::SeverityClause& c) {
         d.line(2, d.at(c) + " severity");
-        for (const auto& k : c.cases) d.line(3, d.at(k) + " " + k.level.name + (k.when ? " when " + d.expr(*k.when) : ""));
+        for (const auto& k : c.cases)
+          d.line(3, d.at(k) + " " + k.level.name + (k.when ? " when " + d.expr(*k.when) : ""));
       }
       void operator()(const ast::CategoryClause& c) { d.line(2, d.at(c) + " category " + c.value.name); }
-      void operator()(const ast::TextClause& c) { d.line(2, d.at(c) + " " + c.kind.name + " \"" + c.text.value + "\""); }
+      void operator()(const ast::TextClause& c) {
+        d.line(2, d.at(c) + " " + c.kind.name + " \"" + c.text.value + "\"");
+      }
       void operator()(const ast::FixClause& c) {
         d.line(2, d.at(c) + " fix");
         for (const auto& s : c.items) d.line(3, d.at(s) + " \"" + s.value + "\"");
@@ -208,13 +212,15 @@ struct Dumper {
   void file(const ast::File& f) {
     for (const auto& item : f.items) {
       if (const auto* i = std::get_if<ast::Import>(&item)) line(0, at(*i) + " import \"" + i->path.value + "\"");
-      if (const auto* p = std::get_if<ast::Param>(&item)) line(0, at(*p) + " param " + p->name.name + " = " + expr(p->value));
+      if (const auto* p = std::get_if<ast::Param>(&item))
+        line(0, at(*p) + " param " + p->name.name + " = " + expr(p->value));
       if (const auto* l = std::get_if<ast::ListDecl>(&item)) {
         std::string s = at(*l) + " list " + l->name.name + " = [";
         for (size_t i = 0; i < l->value.items.size(); ++i) s += (i ? ", " : "") + atom(l->value.items[i]);
         line(0, s + "]");
       }
-      if (const auto* d = std::get_if<ast::Def>(&item)) line(0, at(*d) + " def " + d->name.name + " = " + expr(d->value));
+      if (const auto* d = std::get_if<ast::Def>(&item))
+        line(0, at(*d) + " def " + d->name.name + " = " + expr(d->value));
       if (const auto* r = std::get_if<ast::Rule>(&item)) {
         line(0, at(*r) + " rule " + r->head.name.name + (r->head.title ? " \"" + r->head.title->value + "\"" : ""));
         for (const auto& c : r->clauses) clause(c);

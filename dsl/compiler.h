@@ -47,8 +47,8 @@ struct RuleTest {
   std::string rule, name;
   std::vector<Event> events;
   bool expect_match = true;
-  std::optional<Severity> severity;  // `expect match severity high`
-  int expect_chains = -1;            // `expect match chains 2`; -1 = at least one
+  std::optional<Severity> severity;       // `expect match severity high`
+  int expect_chains = -1;                 // `expect match chains 2`; -1 = at least one
   std::map<uint64_t, StackTrace> stacks;  // `stack "..."` attributes, by the events' stack_id
 };
 
@@ -59,7 +59,7 @@ struct CompiledRule {
 };
 
 struct CompileResult {
-  Plan plan;                        // every rule of every (non-imported) file
+  Plan plan;  // every rule of every (non-imported) file
   std::vector<CompiledRule> rules;
   std::vector<RuleTest> tests;
   std::vector<Diagnostic> diagnostics;

@@ -28,8 +28,8 @@ std::string_view SourceText::line_text(int line) const {
   return std::string_view(text_).substr(start, end - start);
 }
 
-Diagnostic SourceText::make(DiagLevel level, std::string code, size_t pos, size_t end,
-                            std::string message, std::string hint) const {
+Diagnostic SourceText::make(DiagLevel level, std::string code, size_t pos, size_t end, std::string message,
+                            std::string hint) const {
   Diagnostic d;
   d.level = level;
   d.code = std::move(code);
@@ -96,8 +96,8 @@ std::string render_diagnostics_json(const std::vector<Diagnostic>& diags) {
     out += i ? ",\n " : "\n ";
     out += "{\"file\": " + json_string(d.file) + ", \"line\": " + std::to_string(d.line) +
            ", \"col\": " + std::to_string(d.col) + ", \"end_line\": " + std::to_string(d.end_line) +
-           ", \"end_col\": " + std::to_string(d.end_col) + ", \"severity\": " +
-           (d.level == DiagLevel::kError ? "\"error\"" : "\"warning\"") +
+           ", \"end_col\": " + std::to_string(d.end_col) +
+           ", \"severity\": " + (d.level == DiagLevel::kError ? "\"error\"" : "\"warning\"") +
            ", \"code\": " + json_string(d.code) + ", \"message\": " + json_string(d.message) +
            ", \"hint\": " + json_string(d.hint) + "}";
   }
@@ -105,8 +105,8 @@ std::string render_diagnostics_json(const std::vector<Diagnostic>& diags) {
 }
 
 size_t count_errors(const std::vector<Diagnostic>& diags) {
-  return static_cast<size_t>(std::count_if(diags.begin(), diags.end(),
-                                           [](const Diagnostic& d) { return d.level == DiagLevel::kError; }));
+  return static_cast<size_t>(
+      std::count_if(diags.begin(), diags.end(), [](const Diagnostic& d) { return d.level == DiagLevel::kError; }));
 }
 
 std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates) {

@@ -26,11 +26,11 @@ enum class DiagLevel : uint8_t { kError, kWarning };
 
 struct Diagnostic {
   DiagLevel level = DiagLevel::kError;
-  std::string code;         // "E0201"
+  std::string code;  // "E0201"
   std::string message;
-  std::string hint;         // may be empty
+  std::string hint;  // may be empty
   std::string file;
-  int line = 0, col = 0;    // 1-based
+  int line = 0, col = 0;  // 1-based
   int end_line = 0, end_col = 0;
   std::string source_line;  // the text of `line` (no newline)
 };

@@ -40,23 +40,26 @@ struct assign_to {
 
 struct kw_class;
 // A keyword: the word not followed by an identifier character. Named "`word`" for messages.
-#define IP_KW(word) \
-  (x3::rule<kw_class>{"`" word "`"} = x3::lexeme[x3::lit(word) >> !(ascii_alnum | x3::lit('_'))])
+#define IP_KW(word) (x3::rule<kw_class>{"`" word "`"} = x3::lexeme[x3::lit(word) >> !(ascii_alnum | x3::lit('_'))])
 #define IP_TOKEN(text, name) (x3::rule<kw_class>{name} = x3::lit(text))
 
 struct UrealNoNanInf : x3::ureal_policies<double> {
   template <class Iterator, class Attribute>
-  static bool parse_nan(Iterator&, const Iterator&, Attribute&) { return false; }
+  static bool parse_nan(Iterator&, const Iterator&, Attribute&) {
+    return false;
+  }
   template <class Iterator, class Attribute>
-  static bool parse_inf(Iterator&, const Iterator&, Attribute&) { return false; }
+  static bool parse_inf(Iterator&, const Iterator&, Attribute&) {
+    return false;
+  }
 };
 inline const x3::real_parser<double, UrealNoNanInf> real{};
 
 struct BinOpSymbols : x3::symbols<ast::BinOp> {
   BinOpSymbols() {
-    add("+", ast::BinOp::kAdd)("-", ast::BinOp::kSub)("*", ast::BinOp::kMul)("/", ast::BinOp::kDiv)
-       ("<", ast::BinOp::kLt)("<=", ast::BinOp::kLe)(">", ast::BinOp::kGt)(">=", ast::BinOp::kGe)
-       ("==", ast::BinOp::kEq)("!=", ast::BinOp::kNe)("~", ast::BinOp::kMatch);
+    add("+", ast::BinOp::kAdd)("-", ast::BinOp::kSub)("*", ast::BinOp::kMul)("/", ast::BinOp::kDiv)(
+        "<", ast::BinOp::kLt)("<=", ast::BinOp::kLe)(">", ast::BinOp::kGt)(">=", ast::BinOp::kGe)(
+        "==", ast::BinOp::kEq)("!=", ast::BinOp::kNe)("~", ast::BinOp::kMatch);
   }
 };
 inline const BinOpSymbols bin_symbols;
@@ -165,7 +168,6 @@ const x3::rule<def_class, ast::Def> def = "a def";
 const top_item_type top_item = "a top-level item";
 const rule_head_type rule_head = "a rule";
 
-
 // Rules whose definition ends in a semantic action get their position from a wrapper rule:
 // X3 calls on_success with no attribute for a rule whose right-hand side has an action.
 struct ident_raw_class;
@@ -197,8 +199,8 @@ inline const auto identchar = ascii_alnum | x3::lit('_');
 const auto ident_str_def = x3::lexeme[(ascii_alpha | x3::char_('_')) >> *(ascii_alnum | x3::char_('_'))];
 const auto ident_raw_def = ident_str[assign_to<&ast::Ident::name>{}];
 const auto number_def = x3::lexeme[real >> x3::raw[x3::lit('%') | *(ascii_alnum | x3::lit('_'))]];
-const auto string_body_def =
-    x3::lexeme['"' > *(escapes | ~x3::char_("\"\\\n\r")) > IP_TOKEN("\"", "`\"` to close the string")];
+const auto string_body_def = x3::lexeme['"' > *(escapes | ~x3::char_("\"\\\n\r")) >
+                                        IP_TOKEN("\"", "`\"` to close the string")];
 const auto string_lit_raw_def = string_body[assign_to<&ast::String::value>{}];
 const auto atom_def = number | string_lit | ident;
 const auto atom_list_def = -(atom % ',');
@@ -209,15 +211,12 @@ const auto call_def = (ident >> '(') > args > IP_TOKEN(")", "`)`");
 // Clause and top-level keywords are not names in expressions (`window.start` still is), so an
 // expression cut short by a new line reports the missing operand instead of eating the clause.
 const auto reserved = IP_KW("from") | IP_KW("window") | IP_KW("let") | IP_KW("require") | IP_KW("join") |
-                      IP_KW("trend") | IP_KW("peer") | IP_KW("severity") | IP_KW("category") |
-                      IP_KW("summary") | IP_KW("root_cause") | IP_KW("explanation") | IP_KW("fix") |
-                      IP_KW("evidence") | IP_KW("test") | IP_KW("end") | IP_KW("rule") | IP_KW("param") |
-                      IP_KW("def") | IP_KW("import");
+                      IP_KW("trend") | IP_KW("peer") | IP_KW("severity") | IP_KW("category") | IP_KW("summary") |
+                      IP_KW("root_cause") | IP_KW("explanation") | IP_KW("fix") | IP_KW("evidence") | IP_KW("test") |
+                      IP_KW("end") | IP_KW("rule") | IP_KW("param") | IP_KW("def") | IP_KW("import");
 const auto path_def = !(reserved >> !x3::lit('.')) >> ident >> -('.' >> ident);
-const auto primary_def =
-    number | string_lit | list | call | path | (x3::lit('(') > expr > IP_TOKEN(")", "`)`"));
-const auto unop_def = (x3::lit('-') >> x3::attr(ast::UnOp::kNeg)) |
-                      (IP_KW("not") >> x3::attr(ast::UnOp::kNot));
+const auto primary_def = number | string_lit | list | call | path | (x3::lit('(') > expr > IP_TOKEN(")", "`)`"));
+const auto unop_def = (x3::lit('-') >> x3::attr(ast::UnOp::kNeg)) | (IP_KW("not") >> x3::attr(ast::UnOp::kNot));
 const auto unary_def = *unop >> primary;
 const auto binop_def = bin_symbols | (IP_KW("and") >> x3::attr(ast::BinOp::kAnd)) |
                        (IP_KW("or") >> x3::attr(ast::BinOp::kOr)) |
@@ -229,7 +228,8 @@ const auto expr_def = unary >> *operation;
 const auto stream_def = (ident % ',') >> -(IP_KW("states") > list) >> -(IP_KW("min") > number) >>
                         -(IP_KW("where") > expr);
 const auto option_key_def = &(IP_KW("horizon") | IP_KW("exemplars") | IP_KW("z") | IP_KW("floor") |
-                              IP_KW("min_peers")) >> ident;
+                              IP_KW("min_peers")) >>
+                            ident;
 const auto option_def = option_key > number;
 
 const auto from_clause_raw_def = (IP_KW("from") > stream)[assign_to<&ast::FromClause::stream>{}];
@@ -238,34 +238,30 @@ const auto window_clause_def = IP_KW("window") > ident > -number > -(IP_KW("ever
 const auto binding_def = ident > IP_TOKEN("=", "`=`") > expr;
 const auto let_clause_raw_def = (IP_KW("let") > (binding % ','))[assign_to<&ast::LetClause::bindings>{}];
 const auto require_clause_raw_def = (IP_KW("require") > expr)[assign_to<&ast::RequireClause::pred>{}];
-const auto join_clause_def = IP_KW("join") > ident > IP_TOKEN("=", "`=`") > stream > IP_KW("on") >
-                             ident > ident > -number > IP_KW("tail") > expr > *option;
-const auto trend_clause_def = IP_KW("trend") > ident > ident > -number >
-                              -(IP_KW("of") > IP_KW("peak")) > IP_KW("over") > number >
-                              IP_KW("windows");
+const auto join_clause_def = IP_KW("join") > ident > IP_TOKEN("=", "`=`") > stream > IP_KW("on") > ident > ident >
+                             -number > IP_KW("tail") > expr > *option;
+const auto trend_clause_def = IP_KW("trend") > ident > ident > -number > -(IP_KW("of") > IP_KW("peak")) >
+                              IP_KW("over") > number > IP_KW("windows");
 const auto peer_clause_def = IP_KW("peer") > ident > IP_KW("across") > ident > *option;
 const auto sev_case_def = ident >> -(IP_KW("when") > expr);
-const auto severity_clause_raw_def =
-    (IP_KW("severity") > (sev_case % ','))[assign_to<&ast::SeverityClause::cases>{}];
-const auto category_clause_raw_def =
-    (IP_KW("category") > ident)[assign_to<&ast::CategoryClause::value>{}];
-const auto text_kind_def =
-    &(IP_KW("summary") | IP_KW("root_cause") | IP_KW("explanation")) >> ident;
+const auto severity_clause_raw_def = (IP_KW("severity") > (sev_case % ','))[assign_to<&ast::SeverityClause::cases>{}];
+const auto category_clause_raw_def = (IP_KW("category") > ident)[assign_to<&ast::CategoryClause::value>{}];
+const auto text_kind_def = &(IP_KW("summary") | IP_KW("root_cause") | IP_KW("explanation")) >> ident;
 const auto text_clause_def = text_kind > string_lit;
 const auto string_list_def = -(string_lit % ',');
 const auto ident_list_def = -(ident % ',');
 const auto fix_clause_raw_def = (IP_KW("fix") > IP_TOKEN("[", "`[`") > string_list >
-                             IP_TOKEN("]", "`]`"))[assign_to<&ast::FixClause::items>{}];
+                                 IP_TOKEN("]", "`]`"))[assign_to<&ast::FixClause::items>{}];
 const auto evidence_clause_raw_def = (IP_KW("evidence") > IP_TOKEN("[", "`[`") > ident_list >
-                                  IP_TOKEN("]", "`]`"))[assign_to<&ast::EvidenceClause::names>{}];
+                                      IP_TOKEN("]", "`]`"))[assign_to<&ast::EvidenceClause::names>{}];
 const auto fixture_attr_def = !IP_KW("event") >> !IP_KW("expect") >> ident >> atom;
 const auto fixture_event_def = IP_KW("event") > ident > *fixture_attr;
 const auto expect__def = IP_KW("expect") > x3::matches[IP_KW("no")] > ident > *fixture_attr;
-const auto test_clause_def = IP_KW("test") > string_lit > IP_TOKEN("{", "`{`") > *fixture_event >
-                             expect_ > IP_TOKEN("}", "`}`");
-const auto clause_def = from_clause | window_clause | let_clause | require_clause | join_clause |
-                        trend_clause | peer_clause | severity_clause | category_clause |
-                        text_clause | fix_clause | evidence_clause | test_clause;
+const auto test_clause_def = IP_KW("test") > string_lit > IP_TOKEN("{", "`{`") > *fixture_event > expect_ >
+                             IP_TOKEN("}", "`}`");
+const auto clause_def = from_clause | window_clause | let_clause | require_clause | join_clause | trend_clause |
+                        peer_clause | severity_clause | category_clause | text_clause | fix_clause | evidence_clause |
+                        test_clause;
 
 const auto import__raw_def = (IP_KW("import") > string_lit)[assign_to<&ast::Import::path>{}];
 const auto param_def = IP_KW("param") > ident > IP_TOKEN("=", "`=`") > expr;
@@ -286,14 +282,14 @@ const auto fix_clause_def = fix_clause_raw;
 const auto evidence_clause_def = evidence_clause_raw;
 const auto import__def = import__raw;
 
-BOOST_SPIRIT_DEFINE(ident_raw, string_lit_raw, list_raw, from_clause_raw, let_clause_raw, require_clause_raw, severity_clause_raw, category_clause_raw, fix_clause_raw, evidence_clause_raw, import__raw)
-BOOST_SPIRIT_DEFINE(ident_str, ident, number, string_body, string_lit, atom, atom_list, list, args,
-                    call, path, primary, unop, unary, binop, operation, expr, stream, option_key,
-                    option, from_clause, window_clause, binding, let_clause, require_clause,
-                    join_clause, trend_clause, peer_clause, sev_case, severity_clause,
-                    category_clause, text_kind, text_clause, string_list, ident_list, fix_clause,
-                    evidence_clause, fixture_attr, fixture_event, expect_, test_clause, clause,
-                    import_, param, list_decl, def, top_item, rule_head)
+BOOST_SPIRIT_DEFINE(ident_raw, string_lit_raw, list_raw, from_clause_raw, let_clause_raw, require_clause_raw,
+                    severity_clause_raw, category_clause_raw, fix_clause_raw, evidence_clause_raw, import__raw)
+BOOST_SPIRIT_DEFINE(ident_str, ident, number, string_body, string_lit, atom, atom_list, list, args, call, path, primary,
+                    unop, unary, binop, operation, expr, stream, option_key, option, from_clause, window_clause,
+                    binding, let_clause, require_clause, join_clause, trend_clause, peer_clause, sev_case,
+                    severity_clause, category_clause, text_kind, text_clause, string_list, ident_list, fix_clause,
+                    evidence_clause, fixture_attr, fixture_event, expect_, test_clause, clause, import_, param,
+                    list_decl, def, top_item, rule_head)
 
 #undef IP_KW
 #undef IP_TOKEN

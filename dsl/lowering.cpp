@@ -147,9 +147,7 @@ struct Lowerer {
           id = add(let, id, s.pos);
           break;
         }
-        case Step::Kind::kRequire:
-          id = add(RequireNode{lower_expr(s.pred, r, false), s.label}, id, s.pos);
-          break;
+        case Step::Kind::kRequire: id = add(RequireNode{lower_expr(s.pred, r, false), s.label}, id, s.pos); break;
         case Step::Kind::kJoin: {
           const int right = stream(s.right);
           JoinNode j = s.join_node;

@@ -13,9 +13,9 @@ namespace x3 = boost::spirit::x3;
 using It = parser::iterator_type;
 
 const std::vector<std::string> kTopKeywords = {"rule", "param", "list", "def", "import"};
-const std::vector<std::string> kClauseKeywords = {
-    "from", "window", "let", "require", "join", "trend", "peer", "severity", "category",
-    "summary", "root_cause", "explanation", "fix", "evidence", "test"};
+const std::vector<std::string> kClauseKeywords = {"from",       "window",      "let",      "require",  "join",
+                                                  "trend",      "peer",        "severity", "category", "summary",
+                                                  "root_cause", "explanation", "fix",      "evidence", "test"};
 const std::vector<std::string> kOptionKeywords = {"horizon", "exemplars", "z", "floor", "min_peers"};
 
 bool ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
@@ -23,8 +23,7 @@ bool ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || 
 class Driver {
  public:
   Driver(const SourceText& src, std::vector<Diagnostic>& diags, const ParseLimits& limits)
-      : src_(src), diags_(diags), limits_(limits), begin_(src.text().data()),
-        end_(begin_ + src.text().size()) {}
+      : src_(src), diags_(diags), limits_(limits), begin_(src.text().data()), end_(begin_ + src.text().size()) {}
 
   ast::File run() {
     ast::File file;
@@ -47,10 +46,9 @@ class Driver {
       } else {
         const std::string tok = token_at(it);
         std::string hint = did_you_mean(word_at(it), kTopKeywords);
-        if (hint.empty() && at_any(it, kClauseKeywords))
-          hint = "clauses belong inside `rule NAME ... end`";
-        error("E0002", it, it + token_len(it),
-              "expected `rule`, `param`, `list`, `def` or `import`, found " + tok, hint);
+        if (hint.empty() && at_any(it, kClauseKeywords)) hint = "clauses belong inside `rule NAME ... end`";
+        error("E0002", it, it + token_len(it), "expected `rule`, `param`, `list`, `def` or `import`, found " + tok,
+              hint);
         sync_top(it, it);
       }
     }
@@ -115,19 +113,17 @@ class Driver {
       what = "`" + what.substr(1, what.size() - 2) + "`";
     if (what.rfind("`\"` to close", 0) == 0) {
       if (where == stop || *where == '\n' || *where == '\r') {
-        error("E0006", where, where, "unterminated string",
-              "strings end on the line they start; close it with `\"`");
+        error("E0006", where, where, "unterminated string", "strings end on the line they start; close it with `\"`");
         return;
       }
       if (*where == '\\') {
-        error("E0006", where, where + std::min<std::ptrdiff_t>(2, stop - where),
-              "unknown escape sequence in string", "use \\\", \\\\, \\n or \\t");
+        error("E0006", where, where + std::min<std::ptrdiff_t>(2, stop - where), "unknown escape sequence in string",
+              "use \\\", \\\\, \\n or \\t");
         return;
       }
     }
     std::string hint;
-    if (where != stop && *where == '=' && (where + 1 == stop || where[1] != '='))
-      hint = "compare with `==`";
+    if (where != stop && *where == '=' && (where + 1 == stop || where[1] != '=')) hint = "compare with `==`";
     error("E0001", where, where + token_len(where, stop), "expected " + what + ", found " + token_at(where, stop),
           hint);
   }
@@ -143,8 +139,8 @@ class Driver {
     while (!stopped_) {
       skip(it);
       if (it == end_) {
-        error("E0603", start, start + 4,
-              "rule `" + rule.head.name.name + "` has no `end`", "close the rule with `end`");
+        error("E0603", start, start + 4, "rule `" + rule.head.name.name + "` has no `end`",
+              "close the rule with `end`");
         return false;
       }
       if (at_word(it, "end")) {
@@ -268,9 +264,9 @@ class Driver {
 bool prescan(const SourceText& src, std::vector<Diagnostic>& diags, const ParseLimits& limits) {
   const std::string& t = src.text();
   if (t.size() > limits.max_bytes) {
-    diags.push_back(src.make(DiagLevel::kError, "E0005", 0, 0,
-                             "file is " + std::to_string(t.size()) + " bytes; the limit is " +
-                                 std::to_string(limits.max_bytes)));
+    diags.push_back(
+        src.make(DiagLevel::kError, "E0005", 0, 0,
+                 "file is " + std::to_string(t.size()) + " bytes; the limit is " + std::to_string(limits.max_bytes)));
     return false;
   }
   int depth = 0;
@@ -284,8 +280,7 @@ bool prescan(const SourceText& src, std::vector<Diagnostic>& diags, const ParseL
     }
     if (static_cast<unsigned char>(c) >= 0x80) {
       // X3's character classes take ASCII only (they assert, or read outside their tables).
-      diags.push_back(src.make(DiagLevel::kError, "E0007", i, i + 1,
-                               "non-ASCII character outside a string or comment",
+      diags.push_back(src.make(DiagLevel::kError, "E0007", i, i + 1, "non-ASCII character outside a string or comment",
                                "names and operators are ASCII; UTF-8 text belongs in strings"));
       return false;
     }
@@ -296,8 +291,7 @@ bool prescan(const SourceText& src, std::vector<Diagnostic>& diags, const ParseL
     } else if (c == '(' || c == '[' || c == '{') {
       if (++depth > limits.max_nesting) {
         diags.push_back(src.make(DiagLevel::kError, "E0003", i, i + 1,
-                                 "brackets nested more than " + std::to_string(limits.max_nesting) +
-                                     " deep",
+                                 "brackets nested more than " + std::to_string(limits.max_nesting) + " deep",
                                  "split the expression with `let` or `def`"));
         return false;
       }

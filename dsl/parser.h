@@ -23,13 +23,11 @@ struct ParseLimits {
   size_t max_errors = 50;
 };
 
-ast::File parse_rules_text(const SourceText& src, std::vector<Diagnostic>& diags,
-                           const ParseLimits& limits = {});
+ast::File parse_rules_text(const SourceText& src, std::vector<Diagnostic>& diags, const ParseLimits& limits = {});
 
 // Parses one expression inside `src` at [pos, end) (template placeholders). Positions in `out`
 // are offsets into src. False with a diagnostic when the text is not exactly one expression.
-bool parse_expression_at(const SourceText& src, size_t pos, size_t end, ast::Expr& out,
-                         std::vector<Diagnostic>& diags);
+bool parse_expression_at(const SourceText& src, size_t pos, size_t end, ast::Expr& out, std::vector<Diagnostic>& diags);
 
 // The clause keywords (for suggestions and error recovery).
 const std::vector<std::string>& clause_keywords();

@@ -44,14 +44,21 @@ struct UnitDef {
   Unit unit;
 };
 constexpr UnitDef kUnits[] = {
-    {"ns", 1, Ty::kDuration, Unit::kNs},       {"us", 1e3, Ty::kDuration, Unit::kNs},
-    {"ms", 1e6, Ty::kDuration, Unit::kNs},     {"s", 1e9, Ty::kDuration, Unit::kNs},
-    {"m", 60e9, Ty::kDuration, Unit::kNs},     {"h", 3600e9, Ty::kDuration, Unit::kNs},
-    {"B", 1, Ty::kBytes, Unit::kBytes},        {"KB", 1e3, Ty::kBytes, Unit::kBytes},
-    {"MB", 1e6, Ty::kBytes, Unit::kBytes},     {"GB", 1e9, Ty::kBytes, Unit::kBytes},
-    {"KiB", 1024.0, Ty::kBytes, Unit::kBytes}, {"MiB", 1048576.0, Ty::kBytes, Unit::kBytes},
+    {"ns", 1, Ty::kDuration, Unit::kNs},
+    {"us", 1e3, Ty::kDuration, Unit::kNs},
+    {"ms", 1e6, Ty::kDuration, Unit::kNs},
+    {"s", 1e9, Ty::kDuration, Unit::kNs},
+    {"m", 60e9, Ty::kDuration, Unit::kNs},
+    {"h", 3600e9, Ty::kDuration, Unit::kNs},
+    {"B", 1, Ty::kBytes, Unit::kBytes},
+    {"KB", 1e3, Ty::kBytes, Unit::kBytes},
+    {"MB", 1e6, Ty::kBytes, Unit::kBytes},
+    {"GB", 1e9, Ty::kBytes, Unit::kBytes},
+    {"KiB", 1024.0, Ty::kBytes, Unit::kBytes},
+    {"MiB", 1048576.0, Ty::kBytes, Unit::kBytes},
     {"GiB", 1073741824.0, Ty::kBytes, Unit::kBytes},
-    {"%", 0.01, Ty::kRatio, Unit::kPercent},   {"x", 1, Ty::kRatio, Unit::kRatio},
+    {"%", 0.01, Ty::kRatio, Unit::kPercent},
+    {"x", 1, Ty::kRatio, Unit::kRatio},
 };
 }  // namespace
 
@@ -82,10 +89,11 @@ const std::vector<std::string>& unit_suffixes() {
 }
 
 bool find_state(const std::string& name, OffCpuState& out) {
-  static const std::pair<const char*, OffCpuState> kStates[] = {
-      {"unknown", OffCpuState::kUnknown}, {"preempted", OffCpuState::kPreempted},
-      {"sleeping", OffCpuState::kSleeping}, {"disk_wait", OffCpuState::kDiskWait},
-      {"other", OffCpuState::kOther}};
+  static const std::pair<const char*, OffCpuState> kStates[] = {{"unknown", OffCpuState::kUnknown},
+                                                                {"preempted", OffCpuState::kPreempted},
+                                                                {"sleeping", OffCpuState::kSleeping},
+                                                                {"disk_wait", OffCpuState::kDiskWait},
+                                                                {"other", OffCpuState::kOther}};
   for (const auto& [n, s] : kStates)
     if (name == n) {
       out = s;
@@ -112,11 +120,15 @@ bool find_event_field(const std::string& name, Field& f, Ty& ty) {
   }
   if (!parse_field(name, f)) return false;
   switch (f) {
-    case Field::kTs: case Field::kDuration: case Field::kEnd: ty = Ty::kDuration; break;
+    case Field::kTs:
+    case Field::kDuration:
+    case Field::kEnd: ty = Ty::kDuration; break;
     case Field::kSource: ty = Ty::kSource; break;
     case Field::kOp: ty = Ty::kOp; break;
     case Field::kPrevState: ty = Ty::kState; break;
-    case Field::kArg0: case Field::kArg1: case Field::kRet: ty = Ty::kNumber; break;
+    case Field::kArg0:
+    case Field::kArg1:
+    case Field::kRet: ty = Ty::kNumber; break;
     default: ty = Ty::kId;
   }
   return true;

@@ -22,11 +22,20 @@ namespace ingero::dsl {
 
 // Types of expression values. Units are types: a duration never compares with a bare number.
 enum class Ty : uint8_t {
-  kUnknown,   // after an error (never reported twice)
-  kNumber,    // a unitless literal or arg0/arg1: compatible with ratio, count, rate, id
-  kDuration, kBytes, kRatio, kCount, kRate, kBool,
-  kId,        // pid, tid, node, rank, gpu_id, ...
-  kOp, kSource, kState, kString, kList,
+  kUnknown,  // after an error (never reported twice)
+  kNumber,   // a unitless literal or arg0/arg1: compatible with ratio, count, rate, id
+  kDuration,
+  kBytes,
+  kRatio,
+  kCount,
+  kRate,
+  kBool,
+  kId,  // pid, tid, node, rank, gpu_id, ...
+  kOp,
+  kSource,
+  kState,
+  kString,
+  kList,
 };
 const char* ty_name(Ty t);
 Unit ty_unit(Ty t);
@@ -37,16 +46,16 @@ struct FileUnit;
 struct TExpr {
   ExprOp op = ExprOp::kConst;
   double value = 0;
-  Unit unit = Unit::kNone;                        // constants: how the literal was written
+  Unit unit = Unit::kNone;  // constants: how the literal was written
   Field field = Field::kTs;
-  std::string name;                               // kRef; string literals: their text
-  std::vector<std::pair<Source, uint8_t>> ops;    // op constants (ty kOp)
-  std::vector<TExpr> args;                        // operands; kIn: args[0] in args[1..]
-  std::vector<std::string> patterns;              // kStackMatch/kSiteMatch; empty: the bare
-                                                  // `stack`/`site` before `~` is applied
+  std::string name;                             // kRef; string literals: their text
+  std::vector<std::pair<Source, uint8_t>> ops;  // op constants (ty kOp)
+  std::vector<TExpr> args;                      // operands; kIn: args[0] in args[1..]
+  std::vector<std::string> patterns;            // kStackMatch/kSiteMatch; empty: the bare
+                                                // `stack`/`site` before `~` is applied
   Ty ty = Ty::kUnknown;
-  bool literal = false;                           // written as a number literal
-  bool from_not = false;                          // a `not x` operand (precedence check)
+  bool literal = false;   // written as a number literal
+  bool from_not = false;  // a `not x` operand (precedence check)
   const FileUnit* file = nullptr;
   int pos = 0, end = 0;
 };
@@ -54,12 +63,12 @@ struct TExpr {
 struct FileUnit {
   SourceText src;
   ast::File ast;
-  bool imported_only = false;                     // reached through `import` only
+  bool imported_only = false;  // reached through `import` only
   std::vector<FileUnit*> imports;
   std::map<std::string, const ast::Param*> params;
   std::map<std::string, const ast::ListDecl*> lists;
   std::map<std::string, const ast::Def*> defs;
-  std::map<std::string, TExpr> param_values;      // resolved params (after overrides)
+  std::map<std::string, TExpr> param_values;  // resolved params (after overrides)
 };
 
 struct StreamSpec {
@@ -104,7 +113,7 @@ struct RuleSema {
   WindowNode window_node;
   std::vector<AggSpec> aggs;
   std::vector<Step> steps;
-  std::map<std::string, Ty> slot_types;           // filled by the units pass, in order
+  std::map<std::string, Ty> slot_types;  // filled by the units pass, in order
   std::vector<std::string> slot_order;
   const ast::SeverityClause* severity = nullptr;
   std::vector<SevCase> sev_cases;
@@ -159,10 +168,10 @@ struct Resolver {
   FileUnit& file;
   RuleSema* rule = nullptr;
   Ctx ctx = Ctx::kConst;
-  const std::set<std::string>* slots = nullptr;   // slots defined so far (row/tail)
+  const std::set<std::string>* slots = nullptr;  // slots defined so far (row/tail)
   std::set<std::string> active_defs;
-  int budget = 4096;                              // nodes left (defs inline)
-  std::string agg_alias;                          // name for an aggregate that is a let's whole value
+  int budget = 4096;      // nodes left (defs inline)
+  std::string agg_alias;  // name for an aggregate that is a let's whole value
   TExpr resolve(const ast::Expr& e);
   TExpr resolve_atom(const ast::Atom& a, Ty want);
 

@@ -53,12 +53,9 @@ const std::vector<Field> kPerProcessOp = {Field::kPid, Field::kSource, Field::kO
 int tail_head(Plan& p, int stream, const DefaultPlanOptions& o) {
   int id = tumbling(p, stream, kPerProcessOp, o);
   AggregateNode agg;
-  agg.aggs = {{"n", AggKind::kCount, Field::kDuration, 0},
-              {"p50", AggKind::kQuantile, Field::kDuration, 0.50},
-              {"p95", AggKind::kQuantile, Field::kDuration, 0.95},
-              {"p99", AggKind::kQuantile, Field::kDuration, 0.99},
-              {"max", AggKind::kMax, Field::kDuration, 0},
-              {"total", AggKind::kSum, Field::kDuration, 0}};
+  agg.aggs = {{"n", AggKind::kCount, Field::kDuration, 0},         {"p50", AggKind::kQuantile, Field::kDuration, 0.50},
+              {"p95", AggKind::kQuantile, Field::kDuration, 0.95}, {"p99", AggKind::kQuantile, Field::kDuration, 0.99},
+              {"max", AggKind::kMax, Field::kDuration, 0},         {"total", AggKind::kSum, Field::kDuration, 0}};
   id = p.add(agg, {id});
   id = p.add(LetNode{{{"tail_ratio", div(ref("p99"), ref("p50"))},
                       {"slow", bin(ExprOp::kMax, ref("p95"), mul(num(3), ref("p50")))}}},
@@ -68,7 +65,8 @@ int tail_head(Plan& p, int stream, const DefaultPlanOptions& o) {
              {id});
   char ratio[32];
   std::snprintf(ratio, sizeof ratio, "%g", o.min_tail_ratio);
-  id = p.add(RequireNode{ge(ref("tail_ratio"), num(o.min_tail_ratio, Unit::kRatio)), std::string("p99 / p50 >= ") + ratio},
+  id = p.add(RequireNode{ge(ref("tail_ratio"), num(o.min_tail_ratio, Unit::kRatio)),
+                         std::string("p99 / p50 >= ") + ratio},
              {id});
   return id;
 }
@@ -120,16 +118,16 @@ Plan default_plan(const DefaultPlanOptions& o) {
     id = join(p, id, s.offcpu_cpu, "offcpu", JoinKind::kOverlap, JoinKey::kTid);
     id = require_share(p, id, "offcpu", o.min_share);
     p.add(emit("cpu_contention", "cpu_contention",
-               {{land(ge(ref("offcpu.share"), num(0.8, Unit::kPercent)), ge(ref("tail_ratio"), num(10))), Severity::kHigh},
+               {{land(ge(ref("offcpu.share"), num(0.8, Unit::kPercent)), ge(ref("tail_ratio"), num(10))),
+                 Severity::kHigh},
                 {nullptr, Severity::kMedium}},
                "{op} p99={p99} ({tail_ratio} p50) in {process}: the calling thread was off CPU for "
                "{offcpu.share} of the slow-call time",
                "CPU contention: the thread issuing {op} lost its CPU while its slow calls were in flight",
-               tail_facts +
-                   "{offcpu.hit_calls} of {offcpu.calls} slow calls overlap off-CPU spans of the SAME thread, "
-                   "covering {offcpu.overlap_ns} of {offcpu.tail_ns} slow-call time ({offcpu.share}). "
-                   "Spans are runnable-but-preempted, or of unrecorded state (Ingero traces do not say "
-                   "why a thread was off CPU; live capture does).",
+               tail_facts + "{offcpu.hit_calls} of {offcpu.calls} slow calls overlap off-CPU spans of the SAME thread, "
+                            "covering {offcpu.overlap_ns} of {offcpu.tail_ns} slow-call time ({offcpu.share}). "
+                            "Spans are runnable-but-preempted, or of unrecorded state (Ingero traces do not say "
+                            "why a thread was off CPU; live capture does).",
                {"Pin the training process and its launcher threads to dedicated cores "
                 "(taskset -c / numactl --physcpubind)",
                 "Move or renice CPU-heavy neighbours (nice -n 19, cgroup cpu.weight)",
@@ -162,9 +160,8 @@ Plan default_plan(const DefaultPlanOptions& o) {
                "{op} p99={p99} ({tail_ratio} p50) in {process}: block I/O was in flight for {io.share} of "
                "the slow-call time ({io.events} requests)",
                "Block I/O concurrent with the slow {op} calls (data loading, checkpointing or swap)",
-               tail_facts +
-                   "{io.hit_calls} of {io.calls} slow calls overlap {io.events} block I/O requests, covering "
-                   "{io.overlap_ns} of {io.tail_ns} ({io.share}).",
+               tail_facts + "{io.hit_calls} of {io.calls} slow calls overlap {io.events} block I/O requests, covering "
+                            "{io.overlap_ns} of {io.tail_ns} ({io.share}).",
                {"Pre-load or cache the dataset (page cache, /dev/shm) and raise DataLoader prefetch_factor",
                 "Write checkpoints asynchronously or to a separate device"}),
           {id});

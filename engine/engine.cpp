@@ -35,8 +35,7 @@ void merge_outcome(RuleOutcome& into, const RuleOutcome& from) {
 }
 
 // Folds one shard's final output (statistics, rule outcomes, counters) into the run's totals.
-void merge_final(const ShardOutput& out, AnalysisResult& result, OpStatsAccumulator& stats,
-                 EngineCounters& counters) {
+void merge_final(const ShardOutput& out, AnalysisResult& result, OpStatsAccumulator& stats, EngineCounters& counters) {
   if (out.stats) stats.merge(*out.stats);
   for (size_t i = 0; i < out.outcomes.size() && i < result.rules.size(); ++i)
     merge_outcome(result.rules[i], out.outcomes[i]);
@@ -67,15 +66,15 @@ constexpr unsigned kMaxShards = 0x7fff;
 // lists each shard's event positions (a counting sort by owner), and each shard gathers its own
 // events on its own worker.
 struct Work {
-  EventsPtr events;                // the whole batch
-  std::vector<uint16_t> owner;     // per event: owning pid shard | kHostWideBit
-  std::vector<uint32_t> order;     // event positions grouped by owning shard, in batch order
-  std::vector<uint32_t> start;     // shard s owns order[start[s] .. start[s + 1])
-  std::vector<uint32_t> host_wide; // positions of host-wide events, in batch order
+  EventsPtr events;                 // the whole batch
+  std::vector<uint16_t> owner;      // per event: owning pid shard | kHostWideBit
+  std::vector<uint32_t> order;      // event positions grouped by owning shard, in batch order
+  std::vector<uint32_t> start;      // shard s owns order[start[s] .. start[s + 1])
+  std::vector<uint32_t> host_wide;  // positions of host-wide events, in batch order
   uint64_t watermark = 0;
   bool final = false;
-  uint64_t dropped = 0;            // for shard 0 only
-  uint64_t trace_end = 0;          // latest event end read so far (ShardInput::trace_end)
+  uint64_t dropped = 0;    // for shard 0 only
+  uint64_t trace_end = 0;  // latest event end read so far (ShardInput::trace_end)
   std::shared_ptr<const std::map<uint32_t, std::string>> names;
   std::atomic<unsigned> pending{0};  // shard nodes that have not finished with it yet
 };
@@ -106,9 +105,8 @@ void route(const std::vector<Event>& events, unsigned shards, Work& w) {
 constexpr int kMaxBatchesInFlight = 32;
 
 // The whole run on the calling thread: one pid shard and the global shard, no routing, no TBB.
-void run_serial(CompiledPlan& compiled, EventSource& source, const EngineOptions& opts,
-                AnalysisResult& result, OpStatsAccumulator& stats, EngineCounters& counters,
-                std::vector<Chain>& chains) {
+void run_serial(CompiledPlan& compiled, EventSource& source, const EngineOptions& opts, AnalysisResult& result,
+                OpStatsAccumulator& stats, EngineCounters& counters, std::vector<Chain>& chains) {
   std::vector<std::unique_ptr<Shard>> shards;
   shards.push_back(std::make_unique<Shard>(compiled, false, opts.compute_stats));
   if (compiled.has_global) shards.push_back(std::make_unique<Shard>(compiled, true, false));
@@ -163,9 +161,9 @@ void run_serial(CompiledPlan& compiled, EventSource& source, const EngineOptions
 // `threads` workers run the shards; the calling thread is the source: it reads a batch, marks
 // each event's owner and hands the batch to every shard node, blocking only when
 // kMaxBatchesInFlight batches are still being processed (no barrier between batches).
-void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptions& opts,
-                  unsigned threads, AnalysisResult& result, OpStatsAccumulator& stats,
-                  EngineCounters& counters, std::vector<Chain>& chains) {
+void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptions& opts, unsigned threads,
+                  AnalysisResult& result, OpStatsAccumulator& stats, EngineCounters& counters,
+                  std::vector<Chain>& chains) {
   const unsigned n_pid = std::min(shard_count(threads), kMaxShards);
   const bool global = compiled.has_global;
   const unsigned n_nodes = n_pid + (global ? 1 : 0);
@@ -179,8 +177,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
   tbb::task_arena arena(static_cast<int>(threads) + 1, 1);
 
   std::vector<std::unique_ptr<Shard>> shards;
-  for (unsigned i = 0; i < n_pid; ++i)
-    shards.push_back(std::make_unique<Shard>(compiled, false, opts.compute_stats));
+  for (unsigned i = 0; i < n_pid; ++i) shards.push_back(std::make_unique<Shard>(compiled, false, opts.compute_stats));
   if (global) shards.push_back(std::make_unique<Shard>(compiled, true, false));
   // Written by each shard's own node at the final batch, read after the graph is done.
   std::vector<ShardOutput> finals(n_nodes);
@@ -190,18 +187,17 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
   arena.execute([&] {
     tbb::flow::graph g;
     // Collector: serial, so it needs no locks; chains are sorted after the run.
-    tbb::flow::function_node<Out, tbb::flow::continue_msg> collector(
-        g, tbb::flow::serial, [&](const Out& out) {
-          try {
-            for (auto& c : out->chains) {
-              if (opts.on_chain) opts.on_chain(c);
-              chains.push_back(std::move(c));
-            }
-          } catch (...) {
-            node_errors.fetch_add(1);
-          }
-          return tbb::flow::continue_msg();
-        });
+    tbb::flow::function_node<Out, tbb::flow::continue_msg> collector(g, tbb::flow::serial, [&](const Out& out) {
+      try {
+        for (auto& c : out->chains) {
+          if (opts.on_chain) opts.on_chain(c);
+          chains.push_back(std::move(c));
+        }
+      } catch (...) {
+        node_errors.fetch_add(1);
+      }
+      return tbb::flow::continue_msg();
+    });
 
     std::vector<std::unique_ptr<tbb::flow::function_node<WorkPtr, tbb::flow::continue_msg>>> nodes;
     for (unsigned idx = 0; idx < n_nodes; ++idx) {
@@ -296,8 +292,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
       in_flight.fetch_add(1);
       for (auto& node : nodes) node->try_put(w);
       // Bound the batches in flight (memory), without waiting for the graph to drain.
-      for (int cur = in_flight.load(); cur >= kMaxBatchesInFlight; cur = in_flight.load())
-        in_flight.wait(cur);
+      for (int cur = in_flight.load(); cur >= kMaxBatchesInFlight; cur = in_flight.load()) in_flight.wait(cur);
       if (opts.on_progress && (counters.batches % 8 == 0 || saw_final)) opts.on_progress(done_events.load());
     }
     g.wait_for_all();
@@ -327,10 +322,8 @@ AnalysisResult run_plan(const Plan& plan, EventSource& source, const EngineOptio
   OpStatsAccumulator stats;
   EngineCounters counters;
   std::vector<Chain> chains;
-  if (threads == 1)
-    run_serial(*compiled, source, opts, result, stats, counters, chains);
-  else
-    run_parallel(*compiled, source, opts, threads, result, stats, counters, chains);
+  if (threads == 1) run_serial(*compiled, source, opts, result, stats, counters, chains);
+  else run_parallel(*compiled, source, opts, threads, result, stats, counters, chains);
 
   std::sort(chains.begin(), chains.end(), chain_canonical_order);
   result.chains = std::move(chains);

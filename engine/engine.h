@@ -34,8 +34,8 @@
 namespace ingero {
 
 struct EngineOptions {
-  unsigned threads = 1;             // engine workers; 0 = hardware concurrency
-  bool compute_stats = true;        // per-op statistics over the whole trace
+  unsigned threads = 1;       // engine workers; 0 = hardware concurrency
+  bool compute_stats = true;  // per-op statistics over the whole trace
   // Called from the merge node as chains are emitted (live view); may be empty.
   std::function<void(const Chain&)> on_chain;
   // Called on the source thread every 8 batches and after the final one, with the number of

@@ -30,8 +30,7 @@ bool is_stream_node(const NodeBody& b) {
 
 // Units of computed values, so templates print "25.80ms", "87%", "352x".
 Unit infer_unit(const Expr& e, const std::vector<Slot>& slots) {
-  if (e.op != ExprOp::kConst && e.op != ExprOp::kRef && e.op != ExprOp::kField && e.unit != Unit::kNone)
-    return e.unit;
+  if (e.op != ExprOp::kConst && e.op != ExprOp::kRef && e.op != ExprOp::kField && e.unit != Unit::kNone) return e.unit;
   auto arg = [&](size_t i) { return i < e.args.size() ? infer_unit(*e.args[i], slots) : Unit::kNone; };
   switch (e.op) {
     case ExprOp::kConst: return e.unit;
@@ -120,9 +119,8 @@ Unit agg_unit(const AggSpec& a) {
   switch (a.kind) {
     case AggKind::kCount: return Unit::kCount;
     case AggKind::kRate: return Unit::kPerSecond;
-    default: return a.field == Field::kDuration || a.field == Field::kEnd || a.field == Field::kTs
-                        ? Unit::kNs
-                        : Unit::kNone;
+    default:
+      return a.field == Field::kDuration || a.field == Field::kEnd || a.field == Field::kTs ? Unit::kNs : Unit::kNone;
   }
 }
 
@@ -134,14 +132,10 @@ std::string key_text(const PipeDef& pipe, const Key& key, const StackTable* stac
   for (Field f : pipe.key_fields) {
     if (f == Field::kSource && pipe.keys.has(Field::kOp)) continue;
     if (!s.empty()) s += ' ';
-    if (f == Field::kSite)
-      s += "site=" + (stacks ? stacks->site_text(site_of(key)) : std::to_string(site_of(key)));
-    else if (f == Field::kOp)
-      s += "op=" + op_name(key.source(), key.op());
-    else if (f == Field::kSource)
-      s += "source=" + source_name(key.source());
-    else
-      s += std::string(field_name(f)) + "=" + format_value(KeyBy::field_value(key, f), Unit::kNone);
+    if (f == Field::kSite) s += "site=" + (stacks ? stacks->site_text(site_of(key)) : std::to_string(site_of(key)));
+    else if (f == Field::kOp) s += "op=" + op_name(key.source(), key.op());
+    else if (f == Field::kSource) s += "source=" + source_name(key.source());
+    else s += std::string(field_name(f)) + "=" + format_value(KeyBy::field_value(key, f), Unit::kNone);
   }
   return s.empty() ? "all" : s;
 }
@@ -227,8 +221,8 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
     pipe.key_fields = w->keys;
     const std::string where = "%" + std::to_string(node.id) + ": ";
     for (Field f : w->keys) {
-      if (f != Field::kPid && f != Field::kTid && f != Field::kOp && f != Field::kSource &&
-          f != Field::kNode && f != Field::kRank && f != Field::kSite)
+      if (f != Field::kPid && f != Field::kTid && f != Field::kOp && f != Field::kSource && f != Field::kNode &&
+          f != Field::kRank && f != Field::kSite)
         errors.push_back(where + "cannot window by " + field_name(f) +
                          " (keys: pid, tid, op, source, node, rank, site)");
       if (f == Field::kSite) pipe.site_key = cp->uses_stacks = true;
@@ -399,9 +393,8 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
   return cp;
 }
 
-std::string expand_template(const std::string& tmpl, const CompiledPlan& plan, const PipeDef& pipe,
-                            const Key& key, const double* row,
-                            const std::map<uint32_t, std::string>* names) {
+std::string expand_template(const std::string& tmpl, const CompiledPlan& plan, const PipeDef& pipe, const Key& key,
+                            const double* row, const std::map<uint32_t, std::string>* names) {
   const auto& process_names = names ? *names : plan.process_names;
   std::string out;
   out.reserve(tmpl.size() + 32);
@@ -423,8 +416,7 @@ std::string expand_template(const std::string& tmpl, const CompiledPlan& plan, c
       out += source_name(key.source());
     } else if (name == "node") {
       const auto idx = key.node();
-      out += idx < plan.node_names.size() && !plan.node_names[idx].empty() ? plan.node_names[idx]
-                                                                           : std::to_string(idx);
+      out += idx < plan.node_names.size() && !plan.node_names[idx].empty() ? plan.node_names[idx] : std::to_string(idx);
     } else if (name == "process") {
       auto it = process_names.find(key.pid());
       out += it != process_names.end() ? it->second : "pid " + std::to_string(key.pid());
@@ -534,8 +526,8 @@ bool reads_event(const Expr& e) {
 // buffered call. Any other condition is evaluated per call.
 struct TailCut {
   bool fast = false;
-  bool strict = false;           // `>` rather than `>=`
-  const Expr* bound = nullptr;   // X
+  bool strict = false;          // `>` rather than `>=`
+  const Expr* bound = nullptr;  // X
 };
 
 TailCut tail_cut_of(const Expr* tail) {
@@ -578,8 +570,7 @@ PredicateResult judge(const Expr& pred, const std::string& label, const double* 
 
 }  // namespace
 
-bool better_miss(int stage, const PredicateResult& p, uint64_t window, const std::string& key,
-                 const RuleOutcome& cur) {
+bool better_miss(int stage, const PredicateResult& p, uint64_t window, const std::string& key, const RuleOutcome& cur) {
   if (!cur.has_miss) return true;
   if (stage != cur.miss_stage) return stage > cur.miss_stage;
   // Compare shortfalls relative to the threshold, so ratios and nanoseconds compare fairly.
@@ -635,8 +626,8 @@ struct Shard::Impl {
   const CompiledPlan& plan;
   bool global;
   bool compute_stats;
-  std::vector<std::unique_ptr<OffCpuSpanBuilder>> builders;  // per stream (null unless off-CPU)
-  std::vector<PipeState> pipes;                              // per plan pipe (inactive if not ours)
+  std::vector<std::unique_ptr<OffCpuSpanBuilder>> builders;     // per stream (null unless off-CPU)
+  std::vector<PipeState> pipes;                                 // per plan pipe (inactive if not ours)
   std::vector<std::unique_ptr<WindowStore<WinState>>> windows;  // per window group (null if not ours)
   std::unique_ptr<OpStatsAccumulator> stats;
   std::vector<RuleOutcome> outcomes;
@@ -692,8 +683,7 @@ struct Shard::Impl {
     return idx;
   }
 
-  Impl(const CompiledPlan& p, bool g, bool cs)
-      : plan(p), global(g), compute_stats(cs), stack_matcher(p.stacks.get()) {
+  Impl(const CompiledPlan& p, bool g, bool cs) : plan(p), global(g), compute_stats(cs), stack_matcher(p.stacks.get()) {
     for (const auto& grp : plan.groups)
       exit_horizon = std::max(exit_horizon, grp.window.size_ns + grp.window.lateness_ns);
     builders.resize(plan.streams.size());
@@ -709,7 +699,8 @@ struct Shard::Impl {
       ps.trends.resize(def.stages.size());
       for (size_t s = 0; s < def.stages.size(); ++s) {
         const auto& st = def.stages[s];
-        if (st.kind == StageKind::kJoin) ps.joins[s] = std::make_unique<IntervalJoin>(st.join->kind, st.join->within_ns);
+        if (st.kind == StageKind::kJoin)
+          ps.joins[s] = std::make_unique<IntervalJoin>(st.join->kind, st.join->within_ns);
         if (st.kind == StageKind::kTrend) ps.trends[s] = std::make_unique<TrendOp>(*st.trend);
       }
     }
@@ -726,8 +717,9 @@ struct Shard::Impl {
         const TailCut cut = tail_cut_of(st.tail.get());
         tail_cuts[i][s] = cut;
         if (!cut.fast) continue;
-        const std::string sig = std::to_string(st.right_stream) + "|" + std::to_string(static_cast<int>(st.join->kind)) +
-                                "|" + std::to_string(static_cast<int>(st.join->key)) + "|" +
+        const std::string sig = std::to_string(st.right_stream) + "|" +
+                                std::to_string(static_cast<int>(st.join->kind)) + "|" +
+                                std::to_string(static_cast<int>(st.join->key)) + "|" +
                                 std::to_string(st.join->within_ns) + "|" + std::to_string(st.join->horizon_ns) + "|" +
                                 std::to_string(st.join->max_exemplars) + "|" + std::to_string(st.retain_ns) + "|" +
                                 (cut.strict ? ">" : ">=");
@@ -837,8 +829,8 @@ struct Shard::Impl {
         const auto& st = def.stages[s];
         if (st.kind != StageKind::kJoin) continue;
         compute(static_cast<size_t>(st.right_stream), in);
-        for (const auto* list : {&owned_out[static_cast<size_t>(st.right_stream)],
-                                 &foreign_out[static_cast<size_t>(st.right_stream)]})
+        for (const auto* list :
+             {&owned_out[static_cast<size_t>(st.right_stream)], &foreign_out[static_cast<size_t>(st.right_stream)]})
           for (const Event* e : *list) ps.joins[s]->add_right(join_key(st.join->key, e->pid, e->tid), *e);
       }
     }
@@ -950,8 +942,7 @@ struct Shard::Impl {
         // or every job that ends while the capture goes on would end in a "throughput drop".
         if (covered && def.keys.has(Field::kPid)) {
           const auto ex = exited.find(key.pid());
-          if (ex != exited.end() && ex->second > start && ex->second - start < covered)
-            covered = ex->second - start;
+          if (ex != exited.end() && ex->second > start && ex->second - start < covered) covered = ex->second - start;
         }
         w.agg.values(covered, row.values.data() + def.slot_aggs);
         if (waits[i].stage >= 0 && !waits[i].rows.empty() && k != waits[i].window) flush(i);
@@ -959,10 +950,8 @@ struct Shard::Impl {
         run_stages(p, 0, row, &w, waits[i].stage, waits[i].rows, out);
       }
     };
-    if (watermark == kFinal)
-      windows[g]->close_all(on_close);
-    else
-      windows[g]->close(watermark, on_close);
+    if (watermark == kFinal) windows[g]->close_all(on_close);
+    else windows[g]->close(watermark, on_close);
     join_cache.clear();
     for (size_t i = 0; i < group.pipes.size(); ++i) flush(i);
   }
@@ -991,9 +980,7 @@ struct Shard::Impl {
           row.predicates.push_back(std::move(r));
           break;
         }
-        case StageKind::kJoin:
-          run_join(p, s, row, w);
-          break;
+        case StageKind::kJoin: run_join(p, s, row, w); break;
         case StageKind::kTrend: {
           const auto t = pipes[p].trends[s]->observe(row.key, row.window, v[st.trend_value]);
           v[st.trend_first] = t.first;
@@ -1138,8 +1125,8 @@ struct Shard::Impl {
       ev.detail += ", " + format_bytes(static_cast<double>(jo.sum_arg0));
     if (w && w->calls.capped())
       ev.detail += "; judged on the " + format_value(static_cast<double>(kMaxTailCalls), Unit::kCount) +
-                   " slowest of the window's " +
-                   format_value(static_cast<double>(w->calls.seen()), Unit::kCount) + " calls";
+                   " slowest of the window's " + format_value(static_cast<double>(w->calls.seen()), Unit::kCount) +
+                   " calls";
     for (const auto& e : jo.exemplars) {
       ev.event_ids.push_back(e.call_id);
       for (uint64_t r : e.right_ids) ev.event_ids.push_back(r);
@@ -1187,7 +1174,8 @@ struct Shard::Impl {
     c.summary = expand_template(em.summary, plan, def, row.key, v, names.get());
     c.root_cause = expand_template(em.root_cause, plan, def, row.key, v, names.get());
     c.explanation = expand_template(em.explanation, plan, def, row.key, v, names.get());
-    for (const auto& r : em.recommendations) c.recommendations.push_back(expand_template(r, plan, def, row.key, v, names.get()));
+    for (const auto& r : em.recommendations)
+      c.recommendations.push_back(expand_template(r, plan, def, row.key, v, names.get()));
     for (size_t i = 0; i < def.slots.size(); ++i) {
       const auto& name = def.slots[i].name;
       c.values.emplace_back(name, v[i]);

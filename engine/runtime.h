@@ -48,8 +48,8 @@ struct Slot {
 
 struct StreamDef {
   int node = -1;
-  int parent = -1;          // stream index, -1 for the scan
-  ExprPtr filter;           // step: filter
+  int parent = -1;  // stream index, -1 for the scan
+  ExprPtr filter;   // step: filter
   // When the filter reads only source and op (the usual `from cuda where op in [...]`), its
   // value for every (source, op) pair, precomputed: one table lookup per event instead of a tree walk.
   std::vector<uint8_t> source_op_mask;
@@ -57,7 +57,7 @@ struct StreamDef {
   // `op in sync_ops and site ~ "..."`), the mask is A's and B is evaluated for the events it keeps.
   ExprPtr mask_rest;
   const OffCpuNode* offcpu = nullptr;  // step: off-CPU span builder
-  bool host_wide = false;   // carries broadcast (host-wide) events
+  bool host_wide = false;              // carries broadcast (host-wide) events
 };
 
 enum class StageKind : uint8_t { kLet, kRequire, kJoin, kTrend, kPeer, kEmit };
@@ -99,13 +99,13 @@ struct PipeDef {
   std::unique_ptr<AggregateLayout> layout;
   KeyBy keys{std::vector<Field>{}};
   std::vector<Field> key_fields;
-  bool site_key = false;    // keyed by call site (`by site`): Key::lo's low 16 bits hold its index
+  bool site_key = false;  // keyed by call site (`by site`): Key::lo's low 16 bits hold its index
   std::vector<Slot> slots;
   int slot_start = -1, slot_end = -1, slot_events = -1, slot_aggs = -1;
   std::vector<Stage> stages;
-  bool global = false;      // runs in the global shard
-  bool needs_calls = false; // buffers the window's calls for a join
-  size_t rule_index = 0;    // index into CompiledPlan::rules
+  bool global = false;       // runs in the global shard
+  bool needs_calls = false;  // buffers the window's calls for a join
+  size_t rule_index = 0;     // index into CompiledPlan::rules
 };
 
 // Pipes whose stream, window and aggregate are identical share one window store: rules that
@@ -113,18 +113,18 @@ struct PipeDef {
 struct WindowGroup {
   std::vector<size_t> pipes;
   int stream = -1;
-  WindowNode window;        // lateness = the largest of its pipes'
+  WindowNode window;  // lateness = the largest of its pipes'
   bool global = false;
   bool needs_calls = false;
 };
 
 struct CompiledPlan {
-  Plan plan;                // owns the nodes the defs point into
+  Plan plan;  // owns the nodes the defs point into
   std::vector<StreamDef> streams;
   std::vector<int> stream_of_node;  // plan node id -> stream index or -1
   std::vector<PipeDef> pipes;
   std::vector<WindowGroup> groups;
-  std::vector<RuleOutcome> rules;   // template (names/hashes) for outcomes
+  std::vector<RuleOutcome> rules;  // template (names/hashes) for outcomes
   std::vector<std::string> node_names;
   std::map<uint32_t, std::string> process_names;
   bool has_global = false, has_sharded = false;
@@ -143,11 +143,11 @@ bool is_host_wide(const Event& e);
 using EventsPtr = std::shared_ptr<const std::vector<Event>>;
 
 struct ShardInput {
-  EventsPtr owned;             // events this shard owns (windows, stats); shared, never copied
-  EventsPtr foreign;           // host-wide events owned by another shard (joins only); may be null
+  EventsPtr owned;    // events this shard owns (windows, stats); shared, never copied
+  EventsPtr foreign;  // host-wide events owned by another shard (joins only); may be null
   uint64_t watermark = 0;
   bool final = false;
-  uint64_t dropped = 0;        // events lost upstream (carried to chains)
+  uint64_t dropped = 0;  // events lost upstream (carried to chains)
   // The latest event end (ts + dur) of every batch so far, all shards together (0: unknown). A
   // shard ends its open windows and spans there at the final batch, not at its own last event,
   // so the result does not depend on which processes share a shard.
@@ -159,10 +159,10 @@ struct ShardInput {
 
 struct ShardOutput {
   std::vector<Chain> chains;
-  std::unique_ptr<OpStatsAccumulator> stats;   // final only
-  std::vector<RuleOutcome> outcomes;           // final only
-  EngineCounters counters;                     // final only
-  bool global = false;                         // from the global shard (sees every event again)
+  std::unique_ptr<OpStatsAccumulator> stats;  // final only
+  std::vector<RuleOutcome> outcomes;          // final only
+  EngineCounters counters;                    // final only
+  bool global = false;                        // from the global shard (sees every event again)
 };
 
 class Shard {
@@ -180,13 +180,11 @@ class Shard {
 // the rule first, then the smaller shortfall relative to the threshold (so ratios and nanoseconds
 // compare fairly), then the earlier window, then the key - a total order, so the merged closest
 // miss does not depend on which shard saw it.
-bool better_miss(int stage, const PredicateResult& p, uint64_t window, const std::string& key,
-                 const RuleOutcome& cur);
+bool better_miss(int stage, const PredicateResult& p, uint64_t window, const std::string& key, const RuleOutcome& cur);
 
 // Fills {op}, {process}, {key}, slot names... in a rule's text. `names` overrides the plan's
 // process names when given.
-std::string expand_template(const std::string& tmpl, const CompiledPlan& plan, const PipeDef& pipe,
-                            const Key& key, const double* row,
-                            const std::map<uint32_t, std::string>* names = nullptr);
+std::string expand_template(const std::string& tmpl, const CompiledPlan& plan, const PipeDef& pipe, const Key& key,
+                            const double* row, const std::map<uint32_t, std::string>* names = nullptr);
 
 }  // namespace ingero

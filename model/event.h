@@ -31,16 +31,16 @@ enum class Source : uint8_t {
 
 // Why a thread was off CPU, recorded on HOST sched_switch spans.
 enum class OffCpuState : uint8_t {
-  kUnknown = 0,     // Ingero traces do not record it
-  kPreempted = 1,   // switched out while runnable (TASK_RUNNING): CPU contention
-  kSleeping = 2,    // TASK_INTERRUPTIBLE: voluntary wait (futex, poll, sleep)
-  kDiskWait = 3,    // TASK_UNINTERRUPTIBLE: usually I/O
+  kUnknown = 0,    // Ingero traces do not record it
+  kPreempted = 1,  // switched out while runnable (TASK_RUNNING): CPU contention
+  kSleeping = 2,   // TASK_INTERRUPTIBLE: voluntary wait (futex, poll, sleep)
+  kDiskWait = 3,   // TASK_UNINTERRUPTIBLE: usually I/O
   kOther = 4,
 };
 
 namespace event_flags {
-inline constexpr uint8_t kTruncated = 1u << 0;   // span still open when the trace ended
-inline constexpr uint8_t kSynthetic = 1u << 1;   // made by an operator, not observed
+inline constexpr uint8_t kTruncated = 1u << 0;  // span still open when the trace ended
+inline constexpr uint8_t kSynthetic = 1u << 1;  // made by an operator, not observed
 // Live sched_switch halves, for sources that do not pair in the kernel: a switch-out opens an
 // off-CPU span at ts_ns (dur 0), the next switch-in of the same tid closes it (operators/offcpu_spans.h).
 inline constexpr uint8_t kSwitchOut = 1u << 2;
@@ -52,18 +52,18 @@ inline constexpr uint8_t kLate = 1u << 4;
 }  // namespace event_flags
 
 struct Event {
-  uint64_t ts_ns = 0;      // interval start, unix ns
-  uint64_t dur_ns = 0;     // interval length, ns
-  uint64_t id = 0;         // unique per (node, trace); Ingero 0.8 `id`, 0.9 `{node}:{seq}` -> seq
-  uint64_t arg0 = 0;       // op-specific: bytes for alloc/memcpy, kernel pointer for launch
-  uint64_t arg1 = 0;       // op-specific: memcpy kind; for sched_switch the task that ran instead
-  uint64_t stack_id = 0;   // Ingero stack_hash (FNV-64, bit-cast); 0 = no stack
+  uint64_t ts_ns = 0;     // interval start, unix ns
+  uint64_t dur_ns = 0;    // interval length, ns
+  uint64_t id = 0;        // unique per (node, trace); Ingero 0.8 `id`, 0.9 `{node}:{seq}` -> seq
+  uint64_t arg0 = 0;      // op-specific: bytes for alloc/memcpy, kernel pointer for launch
+  uint64_t arg1 = 0;      // op-specific: memcpy kind; for sched_switch the task that ran instead
+  uint64_t stack_id = 0;  // Ingero stack_hash (FNV-64, bit-cast); 0 = no stack
   uint64_t cgroup_id = 0;
   uint32_t pid = 0;
   uint32_t tid = 0;
-  int32_t ret = 0;         // CUDA return code; 0 = success; host events 0
-  uint16_t node = 0;       // index into TraceMeta::nodes; 0 = local / unnamed
-  int16_t rank = -1;       // distributed rank, -1 = unknown
+  int32_t ret = 0;    // CUDA return code; 0 = success; host events 0
+  uint16_t node = 0;  // index into TraceMeta::nodes; 0 = local / unnamed
+  int16_t rank = -1;  // distributed rank, -1 = unknown
   Source source = Source::kUnknown;
   uint8_t op = 0;
   OffCpuState prev_state = OffCpuState::kUnknown;

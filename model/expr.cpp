@@ -16,14 +16,22 @@ struct FieldName {
   Unit unit;
 };
 constexpr FieldName kFields[] = {
-    {Field::kTs, "ts", Unit::kNs},           {Field::kDuration, "duration", Unit::kNs},
-    {Field::kEnd, "end", Unit::kNs},         {Field::kPid, "pid", Unit::kNone},
-    {Field::kTid, "tid", Unit::kNone},       {Field::kSource, "source", Unit::kNone},
-    {Field::kOp, "op", Unit::kNone},         {Field::kRet, "ret", Unit::kNone},
-    {Field::kArg0, "arg0", Unit::kNone},     {Field::kArg1, "arg1", Unit::kNone},
-    {Field::kStackId, "stack_id", Unit::kNone}, {Field::kCgroupId, "cgroup_id", Unit::kNone},
-    {Field::kNode, "node", Unit::kNone},     {Field::kRank, "rank", Unit::kNone},
-    {Field::kPrevState, "prev_state", Unit::kNone}, {Field::kGpuId, "gpu_id", Unit::kNone},
+    {Field::kTs, "ts", Unit::kNs},
+    {Field::kDuration, "duration", Unit::kNs},
+    {Field::kEnd, "end", Unit::kNs},
+    {Field::kPid, "pid", Unit::kNone},
+    {Field::kTid, "tid", Unit::kNone},
+    {Field::kSource, "source", Unit::kNone},
+    {Field::kOp, "op", Unit::kNone},
+    {Field::kRet, "ret", Unit::kNone},
+    {Field::kArg0, "arg0", Unit::kNone},
+    {Field::kArg1, "arg1", Unit::kNone},
+    {Field::kStackId, "stack_id", Unit::kNone},
+    {Field::kCgroupId, "cgroup_id", Unit::kNone},
+    {Field::kNode, "node", Unit::kNone},
+    {Field::kRank, "rank", Unit::kNone},
+    {Field::kPrevState, "prev_state", Unit::kNone},
+    {Field::kGpuId, "gpu_id", Unit::kNone},
 };
 
 const char* op_text(ExprOp op) {
@@ -125,8 +133,7 @@ std::string Expr::to_string() const {
     case ExprOp::kRef: return name;
     case ExprOp::kNeg:
     case ExprOp::kNot:
-    case ExprOp::kAbs:
-      return std::string(op_text(op)) + "(" + (args.empty() ? "" : args[0]->to_string()) + ")";
+    case ExprOp::kAbs: return std::string(op_text(op)) + "(" + (args.empty() ? "" : args[0]->to_string()) + ")";
     case ExprOp::kMin:
     case ExprOp::kMax: {
       std::string s = std::string(op_text(op)) + "(";
@@ -273,8 +280,7 @@ double eval(const Expr& e, const Event* ev, const double* row, const StackMatche
   auto arg = [&](size_t i) { return i < e.args.size() ? eval(*e.args[i], ev, row, stacks) : kNaN; };
   switch (e.op) {
     case ExprOp::kStackMatch:
-    case ExprOp::kSiteMatch:
-      return (ev && stacks && ev->stack_id != 0 && stacks->match(e, ev->stack_id)) ? 1.0 : 0.0;
+    case ExprOp::kSiteMatch: return (ev && stacks && ev->stack_id != 0 && stacks->match(e, ev->stack_id)) ? 1.0 : 0.0;
     case ExprOp::kConst: return e.value;
     case ExprOp::kField: return ev ? read_field(*ev, e.field) : kNaN;
     case ExprOp::kRef: return (row && e.slot >= 0) ? row[e.slot] : kNaN;

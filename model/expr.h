@@ -33,39 +33,65 @@ enum class Unit : uint8_t { kNone, kNs, kBytes, kRatio, kPercent, kCount, kPerSe
 
 // Fields of an Event an expression may read.
 enum class Field : uint8_t {
-  kTs, kDuration, kEnd, kPid, kTid, kSource, kOp, kRet, kArg0, kArg1, kStackId, kCgroupId,
-  kNode, kRank, kPrevState, kGpuId,
+  kTs,
+  kDuration,
+  kEnd,
+  kPid,
+  kTid,
+  kSource,
+  kOp,
+  kRet,
+  kArg0,
+  kArg1,
+  kStackId,
+  kCgroupId,
+  kNode,
+  kRank,
+  kPrevState,
+  kGpuId,
   kSite,  // the call site of the event's stack: a window key only (the engine interns it through
           // StackTable::site_index); read_field gives NaN
 };
-const char* field_name(Field f);          // "duration"
+const char* field_name(Field f);  // "duration"
 bool parse_field(const std::string& name, Field& out);
 double read_field(const Event& e, Field f);
 Unit field_unit(Field f);
 
 enum class ExprOp : uint8_t {
-  kConst,     // value
-  kField,     // event field (filters only)
-  kRef,       // a named row slot (lets, aggregates, key fields, join outputs)
-  kNeg, kNot,
-  kAdd, kSub, kMul, kDiv,
-  kLt, kLe, kGt, kGe, kEq, kNe,
-  kAnd, kOr,
-  kIn,        // field/ref value in `set`
-  kMin, kMax, kAbs,
+  kConst,  // value
+  kField,  // event field (filters only)
+  kRef,    // a named row slot (lets, aggregates, key fields, join outputs)
+  kNeg,
+  kNot,
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kLt,
+  kLe,
+  kGt,
+  kGe,
+  kEq,
+  kNe,
+  kAnd,
+  kOr,
+  kIn,  // field/ref value in `set`
+  kMin,
+  kMax,
+  kAbs,
   kStackMatch,  // any frame of the event's stack matches one of `patterns` (events only)
   kSiteMatch,   // the call site of the event's stack matches one of `patterns` (events only)
 };
 
 struct Expr {
   ExprOp op = ExprOp::kConst;
-  double value = 0;                  // kConst
-  Unit unit = Unit::kNone;           // kConst (and the inferred unit of the result, if known)
-  Field field = Field::kTs;          // kField
-  std::string name;                  // kRef: the slot's name; resolved to `slot` by the engine
+  double value = 0;          // kConst
+  Unit unit = Unit::kNone;   // kConst (and the inferred unit of the result, if known)
+  Field field = Field::kTs;  // kField
+  std::string name;          // kRef: the slot's name; resolved to `slot` by the engine
   int slot = -1;
-  std::vector<double> set;           // kIn
-  std::vector<std::string> patterns; // kStackMatch, kSiteMatch: globs (`*`, `?`), any may match
+  std::vector<double> set;            // kIn
+  std::vector<std::string> patterns;  // kStackMatch, kSiteMatch: globs (`*`, `?`), any may match
   std::vector<std::shared_ptr<const Expr>> args;
 
   // Canonical text, stable across runs: used by plan dumps and golden tests.
@@ -130,7 +156,7 @@ inline bool truthy(double v) { return v == v && v != 0.0; }  // NaN is false
 // Builders (for default plans and tests).
 namespace ex {
 ExprPtr num(double v, Unit u = Unit::kNone);
-ExprPtr ns(double v);                 // a duration in ns
+ExprPtr ns(double v);  // a duration in ns
 ExprPtr field(Field f);
 ExprPtr ref(std::string name);
 ExprPtr bin(ExprOp op, ExprPtr a, ExprPtr b);

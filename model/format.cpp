@@ -9,14 +9,10 @@ std::string format_ns(double ns) {
   if (ns != ns) return "n/a";
   char buf[48];
   const double a = std::fabs(ns);
-  if (a < 1e3)
-    std::snprintf(buf, sizeof buf, "%.0fns", ns);
-  else if (a < 1e6)
-    std::snprintf(buf, sizeof buf, "%.1fus", ns / 1e3);
-  else if (a < 1e9)
-    std::snprintf(buf, sizeof buf, "%.2fms", ns / 1e6);
-  else
-    std::snprintf(buf, sizeof buf, "%.2fs", ns / 1e9);
+  if (a < 1e3) std::snprintf(buf, sizeof buf, "%.0fns", ns);
+  else if (a < 1e6) std::snprintf(buf, sizeof buf, "%.1fus", ns / 1e3);
+  else if (a < 1e9) std::snprintf(buf, sizeof buf, "%.2fms", ns / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.2fs", ns / 1e9);
   return buf;
 }
 

@@ -9,9 +9,9 @@
 
 namespace ingero {
 
-std::string format_ns(double ns);          // 850ns, 73.2us, 25.80ms, 1.54s
-std::string format_bytes(double bytes);    // 512 B, 2.0 MiB, 1.2 GiB
-std::string format_count(double n);        // 3,676
+std::string format_ns(double ns);        // 850ns, 73.2us, 25.80ms, 1.54s
+std::string format_bytes(double bytes);  // 512 B, 2.0 MiB, 1.2 GiB
+std::string format_count(double n);      // 3,676
 std::string format_value(double v, Unit u);
 
 }  // namespace ingero

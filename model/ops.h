@@ -18,29 +18,26 @@ namespace ingero {
 
 namespace op {
 // CUDA runtime (source 1): Ingero ids 1-8.
-inline constexpr uint8_t kCudaMalloc = 1, kCudaFree = 2, kCudaLaunchKernel = 3, kCudaMemcpy = 4,
-                         kCudaStreamSync = 5, kCudaDeviceSync = 6, kCudaMemcpyAsync = 7,
-                         kCudaMallocManaged = 8,
+inline constexpr uint8_t kCudaMalloc = 1, kCudaFree = 2, kCudaLaunchKernel = 3, kCudaMemcpy = 4, kCudaStreamSync = 5,
+                         kCudaDeviceSync = 6, kCudaMemcpyAsync = 7, kCudaMallocManaged = 8,
                          kCudaEventSync = 9;  // ours
 // HOST (source 3): Ingero ids 1-7.
-inline constexpr uint8_t kSchedSwitch = 1, kSchedWakeup = 2, kPageAlloc = 3, kOomKill = 4,
-                         kProcessExec = 5, kProcessExit = 6, kProcessFork = 7,
+inline constexpr uint8_t kSchedSwitch = 1, kSchedWakeup = 2, kPageAlloc = 3, kOomKill = 4, kProcessExec = 5,
+                         kProcessExit = 6, kProcessFork = 7,
                          kCpuSample = 8;  // ours: an on-CPU stack sample of a traced thread
 // DRIVER (source 4): Ingero ids 1-6, ours from 7.
-inline constexpr uint8_t kCuLaunchKernel = 1, kCuMemcpy = 2, kCuMemcpyAsync = 3,
-                         kCuCtxSynchronize = 4, kCuMemAlloc = 5, kCuMemAllocManaged = 6,
-                         kCuStreamSynchronize = 7, kCuMemFree = 8, kCuMemcpyHtoD = 9,
+inline constexpr uint8_t kCuLaunchKernel = 1, kCuMemcpy = 2, kCuMemcpyAsync = 3, kCuCtxSynchronize = 4, kCuMemAlloc = 5,
+                         kCuMemAllocManaged = 6, kCuStreamSynchronize = 7, kCuMemFree = 8, kCuMemcpyHtoD = 9,
                          kCuMemcpyDtoH = 10, kCuMemcpyHtoDAsync = 11, kCuMemcpyDtoHAsync = 12;
 // IO (5), TCP (6), NET (7).
 inline constexpr uint8_t kBlockRead = 1, kBlockWrite = 2, kBlockDiscard = 3;
 inline constexpr uint8_t kTcpRetransmit = 1;
 inline constexpr uint8_t kNetSend = 1, kNetRecv = 2;
 // CUDA graph (8): ours.
-inline constexpr uint8_t kGraphBeginCapture = 1, kGraphEndCapture = 2, kGraphInstantiate = 3,
-                         kGraphLaunch = 4;
+inline constexpr uint8_t kGraphBeginCapture = 1, kGraphEndCapture = 2, kGraphInstantiate = 3, kGraphLaunch = 4;
 // NCCL (9): ours.
-inline constexpr uint8_t kNcclAllReduce = 1, kNcclAllGather = 2, kNcclReduceScatter = 3,
-                         kNcclBroadcast = 4, kNcclSend = 5, kNcclRecv = 6, kNcclCommInitRank = 7;
+inline constexpr uint8_t kNcclAllReduce = 1, kNcclAllGather = 2, kNcclReduceScatter = 3, kNcclBroadcast = 4,
+                         kNcclSend = 5, kNcclRecv = 6, kNcclCommInitRank = 7;
 }  // namespace op
 
 // What kind of thing an op is; rules and reports group by it.
@@ -55,16 +52,16 @@ enum class OpKind : uint8_t {
 struct OpInfo {
   Source source;
   uint8_t op;
-  std::string_view name;         // canonical name, Ingero's where it has one
-  std::string_view alias;        // the API symbol when it differs (cudaStreamSynchronize), or ""
+  std::string_view name;   // canonical name, Ingero's where it has one
+  std::string_view alias;  // the API symbol when it differs (cudaStreamSynchronize), or ""
   OpKind kind;
-  bool ingero;                   // id exists in Ingero's tables
+  bool ingero;  // id exists in Ingero's tables
   std::string_view description;
 };
 
 struct SourceInfo {
   Source source;
-  std::string_view name;         // CUDA, HOST, DRIVER, IO, TCP, NET, GRAPH, NCCL
+  std::string_view name;  // CUDA, HOST, DRIVER, IO, TCP, NET, GRAPH, NCCL
   std::string_view description;
 };
 

@@ -54,15 +54,12 @@ std::string node_text(const NodeBody& body) {
           [](const FilterNode& n) { return "filter pred=" + expr_text(n.pred); },
           [](const OffCpuNode& n) {
             std::string s = "offcpu_spans min=" + format_duration(n.min_ns) + " states=[";
-            for (size_t i = 0; i < n.states.size(); ++i)
-              s += std::string(i ? "," : "") + state_name(n.states[i]);
+            for (size_t i = 0; i < n.states.size(); ++i) s += std::string(i ? "," : "") + state_name(n.states[i]);
             return s + "]";
           },
           [](const WindowNode& n) {
             std::string s = "window kind=";
-            s += n.kind == WindowKind::kTumbling ? "tumbling"
-                 : n.kind == WindowKind::kSliding ? "sliding"
-                                                  : "whole";
+            s += n.kind == WindowKind::kTumbling ? "tumbling" : n.kind == WindowKind::kSliding ? "sliding" : "whole";
             if (n.kind != WindowKind::kWhole) s += " size=" + format_duration(n.size_ns);
             if (n.kind == WindowKind::kSliding) s += " slide=" + format_duration(n.slide_ns);
             s += " by=[";
@@ -87,9 +84,7 @@ std::string node_text(const NodeBody& body) {
             for (const auto& [name, e] : n.lets) s += " " + name + "=" + expr_text(e);
             return s;
           },
-          [](const RequireNode& n) {
-            return "require pred=" + expr_text(n.pred) + " label=" + quote(n.label);
-          },
+          [](const RequireNode& n) { return "require pred=" + expr_text(n.pred) + " label=" + quote(n.label); },
           [](const JoinNode& n) {
             std::string s = "join name=" + n.name + " kind=";
             s += n.kind == JoinKind::kOverlap ? "overlap" : "within";
@@ -107,9 +102,8 @@ std::string node_text(const NodeBody& body) {
             return s;
           },
           [](const PeerNode& n) {
-            return std::string("peer group=") + field_name(n.group) + " value=" + n.value +
-                   " z=" + number(n.z) + " floor=" + number(n.floor) +
-                   " min_peers=" + std::to_string(n.min_peers);
+            return std::string("peer group=") + field_name(n.group) + " value=" + n.value + " z=" + number(n.z) +
+                   " floor=" + number(n.floor) + " min_peers=" + std::to_string(n.min_peers);
           },
           [](const EmitNode& n) {
             std::string s = "emit rule=" + n.rule + " category=" + n.category + " severity=[";
@@ -161,8 +155,10 @@ std::string format_duration(uint64_t ns) {
     uint64_t scale;
     const char* suffix;
   };
-  static constexpr UnitDef kUnits[] = {{3'600'000'000'000ull, "h"}, {60'000'000'000ull, "m"},
-                                       {1'000'000'000ull, "s"},     {1'000'000ull, "ms"},
+  static constexpr UnitDef kUnits[] = {{3'600'000'000'000ull, "h"},
+                                       {60'000'000'000ull, "m"},
+                                       {1'000'000'000ull, "s"},
+                                       {1'000'000ull, "ms"},
                                        {1'000ull, "us"}};
   if (ns == 0) return "0s";
   for (const auto& u : kUnits)
@@ -226,9 +222,7 @@ std::vector<std::string> Plan::validate() const {
   for (const auto& n : nodes) {
     for (int in : n.inputs)
       if (in < 0 || in >= n.id) err(n, "input %" + std::to_string(in) + " does not precede it");
-    const size_t want = std::holds_alternative<ScanNode>(n.body)   ? 0
-                        : std::holds_alternative<JoinNode>(n.body) ? 2
-                                                                   : 1;
+    const size_t want = std::holds_alternative<ScanNode>(n.body) ? 0 : std::holds_alternative<JoinNode>(n.body) ? 2 : 1;
     if (n.inputs.size() != want) {
       err(n, "takes " + std::to_string(want) + " input(s), has " + std::to_string(n.inputs.size()));
       continue;
@@ -241,8 +235,7 @@ std::vector<std::string> Plan::validate() const {
         err(n, "sliding window needs 0 < slide <= size");
     }
     if (const auto* a = std::get_if<AggregateNode>(&n.body)) {
-      if (!std::holds_alternative<WindowNode>(*kind_of(n.inputs[0])))
-        err(n, "aggregate must follow a window");
+      if (!std::holds_alternative<WindowNode>(*kind_of(n.inputs[0]))) err(n, "aggregate must follow a window");
       for (const auto& s : a->aggs)
         if (s.kind == AggKind::kQuantile && !(s.q > 0 && s.q <= 1)) err(n, s.name + ": quantile outside (0, 1]");
     }

@@ -53,7 +53,7 @@ struct WindowNode {
   WindowKind kind = WindowKind::kTumbling;
   uint64_t size_ns = 10'000'000'000ull;
   uint64_t slide_ns = 10'000'000'000ull;
-  std::vector<Field> keys;     // subset of pid, tid, op, source, node, rank
+  std::vector<Field> keys;  // subset of pid, tid, op, source, node, rank
   uint64_t lateness_ns = 0;
 };
 
@@ -102,7 +102,7 @@ struct JoinNode {
   JoinKind kind = JoinKind::kOverlap;
   JoinKey key = JoinKey::kTid;
   std::string name = "join";
-  ExprPtr tail;                 // event + row context
+  ExprPtr tail;  // event + row context
   uint64_t within_ns = 0;
   uint64_t horizon_ns = 2'000'000'000ull;
   uint32_t max_exemplars = 5;
@@ -141,16 +141,16 @@ struct SeverityCase {
 // Turns surviving rows into causal chains. Templates substitute {slot} with the slot's value
 // formatted by unit, and {op}, {source}, {pid}, {tid}, {node}, {rank} by name.
 struct EmitNode {
-  std::string rule;         // rule name
-  std::string rule_hash;    // content hash of the rule text (provenance)
-  std::string category;     // cpu_contention, blocking, block_io, network, memory_pressure, ...
+  std::string rule;       // rule name
+  std::string rule_hash;  // content hash of the rule text (provenance)
+  std::string category;   // cpu_contention, blocking, block_io, network, memory_pressure, ...
   std::vector<SeverityCase> severity;
   std::string summary, root_cause, explanation;
   std::vector<std::string> recommendations;
 };
 
-using NodeBody = std::variant<ScanNode, FilterNode, OffCpuNode, WindowNode, AggregateNode, LetNode,
-                              RequireNode, JoinNode, TrendNode, PeerNode, EmitNode>;
+using NodeBody = std::variant<ScanNode, FilterNode, OffCpuNode, WindowNode, AggregateNode, LetNode, RequireNode,
+                              JoinNode, TrendNode, PeerNode, EmitNode>;
 
 struct PlanNode {
   int id = 0;

@@ -19,43 +19,43 @@ struct OpStats {
   uint64_t count = 0;
   uint64_t p50_ns = 0, p95_ns = 0, p99_ns = 0, max_ns = 0, min_ns = 0;
   uint64_t total_ns = 0;
-  double tail_ratio = 0;      // p99 / p50; 0 when p50 is 0
-  bool exact = true;          // false: quantiles from a DDSketch with relative error `rel_error`
+  double tail_ratio = 0;  // p99 / p50; 0 when p50 is 0
+  bool exact = true;      // false: quantiles from a DDSketch with relative error `rel_error`
   double rel_error = 0;
-  uint64_t errors = 0;        // calls with ret != 0
+  uint64_t errors = 0;  // calls with ret != 0
 };
 
 // One predicate of a rule as evaluated for a chain (or for a why-not answer).
 struct PredicateResult {
-  std::string label;          // "p99 / p50 >= 3"
-  double lhs = 0, rhs = 0;    // the two sides when it is a comparison
-  double margin = 0;          // how far past the threshold (lhs - rhs; negative = failed)
+  std::string label;        // "p99 / p50 >= 3"
+  double lhs = 0, rhs = 0;  // the two sides when it is a comparison
+  double margin = 0;        // how far past the threshold (lhs - rhs; negative = failed)
   bool passed = false;
   std::string lhs_text, rhs_text;  // both sides formatted with their units ("87%", "3.4ms")
 };
 
 struct EvidenceItem {
-  std::string kind;           // "tail", "offcpu", "block_io", "tcp", ...
-  std::string detail;         // human text
-  double value = 0;           // the headline number of this item
-  std::string unit;           // "ns", "bytes", "ratio", "count"
+  std::string kind;                 // "tail", "offcpu", "block_io", "tcp", ...
+  std::string detail;               // human text
+  double value = 0;                 // the headline number of this item
+  std::string unit;                 // "ns", "bytes", "ratio", "count"
   std::vector<uint64_t> event_ids;  // exemplars
 };
 
 // A thread that issued a chain's slow calls, with its share of their total time.
 struct ThreadShare {
   uint32_t tid = 0;
-  std::string name;      // thread name (comm) when known, else the process name, else ""
-  double share = 0;      // of the chain's slow-call time (or of its calls, for rate chains)
+  std::string name;  // thread name (comm) when known, else the process name, else ""
+  double share = 0;  // of the chain's slow-call time (or of its calls, for rate chains)
 };
 
 // One of a chain's top stacks: which code path issued its slow calls (or where its thread
 // waited, or computed), with the share of time it accounts for.
 struct ChainStack {
-  std::string role;      // "call" (slow calls), "offcpu" (where the thread waited), "sample" (on CPU)
+  std::string role;  // "call" (slow calls), "offcpu" (where the thread waited), "sample" (on CPU)
   uint64_t stack_id = 0;
-  double share = 0;      // of the role's total (slow-call time, off-CPU time, samples)
-  uint64_t calls = 0;    // events with this stack (calls, spans or samples)
+  double share = 0;    // of the role's total (slow-call time, off-CPU time, samples)
+  uint64_t calls = 0;  // events with this stack (calls, spans or samples)
   bool truncated = false;
   std::vector<StackFrame> frames;  // innermost first
 };
@@ -72,7 +72,7 @@ struct TimeSplit {
 };
 
 struct Chain {
-  std::string id;             // stable: "<rule>:<key>:<window start>"
+  std::string id;  // stable: "<rule>:<key>:<window start>"
   std::string rule, rule_hash;
   Severity severity = Severity::kMedium;
   std::string category;
@@ -115,8 +115,8 @@ struct EngineCounters {
   uint64_t events_in = 0;
   uint64_t batches = 0;
   uint64_t windows_closed = 0;
-  uint64_t late_events = 0;         // arrived behind the watermark: counted, not used
-  uint64_t node_errors = 0;         // exceptions caught inside graph nodes
+  uint64_t late_events = 0;  // arrived behind the watermark: counted, not used
+  uint64_t node_errors = 0;  // exceptions caught inside graph nodes
   uint64_t evicted_spans = 0;
   uint64_t tail_windows_capped = 0;  // join windows judged on their kMaxTailCalls slowest calls
   unsigned threads = 1;
@@ -127,20 +127,20 @@ struct EngineCounters {
 // shortfall), with the key and window where it happened. `explain --why-not` prints it.
 struct RuleOutcome {
   std::string rule, rule_hash, category;
-  uint64_t windows = 0;        // window rows that reached the rule's first predicate
+  uint64_t windows = 0;  // window rows that reached the rule's first predicate
   uint64_t chains = 0;
   bool has_miss = false;
-  int miss_stage = -1;         // index of the failed stage in the rule (higher = got further)
-  PredicateResult miss;        // the failed predicate, with both sides and the shortfall
-  std::string miss_key;        // "pid=2233 op=cudaLaunchKernel"
+  int miss_stage = -1;   // index of the failed stage in the rule (higher = got further)
+  PredicateResult miss;  // the failed predicate, with both sides and the shortfall
+  std::string miss_key;  // "pid=2233 op=cudaLaunchKernel"
   uint64_t miss_window_start = 0, miss_window_end = 0;
   std::vector<std::pair<std::string, double>> miss_values;  // the row when it missed
 };
 
 struct AnalysisResult {
-  std::vector<OpStats> ops;         // sorted by source, op
-  std::vector<Chain> chains;        // sorted by severity desc, then window, rule, key
-  std::vector<RuleOutcome> rules;   // one per rule (Emit node), in plan order
+  std::vector<OpStats> ops;        // sorted by source, op
+  std::vector<Chain> chains;       // sorted by severity desc, then window, rule, key
+  std::vector<RuleOutcome> rules;  // one per rule (Emit node), in plan order
   EngineCounters counters;
   TraceMeta meta;
 };

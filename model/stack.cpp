@@ -132,14 +132,10 @@ StackTrace encode_stack(const ParsedStack& st, const std::vector<uint64_t>& ips)
         o["pfn"] = f.function;
         o["pl"] = f.line;
         break;
-      case FrameKind::kKernel:
-        o["k"] = f.offset ? f.function + "+" + hex(f.offset) : f.function;
-        break;
+      case FrameKind::kKernel: o["k"] = f.offset ? f.function + "+" + hex(f.offset) : f.function; break;
       case FrameKind::kNative:
-        if (!f.function.empty())
-          o["s"] = f.offset ? f.function + "+" + hex(f.offset) : f.function;
-        else
-          o["i"] = hex(f.ip);
+        if (!f.function.empty()) o["s"] = f.offset ? f.function + "+" + hex(f.offset) : f.function;
+        else o["i"] = hex(f.ip);
         o["f"] = f.module;
         if (!f.file.empty()) {
           o["sf"] = f.file;
@@ -199,8 +195,7 @@ std::string frame_text(const StackFrame& f) {
   switch (f.kind) {
     case FrameKind::kPython:
       return f.file + ":" + std::to_string(f.line) + " in " + (f.function.empty() ? "?" : f.function);
-    case FrameKind::kKernel:
-      return f.function.empty() ? "[kernel]" : f.function + " [kernel]";
+    case FrameKind::kKernel: return f.function.empty() ? "[kernel]" : f.function + " [kernel]";
     case FrameKind::kNative: {
       std::string s = f.function.empty() ? hex(f.ip) : f.function;
       if (!f.file.empty()) s += " (" + f.file + ":" + std::to_string(f.line) + ")";

@@ -41,8 +41,8 @@ uint64_t window_start(int k) { return kSynthEpochNs + static_cast<uint64_t>(k) *
 // Collects events of one scenario; finish() sorts them and numbers them.
 class Builder {
  public:
-  Event& call(Source s, uint8_t o, uint32_t pid, uint32_t tid, uint64_t ts, uint64_t dur,
-              uint64_t arg0 = 0, uint64_t arg1 = 0) {
+  Event& call(Source s, uint8_t o, uint32_t pid, uint32_t tid, uint64_t ts, uint64_t dur, uint64_t arg0 = 0,
+              uint64_t arg1 = 0) {
     Event e;
     e.source = s;
     e.op = o;
@@ -55,20 +55,17 @@ class Builder {
     events_.push_back(e);
     return events_.back();
   }
-  Event& cuda(uint8_t o, uint32_t pid, uint32_t tid, uint64_t ts, uint64_t dur, uint64_t arg0 = 0,
-              uint64_t arg1 = 0) {
+  Event& cuda(uint8_t o, uint32_t pid, uint32_t tid, uint64_t ts, uint64_t dur, uint64_t arg0 = 0, uint64_t arg1 = 0) {
     return call(Source::kCuda, o, pid, tid, ts, dur, arg0, arg1);
   }
   // An off-CPU span of `tid` from switch-out `ts` for `dur`; `ran_instead` is who took the CPU.
-  Event& offcpu(uint32_t pid, uint32_t tid, uint64_t ts, uint64_t dur, OffCpuState st,
-                uint32_t ran_instead) {
+  Event& offcpu(uint32_t pid, uint32_t tid, uint64_t ts, uint64_t dur, OffCpuState st, uint32_t ran_instead) {
     Event& e = call(Source::kHost, op::kSchedSwitch, pid, tid, ts, dur, 0, ran_instead);
     e.prev_state = st;
     return e;
   }
   SynthTrace finish(Scenario s, bool fault, std::map<uint32_t, std::string> names) {
-    std::stable_sort(events_.begin(), events_.end(),
-                     [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+    std::stable_sort(events_.begin(), events_.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
     SynthTrace t;
     uint64_t id = 0, last = 0;
     for (auto& e : events_) {
@@ -111,8 +108,7 @@ constexpr std::array kScenarios{
                  "for a worker, in windows 1-2.",
                  "raise num_workers, enable pin_memory and persistent_workers, prefetch more "
                  "batches, or move decoding off the critical path"},
-    ScenarioInfo{Scenario::kCheckpointIo, "checkpoint_io", "block_io",
-                 "checkpoint writes stall device-to-host copies",
+    ScenarioInfo{Scenario::kCheckpointIo, "checkpoint_io", "block_io", "checkpoint writes stall device-to-host copies",
                  "A 1.5 s checkpoint (4 MiB block writes at queue depth 2) in window 1 overlapped "
                  "the training thread's (tid 6000) cudaMemcpy calls, which took 8-15 ms instead "
                  "of ~0.4 ms.",
@@ -179,8 +175,7 @@ SynthTrace cpu_contention(bool fault, uint64_t seed) {
     }
     t += gap;
   }
-  auto tr = b.finish(Scenario::kCpuContention, fault,
-                     {{kPid, "python3 train.py"}, {kHogPid, "stress-ng --cpu 8"}});
+  auto tr = b.finish(Scenario::kCpuContention, fault, {{kPid, "python3 train.py"}, {kHogPid, "stress-ng --cpu 8"}});
   tr.source = Source::kCuda;
   tr.op = op::kCudaLaunchKernel;
   tr.pid = tr.tid = kPid;
@@ -241,8 +236,7 @@ SynthTrace checkpoint_io(bool fault, uint64_t seed) {
   // Background data reads, constant rate in every window and in the control: I/O that overlaps
   // normal calls must not be blamed when there is no tail.
   for (uint64_t t = window_start(0) + 50 * kMs; t < end - 10 * kMs; t += 200 * kMs)
-    b.call(Source::kIo, op::kBlockRead, kLoader, kLoader, t, rng.range(300 * kUs, 1 * kMs),
-           128 << 10);
+    b.call(Source::kIo, op::kBlockRead, kLoader, kLoader, t, rng.range(300 * kUs, 1 * kMs), 128 << 10);
   if (fault) {
     // Two queues of back-to-back 4 MiB writes: the device is busy for the whole burst.
     for (int lane = 0; lane < 2; ++lane) {
@@ -270,9 +264,7 @@ SynthTrace checkpoint_io(bool fault, uint64_t seed) {
     t += sync + rng.range(1 * kMs, 2 * kMs);
   }
   auto tr = b.finish(Scenario::kCheckpointIo, fault,
-                     {{kPid, "python3 train.py"},
-                      {kWriter, "python3 ckpt_writer"},
-                      {kLoader, "pt_data_worker"}});
+                     {{kPid, "python3 train.py"}, {kWriter, "python3 ckpt_writer"}, {kLoader, "pt_data_worker"}});
   tr.source = Source::kCuda;
   tr.op = op::kCudaMemcpy;
   tr.pid = tr.tid = kPid;
@@ -289,8 +281,7 @@ SynthTrace tcp_retransmit(bool fault, uint64_t seed) {
   const uint64_t r0 = window_start(1) + 3 * kSec, r1 = r0 + 3 * kSec;
   // A healthy network still retransmits now and then: one per window, at a constant rate.
   for (int w = 0; w < 3; ++w)
-    b.call(Source::kTcp, op::kTcpRetransmit, kPid, kProxy, window_start(w) + 7 * kSec + 123 * kUs,
-           0, 0, kPort);
+    b.call(Source::kTcp, op::kTcpRetransmit, kPid, kProxy, window_start(w) + 7 * kSec + 123 * kUs, 0, 0, kPort);
   uint64_t t = window_start(0) + 150 * kUs;
   while (t < end - 450 * kMs) {
     for (int k = 0; k < 8; ++k) {
@@ -367,8 +358,7 @@ SynthTrace throughput_drop(bool fault, uint64_t seed) {
       uint64_t t = window_start(w) + i * period + rng.range(0, 100 * kUs);
       const uint64_t l = rng.jitter(15 * kUs, 0.5);
       b.cuda(op::kCudaLaunchKernel, kPid, kPid, t, l, 0x7f0000006000ull + i % 16 * 0x40);
-      if (i % 20 == 19) b.cuda(op::kCudaStreamSync, kPid, kPid, t + l + 10 * kUs,
-                               rng.jitter(200 * kUs, 0.2));
+      if (i % 20 == 19) b.cuda(op::kCudaStreamSync, kPid, kPid, t + l + 10 * kUs, rng.jitter(200 * kUs, 0.2));
     }
   }
   auto tr = b.finish(Scenario::kThroughputDrop, fault, {{kPid, "python3 serve.py"}});
@@ -418,8 +408,8 @@ SynthTrace straggler(bool fault, uint64_t seed) {
     const uint64_t comm = step_rng.jitter(8 * kMs, 0.05);
     for (int r = 0; r < kRanks; ++r) {
       const uint32_t pid = kBasePid + static_cast<uint32_t>(r);
-      Event& e = b.call(Source::kNccl, op::kNcclAllReduce, pid, pid, ar_start[r],
-                        all_ready + comm - ar_start[r], 256ull << 20);
+      Event& e = b.call(Source::kNccl, op::kNcclAllReduce, pid, pid, ar_start[r], all_ready + comm - ar_start[r],
+                        256ull << 20);
       e.rank = static_cast<int16_t>(r);
       e.gpu_id = static_cast<uint8_t>(r);
     }
@@ -455,13 +445,11 @@ struct LargeTraceGenerator::Impl {
   uint64_t total = 0, produced = 0, last_ts = 0;
   std::vector<Actor> actors;
   // (next event ts, actor index): ties broken by index so the output is deterministic.
-  std::priority_queue<std::pair<uint64_t, size_t>, std::vector<std::pair<uint64_t, size_t>>,
-                      std::greater<>>
-      heap;
+  std::priority_queue<std::pair<uint64_t, size_t>, std::vector<std::pair<uint64_t, size_t>>, std::greater<>> heap;
   TraceMeta meta;
 
-  static Event make(const Actor& a, Source s, uint8_t o, uint64_t ts, uint64_t dur,
-                    uint64_t arg0 = 0, uint64_t arg1 = 0) {
+  static Event make(const Actor& a, Source s, uint8_t o, uint64_t ts, uint64_t dur, uint64_t arg0 = 0,
+                    uint64_t arg1 = 0) {
     Event e;
     e.source = s;
     e.op = o;
@@ -502,8 +490,8 @@ struct LargeTraceGenerator::Impl {
         out.back().prev_state = OffCpuState::kPreempted;
         d += span;
       }
-      out.push_back(make(a, Source::kCuda, op::kCudaLaunchKernel, t, d,
-                         0x7f0000100000ull + static_cast<uint64_t>(k) * 0x80));
+      out.push_back(
+          make(a, Source::kCuda, op::kCudaLaunchKernel, t, d, 0x7f0000100000ull + static_cast<uint64_t>(k) * 0x80));
       out.push_back(make(a, Source::kDriver, op::kCuLaunchKernel, t + 2 * kUs, d - 4 * kUs,
                          0x7f0000100000ull + static_cast<uint64_t>(k) * 0x80));
       t += d + r.range(4 * kUs, 10 * kUs);
@@ -528,8 +516,7 @@ struct LargeTraceGenerator::Impl {
     Rng& r = a.rng;
     const uint64_t run = r.range(1 * kMs, 3 * kMs);
     if (a.steps++ % 4 == 0)
-      a.pending.push_back(make(a, Source::kHost, op::kPageAlloc, a.cursor + run / 2, 0,
-                               4096ull << r.range(0, 4)));
+      a.pending.push_back(make(a, Source::kHost, op::kPageAlloc, a.cursor + run / 2, 0, 4096ull << r.range(0, 4)));
     const uint64_t sleep = r.range(500 * kUs, 5 * kMs);
     a.pending.push_back(make(a, Source::kHost, op::kSchedSwitch, a.cursor + run, sleep));
     a.pending.back().prev_state = OffCpuState::kSleeping;
@@ -567,8 +554,7 @@ LargeTraceGenerator::LargeTraceGenerator(uint64_t n_events, uint64_t seed) : imp
   impl_->total = n_events;
   auto& actors = impl_->actors;
   auto add = [&](Actor::Kind k, uint32_t pid, uint32_t tid, int16_t rank, uint64_t offset) {
-    actors.push_back(Actor{k, pid, tid, rank, kSynthEpochNs + offset, 0,
-                           Rng(seed * 1000 + actors.size()), {}, 0});
+    actors.push_back(Actor{k, pid, tid, rank, kSynthEpochNs + offset, 0, Rng(seed * 1000 + actors.size()), {}, 0});
   };
   auto& names = impl_->meta.process_names;
   for (int16_t r = 0; r < 4; ++r) {
@@ -641,8 +627,7 @@ bool LargeTraceSource::next(Batch& out) {
   gen_.next(out.events, batch_size_);
   out.seq = seq_++;
   out.final = gen_.produced() >= gen_.total();
-  out.watermark = out.final ? std::numeric_limits<uint64_t>::max()
-                            : (out.events.empty() ? 0 : out.events.back().ts_ns);
+  out.watermark = out.final ? std::numeric_limits<uint64_t>::max() : (out.events.empty() ? 0 : out.events.back().ts_ns);
   if (out.final) {
     done_ = true;
     meta_ = gen_.meta();

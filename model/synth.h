@@ -87,11 +87,11 @@ struct SynthTrace {
   TraceMeta meta;             // process names, first/last ts, format "synthetic-1"
   Scenario scenario = Scenario::kCpuContention;
   bool fault = false;
-  std::string category;       // expected chain category ("" for a control: no chain expected)
+  std::string category;              // expected chain category ("" for a control: no chain expected)
   Source source = Source::kUnknown;  // the affected op (0 for straggler: the chain names a rank)
   uint8_t op = 0;
-  uint32_t pid = 0, tid = 0;  // the affected process/thread
-  int16_t rank = -1;          // straggler: the slow rank
+  uint32_t pid = 0, tid = 0;                // the affected process/thread
+  int16_t rank = -1;                        // straggler: the slow rank
   uint64_t fault_start = 0, fault_end = 0;  // [start, end) of the injected fault, 0 for controls
 };
 

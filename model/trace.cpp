@@ -7,8 +7,7 @@ namespace ingero {
 
 VectorSource::VectorSource(std::vector<Event> events, size_t batch_size, TraceMeta meta)
     : events_(std::move(events)), batch_size_(batch_size ? batch_size : 4096), meta_(std::move(meta)) {
-  std::stable_sort(events_.begin(), events_.end(),
-                   [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+  std::stable_sort(events_.begin(), events_.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
   if (!events_.empty()) {
     meta_.first_ts = events_.front().ts_ns;
     uint64_t last = 0;

@@ -33,8 +33,7 @@ struct StackTrace {
 
 struct SessionInfo {
   uint64_t started_at = 0, stopped_at = 0;
-  std::string gpu_model, gpu_driver, cpu_model, kernel, os_release, cuda_ver, python_ver, tool_ver,
-      pid_filter, flags;
+  std::string gpu_model, gpu_driver, cpu_model, kernel, os_release, cuda_ver, python_ver, tool_ver, pid_filter, flags;
   uint32_t cpu_cores = 0;
   uint64_t mem_total_mb = 0;
 };
@@ -48,9 +47,9 @@ struct SystemSnapshot {
 // Counted, never thrown: odd input rows and lost events, reported with the results.
 struct InputHealth {
   uint64_t rows_read = 0;
-  uint64_t rows_skipped = 0;              // total of the reasons below
-  std::map<std::string, uint64_t> reasons; // "unknown op id (source 1, op 42)" -> count
-  uint64_t dropped_events = 0;            // lost before they reached us (ring overflow, sampling)
+  uint64_t rows_skipped = 0;                // total of the reasons below
+  std::map<std::string, uint64_t> reasons;  // "unknown op id (source 1, op 42)" -> count
+  uint64_t dropped_events = 0;              // lost before they reached us (ring overflow, sampling)
   void skip(const std::string& reason, uint64_t n = 1) {
     rows_skipped += n;
     reasons[reason] += n;
@@ -58,12 +57,12 @@ struct InputHealth {
 };
 
 struct TraceMeta {
-  std::string path;                       // where it came from ("<live>" for capture)
-  std::string format;                     // "ingero-0.8", "ingero-0.9", "ingero-pipeline-1", ...
-  std::vector<std::string> nodes{""};     // Event::node indexes this; 0 = local / unnamed
+  std::string path;                    // where it came from ("<live>" for capture)
+  std::string format;                  // "ingero-0.8", "ingero-0.9", "ingero-pipeline-1", ...
+  std::vector<std::string> nodes{""};  // Event::node indexes this; 0 = local / unnamed
   std::map<uint32_t, std::string> process_names;
   std::map<uint32_t, std::string> thread_names;  // tid -> comm, when the source knows it
-  std::map<uint64_t, StackTrace> stacks;  // by Event::stack_id (model/stack.h parses them)
+  std::map<uint64_t, StackTrace> stacks;         // by Event::stack_id (model/stack.h parses them)
   std::vector<SessionInfo> sessions;
   std::vector<SystemSnapshot> snapshots;
   InputHealth health;

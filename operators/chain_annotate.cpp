@@ -3,8 +3,8 @@
 #include <cxxabi.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <unordered_map>
 
 #include "model/format.h"
@@ -42,8 +42,7 @@ struct StackTally {
 };
 
 std::string thread_name(const TraceMeta& meta, uint32_t pid, uint32_t tid) {
-  if (auto it = meta.thread_names.find(tid); it != meta.thread_names.end() && !it->second.empty())
-    return it->second;
+  if (auto it = meta.thread_names.find(tid); it != meta.thread_names.end() && !it->second.empty()) return it->second;
   if (auto it = meta.process_names.find(pid); it != meta.process_names.end()) return it->second;
   return {};
 }
@@ -54,8 +53,7 @@ constexpr std::string_view kGenericSentence = "The GPU is being fed less";
 }  // namespace
 
 bool is_launch_op(Source s, uint8_t op) {
-  return (s == Source::kCuda && op == op::kCudaLaunchKernel) ||
-         (s == Source::kDriver && op == op::kCuLaunchKernel) ||
+  return (s == Source::kCuda && op == op::kCudaLaunchKernel) || (s == Source::kDriver && op == op::kCuLaunchKernel) ||
          (s == Source::kGraph && op == op::kGraphLaunch);
 }
 
@@ -69,8 +67,7 @@ void ChainAnnotator::insert(Series& s, const Rec& r, AnnotateCounters& c) {
   if (s.recs.empty() || s.recs.back().ts <= r.ts) {
     s.recs.push_back(r);
   } else {
-    auto it = std::upper_bound(s.recs.begin(), s.recs.end(), r.ts,
-                               [](uint64_t ts, const Rec& x) { return ts < x.ts; });
+    auto it = std::upper_bound(s.recs.begin(), s.recs.end(), r.ts, [](uint64_t ts, const Rec& x) { return ts < x.ts; });
     s.recs.insert(it, r);
     ++c.out_of_order;
   }
@@ -79,8 +76,7 @@ void ChainAnnotator::insert(Series& s, const Rec& r, AnnotateCounters& c) {
 
 // Indexes [first, last) of the records that START in [start, end).
 std::pair<size_t, size_t> ChainAnnotator::range(const Series& s, uint64_t start, uint64_t end) {
-  auto lo = std::lower_bound(s.recs.begin(), s.recs.end(), start,
-                             [](const Rec& x, uint64_t ts) { return x.ts < ts; });
+  auto lo = std::lower_bound(s.recs.begin(), s.recs.end(), start, [](const Rec& x, uint64_t ts) { return x.ts < ts; });
   auto hi = std::lower_bound(lo, s.recs.end(), end, [](const Rec& x, uint64_t ts) { return x.ts < ts; });
   return {static_cast<size_t>(lo - s.recs.begin()), static_cast<size_t>(hi - s.recs.begin())};
 }
@@ -300,8 +296,8 @@ std::string demangled(const std::string& sym) {
 }
 
 // Parsed stacks (symbols demangled) by id, cached across annotate() calls.
-const ParsedStack* lookup_stack(const TraceMeta& meta, uint64_t id,
-                                std::unordered_map<uint64_t, ParsedStack>& cache, uint64_t& missing) {
+const ParsedStack* lookup_stack(const TraceMeta& meta, uint64_t id, std::unordered_map<uint64_t, ParsedStack>& cache,
+                                uint64_t& missing) {
   if (auto it = cache.find(id); it != cache.end()) return &it->second;
   auto m = meta.stacks.find(id);
   if (m == meta.stacks.end()) {
@@ -315,8 +311,7 @@ const ParsedStack* lookup_stack(const TraceMeta& meta, uint64_t id,
 }
 
 void top_stacks(const StackTally& t, const char* role, size_t n, const TraceMeta& meta,
-                std::unordered_map<uint64_t, ParsedStack>& cache, uint64_t& missing,
-                std::vector<ChainStack>& out) {
+                std::unordered_map<uint64_t, ParsedStack>& cache, uint64_t& missing, std::vector<ChainStack>& out) {
   if (t.total <= 0) return;
   std::vector<std::pair<uint64_t, std::pair<double, uint64_t>>> v(t.by_id.begin(), t.by_id.end());
   std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
@@ -363,8 +358,9 @@ void apply_split(Chain& c, const std::string& tname) {
            pct(s.on_cpu) + " of the window";
     if (!sample_site.empty()) root += "; top sampled stack at " + sample_site;
     suffix = "on CPU between launches for " + pct(s.on_cpu) + " of the window";
-    fix = "Profile what the launching thread computes between launches (the sampled stacks; py-spy) and move it off "
-          "the launch path or onto the GPU";
+    fix =
+        "Profile what the launching thread computes between launches (the sampled stacks; py-spy) and move it off "
+        "the launch path or onto the GPU";
   } else if (s.dominant == "off_cpu_preempted") {
     root = "CPU contention: the launching thread " + who + " was runnable but preempted for " +
            pct(s.off_cpu_preempted) + " of the window";
@@ -390,7 +386,8 @@ void apply_split(Chain& c, const std::string& tname) {
   }
   c.root_cause = root;
   // A gap chain's summary already names the thread.
-  c.summary += c.category == "launch_gap" ? "; " + suffix : "; launching thread tid " + std::to_string(s.tid) + " " + suffix;
+  c.summary += c.category == "launch_gap" ? "; " + suffix
+                                          : "; launching thread tid " + std::to_string(s.tid) + " " + suffix;
   const std::string split_text = "Where the launching thread " + who + " spent the window: in CUDA calls " +
                                  pct(s.in_calls) + ", on CPU between calls " + pct(s.on_cpu) + ", preempted " +
                                  pct(s.off_cpu_preempted) + ", blocked " + pct(s.off_cpu_blocked) +
@@ -643,10 +640,11 @@ void ChainAnnotator::apply_warmup(Chain& c, uint64_t warm_calls, double warm_w, 
     ++counters_.warmup_demoted;
   }
   c.summary = "warm-up: " + c.summary;
-  c.root_cause = "Warm-up, not steady state: " + what +
-                 " (CUDA context creation, first allocations, autotuning, compilation); without them there is no chain. "
-                 "Warm-up is excluded from the judgement (param warmup = " + secs +
-                 "; `--param warmup=0s` turns it off), so this chain is LOW. Was: " + c.root_cause;
+  c.root_cause =
+      "Warm-up, not steady state: " + what +
+      " (CUDA context creation, first allocations, autotuning, compilation); without them there is no chain. "
+      "Warm-up is excluded from the judgement (param warmup = " +
+      secs + "; `--param warmup=0s` turns it off), so this chain is LOW. Was: " + c.root_cause;
 }
 
 Chain ChainAnnotator::gap_chain(const GapGroup& g, const TraceMeta& meta) {
@@ -670,12 +668,11 @@ Chain ChainAnnotator::gap_chain(const GapGroup& g, const TraceMeta& meta) {
   c.severity = len >= opt_.gap_high_ns ? Severity::kHigh : Severity::kMedium;
   const std::string proc = meta.process_names.count(c.pid) ? meta.process_names.at(c.pid)
                                                            : "pid " + std::to_string(c.pid);
-  const std::string others =
-      g.gaps > 1 ? " (the longest of " + format_count(static_cast<double>(g.gaps)) + " gaps >= " +
-                       format_ns(static_cast<double>(opt_.gap_min_ns)) + " in this " +
-                       format_ns(static_cast<double>(opt_.gap_window_ns)) + " window, " +
-                       format_ns(static_cast<double>(g.total_ns)) + " in all)"
-                 : "";
+  const std::string others = g.gaps > 1 ? " (the longest of " + format_count(static_cast<double>(g.gaps)) +
+                                              " gaps >= " + format_ns(static_cast<double>(opt_.gap_min_ns)) +
+                                              " in this " + format_ns(static_cast<double>(opt_.gap_window_ns)) +
+                                              " window, " + format_ns(static_cast<double>(g.total_ns)) + " in all)"
+                                        : "";
   c.summary = "tid " + std::to_string(c.tid) + " of " + proc + " went " + format_ns(static_cast<double>(len)) +
               " without launching GPU work" + others;
   c.root_cause = "Launch gap: the thread that launches the GPU work stopped launching for a while";
@@ -761,10 +758,8 @@ WarmupEffect warmup_effect(const std::vector<Chain>& chains, const std::string& 
     if (value_of(c, "warmup.only") == 1.0) {
       ++w.only;
       w.only_calls += static_cast<uint64_t>(calls);
-      if (value_of(c, "warmup.abnormal") == 1.0)
-        ++w.abnormal;
-      else
-        ++w.demoted;
+      if (value_of(c, "warmup.abnormal") == 1.0) ++w.abnormal;
+      else ++w.demoted;
     }
   }
   return w;
@@ -775,13 +770,15 @@ std::string warmup_why_not_text(const WarmupEffect& w, uint64_t warmup_ns) {
   if (warmup_ns == 0) return "  warm-up: off (" + param + "): every call was judged as steady state.\n";
   std::string s = "  warm-up (" + param + ", per process from its first GPU call): ";
   if (w.chains == 0)
-    return s + "no chain of this rule had calls in a warm-up. Warm-up never hides a rule's rows from the engine; it "
-               "only re-judges the chains that fired.\n";
+    return s +
+           "no chain of this rule had calls in a warm-up. Warm-up never hides a rule's rows from the engine; it "
+           "only re-judges the chains that fired.\n";
   s += std::to_string(w.chains) + " chain(s) had " + std::to_string(w.calls) + " call(s) in a warm-up";
   if (w.demoted)
     s += "; " + std::to_string(w.demoted) + " stood on warm-up calls alone and are reported LOW as \"warm-up:\"";
   if (w.abnormal)
-    s += "; " + std::to_string(w.abnormal) + " stood on an abnormal warm-up (its calls held 5 s or more) and kept "
+    s += "; " + std::to_string(w.abnormal) +
+         " stood on an abnormal warm-up (its calls held 5 s or more) and kept "
          "their severity";
   if (w.chains > w.only) s += "; " + std::to_string(w.chains - w.only) + " stand without their warm-up calls";
   s += ". `--param warmup=0s` judges every call as steady state.\n";

@@ -81,36 +81,36 @@
 namespace ingero {
 
 struct AnnotateOptions {
-  uint64_t retention_ns = 0;         // 0 = keep every event (replay); live: largest window + lateness
-  size_t max_records = 8u << 20;     // hard cap on kept events; the oldest thread data goes first
-  size_t min_records = 0;            // retention evicts only while more than this many are kept
+  uint64_t retention_ns = 0;      // 0 = keep every event (replay); live: largest window + lateness
+  size_t max_records = 8u << 20;  // hard cap on kept events; the oldest thread data goes first
+  size_t min_records = 0;         // retention evicts only while more than this many are kept
   size_t top_stacks = 3;
   bool detect_gaps = true;
-  uint64_t gap_min_ns = 100'000'000;       // 100 ms without a launch
+  uint64_t gap_min_ns = 100'000'000;        // 100 ms without a launch
   uint64_t gap_context_ns = 1'000'000'000;  // launches looked for before and after the gap
-  uint64_t gap_min_launches = 5;           // ... at least this many on each side
+  uint64_t gap_min_launches = 5;            // ... at least this many on each side
   uint64_t gap_window_ns = 10'000'000'000;  // one chain per thread and window (its longest gap)
-  uint64_t gap_high_ns = 1'000'000'000;    // severity high from this gap length
+  uint64_t gap_high_ns = 1'000'000'000;     // severity high from this gap length
   // Warm-up per process (see the contract above). Default 10 s = the pack's `param warmup`
   // (rules/common.rules; a test keeps them equal): CUDA context creation (hundreds of ms), first
   // allocations, cuDNN/cuBLAS autotuning and graph capture of a typical job.
   uint64_t warmup_ns = 10'000'000'000;
-  uint64_t warmup_min_calls = 10;          // = the pack's min_calls
-  double warmup_tail_ratio = 3.0;          // = the pack's min_tail_ratio
+  uint64_t warmup_min_calls = 10;               // = the pack's min_calls
+  double warmup_tail_ratio = 3.0;               // = the pack's min_tail_ratio
   uint64_t warmup_abnormal_ns = 5'000'000'000;  // warm-up calls holding this long are abnormal
 };
 
 struct AnnotateCounters {
-  uint64_t events = 0;          // seen by add()
+  uint64_t events = 0;                                // seen by add()
   uint64_t calls = 0, offcpu_spans = 0, samples = 0;  // kept
-  uint64_t ignored = 0;         // not a call, a span with a duration, or a sample
-  uint64_t out_of_order = 0;    // inserted behind newer events of their thread (late spans)
-  uint64_t evicted = 0;         // dropped by retention or the record cap
-  uint64_t capped = 0;          // of those, dropped by the record cap before their horizon
-  uint64_t gaps = 0;            // launch gaps >= gap_min_ns seen
-  uint64_t gap_chains = 0;      // launch_gap chains returned
-  uint64_t stacks_missing = 0;  // stack ids an event referenced that TraceMeta::stacks lacks
-  uint64_t too_old = 0;         // chains left unannotated: their window starts before the horizon
+  uint64_t ignored = 0;                               // not a call, a span with a duration, or a sample
+  uint64_t out_of_order = 0;                          // inserted behind newer events of their thread (late spans)
+  uint64_t evicted = 0;                               // dropped by retention or the record cap
+  uint64_t capped = 0;                                // of those, dropped by the record cap before their horizon
+  uint64_t gaps = 0;                                  // launch gaps >= gap_min_ns seen
+  uint64_t gap_chains = 0;                            // launch_gap chains returned
+  uint64_t stacks_missing = 0;                        // stack ids an event referenced that TraceMeta::stacks lacks
+  uint64_t too_old = 0;                               // chains left unannotated: their window starts before the horizon
   uint64_t warmup_demoted = 0;  // chains demoted to LOW: their calls come from a process's warm-up
   uint64_t split_capped = 0;    // throughput_drop chains whose severity the time split capped
   uint64_t not_in_loop = 0;     // implicit_sync chains demoted: their thread launched no kernel
@@ -162,7 +162,7 @@ class ChainAnnotator {
     uint64_t last_launch_end = 0, last_launch_id = 0;
   };
   struct Gap {
-    uint64_t key = 0;  // thread key
+    uint64_t key = 0;   // thread key
     size_t before = 0;  // launches in the context before the gap
     uint64_t start = 0, end = 0, before_id = 0, after_id = 0;
     Source source = Source::kUnknown;
@@ -188,16 +188,16 @@ class ChainAnnotator {
   std::unordered_map<uint64_t, Thread> threads_;
   size_t records_ = 0;
   uint64_t newest_ = 0;
-  uint64_t horizon_ = 0;  // everything that started before it may have been evicted
-  std::vector<Gap> pending_gaps_;               // waiting for their after-context
+  uint64_t horizon_ = 0;                                      // everything that started before it may have been evicted
+  std::vector<Gap> pending_gaps_;                             // waiting for their after-context
   std::map<std::pair<uint64_t, uint64_t>, GapGroup> groups_;  // (thread key, window) -> group
   std::unordered_map<uint64_t, ParsedStack> stack_cache_;     // parsed TraceMeta::stacks by id
   // First GPU API call per (node, pid): the start of its warm-up. Bounded: at most 1M processes
   // (beyond that new processes get no warm-up).
   std::unordered_map<uint64_t, uint64_t> first_call_;
   uint64_t warmup_end(uint16_t node, uint32_t pid) const;  // 0 when unknown or warm-up is off
-  void apply_warmup(Chain& c, uint64_t warm_calls, double warm_w, double total_w,
-                    std::vector<uint64_t>& rest_durs, bool by_time, uint64_t warm_ns);
+  void apply_warmup(Chain& c, uint64_t warm_calls, double warm_w, double total_w, std::vector<uint64_t>& rest_durs,
+                    bool by_time, uint64_t warm_ns);
 };
 
 // A pass-through source that feeds every batch to an annotator first: the tap that every path
@@ -272,8 +272,8 @@ class LiveChainAnnotator {
   EventSource* in_ = nullptr;
   std::unique_ptr<EventSource> tap_;
   std::unordered_map<std::string, Chain> done_;  // by chain id
-  std::vector<Chain> gaps_ready_;                 // launch_gap chains built as batches came in
-  std::vector<Chain> gaps_taken_;                 // ... and those already handed out
+  std::vector<Chain> gaps_ready_;                // launch_gap chains built as batches came in
+  std::vector<Chain> gaps_taken_;                // ... and those already handed out
 };
 
 // The replay path: annotates every chain of `r` from an annotator fed with the whole trace, adds

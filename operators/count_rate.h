@@ -24,7 +24,7 @@ struct CountRate {
   }
   void merge(const CountRate& o) {
     count = o.count > std::numeric_limits<uint64_t>::max() - count ? std::numeric_limits<uint64_t>::max()
-                                                                    : count + o.count;
+                                                                   : count + o.count;
     first_ts = std::min(first_ts, o.first_ts);
     last_end = std::max(last_end, o.last_end);
   }

@@ -48,9 +48,8 @@ void OffCpuSpanBuilder::finish(uint64_t end_ts, std::vector<Event>& out) {
     ++truncated_;
   }
   open_.clear();
-  std::sort(spans.begin(), spans.end(), [](const Event& a, const Event& b) {
-    return a.ts_ns != b.ts_ns ? a.ts_ns < b.ts_ns : a.tid < b.tid;
-  });
+  std::sort(spans.begin(), spans.end(),
+            [](const Event& a, const Event& b) { return a.ts_ns != b.ts_ns ? a.ts_ns < b.ts_ns : a.tid < b.tid; });
   for (const auto& s : spans) emit(s, out);
 }
 

@@ -35,12 +35,9 @@ std::vector<PeerScore> evaluate_peers(const PeerNode& node, const std::vector<do
     s.peers = valid.size();
     const double x = values[i];
     if (x != x) continue;
-    if (mad > 0)
-      s.z = 0.6745 * (x - med) / mad;
-    else if (mean_abs > 0)
-      s.z = (x - med) / (1.253314 * mean_abs);
-    else
-      s.z = 0;
+    if (mad > 0) s.z = 0.6745 * (x - med) / mad;
+    else if (mean_abs > 0) s.z = (x - med) / (1.253314 * mean_abs);
+    else s.z = 0;
     s.outlier = valid.size() >= node.min_peers && s.z > node.z && (x - med) > node.floor;
   }
   return out;

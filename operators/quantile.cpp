@@ -87,10 +87,8 @@ void QuantileState::bucket_add(int b, uint64_t n) {
 }
 
 void QuantileState::sketch_add(uint64_t v, uint64_t n) {
-  if (v == 0)
-    zeros_ += n;
-  else
-    bucket_add((*index_)(v), n);
+  if (v == 0) zeros_ += n;
+  else bucket_add((*index_)(v), n);
 }
 
 void QuantileState::to_sketch() {

@@ -92,7 +92,7 @@ class QuantileState {
   double log_gamma_;
   const SketchIndex* index_;
   uint64_t count_ = 0, min_ = UINT64_MAX, max_ = 0;
-  mutable std::vector<uint64_t> values_;   // exact mode; sorted lazily
+  mutable std::vector<uint64_t> values_;  // exact mode; sorted lazily
   mutable bool sorted_ = true;
   bool sketch_ = false;
   uint64_t zeros_ = 0;

@@ -93,9 +93,8 @@ class WindowStore {
     while (!windows_.empty()) {
       auto it = windows_.begin();
       const uint64_t end = assigner_.end(it->first);
-      const uint64_t due = end > std::numeric_limits<uint64_t>::max() - lateness_
-                               ? std::numeric_limits<uint64_t>::max()
-                               : end + lateness_;
+      const uint64_t due = end > std::numeric_limits<uint64_t>::max() - lateness_ ? std::numeric_limits<uint64_t>::max()
+                                                                                  : end + lateness_;
       if (watermark != std::numeric_limits<uint64_t>::max() && due > watermark) break;
       emit(it, fn);
     }

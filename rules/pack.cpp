@@ -52,12 +52,10 @@ bool literal_value(const dsl::ast::Expr& e, double& value, std::string& kind) {
     const char* kind;
   };
   static constexpr U kUnits[] = {
-      {"", 1, "number"},           {"ns", 1, "duration"},     {"us", 1e3, "duration"},
-      {"ms", 1e6, "duration"},     {"s", 1e9, "duration"},    {"m", 60e9, "duration"},
-      {"h", 3600e9, "duration"},   {"B", 1, "bytes"},         {"KB", 1e3, "bytes"},
-      {"MB", 1e6, "bytes"},        {"GB", 1e9, "bytes"},      {"KiB", 1024.0, "bytes"},
-      {"MiB", 1048576.0, "bytes"}, {"GiB", 1073741824.0, "bytes"}, {"%", 0.01, "ratio"},
-      {"x", 1, "ratio"},
+      {"", 1, "number"},           {"ns", 1, "duration"},          {"us", 1e3, "duration"},   {"ms", 1e6, "duration"},
+      {"s", 1e9, "duration"},      {"m", 60e9, "duration"},        {"h", 3600e9, "duration"}, {"B", 1, "bytes"},
+      {"KB", 1e3, "bytes"},        {"MB", 1e6, "bytes"},           {"GB", 1e9, "bytes"},      {"KiB", 1024.0, "bytes"},
+      {"MiB", 1048576.0, "bytes"}, {"GiB", 1073741824.0, "bytes"}, {"%", 0.01, "ratio"},      {"x", 1, "ratio"},
   };
   for (const auto& u : kUnits)
     if (n->unit == u.suffix) {
@@ -178,8 +176,9 @@ std::vector<RuleTestOutcome> run_rule_tests(const dsl::CompileResult& compiled) 
     o.chains = static_cast<int>(chains.size());
     if (!t.expect_match) {
       o.passed = chains.empty();
-      o.detail = o.passed ? "no chain, as expected"
-                          : "expected no match, got " + std::to_string(chains.size()) + " chain(s): " + chains[0]->summary;
+      o.detail = o.passed
+                     ? "no chain, as expected"
+                     : "expected no match, got " + std::to_string(chains.size()) + " chain(s): " + chains[0]->summary;
     } else if (chains.empty()) {
       o.detail = "expected a match, got no chain";
     } else if (t.expect_chains >= 0 && o.chains != t.expect_chains) {

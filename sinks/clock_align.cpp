@@ -11,18 +11,16 @@ namespace ingero {
 namespace {
 
 bool is_collective(const Event& e) {
-  return e.source == Source::kNccl &&
-         (e.op == op::kNcclAllReduce || e.op == op::kNcclAllGather ||
-          e.op == op::kNcclReduceScatter || e.op == op::kNcclBroadcast);
+  return e.source == Source::kNccl && (e.op == op::kNcclAllReduce || e.op == op::kNcclAllGather ||
+                                       e.op == op::kNcclReduceScatter || e.op == op::kNcclBroadcast);
 }
 
 bool is_blocking_wait(const Event& e) {
   if (e.source == Source::kCuda)
-    return e.op == op::kCudaStreamSync || e.op == op::kCudaDeviceSync ||
-           e.op == op::kCudaEventSync || (e.op == op::kCudaMemcpy && e.arg1 == 2 /* D2H */);
+    return e.op == op::kCudaStreamSync || e.op == op::kCudaDeviceSync || e.op == op::kCudaEventSync ||
+           (e.op == op::kCudaMemcpy && e.arg1 == 2 /* D2H */);
   if (e.source == Source::kDriver)
-    return e.op == op::kCuStreamSynchronize || e.op == op::kCuCtxSynchronize ||
-           e.op == op::kCuMemcpyDtoH;
+    return e.op == op::kCuStreamSynchronize || e.op == op::kCuCtxSynchronize || e.op == op::kCuMemcpyDtoH;
   return false;
 }
 
@@ -61,7 +59,7 @@ void SyncPointCollector::add(const Event& e) {
   if (!is_blocking_wait(e)) return;
   auto it = threads_.find(e.tid);
   if (it == threads_.end() || !it->second.pending) return;
-  it->second.pending = false;  // only the FIRST wait after a collective is its sync point
+  it->second.pending = false;            // only the FIRST wait after a collective is its sync point
   if (e.dur_ns < min_block_ns_) return;  // did not really block: the GPU was already done
   const CommKey key{e.pid, pending_comm_[e.tid]};
   points_[key].push_back({it->second.ordinal, e.end_ns(), it->second.op, it->second.entry_ns});
@@ -90,9 +88,8 @@ std::vector<SyncPoint> SyncPointCollector::points() const {
   return out;
 }
 
-OffsetEstimate estimate_offset(const std::vector<SyncPoint>& reference,
-                               const std::vector<SyncPoint>& node, int64_t prior_ns,
-                               int64_t max_shift, uint64_t min_pairs) {
+OffsetEstimate estimate_offset(const std::vector<SyncPoint>& reference, const std::vector<SyncPoint>& node,
+                               int64_t prior_ns, int64_t max_shift, uint64_t min_pairs) {
   OffsetEstimate best;
   if (reference.empty() || node.empty()) {
     best.why = "no blocking waits after collectives on one side";
@@ -127,8 +124,7 @@ OffsetEstimate estimate_offset(const std::vector<SyncPoint>& reference,
     cands.push_back({s, med, mad_of(diffs, med), diffs.size()});
   }
   if (cands.empty()) {
-    best.why = "fewer than " + std::to_string(min_pairs) +
-               " matched collectives with a blocking wait on both nodes";
+    best.why = "fewer than " + std::to_string(min_pairs) + " matched collectives with a blocking wait on both nodes";
     return best;
   }
   int64_t min_mad = std::numeric_limits<int64_t>::max();

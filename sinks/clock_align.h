@@ -73,9 +73,9 @@ class SyncPointCollector {
   };
   uint64_t min_block_ns_;
   uint64_t collectives_ = 0;
-  std::unordered_map<uint32_t, ThreadState> threads_;       // by tid
-  std::unordered_map<uint32_t, uint64_t> pending_comm_;     // by tid: communicator of the pending one
-  std::map<CommKey, uint64_t> next_ordinal_;                // per (pid, communicator)
+  std::unordered_map<uint32_t, ThreadState> threads_;    // by tid
+  std::unordered_map<uint32_t, uint64_t> pending_comm_;  // by tid: communicator of the pending one
+  std::map<CommKey, uint64_t> next_ordinal_;             // per (pid, communicator)
   // Per (pid, communicator): the sync points found (ordinal -> exit, op).
   std::map<CommKey, std::vector<SyncPoint>> points_;
 };
@@ -86,12 +86,11 @@ struct OffsetEstimate {
   int64_t uncertainty_ns = 0;
   int64_t ordinal_shift = 0;  // node ordinal = reference ordinal + shift
   uint64_t pairs = 0;
-  std::string why;            // when !ok
+  std::string why;  // when !ok
 };
 
-OffsetEstimate estimate_offset(const std::vector<SyncPoint>& reference,
-                               const std::vector<SyncPoint>& node, int64_t prior_ns = 0,
-                               int64_t max_shift = 64, uint64_t min_pairs = 3);
+OffsetEstimate estimate_offset(const std::vector<SyncPoint>& reference, const std::vector<SyncPoint>& node,
+                               int64_t prior_ns = 0, int64_t max_shift = 64, uint64_t min_pairs = 3);
 
 // One node of a merged trace, for count_last_arrivals(): its sync points on the common clock
 // (already corrected), its clock uncertainty (-1 = unknown) and its ordinal shift against the
@@ -106,10 +105,10 @@ struct ArrivalNode {
 
 struct ArrivalCount {
   std::string node;
-  uint64_t compared = 0;          // collectives matched with at least one other node
-  uint64_t last = 0;              // arrived last by more than the clock uncertainty: claimed
-  uint64_t last_unresolved = 0;   // latest entry, but within the uncertainty: no order claimed
-  int64_t max_lead_ns = 0;        // largest lead over the next-latest among the claimed ones
+  uint64_t compared = 0;         // collectives matched with at least one other node
+  uint64_t last = 0;             // arrived last by more than the clock uncertainty: claimed
+  uint64_t last_unresolved = 0;  // latest entry, but within the uncertainty: no order claimed
+  int64_t max_lead_ns = 0;       // largest lead over the next-latest among the claimed ones
 };
 
 std::vector<ArrivalCount> count_last_arrivals(const std::vector<ArrivalNode>& nodes);

@@ -36,8 +36,8 @@ ClockAnchor sample_clock_anchor(int64_t offset) {
   return best;
 }
 
-bool write_clock_anchors(const std::string& db_path, const std::string& node,
-                         const std::vector<ClockAnchor>& anchors, std::string& error) {
+bool write_clock_anchors(const std::string& db_path, const std::string& node, const std::vector<ClockAnchor>& anchors,
+                         std::string& error) {
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(db_path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) {
     error = db_path + ": " + (db ? sqlite3_errmsg(db) : "cannot open");
@@ -50,8 +50,8 @@ bool write_clock_anchors(const std::string& db_path, const std::string& node,
                          " esterror_us INTEGER, unsync INTEGER)",
                          nullptr, nullptr, nullptr) == SQLITE_OK;
   sqlite3_stmt* st = nullptr;
-  ok = ok && sqlite3_prepare_v2(db, "INSERT INTO ip_clock_anchors VALUES(?1,?2,?3,?4,?5,?6,?7)", -1, &st,
-                                nullptr) == SQLITE_OK;
+  ok = ok && sqlite3_prepare_v2(db, "INSERT INTO ip_clock_anchors VALUES(?1,?2,?3,?4,?5,?6,?7)", -1, &st, nullptr) ==
+                 SQLITE_OK;
   for (const auto& a : anchors) {
     if (!ok) break;
     sqlite3_bind_text(st, 1, node.c_str(), static_cast<int>(node.size()), SQLITE_TRANSIENT);

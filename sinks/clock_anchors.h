@@ -28,7 +28,7 @@ struct ClockAnchor {
 
 ClockAnchor sample_clock_anchor(int64_t mono_to_unix_offset_ns);
 
-bool write_clock_anchors(const std::string& db_path, const std::string& node,
-                         const std::vector<ClockAnchor>& anchors, std::string& error);
+bool write_clock_anchors(const std::string& db_path, const std::string& node, const std::vector<ClockAnchor>& anchors,
+                         std::string& error);
 
 }  // namespace ingero

@@ -151,15 +151,21 @@ FleetNodeReply ask(const std::string& u, const std::string& tool, const nlohmann
   if (!parse_url(u, url, error)) return done(error);
   int status = 0;
   std::string headers, body;
-  const nlohmann::json init = {{"jsonrpc", "2.0"}, {"id", 1}, {"method", "initialize"},
-                               {"params", {{"protocolVersion", "2025-06-18"}, {"capabilities", nlohmann::json::object()},
-                                           {"clientInfo", {{"name", "ingero-pipeline-fleet"}, {"version", "1"}}}}}};
+  const nlohmann::json init = {{"jsonrpc", "2.0"},
+                               {"id", 1},
+                               {"method", "initialize"},
+                               {"params",
+                                {{"protocolVersion", "2025-06-18"},
+                                 {"capabilities", nlohmann::json::object()},
+                                 {"clientInfo", {{"name", "ingero-pipeline-fleet"}, {"version", "1"}}}}}};
   if (!post(url, o.token, "", init.dump(), deadline, o.max_reply_bytes, status, headers, body, error))
     return done(error);
   if (status == 401) return done("the node refused the bearer token (401)");
   if (status != 200) return done("initialize: HTTP " + std::to_string(status));
   const std::string session = header_value(headers, "Mcp-Session-Id");
-  const nlohmann::json call = {{"jsonrpc", "2.0"}, {"id", 2}, {"method", "tools/call"},
+  const nlohmann::json call = {{"jsonrpc", "2.0"},
+                               {"id", 2},
+                               {"method", "tools/call"},
                                {"params", {{"name", tool}, {"arguments", args}}}};
   if (!post(url, o.token, session, call.dump(), deadline, o.max_reply_bytes, status, headers, body, error))
     return done(error);
@@ -239,8 +245,9 @@ bool query_fleet(const nlohmann::json& a, const std::vector<std::string>& defaul
     tool = "get_trace_stats";
   } else if (action == "sql") {
     tool = "run_sql";
-    std::string q = a.contains("sql") && a["sql"].is_string() ? a["sql"].get<std::string>()
-                    : a.contains("query") && a["query"].is_string() ? a["query"].get<std::string>() : "";
+    std::string q = a.contains("sql") && a["sql"].is_string()       ? a["sql"].get<std::string>()
+                    : a.contains("query") && a["query"].is_string() ? a["query"].get<std::string>()
+                                                                    : "";
     if (q.empty()) {
       error = "action sql needs `sql` (or `query`)";
       return false;

@@ -48,7 +48,7 @@ namespace ingero {
 // side by side (NOT merged quantiles: the nodes' sketches are not exported yet); sql: rows with
 // the node's URL prepended. Always lists every node with ok/ms/error, plus warnings. Returns
 // false with `error` for bad arguments or when no node answered.
-bool query_fleet(const nlohmann::json& args, const std::vector<std::string>& default_nodes,
-                 const std::string& token, nlohmann::json& out, std::string& error);
+bool query_fleet(const nlohmann::json& args, const std::vector<std::string>& default_nodes, const std::string& token,
+                 nlohmann::json& out, std::string& error);
 
 }  // namespace ingero

@@ -193,8 +193,7 @@ bool write_html_report(const std::string& path, const AnalysisResult& r, const H
                        const HtmlReportOptions& o) {
   std::ifstream cj(o.chartjs_path, std::ios::binary);
   if (!cj) {
-    error = "Chart.js not found at " + o.chartjs_path +
-            " (the HTML report inlines it: apt-get install libjs-chart.js)";
+    error = "Chart.js not found at " + o.chartjs_path + " (the HTML report inlines it: apt-get install libjs-chart.js)";
     return false;
   }
   const std::string chartjs{std::istreambuf_iterator<char>(cj), {}};
@@ -222,7 +221,9 @@ bool write_html_report(const std::string& path, const AnalysisResult& r, const H
     uint64_t p50 = 0, p99 = 0;
     for (const auto& st : r.ops)
       if (st.source == src && st.op == op) p50 = st.p50_ns, p99 = st.p99_ns;
-    data["hist"].push_back({{"op", op_name(src, op)}, {"count", s.count}, {"bins", bins},
+    data["hist"].push_back({{"op", op_name(src, op)},
+                            {"count", s.count},
+                            {"bins", bins},
                             {"p50_us", std::max(1e-3, static_cast<double>(p50) / 1e3)},
                             {"p99_us", std::max(1e-3, static_cast<double>(p99) / 1e3)}});
   }
@@ -239,8 +240,8 @@ bool write_html_report(const std::string& path, const AnalysisResult& r, const H
       auto it = s.per_bucket.find(k);
       ys.push_back(it == s.per_bucket.end() ? 0.0 : static_cast<double>(it->second) / bucket_s);
     }
-    data["rate"]["series"].push_back({{"op", op_name(static_cast<Source>(key.first), static_cast<uint8_t>(key.second))},
-                                      {"y", ys}});
+    data["rate"]["series"].push_back(
+        {{"op", op_name(static_cast<Source>(key.first), static_cast<uint8_t>(key.second))}, {"y", ys}});
   }
   data["rate"]["chains"] = nlohmann::json::array();
   for (size_t i = 0; i < r.chains.size() && i < o.max_shaded && d.started; ++i) {
@@ -267,8 +268,8 @@ bool write_html_report(const std::string& path, const AnalysisResult& r, const H
     for (const auto& c : r.chains)
       for (const auto& t : c.threads)
         if (name.empty() && t.tid == tid) name = t.name;
-    data["offcpu"]["series"].push_back({{"label", (name.empty() ? "thread" : name) + " [tid " + std::to_string(tid) + "]"},
-                                        {"y", ys}});
+    data["offcpu"]["series"].push_back(
+        {{"label", (name.empty() ? "thread" : name) + " [tid " + std::to_string(tid) + "]"}, {"y", ys}});
   }
 
   // --- the page
@@ -290,8 +291,8 @@ bool write_html_report(const std::string& path, const AnalysisResult& r, const H
     h << "<div class=\"chain " << sev << "\"><div><span class=\"sev\">" << sev << "</span><code>" << html(c.rule)
       << "</code> &middot; " << html(process_label(meta, c.pid)) << " &middot; window "
       << html(trace_offset(meta, c.window_start)) << " .. " << html(trace_offset(meta, c.window_end)) << "</div>\n"
-      << "<div class=\"summary\">" << html(c.summary) << "</div>\n<div class=\"root\">Root cause: "
-      << html(c.root_cause) << "</div>\n";
+      << "<div class=\"summary\">" << html(c.summary)
+      << "</div>\n<div class=\"root\">Root cause: " << html(c.root_cause) << "</div>\n";
     if (!c.explanation.empty()) h << "<div class=\"small\">" << html(c.explanation) << "</div>\n";
     if (!c.evidence.empty()) {
       h << "<div><b>Evidence</b><ul>";
@@ -326,9 +327,8 @@ bool write_html_report(const std::string& path, const AnalysisResult& r, const H
     if (c.time_split.present) {
       const auto& t = c.time_split;
       h << "<div class=\"small\"><b>Time of tid " << t.tid << ":</b> in calls " << pct(t.in_calls)
-        << ", off CPU preempted " << pct(t.off_cpu_preempted) << ", blocked " << pct(t.off_cpu_blocked)
-        << ", unknown " << pct(t.off_cpu_unknown) << ", on CPU " << pct(t.on_cpu) << " (dominant: "
-        << html(t.dominant) << ")</div>\n";
+        << ", off CPU preempted " << pct(t.off_cpu_preempted) << ", blocked " << pct(t.off_cpu_blocked) << ", unknown "
+        << pct(t.off_cpu_unknown) << ", on CPU " << pct(t.on_cpu) << " (dominant: " << html(t.dominant) << ")</div>\n";
     }
     for (const auto& s : c.stacks) {
       h << "<div class=\"small\"><b>Stack (" << html(s.role) << ", " << pct(s.share) << ", " << s.calls

@@ -41,9 +41,9 @@ struct HtmlReportOptions {
 // Accumulates what the charts need from the trace's events.
 class HtmlCollector {
  public:
-  static constexpr size_t kMaxSeconds = 4096;   // time buckets kept; beyond, buckets widen
-  static constexpr int kBinsPerDecade = 5;      // histogram bins: 10^(1/5) apart, from 100 ns
-  static constexpr int kBins = 5 * 10;          // 100 ns .. 10^12 ns (1000 s)
+  static constexpr size_t kMaxSeconds = 4096;  // time buckets kept; beyond, buckets widen
+  static constexpr int kBinsPerDecade = 5;     // histogram bins: 10^(1/5) apart, from 100 ns
+  static constexpr int kBins = 5 * 10;         // 100 ns .. 10^12 ns (1000 s)
 
   explicit HtmlCollector(const AnalysisResult& r, const HtmlReportOptions& o = {});
   void add(const Batch& b);
@@ -53,20 +53,20 @@ class HtmlCollector {
     std::map<uint64_t, uint64_t> per_bucket;  // time bucket -> calls
     uint64_t count = 0;
   };
-  std::map<std::pair<int, int>, OpSeries> ops;      // (source, op)
+  std::map<std::pair<int, int>, OpSeries> ops;              // (source, op)
   std::map<uint32_t, std::map<uint64_t, uint64_t>> offcpu;  // tid -> bucket -> off-CPU ns
-  std::set<uint32_t> threads;                       // threads of interest (from chains)
+  std::set<uint32_t> threads;                               // threads of interest (from chains)
   uint64_t first_ts = 0, last_ts = 0;
   bool started = false;
-  uint64_t bucket_ns = 1'000'000'000;               // width of a time bucket
+  uint64_t bucket_ns = 1'000'000'000;  // width of a time bucket
 
  private:
   void widen();
 };
 
 // Builds the page. False with `error` (Chart.js missing, file not writable).
-bool write_html_report(const std::string& path, const AnalysisResult& r, const HtmlCollector& data,
-                       std::string& error, const HtmlReportOptions& o = {});
+bool write_html_report(const std::string& path, const AnalysisResult& r, const HtmlCollector& data, std::string& error,
+                       const HtmlReportOptions& o = {});
 // Convenience: one pass over `trace` (the same trace `r` came from), then write_html_report.
 bool write_html_report(const std::string& path, const AnalysisResult& r, EventSource& trace, std::string& error,
                        const HtmlReportOptions& o = {});

@@ -25,7 +25,7 @@ constexpr uint32_t kChunkMagic = 0x31435049;  // "IPC1" little-endian
 constexpr uint16_t kChunkVersion = 1;
 constexpr uint32_t kChunkSorted = 1;
 constexpr uint64_t kPage = 4096;
-constexpr uint32_t kLmdbMagic = 0xBEEFC0DE;   // mm_magic of an LMDB meta page
+constexpr uint32_t kLmdbMagic = 0xBEEFC0DE;  // mm_magic of an LMDB meta page
 
 struct ChunkHeader {
   uint32_t magic = kChunkMagic;
@@ -44,8 +44,7 @@ static_assert(sizeof(ChunkHeader) == 48);
 // percent of the replay cost (LMDB itself does not checksum pages).
 uint64_t checksum(const void* data, size_t bytes) {
   const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t h[4] = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull, 0xA4093822299F31D0ull,
-                   0x082EFA98EC4E6C89ull};
+  uint64_t h[4] = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull, 0xA4093822299F31D0ull, 0x082EFA98EC4E6C89ull};
   size_t i = 0;
   for (; i + 32 <= bytes; i += 32) {
     for (int l = 0; l < 4; ++l) {
@@ -89,17 +88,15 @@ bool file_exists(const std::string& path, uint64_t* size = nullptr, bool* is_dir
 
 // Counters kept in `meta`, written in the same transaction as the chunks they describe.
 struct Counters {
-  uint64_t events = 0, chunks = 0, next_seq = 0, dropped_events = 0, dropped_chunks = 0,
-           stored_bytes = 0, first_ts = 0, last_ts = 0, chains = 0;
+  uint64_t events = 0, chunks = 0, next_seq = 0, dropped_events = 0, dropped_chunks = 0, stored_bytes = 0, first_ts = 0,
+           last_ts = 0, chains = 0;
 };
 
-constexpr const char* kCounterNames[] = {"events",       "chunks",         "next_seq",
-                                         "dropped_events", "dropped_chunks", "stored_bytes",
-                                         "first_ts",     "last_ts",        "chains"};
+constexpr const char* kCounterNames[] = {"events",       "chunks",   "next_seq", "dropped_events", "dropped_chunks",
+                                         "stored_bytes", "first_ts", "last_ts",  "chains"};
 uint64_t* counter_fields(Counters& c, size_t i) {
-  uint64_t* f[] = {&c.events,         &c.chunks,       &c.next_seq, &c.dropped_events,
-                   &c.dropped_chunks, &c.stored_bytes, &c.first_ts, &c.last_ts,
-                   &c.chains};
+  uint64_t* f[] = {&c.events,       &c.chunks,   &c.next_seq, &c.dropped_events, &c.dropped_chunks,
+                   &c.stored_bytes, &c.first_ts, &c.last_ts,  &c.chains};
   return f[i];
 }
 
@@ -153,13 +150,20 @@ json meta_to_json(const TraceMeta& m) {
   j["stacks"] = stacks;
   json sessions = json::array();
   for (const auto& s : m.sessions)
-    sessions.push_back({{"started_at", s.started_at}, {"stopped_at", s.stopped_at},
-                        {"gpu_model", s.gpu_model}, {"gpu_driver", s.gpu_driver},
-                        {"cpu_model", s.cpu_model}, {"kernel", s.kernel},
-                        {"os_release", s.os_release}, {"cuda_ver", s.cuda_ver},
-                        {"python_ver", s.python_ver}, {"tool_ver", s.tool_ver},
-                        {"pid_filter", s.pid_filter}, {"flags", s.flags},
-                        {"cpu_cores", s.cpu_cores}, {"mem_total_mb", s.mem_total_mb}});
+    sessions.push_back({{"started_at", s.started_at},
+                        {"stopped_at", s.stopped_at},
+                        {"gpu_model", s.gpu_model},
+                        {"gpu_driver", s.gpu_driver},
+                        {"cpu_model", s.cpu_model},
+                        {"kernel", s.kernel},
+                        {"os_release", s.os_release},
+                        {"cuda_ver", s.cuda_ver},
+                        {"python_ver", s.python_ver},
+                        {"tool_ver", s.tool_ver},
+                        {"pid_filter", s.pid_filter},
+                        {"flags", s.flags},
+                        {"cpu_cores", s.cpu_cores},
+                        {"mem_total_mb", s.mem_total_mb}});
   j["sessions"] = sessions;
   json snaps = json::array();
   for (const auto& s : m.snapshots)
@@ -189,14 +193,16 @@ void meta_from_json(const json& j, TraceMeta& m) {
   if (m.nodes.empty()) m.nodes.push_back("");
   if (auto it = j.find("process_names"); it != j.end() && it->is_object())
     for (const auto& [k, v] : it->items())
-      if (v.is_string()) m.process_names[static_cast<uint32_t>(std::strtoul(k.c_str(), nullptr, 10))] = v.get<std::string>();
+      if (v.is_string())
+        m.process_names[static_cast<uint32_t>(std::strtoul(k.c_str(), nullptr, 10))] = v.get<std::string>();
   if (auto it = j.find("thread_names"); it != j.end() && it->is_object())
     for (const auto& [k, v] : it->items())
-      if (v.is_string()) m.thread_names[static_cast<uint32_t>(std::strtoul(k.c_str(), nullptr, 10))] = v.get<std::string>();
+      if (v.is_string())
+        m.thread_names[static_cast<uint32_t>(std::strtoul(k.c_str(), nullptr, 10))] = v.get<std::string>();
   if (auto it = j.find("stacks"); it != j.end() && it->is_object())
     for (const auto& [k, v] : it->items())
-      m.stacks[std::strtoull(k.c_str(), nullptr, 10)] =
-          StackTrace{jget<std::string>(v, "ips", ""), jget<std::string>(v, "frames", "")};
+      m.stacks[std::strtoull(k.c_str(), nullptr, 10)] = StackTrace{jget<std::string>(v, "ips", ""),
+                                                                   jget<std::string>(v, "frames", "")};
   if (auto it = j.find("sessions"); it != j.end() && it->is_array())
     for (const auto& s : *it) {
       SessionInfo si;
@@ -220,9 +226,8 @@ void meta_from_json(const json& j, TraceMeta& m) {
     for (const auto& s : *it) {
       if (!s.is_array() || s.size() != 6) continue;
       try {
-        m.snapshots.push_back(SystemSnapshot{s[0].get<uint64_t>(), s[1].get<double>(),
-                                             s[2].get<double>(), s[3].get<double>(),
-                                             s[4].get<uint64_t>(), s[5].get<uint64_t>()});
+        m.snapshots.push_back(SystemSnapshot{s[0].get<uint64_t>(), s[1].get<double>(), s[2].get<double>(),
+                                             s[3].get<double>(), s[4].get<uint64_t>(), s[5].get<uint64_t>()});
       } catch (const json::exception&) {
       }
     }
@@ -236,26 +241,48 @@ void meta_from_json(const json& j, TraceMeta& m) {
 json chain_to_json(const Chain& c) {
   json ev = json::array();
   for (const auto& e : c.evidence)
-    ev.push_back({{"kind", e.kind}, {"detail", e.detail}, {"value", e.value}, {"unit", e.unit},
-                  {"event_ids", e.event_ids}});
+    ev.push_back(
+        {{"kind", e.kind}, {"detail", e.detail}, {"value", e.value}, {"unit", e.unit}, {"event_ids", e.event_ids}});
   json preds = json::array();
   for (const auto& p : c.predicates)
-    preds.push_back({{"label", p.label}, {"lhs", p.lhs}, {"rhs", p.rhs}, {"margin", p.margin},
-                     {"passed", p.passed}, {"lhs_text", p.lhs_text}, {"rhs_text", p.rhs_text}});
+    preds.push_back({{"label", p.label},
+                     {"lhs", p.lhs},
+                     {"rhs", p.rhs},
+                     {"margin", p.margin},
+                     {"passed", p.passed},
+                     {"lhs_text", p.lhs_text},
+                     {"rhs_text", p.rhs_text}});
   json values = json::array();
   for (const auto& [k, v] : c.values) values.push_back({k, v});
   json stacks = json::array();
   for (const auto& st : c.stacks) stacks.push_back(chain_stack_json(st));
-  return {{"id", c.id}, {"rule", c.rule}, {"rule_hash", c.rule_hash},
-          {"severity", static_cast<int>(c.severity)}, {"category", c.category},
-          {"source", static_cast<int>(c.source)}, {"op", c.op}, {"pid", c.pid}, {"tid", c.tid},
-          {"node", c.node}, {"rank", c.rank}, {"window_start", c.window_start},
-          {"window_end", c.window_end}, {"summary", c.summary}, {"root_cause", c.root_cause},
-          {"explanation", c.explanation}, {"recommendations", c.recommendations},
-          {"evidence", ev}, {"predicates", preds}, {"values", values}, {"p50_ns", c.p50_ns},
-          {"p99_ns", c.p99_ns}, {"tail_ratio", c.tail_ratio},
-          {"dropped_events", c.dropped_events}, {"threads", threads_json(c.threads)},
-          {"stacks", stacks}, {"time_split", time_split_json(c.time_split)}};
+  return {{"id", c.id},
+          {"rule", c.rule},
+          {"rule_hash", c.rule_hash},
+          {"severity", static_cast<int>(c.severity)},
+          {"category", c.category},
+          {"source", static_cast<int>(c.source)},
+          {"op", c.op},
+          {"pid", c.pid},
+          {"tid", c.tid},
+          {"node", c.node},
+          {"rank", c.rank},
+          {"window_start", c.window_start},
+          {"window_end", c.window_end},
+          {"summary", c.summary},
+          {"root_cause", c.root_cause},
+          {"explanation", c.explanation},
+          {"recommendations", c.recommendations},
+          {"evidence", ev},
+          {"predicates", preds},
+          {"values", values},
+          {"p50_ns", c.p50_ns},
+          {"p99_ns", c.p99_ns},
+          {"tail_ratio", c.tail_ratio},
+          {"dropped_events", c.dropped_events},
+          {"threads", threads_json(c.threads)},
+          {"stacks", stacks},
+          {"time_split", time_split_json(c.time_split)}};
 }
 
 Chain chain_from_json(const json& j) {
@@ -279,8 +306,7 @@ Chain chain_from_json(const json& j) {
   c.recommendations = jget<std::vector<std::string>>(j, "recommendations", {});
   if (auto it = j.find("evidence"); it != j.end() && it->is_array())
     for (const auto& e : *it)
-      c.evidence.push_back(EvidenceItem{jget<std::string>(e, "kind", ""),
-                                        jget<std::string>(e, "detail", ""),
+      c.evidence.push_back(EvidenceItem{jget<std::string>(e, "kind", ""), jget<std::string>(e, "detail", ""),
                                         jget<double>(e, "value", 0), jget<std::string>(e, "unit", ""),
                                         jget<std::vector<uint64_t>>(e, "event_ids", {})});
   if (auto it = j.find("predicates"); it != j.end() && it->is_array())
@@ -360,14 +386,14 @@ struct ReadEnv {
     if (rc) return fail(path, rc, error);
     if ((rc = mdb_txn_begin(env, nullptr, MDB_RDONLY, &txn))) return fail(path, rc, error);
     if (mdb_dbi_open(txn, "events", 0, &events) || mdb_dbi_open(txn, "meta", 0, &meta)) {
-      error = path + ": an LMDB environment, but not an ingero-pipeline trace (no 'events'/'meta' "
-                     "databases)";
+      error = path +
+              ": an LMDB environment, but not an ingero-pipeline trace (no 'events'/'meta' "
+              "databases)";
       return false;
     }
     std::string format;
     if (!get_string(txn, meta, "format", format) || format != kLmdbStoreFormat) {
-      error = path + ": unsupported LMDB trace format '" + format + "' (expected " +
-              kLmdbStoreFormat + ")";
+      error = path + ": unsupported LMDB trace format '" + format + "' (expected " + kLmdbStoreFormat + ")";
       return false;
     }
     if (mdb_dbi_open(txn, "chains", 0, &chains)) chains = 0;
@@ -382,8 +408,7 @@ struct ReadEnv {
 
 enum class DecodeResult { kOk, kCorrupt };
 
-DecodeResult decode_chunk(const MDB_val& v, std::vector<Event>& out, bool verify,
-                          std::string& why) {
+DecodeResult decode_chunk(const MDB_val& v, std::vector<Event>& out, bool verify, std::string& why) {
   if (v.mv_size < sizeof(ChunkHeader)) {
     why = "corrupt chunk (shorter than its header)";
     return DecodeResult::kCorrupt;
@@ -434,9 +459,7 @@ class LmdbSource final : public EventSource {
       const auto begin = buf_.begin() + static_cast<std::ptrdiff_t>(pos_);
       const size_t avail = has_next_ ? static_cast<size_t>(
                                            std::upper_bound(begin, buf_.end(), safe,
-                                                            [](uint64_t t, const Event& e) {
-                                                              return t < e.ts_ns;
-                                                            }) -
+                                                            [](uint64_t t, const Event& e) { return t < e.ts_ns; }) -
                                            begin)
                                      : buf_.size() - pos_;
       if (avail >= opts_.batch_size || !has_next_ || (avail > 0 && avail == buf_.size() - pos_)) {
@@ -594,10 +617,9 @@ bool read_lmdb_chains(const std::string& path, std::vector<Chain>& chains, std::
     return false;
   }
   MDB_val k{}, v{};
-  for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
-       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-    json j = json::parse(static_cast<const char*>(v.mv_data),
-                         static_cast<const char*>(v.mv_data) + v.mv_size, nullptr, false);
+  for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    json j = json::parse(static_cast<const char*>(v.mv_data), static_cast<const char*>(v.mv_data) + v.mv_size, nullptr,
+                         false);
     if (j.is_object()) chains.push_back(chain_from_json(j));
   }
   mdb_cursor_close(cur);
@@ -609,10 +631,10 @@ bool read_lmdb_chains(const std::string& path, std::vector<Chain>& chains, std::
 struct LmdbSink::Impl {
   MDB_env* env = nullptr;
   MDB_dbi events = 0, chains = 0, meta = 0;
-  Counters counters;                      // as committed
+  Counters counters;  // as committed
   uint64_t map_size = 0;
-  std::vector<Event> current;             // the chunk being filled
-  std::vector<std::vector<Event>> sealed; // full chunks waiting for the next transaction
+  std::vector<Event> current;              // the chunk being filled
+  std::vector<std::vector<Event>> sealed;  // full chunks waiting for the next transaction
   unsigned char last_key[16] = {};
   bool have_last_key = false;
 
@@ -633,10 +655,8 @@ std::unique_ptr<LmdbSink> LmdbSink::create(const std::string& path, std::string&
   return create(path, error, Options{});
 }
 
-std::unique_ptr<LmdbSink> LmdbSink::create(const std::string& path, std::string& error,
-                                           const Options& options) {
-  if (options.chunk_events == 0 || options.chunk_events > (1u << 20) ||
-      options.chunks_per_txn == 0) {
+std::unique_ptr<LmdbSink> LmdbSink::create(const std::string& path, std::string& error, const Options& options) {
+  if (options.chunk_events == 0 || options.chunk_events > (1u << 20) || options.chunks_per_txn == 0) {
     error = path + ": chunk_events must be in 1..1048576 and chunks_per_txn at least 1";
     return nullptr;
   }
@@ -652,9 +672,8 @@ std::unique_ptr<LmdbSink> LmdbSink::create(const std::string& path, std::string&
     const uint64_t min_bytes = static_cast<uint64_t>(4.0 * static_cast<double>(txn_bytes) / frac);
     if (options.max_bytes < min_bytes) {
       error = path + ": max_bytes " + std::to_string(options.max_bytes) + " is too small; with " +
-              std::to_string(options.chunk_events) + "-event chunks and " +
-              std::to_string(options.chunks_per_txn) + " chunks per transaction it must be at least " +
-              std::to_string(min_bytes);
+              std::to_string(options.chunk_events) + "-event chunks and " + std::to_string(options.chunks_per_txn) +
+              " chunks per transaction it must be at least " + std::to_string(min_bytes);
       return nullptr;
     }
   }
@@ -690,8 +709,7 @@ std::unique_ptr<LmdbSink> LmdbSink::create(const std::string& path, std::string&
   m.map_size = options.max_bytes ? options.max_bytes / kPage * kPage
                                  : std::max<uint64_t>(options.initial_map_bytes, 4 * txn_bytes);
   if (rc == 0) rc = mdb_env_set_mapsize(m.env, m.map_size);
-  if (rc == 0)
-    rc = mdb_env_open(m.env, path.c_str(), MDB_NOSUBDIR | (options.durable ? 0 : MDB_NOSYNC), 0644);
+  if (rc == 0) rc = mdb_env_open(m.env, path.c_str(), MDB_NOSUBDIR | (options.durable ? 0 : MDB_NOSYNC), 0644);
   if (rc) {
     error = path + ": cannot create the LMDB environment: " + lmdb_error(rc);
     return nullptr;
@@ -699,12 +717,10 @@ std::unique_ptr<LmdbSink> LmdbSink::create(const std::string& path, std::string&
   if (append) {
     // An existing file may have been written with a larger map; never shrink it.
     MDB_envinfo ei{};
-    if (mdb_env_info(m.env, &ei) == 0 && ei.me_mapsize > m.map_size && !options.max_bytes)
-      m.map_size = ei.me_mapsize;
+    if (mdb_env_info(m.env, &ei) == 0 && ei.me_mapsize > m.map_size && !options.max_bytes) m.map_size = ei.me_mapsize;
   }
   MDB_txn* txn = nullptr;
-  if ((rc = mdb_txn_begin(m.env, nullptr, 0, &txn)) ||
-      (rc = mdb_dbi_open(txn, "events", MDB_CREATE, &m.events)) ||
+  if ((rc = mdb_txn_begin(m.env, nullptr, 0, &txn)) || (rc = mdb_dbi_open(txn, "events", MDB_CREATE, &m.events)) ||
       (rc = mdb_dbi_open(txn, "chains", MDB_CREATE, &m.chains)) ||
       (rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &m.meta))) {
     if (txn) mdb_txn_abort(txn);
@@ -804,8 +820,7 @@ bool LmdbSink::write_pending() {
     uint64_t dropped_chunks = 0, dropped_events = 0;
     // Retention: delete the oldest chunks, in this transaction, until the new ones fit.
     if (options_.max_bytes) {
-      const auto budget = static_cast<uint64_t>(static_cast<double>(options_.max_bytes) *
-                                                options_.retain_fraction);
+      const auto budget = static_cast<uint64_t>(static_cast<double>(options_.max_bytes) * options_.retain_fraction);
       MDB_cursor* cur = nullptr;
       rc = mdb_cursor_open(txn, m.events, &cur);
       while (rc == 0 && c.chunks > 0 && c.stored_bytes + need + extra_drop > budget) {
@@ -936,10 +951,8 @@ bool LmdbSink::write_chains(std::span<const Chain> chains) {
       return true;
     }
     if (txn) mdb_txn_abort(txn);
-    if (rc != MDB_MAP_FULL || options_.max_bytes)
-      return fail("cannot write chains: " + lmdb_error(rc));
-    if ((rc = mdb_env_set_mapsize(m.env, m.map_size * 2)))
-      return fail("cannot grow the map: " + lmdb_error(rc));
+    if (rc != MDB_MAP_FULL || options_.max_bytes) return fail("cannot write chains: " + lmdb_error(rc));
+    if ((rc = mdb_env_set_mapsize(m.env, m.map_size * 2))) return fail("cannot grow the map: " + lmdb_error(rc));
     m.map_size *= 2;
     ++map_resizes_;
   }

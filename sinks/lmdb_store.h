@@ -52,10 +52,10 @@ inline constexpr const char* kLmdbStoreFormat = "ingero-pipeline-lmdb-1";
 
 // What is stored, without reading the events (convert, bench, demo, tests).
 struct LmdbTraceInfo {
-  uint64_t events = 0, chunks = 0;          // currently stored
+  uint64_t events = 0, chunks = 0;                  // currently stored
   uint64_t dropped_events = 0, dropped_chunks = 0;  // removed by retention
-  uint64_t stored_bytes = 0;                // chunk values (headers + events)
-  uint64_t first_ts = 0, last_ts = 0;       // of what is stored
+  uint64_t stored_bytes = 0;                        // chunk values (headers + events)
+  uint64_t first_ts = 0, last_ts = 0;               // of what is stored
   uint64_t chains = 0;
   uint64_t file_bytes = 0, map_bytes = 0;
 };
@@ -81,19 +81,18 @@ bool read_lmdb_chains(const std::string& path, std::vector<Chain>& chains, std::
 class LmdbSink {
  public:
   struct Options {
-    size_t chunk_events = 4096;          // events per chunk (one LMDB value)
-    size_t chunks_per_txn = 16;          // chunks per write transaction
+    size_t chunk_events = 4096;               // events per chunk (one LMDB value)
+    size_t chunks_per_txn = 16;               // chunks per write transaction
     uint64_t initial_map_bytes = 1ull << 30;  // virtual; the file grows as pages are used
-    uint64_t max_bytes = 0;              // size bound of the file (0 = unbounded)
-    double retain_fraction = 0.6;        // chunks kept within this share of max_bytes
-    bool durable = true;                 // fsync at every commit
-    bool overwrite = true;               // replace an existing LMDB trace (never another file)
-    bool append = false;                 // keep an existing LMDB trace and append to it
+    uint64_t max_bytes = 0;                   // size bound of the file (0 = unbounded)
+    double retain_fraction = 0.6;             // chunks kept within this share of max_bytes
+    bool durable = true;                      // fsync at every commit
+    bool overwrite = true;                    // replace an existing LMDB trace (never another file)
+    bool append = false;                      // keep an existing LMDB trace and append to it
   };
 
   static std::unique_ptr<LmdbSink> create(const std::string& path, std::string& error);
-  static std::unique_ptr<LmdbSink> create(const std::string& path, std::string& error,
-                                          const Options& options);
+  static std::unique_ptr<LmdbSink> create(const std::string& path, std::string& error, const Options& options);
   ~LmdbSink();
   LmdbSink(const LmdbSink&) = delete;
   LmdbSink& operator=(const LmdbSink&) = delete;
@@ -128,8 +127,7 @@ class LmdbSink {
   Options options_;
   std::unique_ptr<Impl> impl_;
   std::string error_;
-  uint64_t events_written_ = 0, events_committed_ = 0, chunks_dropped_ = 0, events_dropped_ = 0,
-           map_resizes_ = 0;
+  uint64_t events_written_ = 0, events_committed_ = 0, chunks_dropped_ = 0, events_dropped_ = 0, map_resizes_ = 0;
   bool closed_ = false;
 };
 

@@ -67,10 +67,10 @@ struct Anchor {
 // Anchors of one node, from ip_clock_anchors when the input is SQLite and has it.
 struct AnchorSummary {
   bool have = false;
-  int64_t offset_ns = 0;   // median(event clock - wall clock)
-  int64_t bound_ns = 0;    // worst recorded error bound (adjtimex maxerror + bracket)
+  int64_t offset_ns = 0;  // median(event clock - wall clock)
+  int64_t bound_ns = 0;   // worst recorded error bound (adjtimex maxerror + bracket)
   bool unsync = false;
-  bool step = false;       // consecutive anchors disagree by > 1 ms: the clock stepped
+  bool step = false;  // consecutive anchors disagree by > 1 ms: the clock stepped
 };
 
 std::map<std::string, AnchorSummary> read_anchors(const std::string& path) {
@@ -181,9 +181,12 @@ bool write_node_tables(const std::string& path, const MergeReport& report,
       nlohmann::json sessions = nlohmann::json::array();
       if (auto it = per_node.find(n.node); it != per_node.end())
         for (const auto& s : it->second.sessions)
-          sessions.push_back({{"started_at", s.started_at}, {"stopped_at", s.stopped_at},
-                              {"gpu_model", s.gpu_model}, {"kernel", s.kernel},
-                              {"tool_ver", s.tool_ver}, {"flags", s.flags}});
+          sessions.push_back({{"started_at", s.started_at},
+                              {"stopped_at", s.stopped_at},
+                              {"gpu_model", s.gpu_model},
+                              {"kernel", s.kernel},
+                              {"tool_ver", s.tool_ver},
+                              {"flags", s.flags}});
       text(st, 1, n.node);
       text(st, 2, n.input);
       sqlite3_bind_int64(st, 3, static_cast<int64_t>(n.events));
@@ -256,9 +259,9 @@ struct Cursor {
   Batch batch;
   size_t pos = 0;
   bool done = false;
-  std::vector<int> node_map;           // input node index -> output index (-1 = skip)
-  std::vector<int64_t> offsets;        // by input node index
-  bool advance() {  // makes batch[pos] valid, or done
+  std::vector<int> node_map;     // input node index -> output index (-1 = skip)
+  std::vector<int64_t> offsets;  // by input node index
+  bool advance() {               // makes batch[pos] valid, or done
     while (!done && pos >= batch.events.size()) {
       batch.events.clear();
       pos = 0;
@@ -275,8 +278,8 @@ struct Cursor {
 
 }  // namespace
 
-bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& options,
-                  MergeReport& report, std::string& error) {
+bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& options, MergeReport& report,
+                  std::string& error) {
   const auto t0 = std::chrono::steady_clock::now();
   report = MergeReport{};
   if (inputs.empty()) {
@@ -300,7 +303,7 @@ bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& opt
   }
 
   // ---- Pass 1: open every input, name its nodes, fingerprint them, collect sync points.
-  std::vector<NodeScan> nodes;                  // unique by name, in first-seen order
+  std::vector<NodeScan> nodes;  // unique by name, in first-seen order
   std::map<std::string, size_t> node_by_name;
   std::vector<std::vector<size_t>> input_nodes(inputs.size());  // input node idx -> scan idx
   std::vector<TraceMeta> metas(inputs.size());
@@ -351,9 +354,8 @@ bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& opt
         const auto& prev = nodes[it->second];
         if (prev.events == local[j].events && prev.hash == local[j].hash) {
           local[j].duplicate = true;
-          report.warnings.push_back("node '" + local[j].name + "' of " + inputs[i].path +
-                                    " is already in " + inputs[prev.input].path +
-                                    " with the same events: written once");
+          report.warnings.push_back("node '" + local[j].name + "' of " + inputs[i].path + " is already in " +
+                                    inputs[prev.input].path + " with the same events: written once");
           MergeNodeReport r;
           r.node = local[j].name;
           r.input = inputs[i].path;
@@ -597,10 +599,16 @@ bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& opt
     nlohmann::json j = nlohmann::json::array();
     for (const auto& n : report.nodes)
       if (n.method != "duplicate")
-        j.push_back({{"node", n.node}, {"input", n.input}, {"events", n.events},
-                     {"offset_ns", n.offset_ns}, {"uncertainty_ns", n.uncertainty_ns},
-                     {"method", n.method}, {"pairs", n.pairs}, {"note", n.note},
-                     {"arrivals_compared", n.arrivals_compared}, {"last_arrivals", n.last_arrivals},
+        j.push_back({{"node", n.node},
+                     {"input", n.input},
+                     {"events", n.events},
+                     {"offset_ns", n.offset_ns},
+                     {"uncertainty_ns", n.uncertainty_ns},
+                     {"method", n.method},
+                     {"pairs", n.pairs},
+                     {"note", n.note},
+                     {"arrivals_compared", n.arrivals_compared},
+                     {"last_arrivals", n.last_arrivals},
                      {"last_arrivals_unresolved", n.last_arrivals_unresolved},
                      {"max_lead_ns", n.max_lead_ns}});
     ok = lmdb_put_meta_value(tmp, "fleet_merge_nodes", j.dump(), why);
@@ -626,8 +634,8 @@ bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& opt
   return true;
 }
 
-bool arrivals_of_merged_trace(const std::string& path, std::vector<ArrivalCount>& out,
-                              std::string& error, uint64_t min_block_ns) {
+bool arrivals_of_merged_trace(const std::string& path, std::vector<ArrivalCount>& out, std::string& error,
+                              uint64_t min_block_ns) {
   out.clear();
   auto src = open_input(path, 4096, error);
   if (!src) return false;
@@ -649,8 +657,8 @@ bool arrivals_of_merged_trace(const std::string& path, std::vector<ArrivalCount>
       const auto j = nlohmann::json::parse(text, nullptr, false);
       if (j.is_array())
         for (const auto& n : j)
-          if (n.is_object() && n.contains("node") && n["node"].is_string() &&
-              n.contains("uncertainty_ns") && n["uncertainty_ns"].is_number_integer())
+          if (n.is_object() && n.contains("node") && n["node"].is_string() && n.contains("uncertainty_ns") &&
+              n["uncertainty_ns"].is_number_integer())
             recorded[n["node"].get<std::string>()] = n["uncertainty_ns"].get<int64_t>();
     }
   } else {

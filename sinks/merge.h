@@ -58,8 +58,8 @@ struct MergeInput {
 
 struct MergeOptions {
   std::string out;
-  std::string format;            // "sqlite" | "lmdb" | "" = from the extension (.lmdb/.mdb)
-  bool align = true;             // false: keep every node's raw clock (--no-align)
+  std::string format;               // "sqlite" | "lmdb" | "" = from the extension (.lmdb/.mdb)
+  bool align = true;                // false: keep every node's raw clock (--no-align)
   uint64_t min_block_ns = 100'000;  // a wait shorter than this did not block: no sync point
   size_t batch_size = 4096;
 };
@@ -68,34 +68,34 @@ struct MergeNodeReport {
   std::string node, input;
   uint64_t events = 0;
   int64_t offset_ns = 0;
-  int64_t uncertainty_ns = -1;   // -1 = unknown
-  std::string method;            // reference | collectives | wall_clock_anchors | none | duplicate
-  uint64_t pairs = 0;            // matched collectives behind the offset
+  int64_t uncertainty_ns = -1;  // -1 = unknown
+  std::string method;           // reference | collectives | wall_clock_anchors | none | duplicate
+  uint64_t pairs = 0;           // matched collectives behind the offset
   uint64_t collectives = 0;
-  std::string note;              // why a fallback was taken, clock steps seen, ...
+  std::string note;  // why a fallback was taken, clock steps seen, ...
   // Arrival order at collectives on the corrected clock (sinks/clock_align.h count_last_arrivals):
-  uint64_t arrivals_compared = 0;        // collectives matched with other nodes
-  uint64_t last_arrivals = 0;            // entered last by more than the clock uncertainties
-  uint64_t last_arrivals_unresolved = 0; // entered latest, but within them: no order claimed
-  int64_t max_lead_ns = 0;               // largest claimed lead over the next-latest node
+  uint64_t arrivals_compared = 0;         // collectives matched with other nodes
+  uint64_t last_arrivals = 0;             // entered last by more than the clock uncertainties
+  uint64_t last_arrivals_unresolved = 0;  // entered latest, but within them: no order claimed
+  int64_t max_lead_ns = 0;                // largest claimed lead over the next-latest node
 };
 
 struct MergeReport {
   std::vector<MergeNodeReport> nodes;
   std::vector<std::string> warnings;
   uint64_t events_out = 0;
-  uint64_t rows_skipped = 0;     // unreadable rows the readers skipped (counted, not fatal)
+  uint64_t rows_skipped = 0;  // unreadable rows the readers skipped (counted, not fatal)
   double seconds = 0;
 };
 
-bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& options,
-                  MergeReport& report, std::string& error);
+bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& options, MergeReport& report,
+                  std::string& error);
 
 // Last arrivals at collectives on an already merged trace (SQLite or LMDB), qualified by the
 // clock uncertainty `merge` recorded per node (ip_merge_nodes, or the LMDB meta value
 // "fleet_merge_nodes"; a node without a recorded uncertainty never gets an order claim). Returns
 // one count per node of the trace; false with `error` when the trace cannot be opened.
-bool arrivals_of_merged_trace(const std::string& path, std::vector<ArrivalCount>& out,
-                              std::string& error, uint64_t min_block_ns = 100'000);
+bool arrivals_of_merged_trace(const std::string& path, std::vector<ArrivalCount>& out, std::string& error,
+                              uint64_t min_block_ns = 100'000);
 
 }  // namespace ingero

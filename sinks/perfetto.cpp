@@ -111,10 +111,10 @@ bool PerfettoFilter::matches(const Chain& c) const {
 
 namespace {
 
-constexpr int64_t kMappedBase = int64_t{1} << 22;   // json pids/tids of nodes > 0 start here
-constexpr int64_t kLaneShift = 23;                  // json tid = base tid + (kind*lanes+lane) << 23
-constexpr int64_t kHostPid = int64_t{1} << 30;      // "host" process (memory counters)
-constexpr int64_t kChainsPid = kHostPid + 1;        // "ingero chains" process
+constexpr int64_t kMappedBase = int64_t{1} << 22;  // json pids/tids of nodes > 0 start here
+constexpr int64_t kLaneShift = 23;                 // json tid = base tid + (kind*lanes+lane) << 23
+constexpr int64_t kHostPid = int64_t{1} << 30;     // "host" process (memory counters)
+constexpr int64_t kChainsPid = kHostPid + 1;       // "ingero chains" process
 constexpr int64_t kChainsTid = 1;
 enum TrackKind : int { kThreadTrack = 0, kOffCpuTrack = 1, kIoTrack = 2, kChainTrack = 3 };
 const char* const kTrackSuffix[] = {"", " off-CPU", " I/O", ""};
@@ -162,14 +162,14 @@ struct PerfettoWriter::Impl {
   std::unordered_map<uint64_t, int64_t> pid_map, tid_map;  // (node << 32 | id) -> json id
   int64_t next_mapped = kMappedBase;
   std::unordered_set<int64_t> named_pids;
-  std::unordered_set<uint64_t> named_tracks;                // (json pid, json tid) named
+  std::unordered_set<uint64_t> named_tracks;                               // (json pid, json tid) named
   std::unordered_map<uint64_t, std::vector<std::vector<uint64_t>>> lanes;  // track key -> lane stacks
   std::unordered_map<uint64_t, std::string> stack_cache;
   std::unordered_map<uint64_t, CounterState> counters;
   std::map<std::pair<uint16_t, uint64_t>, std::vector<uint64_t>> exemplars;  // (node,id) -> flow ids
-  std::vector<uint8_t> flow_found;                                         // by flow id - 1
+  std::vector<uint8_t> flow_found;                                           // by flow id - 1
   std::vector<Chain> chains;
-  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> chain_flows;     // per chain: (flow id, event id)
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> chain_flows;  // per chain: (flow id, event id)
   bool chains_set = false;
   bool multi_node = false;
 
@@ -229,8 +229,7 @@ struct PerfettoWriter::Impl {
     m.emplace(key, v);
     return v;
   }
-  void meta_event(const char* name, int64_t pid, int64_t tid, const char* arg, const std::string& value,
-                  bool number) {
+  void meta_event(const char* name, int64_t pid, int64_t tid, const char* arg, const std::string& value, bool number) {
     begin_item();
     buf += "{\"ph\":\"M\",\"name\":\"";
     buf += name;
@@ -249,8 +248,8 @@ struct PerfettoWriter::Impl {
   }
   static std::string process_label(const TraceMeta& meta, uint32_t pid) {
     auto it = meta.process_names.find(pid);
-    return (it != meta.process_names.end() && !it->second.empty() ? it->second : std::string("process")) +
-           " [pid " + u64(pid) + "]";
+    return (it != meta.process_names.end() && !it->second.empty() ? it->second : std::string("process")) + " [pid " +
+           u64(pid) + "]";
   }
   std::string node_name(const TraceMeta& meta, uint16_t node) const {
     if (node < meta.nodes.size() && !meta.nodes[node].empty()) return meta.nodes[node];
@@ -278,15 +277,14 @@ struct PerfettoWriter::Impl {
     return name + " [tid " + u64(tid) + "]";
   }
   // json tid of (thread, kind, lane); names the track the first time.
-  int64_t track(const TraceMeta& meta, int64_t jp, uint16_t node, uint32_t pid, uint32_t tid, int kind,
-                int lane) {
+  int64_t track(const TraceMeta& meta, int64_t jp, uint16_t node, uint32_t pid, uint32_t tid, int kind, int lane) {
     if (kind == kChainTrack) return name_track(meta, jp, kChainsTid + lane, pid, tid, kind, lane, lane);
     const int64_t base_tid = map_id(tid_map, node, tid);
     const int64_t jt = base_tid + (static_cast<int64_t>(kind * kMaxLanes + lane) << kLaneShift);
     return name_track(meta, jp, jt, pid, tid, kind, lane, base_tid * 32 + kind * kMaxLanes + lane);
   }
-  int64_t name_track(const TraceMeta& meta, int64_t jp, int64_t jt, uint32_t pid, uint32_t tid, int kind,
-                     int lane, int64_t sort_index) {
+  int64_t name_track(const TraceMeta& meta, int64_t jp, int64_t jt, uint32_t pid, uint32_t tid, int kind, int lane,
+                     int64_t sort_index) {
     if (named_tracks.insert((static_cast<uint64_t>(jp) << 31) | static_cast<uint64_t>(jt)).second) {
       std::string name;
       if (kind == kChainTrack) {
@@ -417,8 +415,9 @@ struct PerfettoWriter::Impl {
       case OpKind::kOffCpu:
         track_kind = kOffCpuTrack;
         slice = e.dur_ns > 0 && !(e.flags & (event_flags::kSwitchOut | event_flags::kSwitchIn));
-        name = slice ? std::string("off-CPU (") + state_name(e.prev_state) + ")"
-                     : (e.flags & event_flags::kSwitchIn) ? "switch-in" : "switch-out";
+        name = slice                                ? std::string("off-CPU (") + state_name(e.prev_state) + ")"
+               : (e.flags & event_flags::kSwitchIn) ? "switch-in"
+                                                    : "switch-out";
         break;
       case OpKind::kHostSpan: track_kind = kIoTrack; break;
       case OpKind::kInstant:
@@ -544,7 +543,8 @@ struct PerfettoWriter::Impl {
       for (const auto& p : ch.predicates)
         preds.push_back(p.label + ": " + p.lhs_text + " vs " + p.rhs_text + (p.passed ? " (passed)" : " (failed)"));
       auto& evs = args["evidence"] = nlohmann::json::array();
-      for (const auto& ev : ch.evidence) evs.push_back({{"kind", ev.kind}, {"detail", ev.detail}, {"event_ids", ev.event_ids}});
+      for (const auto& ev : ch.evidence)
+        evs.push_back({{"kind", ev.kind}, {"detail", ev.detail}, {"event_ids", ev.event_ids}});
       if (!ch.threads.empty()) {
         auto& th = args["threads"] = nlohmann::json::array();
         for (const auto& t : ch.threads) th.push_back({{"tid", t.tid}, {"name", t.name}, {"share", t.share}});
@@ -677,10 +677,10 @@ bool PerfettoWriter::resolve_flows(const std::vector<Chain>& chains, EventSource
       auto it = m.exemplars.find({e.node, e.id});
       if (it == m.exemplars.end() || !m.o.filter.matches(e)) continue;
       const OpInfo* info = find_op(e.source, e.op);
-      const int kind = !info ? kThreadTrack
-                       : info->kind == OpKind::kOffCpu ? kOffCpuTrack
+      const int kind = !info                             ? kThreadTrack
+                       : info->kind == OpKind::kOffCpu   ? kOffCpuTrack
                        : info->kind == OpKind::kHostSpan ? kIoTrack
-                                                          : kThreadTrack;
+                                                         : kThreadTrack;
       const int64_t jp = m.process(src.meta(), e.node, e.pid);
       const int64_t jt = m.track(src.meta(), jp, e.node, e.pid, e.tid, kind, 0);
       for (uint64_t fid : it->second) m.flow_end(fid, jp, jt, e.ts_ns);

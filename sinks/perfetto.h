@@ -46,10 +46,10 @@
 namespace ingero {
 
 struct PerfettoFilter {
-  uint64_t from_ns = 0;                        // absolute unix ns; an event is kept when its
-  uint64_t to_ns = UINT64_MAX;                 // start is in [from_ns, to_ns)
-  std::set<uint32_t> pids;                     // empty = every process
-  std::set<std::pair<Source, uint8_t>> ops;    // empty = every op
+  uint64_t from_ns = 0;                      // absolute unix ns; an event is kept when its
+  uint64_t to_ns = UINT64_MAX;               // start is in [from_ns, to_ns)
+  std::set<uint32_t> pids;                   // empty = every process
+  std::set<std::pair<Source, uint8_t>> ops;  // empty = every op
   bool matches(const Event& e) const;
   // A chain is kept when its window overlaps [from, to), its pid is in `pids` (when given) and its
   // op is in `ops` (when given; chains about no op are then dropped).
@@ -66,15 +66,15 @@ struct PerfettoOptions {
 };
 
 struct PerfettoCounters {
-  uint64_t events = 0;          // events written (slices + instants)
-  uint64_t filtered = 0;        // events the filter dropped
+  uint64_t events = 0;    // events written (slices + instants)
+  uint64_t filtered = 0;  // events the filter dropped
   uint64_t slices = 0, instants = 0;
   uint64_t chains = 0, flows = 0;
   uint64_t missing_exemplars = 0;  // exemplar ids of written chains not found in written events
   uint64_t counter_samples = 0;
-  uint64_t overlap_lanes = 0;   // extra lanes opened for slices that did not nest
-  uint64_t lanes_exhausted = 0; // slices placed on the last lane although they did not nest there
-  uint64_t bytes = 0;           // uncompressed JSON bytes
+  uint64_t overlap_lanes = 0;    // extra lanes opened for slices that did not nest
+  uint64_t lanes_exhausted = 0;  // slices placed on the last lane although they did not nest there
+  uint64_t bytes = 0;            // uncompressed JSON bytes
 };
 
 class PerfettoWriter {

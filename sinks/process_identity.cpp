@@ -44,18 +44,19 @@ struct EnvField {
   const char* launcher;
 };
 // Precedence per field: the first variable present and valid wins.
-constexpr EnvField kRank[] = {
-    {"RANK", "torchrun"}, {"OMPI_COMM_WORLD_RANK", "openmpi"}, {"SLURM_PROCID", "slurm"}};
-constexpr EnvField kLocal[] = {
-    {"LOCAL_RANK", "torchrun"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "openmpi"}, {"SLURM_LOCALID", "slurm"}};
-constexpr EnvField kWorld[] = {
-    {"WORLD_SIZE", "torchrun"}, {"OMPI_COMM_WORLD_SIZE", "openmpi"}, {"SLURM_NTASKS", "slurm"}};
+constexpr EnvField kRank[] = {{"RANK", "torchrun"}, {"OMPI_COMM_WORLD_RANK", "openmpi"}, {"SLURM_PROCID", "slurm"}};
+constexpr EnvField kLocal[] = {{"LOCAL_RANK", "torchrun"},
+                               {"OMPI_COMM_WORLD_LOCAL_RANK", "openmpi"},
+                               {"SLURM_LOCALID", "slurm"}};
+constexpr EnvField kWorld[] = {{"WORLD_SIZE", "torchrun"},
+                               {"OMPI_COMM_WORLD_SIZE", "openmpi"},
+                               {"SLURM_NTASKS", "slurm"}};
 constexpr EnvField kJob[] = {{"TORCHELASTIC_RUN_ID", "torchrun"}, {"SLURM_JOB_ID", "slurm"}};
 
-constexpr int64_t kMaxRank = 32767;       // Event::rank is int16
+constexpr int64_t kMaxRank = 32767;  // Event::rank is int16
 constexpr int64_t kMaxWorld = 1 << 24;
 constexpr size_t kMaxJobId = 128;
-constexpr size_t kMaxEnviron = 1 << 20;   // read at most 1 MiB of environment
+constexpr size_t kMaxEnviron = 1 << 20;  // read at most 1 MiB of environment
 
 }  // namespace
 
@@ -182,8 +183,8 @@ std::string default_state_dir() {
 bool valid_node_name(std::string_view name) {
   if (name.empty() || name.size() > 64) return false;
   return std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-           c == '_' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+           c == '-';
   });
 }
 
@@ -213,8 +214,7 @@ std::string random_node_id() {
 
 }  // namespace
 
-bool load_or_create_node_id(const std::string& state_dir, std::string& id, bool& created,
-                            std::string& error) {
+bool load_or_create_node_id(const std::string& state_dir, std::string& id, bool& created, std::string& error) {
   created = false;
   const std::string path = (fs::path(state_dir) / "node-id").string();
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -243,8 +243,7 @@ bool load_or_create_node_id(const std::string& state_dir, std::string& id, bool&
       return false;
     }
     const std::string line = fresh + "\n";
-    const bool wrote = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) &&
-                       ::fsync(fd) == 0;
+    const bool wrote = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) && ::fsync(fd) == 0;
     ::close(fd);
     if (!wrote) {
       error = tmp + ": write failed: " + std::strerror(errno);
@@ -290,9 +289,13 @@ nlohmann::json to_json(const IdentityTables& t) {
     auto& arr = j["processes"][node];
     arr = nlohmann::json::array();
     for (const auto& r : rows)
-      arr.push_back({{"pid", r.pid}, {"rank", r.id.rank}, {"local_rank", r.id.local_rank},
-                     {"world_size", r.id.world_size}, {"job_id", r.id.job_id},
-                     {"launcher", r.id.launcher}, {"first_seen", r.first_seen_ns}});
+      arr.push_back({{"pid", r.pid},
+                     {"rank", r.id.rank},
+                     {"local_rank", r.id.local_rank},
+                     {"world_size", r.id.world_size},
+                     {"job_id", r.id.job_id},
+                     {"launcher", r.id.launcher},
+                     {"first_seen", r.first_seen_ns}});
   }
   return j;
 }
@@ -341,9 +344,7 @@ void merge_into(IdentityTables& into, const IdentityTables& from) {
   for (const auto& [node, rows] : from.processes) {
     auto& dst = into.processes[node];
     for (const auto& r : rows) {
-      auto same = [&](const ProcessIdentityRow& x) {
-        return x.pid == r.pid && x.first_seen_ns == r.first_seen_ns;
-      };
+      auto same = [&](const ProcessIdentityRow& x) { return x.pid == r.pid && x.first_seen_ns == r.first_seen_ns; };
       auto it = std::find_if(dst.begin(), dst.end(), same);
       if (it != dst.end()) *it = r;
       else dst.push_back(r);

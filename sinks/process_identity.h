@@ -44,16 +44,15 @@ namespace ingero {
 
 struct ProcessIdentity {
   int32_t rank = -1, local_rank = -1, world_size = -1;  // -1 = not in the environment
-  std::string job_id;                                    // "" = none
-  std::string launcher;  // where the rank came from: "torchrun", "openmpi", "slurm", "" = none
+  std::string job_id;                                   // "" = none
+  std::string launcher;     // where the rank came from: "torchrun", "openmpi", "slurm", "" = none
   uint32_t bad_values = 0;  // identity variables present but malformed (ignored)
   bool known() const { return rank >= 0 || local_rank >= 0 || world_size > 0 || !job_id.empty(); }
 };
 
 ProcessIdentity parse_environ(std::string_view nul_separated);
 
-bool read_process_identity(uint32_t pid, ProcessIdentity& out,
-                           const std::string& proc_root = "/proc");
+bool read_process_identity(uint32_t pid, ProcessIdentity& out, const std::string& proc_root = "/proc");
 
 struct ProcessIdentityRow {
   uint32_t pid = 0;
@@ -64,12 +63,12 @@ struct ProcessIdentityRow {
 class ProcessIdentityCache {
  public:
   struct Stats {
-    uint64_t reads = 0;        // environ files read
-    uint64_t unreadable = 0;   // pid gone or not readable: no identity
-    uint64_t with_rank = 0;    // processes whose environment named a rank
-    uint64_t stamped = 0;      // events given a rank
-    uint64_t overflow = 0;     // pids not remembered (max_pids reached)
-    uint64_t bad_values = 0;   // malformed identity variables seen
+    uint64_t reads = 0;       // environ files read
+    uint64_t unreadable = 0;  // pid gone or not readable: no identity
+    uint64_t with_rank = 0;   // processes whose environment named a rank
+    uint64_t stamped = 0;     // events given a rank
+    uint64_t overflow = 0;    // pids not remembered (max_pids reached)
+    uint64_t bad_values = 0;  // malformed identity variables seen
   };
 
   explicit ProcessIdentityCache(std::string proc_root = "/proc", size_t max_pids = 65536)
@@ -113,8 +112,7 @@ class IdentityStampSource final : public EventSource {
 std::string default_state_dir();
 bool valid_node_name(std::string_view name);
 // `created` tells whether this call wrote the file.
-bool load_or_create_node_id(const std::string& state_dir, std::string& id, bool& created,
-                            std::string& error);
+bool load_or_create_node_id(const std::string& state_dir, std::string& id, bool& created, std::string& error);
 std::string local_hostname();  // "" when gethostname fails
 
 // --- storage -------------------------------------------------------------------------------------
@@ -133,8 +131,7 @@ bool write_identity(const std::string& path, const IdentityTables& tables, std::
 
 // LMDB side values (defined in sinks/lmdb_store.cpp, which owns the store's layout): a string
 // under `key` in the meta database of an existing, closed store.
-bool lmdb_put_meta_value(const std::string& path, const std::string& key, const std::string& value,
-                         std::string& error);
+bool lmdb_put_meta_value(const std::string& path, const std::string& key, const std::string& value, std::string& error);
 bool lmdb_get_meta_value(const std::string& path, const std::string& key, std::string& value);
 
 }  // namespace ingero

@@ -106,12 +106,8 @@ json frame_json(const StackFrame& f) {
 json chain_stack_json(const ChainStack& s) {
   json frames = json::array();
   for (const auto& f : s.frames) frames.push_back(frame_json(f));
-  return {{"role", s.role},
-          {"stack_id", s.stack_id},
-          {"share", num_or_null(s.share)},
-          {"calls", s.calls},
-          {"truncated", s.truncated},
-          {"frames", frames}};
+  return {{"role", s.role},   {"stack_id", s.stack_id},   {"share", num_or_null(s.share)},
+          {"calls", s.calls}, {"truncated", s.truncated}, {"frames", frames}};
 }
 
 json time_split_json(const TimeSplit& t) {
@@ -337,9 +333,11 @@ static std::string header_line(const AnalysisResult& r) {
   o << "\n";
   if (m.health.rows_skipped || m.health.dropped_events) {
     o << "  warning: " << format_count(static_cast<double>(m.health.rows_skipped)) << " row(s) skipped";
-    if (m.health.dropped_events) o << ", " << format_count(static_cast<double>(m.health.dropped_events)) << " event(s) dropped at capture";
+    if (m.health.dropped_events)
+      o << ", " << format_count(static_cast<double>(m.health.dropped_events)) << " event(s) dropped at capture";
     o << "\n";
-    for (const auto& [reason, n] : m.health.reasons) o << "    " << format_count(static_cast<double>(n)) << " x " << reason << "\n";
+    for (const auto& [reason, n] : m.health.reasons)
+      o << "    " << format_count(static_cast<double>(n)) << " x " << reason << "\n";
   }
   return o.str();
 }
@@ -359,9 +357,8 @@ std::string stats_text(const AnalysisResult& r, const ReportOptions&) {
       << pad(format_ns(static_cast<double>(s.p95_ns)), 10, true)
       << pad(format_ns(static_cast<double>(s.p99_ns)), 10, true)
       << pad(format_ns(static_cast<double>(s.max_ns)), 10, true)
-      << pad(format_ns(static_cast<double>(s.total_ns)), 10, true) << pad(ratio, 9, true)
-      << (s.exact ? "" : " ~") << (s.errors ? "  (" + format_count(static_cast<double>(s.errors)) + " errors)" : "")
-      << "\n";
+      << pad(format_ns(static_cast<double>(s.total_ns)), 10, true) << pad(ratio, 9, true) << (s.exact ? "" : " ~")
+      << (s.errors ? "  (" + format_count(static_cast<double>(s.errors)) + " errors)" : "") << "\n";
   }
   if (r.ops.empty()) o << "  (no events)\n";
   o << "\nPercentiles are nearest-rank (index ceil(p*n)-1 of the sorted durations)";
@@ -406,8 +403,9 @@ std::string explain_text(const AnalysisResult& r, const ReportOptions& opt) {
     o << "\nNo causal chain fired. ";
     o << "Run `ingero-pipeline explain --why-not RULE` to see how close each rule came.\n";
   } else {
-    o << "\n" << r.chains.size() << " causal chain(s): " << counts[2] << " HIGH, " << counts[1] << " MEDIUM, "
-      << counts[0] << " LOW (worst first)\n";
+    o << "\n"
+      << r.chains.size() << " causal chain(s): " << counts[2] << " HIGH, " << counts[1] << " MEDIUM, " << counts[0]
+      << " LOW (worst first)\n";
   }
   size_t shown = 0;
   for (const auto& c : r.chains) {
@@ -431,10 +429,9 @@ std::string explain_text(const AnalysisResult& r, const ReportOptions& opt) {
     if (c.time_split.present) {
       const TimeSplit& t = c.time_split;
       o << "  Launching thread tid " << t.tid << " over " << trace_offset(r.meta, t.start_ns) << " .. "
-        << trace_offset(r.meta, t.end_ns) << ": in calls " << format_value(t.in_calls, Unit::kPercent)
-        << ", on CPU " << format_value(t.on_cpu, Unit::kPercent) << ", preempted "
-        << format_value(t.off_cpu_preempted, Unit::kPercent) << ", blocked "
-        << format_value(t.off_cpu_blocked, Unit::kPercent) << ", off CPU (unknown) "
+        << trace_offset(r.meta, t.end_ns) << ": in calls " << format_value(t.in_calls, Unit::kPercent) << ", on CPU "
+        << format_value(t.on_cpu, Unit::kPercent) << ", preempted " << format_value(t.off_cpu_preempted, Unit::kPercent)
+        << ", blocked " << format_value(t.off_cpu_blocked, Unit::kPercent) << ", off CPU (unknown) "
         << format_value(t.off_cpu_unknown, Unit::kPercent) << "\n";
     }
     if (c.threads.size() > 1) {
@@ -468,7 +465,8 @@ std::string explain_text(const AnalysisResult& r, const ReportOptions& opt) {
     if (c.dropped_events) o << "  Note: " << c.dropped_events << " event(s) were dropped at capture in this trace.\n";
     if (!c.recommendations.empty()) {
       o << "  Fix:\n";
-      for (size_t i = 0; i < c.recommendations.size(); ++i) o << "    " << (i + 1) << ". " << c.recommendations[i] << "\n";
+      for (size_t i = 0; i < c.recommendations.size(); ++i)
+        o << "    " << (i + 1) << ". " << c.recommendations[i] << "\n";
     }
     if (opt.show_values && !c.stacks.empty()) {
       o << "  Stacks:\n";
@@ -482,7 +480,8 @@ std::string explain_text(const AnalysisResult& r, const ReportOptions& opt) {
     if (opt.show_values) {
       o << "  Values:";
       int n = 0;
-      for (const auto& [k, v] : c.values) o << (n++ % 4 == 0 ? "\n    " : "  ") << k << "=" << format_value(v, Unit::kNone);
+      for (const auto& [k, v] : c.values)
+        o << (n++ % 4 == 0 ? "\n    " : "  ") << k << "=" << format_value(v, Unit::kNone);
       o << "\n";
     }
   }

@@ -36,9 +36,9 @@ nlohmann::json threads_json(const std::vector<ThreadShare>& threads);
 // fills c.threads, c.stacks and c.time_split; anything malformed is skipped, never thrown.
 void chain_where_from_json(const nlohmann::json& threads, const nlohmann::json& stacks,
                            const nlohmann::json& time_split, Chain& c);
-// "from train.py:142 in forward" (C++ frames shortened by frame_label): the call site of the chain's first stack with frames (role
-// "call" first, then "sample", then "offcpu"; a chain with a time split starts with the role of
-// its dominant share: "sample" for on_cpu, "offcpu" for off_cpu_*), or "" when it has none.
+// "from train.py:142 in forward" (C++ frames shortened by frame_label): the call site of the chain's first stack with
+// frames (role "call" first, then "sample", then "offcpu"; a chain with a time split starts with the role of its
+// dominant share: "sample" for on_cpu, "offcpu" for off_cpu_*), or "" when it has none.
 std::string chain_call_site(const Chain& c);
 nlohmann::json rule_outcome_json(const RuleOutcome& o);
 nlohmann::json health_json(const InputHealth& h);

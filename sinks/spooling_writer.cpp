@@ -21,8 +21,8 @@ namespace ingero {
 
 namespace {
 
-constexpr size_t kSpillReadEvents = 4096;             // 320 KiB read-back buffer
-constexpr uint64_t kPunchEvery = uint64_t{1} << 20;   // give back consumed spill space per MiB
+constexpr size_t kSpillReadEvents = 4096;            // 320 KiB read-back buffer
+constexpr uint64_t kPunchEvery = uint64_t{1} << 20;  // give back consumed spill space per MiB
 constexpr int kProgressSeconds = 5;
 
 // An unnamed file in `dir`: O_TMPFILE never gives it a name; where the filesystem lacks it, a
@@ -31,8 +31,7 @@ int open_spill_file(const std::string& dir, std::string& error) {
   int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   if (fd >= 0) return fd;
   const int tmpfile_errno = errno;
-  if (tmpfile_errno == ENOENT || tmpfile_errno == ENOTDIR || tmpfile_errno == EACCES ||
-      tmpfile_errno == EROFS) {
+  if (tmpfile_errno == ENOENT || tmpfile_errno == ENOTDIR || tmpfile_errno == EACCES || tmpfile_errno == EROFS) {
     error = dir + ": cannot create the spill file (" + std::strerror(tmpfile_errno) + ")";
     return -1;
   }
@@ -89,8 +88,7 @@ bool read_all(int fd, char* p, size_t n, uint64_t off, int& err) {
 
 void SpoolingWriter::FreeDeleter::operator()(Event* p) const { std::free(p); }
 
-std::unique_ptr<SpoolingWriter> SpoolingWriter::start(std::unique_ptr<SqliteSink> sink,
-                                                      const Options& options,
+std::unique_ptr<SpoolingWriter> SpoolingWriter::start(std::unique_ptr<SqliteSink> sink, const Options& options,
                                                       std::string& error) {
   if (!sink) {
     error = "spooling writer: no sink given";
@@ -104,16 +102,15 @@ std::unique_ptr<SpoolingWriter> SpoolingWriter::start(std::unique_ptr<SqliteSink
   const int fd = open_spill_file(dir, error);
   if (fd < 0) return nullptr;
   const size_t capacity = options.memory_cap_bytes / sizeof(Event);
-  std::unique_ptr<SpoolingWriter> w(new (std::nothrow)
-                                        SpoolingWriter(std::move(sink), options, fd, capacity));
+  std::unique_ptr<SpoolingWriter> w(new (std::nothrow) SpoolingWriter(std::move(sink), options, fd, capacity));
   if (!w) {
     ::close(fd);
     error = "spooling writer: out of memory";
     return nullptr;
   }
   if (capacity && !w->ring_) {
-    error = "spooling writer: cannot allocate the " +
-            format_count(static_cast<double>(options.memory_cap_bytes)) + "-byte event buffer";
+    error = "spooling writer: cannot allocate the " + format_count(static_cast<double>(options.memory_cap_bytes)) +
+            "-byte event buffer";
     w->finished_ = true;  // no thread to drain or join
     return nullptr;
   }
@@ -128,8 +125,7 @@ std::unique_ptr<SpoolingWriter> SpoolingWriter::start(std::unique_ptr<SqliteSink
   return w;
 }
 
-SpoolingWriter::SpoolingWriter(std::unique_ptr<SqliteSink> sink, const Options& options,
-                               int spill_fd, size_t capacity)
+SpoolingWriter::SpoolingWriter(std::unique_ptr<SqliteSink> sink, const Options& options, int spill_fd, size_t capacity)
     : sink_(std::move(sink)), options_(options), spill_fd_(spill_fd), capacity_(capacity) {
   if (options_.max_batch == 0) options_.max_batch = 1;
   // malloc, not new Event[]: Event's member initializers would write (and so make resident) the
@@ -180,15 +176,12 @@ void SpoolingWriter::write_events(std::span<const Event> events) {
   // [ring_tail_, ring_tail_ + n) is free: only this thread fills the ring, the writer only empties.
   const size_t first = std::min(n, capacity_ - ring_tail_);
   std::memcpy(static_cast<void*>(ring_.get() + ring_tail_), events.data(), first * sizeof(Event));
-  if (first < n)
-    std::memcpy(static_cast<void*>(ring_.get()), events.data() + first, (n - first) * sizeof(Event));
+  if (first < n) std::memcpy(static_cast<void*>(ring_.get()), events.data() + first, (n - first) * sizeof(Event));
   ring_tail_ = (ring_tail_ + n) % capacity_;
   std::lock_guard lk(mu_);
   ring_used_ += n;
-  if (!runs_.empty() && runs_.back().kind == RunKind::kMemory)
-    runs_.back().count += n;
-  else
-    runs_.push_back(Run{RunKind::kMemory, n, nullptr});
+  if (!runs_.empty() && runs_.back().kind == RunKind::kMemory) runs_.back().count += n;
+  else runs_.push_back(Run{RunKind::kMemory, n, nullptr});
   stats_.memory_bytes_now = ring_used_ * sizeof(Event);
   stats_.memory_bytes_peak = std::max(stats_.memory_bytes_peak, stats_.memory_bytes_now);
   if (writer_waiting_) work_cv_.notify_one();
@@ -198,23 +191,19 @@ bool SpoolingWriter::spill(std::span<const Event> events) {
   const size_t n = events.size();
   const size_t bytes = n * sizeof(Event);
   int err = 0;
-  const bool ok = write_all(spill_fd_, reinterpret_cast<const char*>(events.data()), bytes,
-                            spill_end_, err);
+  const bool ok = write_all(spill_fd_, reinterpret_cast<const char*>(events.data()), bytes, spill_end_, err);
   std::lock_guard lk(mu_);
   if (!ok) {
     // spill_end_ stays: the next spill overwrites whatever part of this one reached the file.
     stats_.lost += n;
-    note_error("spill file write failed (" + std::string(std::strerror(err)) + "); " +
-               "events lost");
+    note_error("spill file write failed (" + std::string(std::strerror(err)) + "); " + "events lost");
     return false;
   }
   spill_end_ += bytes;
   spill_pending_ += n;
   spilling_ = true;
-  if (!runs_.empty() && runs_.back().kind == RunKind::kSpill)
-    runs_.back().count += n;
-  else
-    runs_.push_back(Run{RunKind::kSpill, n, nullptr});
+  if (!runs_.empty() && runs_.back().kind == RunKind::kSpill) runs_.back().count += n;
+  else runs_.push_back(Run{RunKind::kSpill, n, nullptr});
   stats_.events_spilled += n;
   stats_.spill_bytes_now = spill_pending_ * sizeof(Event);
   stats_.spill_bytes_peak = std::max(stats_.spill_bytes_peak, stats_.spill_bytes_now);
@@ -311,8 +300,7 @@ void SpoolingWriter::writer_loop() {
     const size_t n = std::min<size_t>(run.count, spill_buf_.size());
     lk.unlock();
     int err = 0;
-    if (read_all(spill_fd_, reinterpret_cast<char*>(spill_buf_.data()), n * sizeof(Event),
-                 spill_read_, err)) {
+    if (read_all(spill_fd_, reinterpret_cast<char*>(spill_buf_.data()), n * sizeof(Event), spill_read_, err)) {
       store({spill_buf_.data(), n});
     } else {
       std::lock_guard g(mu_);
@@ -323,8 +311,7 @@ void SpoolingWriter::writer_loop() {
     if (spill_read_ - spill_punched_ >= kPunchEvery) {
       // Gives the consumed part back to the filesystem (and drops it from the page cache) so a
       // long backlog needs disk for the backlog only. Best effort: some filesystems cannot.
-      ::fallocate(spill_fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                  static_cast<off_t>(spill_punched_),
+      ::fallocate(spill_fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(spill_punched_),
                   static_cast<off_t>(spill_read_ - spill_punched_));
       spill_punched_ = spill_read_;
     }
@@ -339,8 +326,7 @@ void SpoolingWriter::writer_loop() {
   done_cv_.notify_all();
 }
 
-bool SpoolingWriter::finish(const AnalysisResult* result, std::string& error,
-                            const ProgressFn& progress) {
+bool SpoolingWriter::finish(const AnalysisResult* result, std::string& error, const ProgressFn& progress) {
   if (finished_) {
     if (!finish_ok_) error = finish_error_;
     return finish_ok_;
@@ -361,11 +347,9 @@ bool SpoolingWriter::finish(const AnalysisResult* result, std::string& error,
   {
     std::unique_lock lk(mu_);
     while (!writer_done_) {
-      if (done_cv_.wait_for(lk, std::chrono::seconds(kProgressSeconds)) ==
-              std::cv_status::timeout &&
-          !writer_done_ && progress) {
-        const uint64_t left =
-            stats_.events_in - stats_.events_written - stats_.events_rejected - stats_.lost;
+      if (done_cv_.wait_for(lk, std::chrono::seconds(kProgressSeconds)) == std::cv_status::timeout && !writer_done_ &&
+          progress) {
+        const uint64_t left = stats_.events_in - stats_.events_written - stats_.events_rejected - stats_.lost;
         lk.unlock();
         progress(format_count(static_cast<double>(left)) + " events left to write");
         lk.lock();
@@ -384,8 +368,7 @@ bool SpoolingWriter::finish(const AnalysisResult* result, std::string& error,
     lost = stats_.lost;
   }
   if (ok && lost &&
-      !sink_->record_drops("writer: events lost on the way to the database (" + stats().error + ")",
-                           lost))
+      !sink_->record_drops("writer: events lost on the way to the database (" + stats().error + ")", lost))
     ok = false;
   std::string close_error;
   const bool closed = sink_->close(close_error, progress);

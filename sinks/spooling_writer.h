@@ -57,8 +57,8 @@ class SpoolingWriter {
  public:
   struct Options {
     size_t memory_cap_bytes = size_t{8} << 20;  // events held in memory for the writer
-    std::string spill_dir;                       // "" = the database file's directory
-    size_t max_batch = 65536;                    // events per sink call from the FIFO
+    std::string spill_dir;                      // "" = the database file's directory
+    size_t max_batch = 65536;                   // events per sink call from the FIFO
   };
 
   struct Stats {
@@ -74,14 +74,14 @@ class SpoolingWriter {
     uint64_t lost = 0;              // never reached the database (see the contract)
     uint64_t backlog = 0;           // accepted, not yet handed to the sink
     uint64_t metas_pending = 0;
-    std::string error;              // first spill or sink error, one line; "" when none
+    std::string error;  // first spill or sink error, one line; "" when none
   };
 
   // Takes ownership of an open sink (nothing written to it yet, or only what the caller wants
   // first) and starts the writer thread. Returns null with `error` set when the spill file
   // cannot be created or the thread cannot start.
-  static std::unique_ptr<SpoolingWriter> start(std::unique_ptr<SqliteSink> sink,
-                                               const Options& options, std::string& error);
+  static std::unique_ptr<SpoolingWriter> start(std::unique_ptr<SqliteSink> sink, const Options& options,
+                                               std::string& error);
   // Drains and closes (as finish(nullptr, ...)) if finish() was not called.
   ~SpoolingWriter();
   SpoolingWriter(const SpoolingWriter&) = delete;
@@ -106,17 +106,16 @@ class SpoolingWriter {
   enum class RunKind : uint8_t { kMemory, kSpill, kMeta };
   struct Run {
     RunKind kind;
-    uint64_t count = 0;                  // events (kMemory, kSpill)
-    std::unique_ptr<TraceMeta> meta;     // kMeta
+    uint64_t count = 0;               // events (kMemory, kSpill)
+    std::unique_ptr<TraceMeta> meta;  // kMeta
   };
 
-  SpoolingWriter(std::unique_ptr<SqliteSink> sink, const Options& options, int spill_fd,
-                 size_t capacity);
+  SpoolingWriter(std::unique_ptr<SqliteSink> sink, const Options& options, int spill_fd, size_t capacity);
   void writer_loop();
   // Writer thread: hands events to the sink (or counts them lost once it failed).
   void store(std::span<const Event> events);
   void apply_meta(const TraceMeta& meta);
-  bool spill(std::span<const Event> events);  // producer thread; false = lost
+  bool spill(std::span<const Event> events);    // producer thread; false = lost
   void note_error(const std::string& message);  // keeps the first; needs mu_ held
 
   std::unique_ptr<SqliteSink> sink_;
@@ -149,7 +148,7 @@ class SpoolingWriter {
   bool writer_done_ = false;         // guarded by mu_
   bool meta_seen_ = false;           // writer side: a TraceMeta was applied
   std::atomic<bool> sink_failed_{false};
-  Stats stats_;                      // guarded by mu_ (backlog computed in stats())
+  Stats stats_;  // guarded by mu_ (backlog computed in stats())
 
   bool finished_ = false;
   bool finish_ok_ = false;

@@ -30,44 +30,64 @@ bool equals_nocase(const char* a, std::string_view b) {
   const size_t n = std::strlen(a);
   if (n != b.size()) return false;
   for (size_t i = 0; i < n; ++i)
-    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i])))
-      return false;
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
   return true;
 }
 
 template <size_t N>
 bool in_list(const char* name, const std::string_view (&list)[N]) {
-  return std::any_of(std::begin(list), std::end(list),
-                     [&](std::string_view s) { return equals_nocase(name, s); });
+  return std::any_of(std::begin(list), std::end(list), [&](std::string_view s) { return equals_nocase(name, s); });
 }
 
 // Functions that reach outside the database (files, shared libraries) or change how SQLite
 // tokenises. Stock SQLite lacks most of them; they are listed so a build that has them (the
 // sqlite3 shell's fileio, zipfile) is still safe.
-constexpr std::string_view kDeniedFunctions[] = {
-    "load_extension", "readfile", "writefile", "edit", "lsmode", "fts3_tokenizer", "zipfile",
-    "zipfile_cds", "sqlar_compress", "sqlar_uncompress", "shell_add_schema", "shell_escape_crnl",
-    "shell_module_schema", "shell_putsnl", "sqlite_dbpage", "fsdir"};
+constexpr std::string_view kDeniedFunctions[] = {"load_extension",
+                                                 "readfile",
+                                                 "writefile",
+                                                 "edit",
+                                                 "lsmode",
+                                                 "fts3_tokenizer",
+                                                 "zipfile",
+                                                 "zipfile_cds",
+                                                 "sqlar_compress",
+                                                 "sqlar_uncompress",
+                                                 "shell_add_schema",
+                                                 "shell_escape_crnl",
+                                                 "shell_module_schema",
+                                                 "shell_putsnl",
+                                                 "sqlite_dbpage",
+                                                 "fsdir"};
 
 // Introspection pragmas that only read and may name a table or index.
-constexpr std::string_view kPragmasWithArg[] = {
-    "table_info", "table_xinfo", "index_list", "index_info", "index_xinfo", "foreign_key_list"};
+constexpr std::string_view kPragmasWithArg[] = {"table_info", "table_xinfo", "index_list",
+                                                "index_info", "index_xinfo", "foreign_key_list"};
 // Read-only pragmas that are harmless without an argument (with one, most would be a setter).
-constexpr std::string_view kPragmasNoArg[] = {
-    "table_list", "page_count", "page_size", "schema_version", "user_version", "encoding",
-    "freelist_count", "application_id", "function_list", "collation_list", "module_list",
-    "pragma_list", "table_info", "index_list", "foreign_key_list"};
+constexpr std::string_view kPragmasNoArg[] = {"table_list",    "page_count",     "page_size",       "schema_version",
+                                              "user_version",  "encoding",       "freelist_count",  "application_id",
+                                              "function_list", "collation_list", "module_list",     "pragma_list",
+                                              "table_info",    "index_list",     "foreign_key_list"};
 
 const char* action_name(int action) {
   switch (action) {
-    case SQLITE_CREATE_INDEX: case SQLITE_CREATE_TABLE: case SQLITE_CREATE_TEMP_INDEX:
-    case SQLITE_CREATE_TEMP_TABLE: case SQLITE_CREATE_TEMP_TRIGGER: case SQLITE_CREATE_TEMP_VIEW:
-    case SQLITE_CREATE_TRIGGER: case SQLITE_CREATE_VIEW: case SQLITE_CREATE_VTABLE:
-      return "CREATE";
-    case SQLITE_DROP_INDEX: case SQLITE_DROP_TABLE: case SQLITE_DROP_TEMP_INDEX:
-    case SQLITE_DROP_TEMP_TABLE: case SQLITE_DROP_TEMP_TRIGGER: case SQLITE_DROP_TEMP_VIEW:
-    case SQLITE_DROP_TRIGGER: case SQLITE_DROP_VIEW: case SQLITE_DROP_VTABLE:
-      return "DROP";
+    case SQLITE_CREATE_INDEX:
+    case SQLITE_CREATE_TABLE:
+    case SQLITE_CREATE_TEMP_INDEX:
+    case SQLITE_CREATE_TEMP_TABLE:
+    case SQLITE_CREATE_TEMP_TRIGGER:
+    case SQLITE_CREATE_TEMP_VIEW:
+    case SQLITE_CREATE_TRIGGER:
+    case SQLITE_CREATE_VIEW:
+    case SQLITE_CREATE_VTABLE: return "CREATE";
+    case SQLITE_DROP_INDEX:
+    case SQLITE_DROP_TABLE:
+    case SQLITE_DROP_TEMP_INDEX:
+    case SQLITE_DROP_TEMP_TABLE:
+    case SQLITE_DROP_TEMP_TRIGGER:
+    case SQLITE_DROP_TEMP_VIEW:
+    case SQLITE_DROP_TRIGGER:
+    case SQLITE_DROP_VIEW:
+    case SQLITE_DROP_VTABLE: return "DROP";
     case SQLITE_INSERT: return "INSERT";
     case SQLITE_UPDATE: return "UPDATE";
     case SQLITE_DELETE: return "DELETE";
@@ -94,8 +114,7 @@ int authorize(void* ctx, int action, const char* a3, const char* a4, const char*
   switch (action) {
     case SQLITE_SELECT:
     case SQLITE_READ:
-    case SQLITE_RECURSIVE:
-      return SQLITE_OK;
+    case SQLITE_RECURSIVE: return SQLITE_OK;
     case SQLITE_UPDATE:
       // SQLite itself asks this while it connects an eponymous virtual table (pragma_table_info):
       // it is not a write. A real UPDATE of the schema table is still stopped by the read-only
@@ -180,15 +199,15 @@ std::string kind_for(int rc, const RunGuard& guard, const char* msg) {
 
 // Limit errors name the database file and the limit that stopped the statement, so a user of
 // `query` or an agent calling run_sql knows which knob to turn (or to add a LIMIT/WHERE).
-std::string message_for(const std::string& kind, const RunGuard& guard, const SqlLimits& limits,
-                        const char* msg, const std::string& path) {
+std::string message_for(const std::string& kind, const RunGuard& guard, const SqlLimits& limits, const char* msg,
+                        const std::string& path) {
   if (kind == "denied" && !guard.denied.empty()) return guard.denied;
   if (kind == "timeout")
     return path + ": the query ran longer than its " + std::to_string(limits.max_ms) +
            " ms budget (time limit) and was stopped";
   if (kind == "memory")
-    return path + ": the query used more than its memory limit of " +
-           std::to_string(limits.max_memory_bytes >> 20) + " MiB and was stopped";
+    return path + ": the query used more than its memory limit of " + std::to_string(limits.max_memory_bytes >> 20) +
+           " MiB and was stopped";
   if (kind == "cancelled") return "the query was cancelled";
   if (kind == "too_big")
     return path + ": " + std::string(msg ? msg : "value too big") + " (the value limit is " +
@@ -280,12 +299,11 @@ void guarded_printf(sqlite3_context* ctx, int argc, sqlite3_value** argv) {
 
 void install_printf_guard(sqlite3* db) {
   auto* guard = new PrintfGuard();
-  sqlite3_create_function_v2(db, "printf", -1, SQLITE_UTF8 | SQLITE_DETERMINISTIC, guard,
-                             guarded_printf, nullptr, nullptr,
-                             [](void* p) { delete static_cast<PrintfGuard*>(p); });
+  sqlite3_create_function_v2(db, "printf", -1, SQLITE_UTF8 | SQLITE_DETERMINISTIC, guard, guarded_printf, nullptr,
+                             nullptr, [](void* p) { delete static_cast<PrintfGuard*>(p); });
   // "format" shares the guard; SQLite runs the destructor once per registration, so it gets none.
-  sqlite3_create_function_v2(db, "format", -1, SQLITE_UTF8 | SQLITE_DETERMINISTIC, guard,
-                             guarded_printf, nullptr, nullptr, nullptr);
+  sqlite3_create_function_v2(db, "format", -1, SQLITE_UTF8 | SQLITE_DETERMINISTIC, guard, guarded_printf, nullptr,
+                             nullptr, nullptr);
 }
 
 }  // namespace
@@ -331,8 +349,10 @@ std::unique_ptr<SqlQueryRunner> SqlQueryRunner::open(const std::string& path, st
   sqlite3_limit(db, SQLITE_LIMIT_VARIABLE_NUMBER, 32);
   // Sorts and temporary b-trees stay in memory (bounded by the memory budget), never in files.
   char* err = nullptr;
-  rc = sqlite3_exec(db, "PRAGMA temp_store = MEMORY; PRAGMA cache_size = -16384; "
-                        "SELECT count(*) FROM sqlite_schema;", nullptr, nullptr, &err);
+  rc = sqlite3_exec(db,
+                    "PRAGMA temp_store = MEMORY; PRAGMA cache_size = -16384; "
+                    "SELECT count(*) FROM sqlite_schema;",
+                    nullptr, nullptr, &err);
   if (rc != SQLITE_OK) {
     error = path + ": not a readable SQLite database: " + (err ? err : sqlite3_errstr(rc));
     sqlite3_free(err);
@@ -345,8 +365,7 @@ SqlQueryRunner::~SqlQueryRunner() {
   if (db_ != nullptr) sqlite3_close_v2(db_);
 }
 
-SqlResult SqlQueryRunner::run(std::string_view sql, const SqlLimits& limits,
-                              const std::atomic<bool>* cancel,
+SqlResult SqlQueryRunner::run(std::string_view sql, const SqlLimits& limits, const std::atomic<bool>* cancel,
                               const std::vector<nlohmann::json>& params) {
   std::lock_guard<std::mutex> lock(mu_);
   SqlResult out;
@@ -413,8 +432,7 @@ SqlResult SqlQueryRunner::run(std::string_view sql, const SqlLimits& limits,
   // A second statement after the first is refused, whatever it is: one call, one statement.
   if (tail != nullptr && tail < sql.data() + sql.size()) {
     sqlite3_stmt* rest = nullptr;
-    const int rc2 = sqlite3_prepare_v3(db_, tail, static_cast<int>(sql.data() + sql.size() - tail),
-                                       0, &rest, nullptr);
+    const int rc2 = sqlite3_prepare_v3(db_, tail, static_cast<int>(sql.data() + sql.size() - tail), 0, &rest, nullptr);
     const bool more = rc2 != SQLITE_OK || rest != nullptr;
     sqlite3_finalize(rest);
     if (more) {
@@ -481,8 +499,7 @@ SqlResult SqlQueryRunner::run(std::string_view sql, const SqlLimits& limits,
           if (p != nullptr) v.bytes.assign(p, n);
           break;
         }
-        default:
-          break;
+        default: break;
       }
       row_bytes += rendered_size(v) + 1;
     }

@@ -35,10 +35,10 @@ namespace ingero {
 
 struct SqlLimits {
   size_t max_rows = 10'000;
-  uint64_t max_ms = 5'000;                    // wall-clock budget of one statement
-  size_t max_reply_bytes = 1u << 20;          // rendered size of all cells
-  uint64_t max_memory_bytes = 256ull << 20;   // growth of SQLite's heap during the statement
-  int max_value_bytes = 256 * 1024;           // longest string/blob a statement may build
+  uint64_t max_ms = 5'000;                   // wall-clock budget of one statement
+  size_t max_reply_bytes = 1u << 20;         // rendered size of all cells
+  uint64_t max_memory_bytes = 256ull << 20;  // growth of SQLite's heap during the statement
+  int max_value_bytes = 256 * 1024;          // longest string/blob a statement may build
   size_t max_sql_bytes = 100'000;
 };
 
@@ -76,8 +76,7 @@ class SqlQueryRunner {
   // Runs one read-only statement. `params` are bound positionally (?1, ?2, ...) as JSON scalars
   // (tools use them; agents' SQL has none). `cancel`, when given, is polled by the progress
   // handler.
-  SqlResult run(std::string_view sql, const SqlLimits& limits,
-                const std::atomic<bool>* cancel = nullptr,
+  SqlResult run(std::string_view sql, const SqlLimits& limits, const std::atomic<bool>* cancel = nullptr,
                 const std::vector<nlohmann::json>& params = {});
 
   const std::string& path() const { return path_; }

@@ -3,17 +3,17 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
-#include <cstdio>
 #include <condition_variable>
-#include <deque>
-#include <mutex>
-#include <thread>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 
 #include <unistd.h>
@@ -33,8 +33,24 @@ using sqlite_detail::Stmt;
 // lacks (NULL = the column is required). `not_null` mirrors Ingero's schema: a NULL there means
 // the row was not written by Ingero's writer and is skipped.
 enum Col {
-  kId, kTs, kPid, kTid, kSource, kOp, kDur, kGpu, kArg0, kArg1, kRet, kStack, kCgroup, kNode,
-  kRank, kPrevState, kFlags, kNumCols
+  kId,
+  kTs,
+  kPid,
+  kTid,
+  kSource,
+  kOp,
+  kDur,
+  kGpu,
+  kArg0,
+  kArg1,
+  kRet,
+  kStack,
+  kCgroup,
+  kNode,
+  kRank,
+  kPrevState,
+  kFlags,
+  kNumCols
 };
 struct ColSpec {
   const char* name;
@@ -42,12 +58,11 @@ struct ColSpec {
   bool not_null;
 };
 constexpr ColSpec kCols[kNumCols] = {
-    {"id", "NULL", false},        {"timestamp", nullptr, true}, {"pid", nullptr, true},
-    {"tid", nullptr, true},       {"source", nullptr, true},    {"op", nullptr, true},
-    {"duration", nullptr, true},  {"gpu_id", "0", true},        {"arg0", "0", true},
-    {"arg1", "0", true},          {"ret_code", "0", true},      {"stack_hash", "0", true},
-    {"cgroup_id", "0", true},     {"node", "''", true},         {"rank", "NULL", false},
-    {"prev_state", "0", true},    {"flags", "0", true},
+    {"id", "NULL", false},     {"timestamp", nullptr, true}, {"pid", nullptr, true},      {"tid", nullptr, true},
+    {"source", nullptr, true}, {"op", nullptr, true},        {"duration", nullptr, true}, {"gpu_id", "0", true},
+    {"arg0", "0", true},       {"arg1", "0", true},          {"ret_code", "0", true},     {"stack_hash", "0", true},
+    {"cgroup_id", "0", true},  {"node", "''", true},         {"rank", "NULL", false},     {"prev_state", "0", true},
+    {"flags", "0", true},
 };
 
 bool has(const std::vector<std::string>& cols, std::string_view name) {
@@ -66,8 +81,9 @@ std::string capped_text(const Stmt& s, int c, size_t cap, bool& cut) {
 
 // What sqlite_master says `name` is: "table", "view", "virtual table", or "" when absent.
 std::string schema_kind(sqlite3* db, std::string_view name) {
-  Stmt s(db, "SELECT type, coalesce(sql, '') FROM sqlite_master WHERE name = ?1 COLLATE NOCASE "
-             "AND type IN ('table', 'view') LIMIT 1");
+  Stmt s(db,
+         "SELECT type, coalesce(sql, '') FROM sqlite_master WHERE name = ?1 COLLATE NOCASE "
+         "AND type IN ('table', 'view') LIMIT 1");
   if (!s.ok()) return {};
   s.bind(1, name);
   if (s.step() != SQLITE_ROW) return {};
@@ -128,9 +144,8 @@ class Reader {
   bool open_schema(std::string& error) {
     const auto tables = table_names();
     if (!has(tables, "events")) {
-      error = tables.empty()
-                  ? "no `events` table: not an Ingero trace (the database has no tables)"
-                  : "no `events` table: not an Ingero trace (tables: " + join(tables) + ")";
+      error = tables.empty() ? "no `events` table: not an Ingero trace (the database has no tables)"
+                             : "no `events` table: not an Ingero trace (tables: " + join(tables) + ")";
       return false;
     }
     if (const std::string kind = schema_kind(db_, "events"); kind != "table") {
@@ -147,8 +162,8 @@ class Reader {
     for (const auto& c : kCols)
       if (!c.fallback && !has(columns_, c.name)) missing.push_back(c.name);
     if (!missing.empty()) {
-      error = "table `events` lacks required column" + std::string(missing.size() > 1 ? "s " : " ") +
-              join(missing) + " (a trace needs timestamp, pid, tid, source, op, duration)";
+      error = "table `events` lacks required column" + std::string(missing.size() > 1 ? "s " : " ") + join(missing) +
+              " (a trace needs timestamp, pid, tid, source, op, duration)";
       return false;
     }
     detect_format();
@@ -171,8 +186,7 @@ class Reader {
     std::string sql = "SELECT ";
     for (int c = 0; c < kNumCols; ++c) {
       if (c) sql += ", ";
-      sql += has(columns_, kCols[c].name) ? std::string("\"") + kCols[c].name + "\""
-                                          : std::string(kCols[c].fallback);
+      sql += has(columns_, kCols[c].name) ? std::string("\"") + kCols[c].name + "\"" : std::string(kCols[c].fallback);
     }
     return sql + ", rowid FROM events" + tail;
   }
@@ -217,17 +231,14 @@ class Reader {
       return;
     }
     const auto info = read_kv(db_, "schema_info");
-    if (auto it = info.find("version"); it != info.end() && !it->second.empty())
-      meta_.format = "ingero-" + it->second;
-    else
-      meta_.format = has(columns_, "node") ? "ingero-0.9" : "ingero-0.8";
+    if (auto it = info.find("version"); it != info.end() && !it->second.empty()) meta_.format = "ingero-" + it->second;
+    else meta_.format = has(columns_, "node") ? "ingero-0.9" : "ingero-0.8";
   }
 
   // Ingero databases: node indexes follow the sorted node names, so they do not depend on the
   // order rows were merged in. Our databases carry the original order in ip_meta.nodes.
   void read_nodes() {
-    for (size_t i = 0; i < meta_.nodes.size(); ++i)
-      node_cache_.emplace(meta_.nodes[i], static_cast<uint16_t>(i));
+    for (size_t i = 0; i < meta_.nodes.size(); ++i) node_cache_.emplace(meta_.nodes[i], static_cast<uint16_t>(i));
     if (ours_ || !has(columns_, "node")) return;
     Stmt s(db_, "SELECT DISTINCT node FROM events WHERE node IS NOT NULL ORDER BY node");
     if (!s.ok()) return;
@@ -282,7 +293,6 @@ class Reader {
   }
 
  public:
-
   // Returns the reason to skip the row, or null when `e` is filled.
   const char* decode(const Stmt& s, uint64_t row, bool node_col, Event& e) {
     int64_t v[kNumCols] = {};
@@ -314,10 +324,8 @@ class Reader {
     if (v[kGpu] < 0 || v[kGpu] > 255) return "gpu_id out of range 0..255";
     if (v[kRet] < std::numeric_limits<int32_t>::min() || v[kRet] > std::numeric_limits<int32_t>::max())
       return "ret_code out of 32-bit range";
-    if (v[kRank] < -1 || v[kRank] > std::numeric_limits<int16_t>::max())
-      return "rank out of range -1..32767";
-    if (v[kPrevState] < 0 || v[kPrevState] > static_cast<int64_t>(OffCpuState::kOther))
-      return "unknown prev_state";
+    if (v[kRank] < -1 || v[kRank] > std::numeric_limits<int16_t>::max()) return "rank out of range -1..32767";
+    if (v[kPrevState] < 0 || v[kPrevState] > static_cast<int64_t>(OffCpuState::kOther)) return "unknown prev_state";
     if (v[kFlags] < 0 || v[kFlags] > 255) return "flags out of range 0..255";
 
     const auto source = static_cast<Source>(v[kSource]);
@@ -345,8 +353,8 @@ class Reader {
       const std::string text = capped_text(s, kId, kMaxTextBytes, cut);
       if (cut) count_cut("events.id longer than 4096 bytes: cut");
       const size_t colon = text.rfind(':');
-      const std::string_view seq =
-          colon == std::string::npos ? std::string_view(text) : std::string_view(text).substr(colon + 1);
+      const std::string_view seq = colon == std::string::npos ? std::string_view(text)
+                                                              : std::string_view(text).substr(colon + 1);
       uint64_t parsed = 0;
       const auto [end, ec] = std::from_chars(seq.data(), seq.data() + seq.size(), parsed);
       if (ec == std::errc() && end == seq.data() + seq.size() && !seq.empty()) id = parsed;
@@ -383,14 +391,11 @@ class Reader {
   const char* null_reason(int c) {
     return intern(std::string("NULL in events.") + kCols[c].name + " (a NOT NULL column)");
   }
-  const char* non_integer_reason(int c) {
-    return intern(std::string("non-integer value in events.") + kCols[c].name);
-  }
+  const char* non_integer_reason(int c) { return intern(std::string("non-integer value in events.") + kCols[c].name); }
   const char* unknown_op_reason(int64_t source, int64_t op) {
     std::string s = "unknown op id (source " + std::to_string(source);
     if (source >= 0 && source <= 255)
-      if (const auto* info = find_source(static_cast<Source>(source)))
-        s += " " + std::string(info->name);
+      if (const auto* info = find_source(static_cast<Source>(source))) s += " " + std::string(info->name);
     return intern(s + ", op " + std::to_string(op) + ")");
   }
 
@@ -409,8 +414,7 @@ class Reader {
 
   // Side tables are best-effort: a trace without them still analyses; a broken one is reported.
   void side_table_failed(const char* table, int rc) {
-    meta_.health.skip(std::string(table) + " unreadable: " +
-                      sqlite_detail::describe_sqlite_error(db_, rc));
+    meta_.health.skip(std::string(table) + " unreadable: " + sqlite_detail::describe_sqlite_error(db_, rc));
   }
 
   void read_process_names() {
@@ -419,9 +423,7 @@ class Reader {
     if (!s.ok()) return side_table_failed("process_names", sqlite3_errcode(db_));
     int rc;
     while ((rc = s.step()) == SQLITE_ROW) {
-      if (s.type(0) != SQLITE_INTEGER || s.i64(0) < 0 ||
-          s.i64(0) > std::numeric_limits<uint32_t>::max())
-        continue;
+      if (s.type(0) != SQLITE_INTEGER || s.i64(0) < 0 || s.i64(0) > std::numeric_limits<uint32_t>::max()) continue;
       if (!name_budget(s, 1, "process_names")) continue;
       bool cut = false;
       meta_.process_names[static_cast<uint32_t>(s.i64(0))] = capped_text(s, 1, kMaxNameBytes, cut);
@@ -437,8 +439,7 @@ class Reader {
     if (!s.ok()) return side_table_failed("ip_thread_names", sqlite3_errcode(db_));
     int rc;
     while ((rc = s.step()) == SQLITE_ROW) {
-      if (s.type(0) != SQLITE_INTEGER || s.i64(0) < 0 || s.i64(0) > std::numeric_limits<uint32_t>::max())
-        continue;
+      if (s.type(0) != SQLITE_INTEGER || s.i64(0) < 0 || s.i64(0) > std::numeric_limits<uint32_t>::max()) continue;
       if (!name_budget(s, 1, "ip_thread_names")) continue;
       bool cut = false;
       meta_.thread_names[static_cast<uint32_t>(s.i64(0))] = capped_text(s, 1, kMaxNameBytes, cut);
@@ -450,8 +451,7 @@ class Reader {
   void read_stacks() {
     if (!side_table("stack_traces")) return;
     const auto cols = sqlite_detail::table_columns(db_, "stack_traces");
-    Stmt s(db_, "SELECT hash, " + select_list(cols, {{"ips", "''"}, {"frames", "''"}}) +
-                    " FROM stack_traces");
+    Stmt s(db_, "SELECT hash, " + select_list(cols, {{"ips", "''"}, {"frames", "''"}}) + " FROM stack_traces");
     if (!s.ok()) return side_table_failed("stack_traces", sqlite3_errcode(db_));
     int rc;
     while ((rc = s.step()) == SQLITE_ROW) {
@@ -464,8 +464,7 @@ class Reader {
       }
       stack_bytes_ += bytes;
       bool cut_ips = false, cut_frames = false;
-      StackTrace st{capped_text(s, 1, kMaxStackJsonBytes, cut_ips),
-                    capped_text(s, 2, kMaxStackJsonBytes, cut_frames)};
+      StackTrace st{capped_text(s, 1, kMaxStackJsonBytes, cut_ips), capped_text(s, 2, kMaxStackJsonBytes, cut_frames)};
       // A cut JSON array no longer parses: drop the text rather than keep a broken prefix.
       if (cut_ips) {
         st.ips.clear();
@@ -484,12 +483,20 @@ class Reader {
     if (!side_table("sessions")) return;
     const auto cols = sqlite_detail::table_columns(db_, "sessions");
     Stmt s(db_, "SELECT " +
-                    select_list(cols, {{"started_at", "0"}, {"stopped_at", "0"},
-                                       {"gpu_model", "''"}, {"gpu_driver", "''"},
-                                       {"cpu_model", "''"}, {"cpu_cores", "0"}, {"mem_total", "0"},
-                                       {"kernel", "''"}, {"os_release", "''"}, {"cuda_ver", "''"},
-                                       {"python_ver", "''"}, {"ingero_ver", "''"},
-                                       {"pid_filter", "''"}, {"flags", "''"}}) +
+                    select_list(cols, {{"started_at", "0"},
+                                       {"stopped_at", "0"},
+                                       {"gpu_model", "''"},
+                                       {"gpu_driver", "''"},
+                                       {"cpu_model", "''"},
+                                       {"cpu_cores", "0"},
+                                       {"mem_total", "0"},
+                                       {"kernel", "''"},
+                                       {"os_release", "''"},
+                                       {"cuda_ver", "''"},
+                                       {"python_ver", "''"},
+                                       {"ingero_ver", "''"},
+                                       {"pid_filter", "''"},
+                                       {"flags", "''"}}) +
                     " FROM sessions ORDER BY " + (has(cols, "id") ? "id" : "rowid"));
     if (!s.ok()) return side_table_failed("sessions", sqlite3_errcode(db_));
     int rc;
@@ -525,8 +532,9 @@ class Reader {
     const auto cols = sqlite_detail::table_columns(db_, "system_snapshots");
     if (!has(cols, "timestamp")) return;
     Stmt s(db_, "SELECT timestamp, " +
-                    select_list(cols, {{"cpu_pct", "0"}, {"mem_pct", "0"}, {"load_avg", "0"},
-                                       {"mem_avail", "0"}, {"swap_mb", "0"}}) +
+                    select_list(
+                        cols,
+                        {{"cpu_pct", "0"}, {"mem_pct", "0"}, {"load_avg", "0"}, {"mem_avail", "0"}, {"swap_mb", "0"}}) +
                     " FROM system_snapshots ORDER BY timestamp");
     if (!s.ok()) return side_table_failed("system_snapshots", sqlite3_errcode(db_));
     int rc;
@@ -557,10 +565,8 @@ class Reader {
     for (int rows = 0; rows < 10000 && s.step() == SQLITE_ROW; ++rows) {
       const std::string kind = capped_text(s, 0, 16, cut);
       const auto n = static_cast<uint64_t>(std::max<int64_t>(0, s.i64(2)));
-      if (kind == "drop")
-        meta_.health.dropped_events += n;
-      else if (kind == "skip")
-        meta_.health.skip(capped_text(s, 1, kMaxTextBytes, cut), n);
+      if (kind == "drop") meta_.health.dropped_events += n;
+      else if (kind == "skip") meta_.health.skip(capped_text(s, 1, kMaxTextBytes, cut), n);
     }
   }
 
@@ -574,7 +580,6 @@ class Reader {
   std::map<std::string, uint64_t> cuts_;
   size_t names_ = 0, stack_bytes_ = 0;
 };
-
 
 // Streaming replay (contract: SqliteReadOptions in sinks/sqlite_store.h). Rows are decoded by the
 // same Reader::decode as the load path and merged through a min-heap keyed by (ts_ns, rowid),
@@ -609,7 +614,8 @@ class StreamSource final : public EventSource {
     node_col_ = reader_.node_col();
     if (options_.progress && ::isatty(STDERR_FILENO)) {
       Stmt total(db_.get(), "SELECT max(rowid) FROM events");
-      if (total.ok() && total.step() == SQLITE_ROW) rows_total_ = static_cast<uint64_t>(std::max<int64_t>(0, total.i64(0)));
+      if (total.ok() && total.step() == SQLITE_ROW)
+        rows_total_ = static_cast<uint64_t>(std::max<int64_t>(0, total.i64(0)));
       progress_start_ = std::chrono::steady_clock::now();
       progress_next_ = progress_start_ + std::chrono::seconds(1);
       show_progress_ = rows_total_ > 0;
@@ -703,8 +709,9 @@ class StreamSource final : public EventSource {
   // The largest duration a decodable sched_switch row can have: how far such a row can move
   // back from where the index puts it.
   uint64_t max_sched_switch_duration() {
-    Stmt s(db_.get(), "SELECT max(duration) FROM events WHERE source = ?1 AND op = ?2 AND "
-                      "typeof(duration) = 'integer' AND duration BETWEEN 0 AND ?3");
+    Stmt s(db_.get(),
+           "SELECT max(duration) FROM events WHERE source = ?1 AND op = ?2 AND "
+           "typeof(duration) = 'integer' AND duration BETWEEN 0 AND ?3");
     if (!s.ok()) return 0;
     s.bind(1, static_cast<int64_t>(Source::kHost));
     s.bind(2, static_cast<int64_t>(op::kSchedSwitch));
@@ -779,9 +786,8 @@ class StreamSource final : public EventSource {
     }
     h.rowid = stmt_.i64(kNumCols);
     // The position the read order guarantees: stored timestamp (index) or derived start.
-    const uint64_t stored = h.e.source == Source::kHost && h.e.op == op::kSchedSwitch
-                                ? h.e.ts_ns + h.e.dur_ns
-                                : h.e.ts_ns;
+    const uint64_t stored = h.e.source == Source::kHost && h.e.op == op::kSchedSwitch ? h.e.ts_ns + h.e.dur_ns
+                                                                                      : h.e.ts_ns;
     if (indexed_ && stored < front_) {
       // The index walk went backwards: the index is damaged. Never hand out unsorted events.
       health_.skip("row out of timestamp-index order (damaged index?)");
@@ -807,8 +813,7 @@ class StreamSource final : public EventSource {
     }
     // Over the index, every row but sched_switch arrives in (ts, rowid) order already: a FIFO
     // holds those, only the rows that move pay for the heap.
-    if (indexed_ && stored == h.e.ts_ns &&
-        (in_order_.empty() || Earlier{}(in_order_.back(), h))) {
+    if (indexed_ && stored == h.e.ts_ns && (in_order_.empty() || Earlier{}(in_order_.back(), h))) {
       in_order_.push_back(h);
       return;
     }
@@ -857,13 +862,11 @@ class StreamSource final : public EventSource {
     health_.rows_read = row_;
     if (failed_rc_ != SQLITE_OK)
       health_.skip("events table unreadable after row " + std::to_string(row_) + ": " +
-                        sqlite_detail::describe_sqlite_error(db_.get(), failed_rc_) +
-                        "; the remaining rows are lost");
+                   sqlite_detail::describe_sqlite_error(db_.get(), failed_rc_) + "; the remaining rows are lost");
     if (late_count_)
-      health_.skip("delivered late: the reorder buffer (" +
-                            std::to_string(options_.max_reorder_events) +
-                            " rows) was too small for this trace's disorder",
-                        late_count_);
+      health_.skip("delivered late: the reorder buffer (" + std::to_string(options_.max_reorder_events) +
+                       " rows) was too small for this trace's disorder",
+                   late_count_);
     stmt_ = Stmt();
     db_.reset();
   }
@@ -886,7 +889,6 @@ class StreamSource final : public EventSource {
   uint64_t rows_total_ = 0;
   std::chrono::steady_clock::time_point progress_start_, progress_next_;
 };
-
 
 // Runs a source's next() on its own thread, `depth` batches ahead, so reading and decoding
 // SQLite rows overlaps the engine. Batches are handed over whole (swapped, never copied). The
@@ -980,14 +982,12 @@ bool is_sqlite_file(const std::string& path) {
   return in.gcount() == 16 && std::memcmp(magic, "SQLite format 3", 16) == 0;
 }
 
-std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::string& error,
-                                               size_t batch_size) {
+std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::string& error, size_t batch_size) {
   SqliteReadOptions options;
   options.batch_size = batch_size;
   // For A/B benchmarks and checks (docs/performance.md): INGERO_SQLITE_STREAM=0 selects the old
   // load-and-sort path, INGERO_SQLITE_READER_THREAD=0 streams without the reader thread.
-  if (const char* v = std::getenv("INGERO_SQLITE_STREAM"); v && std::string_view(v) == "0")
-    options.stream = false;
+  if (const char* v = std::getenv("INGERO_SQLITE_STREAM"); v && std::string_view(v) == "0") options.stream = false;
   if (const char* v = std::getenv("INGERO_SQLITE_READER_THREAD"); v && std::string_view(v) == "0")
     options.reader_thread = false;
   options.progress = std::getenv("INGERO_QUIET") == nullptr;

@@ -114,12 +114,11 @@ bool read_ours(sqlite3* db, AnalysisResult& r, std::string& error) {
   // threads/stacks/time_split were added later: older databases read without them.
   const auto chain_cols = sqlite_detail::table_columns(db, "ip_chains");
   const bool has_where = std::find(chain_cols.begin(), chain_cols.end(), "stacks") != chain_cols.end();
-  Stmt s(db,
-         std::string("SELECT id, rule, rule_hash, severity, category, source, op, pid, tid, node_index, rank, "
-                     "window_start, window_end, summary, root_cause, explanation, recommendations, evidence, "
-                     "predicates, slot_values, p50_ns, p99_ns, tail_ratio, dropped_events, ") +
-             (has_where ? "threads, stacks, time_split" : "'[]', '[]', 'null'") +
-             " FROM ip_chains ORDER BY position, rowid");
+  Stmt s(db, std::string("SELECT id, rule, rule_hash, severity, category, source, op, pid, tid, node_index, rank, "
+                         "window_start, window_end, summary, root_cause, explanation, recommendations, evidence, "
+                         "predicates, slot_values, p50_ns, p99_ns, tail_ratio, dropped_events, ") +
+                 (has_where ? "threads, stacks, time_split" : "'[]', '[]', 'null'") +
+                 " FROM ip_chains ORDER BY position, rowid");
   if (!s.ok()) return error = "cannot read ip_chains: " + s.error(), false;
   int rc;
   while ((rc = s.step()) == SQLITE_ROW) {
@@ -226,8 +225,7 @@ bool read_ingero(sqlite3* db, AnalysisResult& r, std::string& error) {
       if (!t.is_object()) continue;
       const std::string op = str(t, "op");
       std::string kind = op == "sched_switch" ? "offcpu" : op == "block_io" ? "block_io" : op;
-      if (find_op(op) && find_op(op)->source == c.source && c.op && find_op(op)->op == c.op)
-        kind = "tail";
+      if (find_op(op) && find_op(op)->source == c.source && c.op && find_op(op)->op == c.op) kind = "tail";
       c.evidence.push_back({kind, str(t, "detail"), num(t, "dur_us") * 1000, "ns", {}});
     }
     c.node = r.meta.node_index(s.text(12));
@@ -250,12 +248,9 @@ bool read_result(const std::string& path, AnalysisResult& result, std::string& e
     AnalysisResult r;
     r.meta.path = path;
     bool ok;
-    if (sqlite_detail::table_exists(db.get(), "ip_chains"))
-      ok = read_ours(db.get(), r, why);
-    else if (sqlite_detail::table_exists(db.get(), "causal_chains"))
-      ok = read_ingero(db.get(), r, why);
-    else
-      return error = shown + ": no stored results (neither ip_chains nor causal_chains table)", false;
+    if (sqlite_detail::table_exists(db.get(), "ip_chains")) ok = read_ours(db.get(), r, why);
+    else if (sqlite_detail::table_exists(db.get(), "causal_chains")) ok = read_ingero(db.get(), r, why);
+    else return error = shown + ": no stored results (neither ip_chains nor causal_chains table)", false;
     if (!ok) return error = shown + ": " + why, false;
     result = std::move(r);
     return true;

@@ -59,8 +59,7 @@ inline constexpr const char* kSqliteToolVersion = "0.1.0";
 // minus 0) yields a "duration" of decades that would stretch every window it touches.
 inline constexpr int64_t kMaxPlausibleDurationNs = int64_t{24} * 3600 * 1'000'000'000;
 
-std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::string& error,
-                                               size_t batch_size = 4096);
+std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::string& error, size_t batch_size = 4096);
 
 // How open_sqlite_trace reads `events`.
 //
@@ -104,9 +103,9 @@ std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::str
 // report whole). Longer values are cut to the bound and counted in meta().health.reasons.
 // Values larger than kSqliteMaxValueBytes are not even loaded: the reader's connection refuses
 // them (SQLITE_LIMIT_LENGTH), the row or side table is reported unreadable instead.
-inline constexpr size_t kMaxNameBytes = 256;           // process/thread/node names (kernel: 16)
+inline constexpr size_t kMaxNameBytes = 256;              // process/thread/node names (kernel: 16)
 inline constexpr size_t kMaxStackJsonBytes = 256 * 1024;  // stack_traces.ips / frames
-inline constexpr size_t kMaxTextBytes = 4096;          // other text columns (sessions, ids)
+inline constexpr size_t kMaxTextBytes = 4096;             // other text columns (sessions, ids)
 inline constexpr int kSqliteMaxValueBytes = 16 * 1024 * 1024;
 
 // True when `path` is a regular file starting with the 16-byte SQLite magic: lets the CLI pick a
@@ -126,8 +125,7 @@ class SqliteSink {
   };
 
   static std::unique_ptr<SqliteSink> create(const std::string& path, std::string& error);
-  static std::unique_ptr<SqliteSink> create(const std::string& path, std::string& error,
-                                            const Options& options);
+  static std::unique_ptr<SqliteSink> create(const std::string& path, std::string& error, const Options& options);
   ~SqliteSink();
   SqliteSink(const SqliteSink&) = delete;
   SqliteSink& operator=(const SqliteSink&) = delete;

@@ -10,8 +10,7 @@
 namespace ingero::sqlite_detail {
 
 Stmt::Stmt(sqlite3* db, std::string_view sql) {
-  if (sqlite3_prepare_v2(db, sql.data(), static_cast<int>(sql.size()), &stmt_, nullptr) !=
-      SQLITE_OK) {
+  if (sqlite3_prepare_v2(db, sql.data(), static_cast<int>(sql.size()), &stmt_, nullptr) != SQLITE_OK) {
     error_ = one_line(sqlite3_errmsg(db));
     sqlite3_finalize(stmt_);
     stmt_ = nullptr;
@@ -33,8 +32,7 @@ Stmt& Stmt::operator=(Stmt&& o) noexcept {
 std::string Stmt::text(int c) const {
   const auto* p = sqlite3_column_text(stmt_, c);
   if (!p) return {};
-  return std::string(reinterpret_cast<const char*>(p),
-                     static_cast<size_t>(sqlite3_column_bytes(stmt_, c)));
+  return std::string(reinterpret_cast<const char*>(p), static_cast<size_t>(sqlite3_column_bytes(stmt_, c)));
 }
 
 bool exec(sqlite3* db, const char* sql, std::string& error) {
@@ -140,8 +138,7 @@ ProbeResult probe_sqlite_file(const std::string& path) {
     return r;
   }
   if (n < 100) {
-    r.problem = "truncated (" + std::to_string(size) +
-                " bytes, shorter than the 100-byte SQLite header)";
+    r.problem = "truncated (" + std::to_string(size) + " bytes, shorter than the 100-byte SQLite header)";
     return r;
   }
   uint32_t page_size = (uint32_t{buf[16]} << 8) | buf[17];
@@ -161,9 +158,8 @@ ProbeResult probe_sqlite_file(const std::string& path) {
   if (pages != 0 && be32(buf + 24) == be32(buf + 92) && !wal_has_frames) {
     const uint64_t expected = uint64_t{pages} * page_size;
     if (size < expected) {
-      r.problem = "truncated (the header says " + std::to_string(pages) + " pages of " +
-                  std::to_string(page_size) + " bytes = " + std::to_string(expected) +
-                  " bytes, the file has " + std::to_string(size) + ")";
+      r.problem = "truncated (the header says " + std::to_string(pages) + " pages of " + std::to_string(page_size) +
+                  " bytes = " + std::to_string(expected) + " bytes, the file has " + std::to_string(size) + ")";
       return r;
     }
   }
@@ -200,8 +196,7 @@ std::string describe_sqlite_error(sqlite3* db, int rc) {
 
 Db open_readonly(const std::string& path, const ProbeResult& probe, std::string& error) {
   const bool immutable = !probe.has_wal && !probe.has_journal;
-  const std::string uri =
-      "file:" + uri_escape(path) + (immutable ? "?mode=ro&immutable=1" : "?mode=ro");
+  const std::string uri = "file:" + uri_escape(path) + (immutable ? "?mode=ro&immutable=1" : "?mode=ro");
   sqlite3* raw = nullptr;
   const int rc = sqlite3_open_v2(uri.c_str(), &raw,
                                  // NOMUTEX: each connection is used by one thread at a time; the

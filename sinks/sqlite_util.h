@@ -70,9 +70,9 @@ class Stmt {
 bool exec(sqlite3* db, const char* sql, std::string& error);
 
 struct ProbeResult {
-  std::string problem;  // empty: looks like a SQLite database
-  bool has_wal = false;       // a <path>-wal exists (a writer is open, or was killed)
-  bool has_journal = false;   // a <path>-journal exists (possibly hot)
+  std::string problem;       // empty: looks like a SQLite database
+  bool has_wal = false;      // a <path>-wal exists (a writer is open, or was killed)
+  bool has_journal = false;  // a <path>-journal exists (possibly hot)
 };
 
 // Checks existence, kind, the 16-byte magic, the page size and the page count in the header.

@@ -22,8 +22,8 @@
 
 namespace ingero {
 
-using sqlite_detail::Stmt;
 using nlohmann::json;
+using sqlite_detail::Stmt;
 
 struct SqliteSink::Impl {
   sqlite_detail::Db db;
@@ -89,7 +89,10 @@ std::string timeline_layer(const Chain& c, const EvidenceItem& ev, std::string& 
 json evidence_json(const std::vector<EvidenceItem>& evidence) {
   json a = json::array();
   for (const auto& ev : evidence)
-    a.push_back({{"kind", ev.kind}, {"detail", ev.detail}, {"value", ev.value}, {"unit", ev.unit},
+    a.push_back({{"kind", ev.kind},
+                 {"detail", ev.detail},
+                 {"value", ev.value},
+                 {"unit", ev.unit},
                  {"event_ids", ev.event_ids}});
   return a;
 }
@@ -108,16 +111,14 @@ std::unique_ptr<SqliteSink> SqliteSink::create(const std::string& path, std::str
   return create(path, error, Options{});
 }
 
-std::unique_ptr<SqliteSink> SqliteSink::create(const std::string& path, std::string& error,
-                                               const Options& options) {
+std::unique_ptr<SqliteSink> SqliteSink::create(const std::string& path, std::string& error, const Options& options) {
   if (path.empty()) {
     error = "(empty path): no output database path given";
     return nullptr;
   }
   if (options.page_size < 512 || options.page_size > 65536 ||
       !std::has_single_bit(static_cast<unsigned>(options.page_size))) {
-    error = path + ": page_size " + std::to_string(options.page_size) +
-            " is not a power of two between 512 and 65536";
+    error = path + ": page_size " + std::to_string(options.page_size) + " is not a power of two between 512 and 65536";
     return nullptr;
   }
   bool exists = false;
@@ -136,8 +137,7 @@ std::unique_ptr<SqliteSink> SqliteSink::create(const std::string& path, std::str
   }
   std::unique_ptr<SqliteSink> sink(new SqliteSink(path, options));
   sqlite3* raw = nullptr;
-  const int rc = sqlite3_open_v2(path.c_str(), &raw,
-                                 SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+  const int rc = sqlite3_open_v2(path.c_str(), &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
                                  nullptr);
   sink->impl_->db.reset(raw);
   if (rc != SQLITE_OK) {
@@ -184,8 +184,7 @@ std::unique_ptr<SqliteSink> SqliteSink::create(const std::string& path, std::str
         {"version", "0.9"},
         {"timestamp_unit", "nanoseconds (Unix epoch)"},
         {"duration_unit", "nanoseconds"},
-        {"writer", std::string("ingero-pipeline ") + kSqliteToolVersion + " (" +
-                       kSqliteStoreFormat + ")"},
+        {"writer", std::string("ingero-pipeline ") + kSqliteToolVersion + " (" + kSqliteStoreFormat + ")"},
         {"node_note", "events.id format: {node}:{seq}, or {seq} when the node is unnamed."},
         {"sched_switch_note",
          "HOST sched_switch rows follow Ingero: timestamp = switch-in time (end of the off-CPU "
@@ -202,10 +201,9 @@ std::unique_ptr<SqliteSink> SqliteSink::create(const std::string& path, std::str
     const std::pair<const char*, std::string> meta_rows[] = {
         {"format", kSqliteStoreFormat},
         {"tool_version", kSqliteToolVersion},
-        {"created_at_ns",
-         std::to_string(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::system_clock::now().time_since_epoch())
-                            .count())},
+        {"created_at_ns", std::to_string(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                             std::chrono::system_clock::now().time_since_epoch())
+                                             .count())},
         {"nodes", "[\"\"]"},
     };
     for (const auto& [k, v] : meta_rows) {
@@ -306,10 +304,8 @@ bool SqliteSink::write_events(std::span<const Event> events) {
     st.bind(11, static_cast<int64_t>(e.ret));
     st.bind_u64(12, e.stack_id);
     sqlite3_bind_text(raw, 13, node_name.data(), static_cast<int>(node_name.size()), SQLITE_STATIC);
-    if (e.rank < 0)
-      st.bind_null(14);
-    else
-      st.bind(14, static_cast<int64_t>(e.rank));
+    if (e.rank < 0) st.bind_null(14);
+    else st.bind(14, static_cast<int64_t>(e.rank));
     st.bind_u64(15, e.cgroup_id);
     st.bind(16, static_cast<int64_t>(e.prev_state));
     st.bind(17, static_cast<int64_t>(e.flags));
@@ -340,8 +336,7 @@ bool SqliteSink::write_health(const InputHealth& health) {
   };
   for (const auto& [reason, n] : health.reasons)
     if (!put("skip", reason, n)) return fail("write health: " + std::string(sqlite3_errmsg(db)));
-  if (health.dropped_events &&
-      !put("drop", "events lost before they reached the pipeline", health.dropped_events))
+  if (health.dropped_events && !put("drop", "events lost before they reached the pipeline", health.dropped_events))
     return fail("write health: " + std::string(sqlite3_errmsg(db)));
   return true;
 }
@@ -486,8 +481,7 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
   const auto& nodes = impl_->nodes;
   int64_t position = 0;
   for (const auto& c : result.chains) {
-    const std::string node =
-        c.node < nodes.size() ? nodes[c.node] : "node#" + std::to_string(c.node);
+    const std::string node = c.node < nodes.size() ? nodes[c.node] : "node#" + std::to_string(c.node);
     const std::string cuda_op = c.op ? op_name(c.source, c.op) : "";
     json timeline = json::array();
     for (const auto& ev : c.evidence) {
@@ -520,11 +514,7 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
 
     json preds = json::array();
     for (const auto& p : c.predicates)
-      preds.push_back({{"label", p.label},
-                       {"lhs", p.lhs},
-                       {"rhs", p.rhs},
-                       {"margin", p.margin},
-                       {"passed", p.passed}});
+      preds.push_back({{"label", p.label}, {"lhs", p.lhs}, {"rhs", p.rhs}, {"margin", p.margin}, {"passed", p.passed}});
     json slots = json::array();
     for (const auto& [name, value] : c.values) slots.push_back({{"name", name}, {"value", value}});
     json exemplars = json::array();
@@ -543,10 +533,8 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
     pc.bind(11, static_cast<int64_t>(c.tid));
     pc.bind(12, node);
     pc.bind(13, static_cast<int64_t>(c.node));
-    if (c.rank < 0)
-      pc.bind_null(14);
-    else
-      pc.bind(14, static_cast<int64_t>(c.rank));
+    if (c.rank < 0) pc.bind_null(14);
+    else pc.bind(14, static_cast<int64_t>(c.rank));
     pc.bind_u64(15, c.window_start);
     pc.bind_u64(16, c.window_end);
     pc.bind(17, c.summary);
@@ -579,8 +567,11 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
   for (const auto& o : result.rules) {
     json slots = json::array();
     for (const auto& [name, value] : o.miss_values) slots.push_back({{"name", name}, {"value", value}});
-    const json miss = {{"label", o.miss.label}, {"lhs", o.miss.lhs},  {"rhs", o.miss.rhs},
-                       {"margin", o.miss.margin}, {"passed", o.miss.passed}};
+    const json miss = {{"label", o.miss.label},
+                       {"lhs", o.miss.lhs},
+                       {"rhs", o.miss.rhs},
+                       {"margin", o.miss.margin},
+                       {"passed", o.miss.passed}};
     ro.bind(1, o.rule);
     ro.bind(2, position++);
     ro.bind(3, o.rule_hash);
@@ -597,10 +588,14 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
     if (!done(ro)) return err();
   }
   const auto& k = result.counters;
-  const json counters = {{"events_in", k.events_in},           {"batches", k.batches},
-                         {"windows_closed", k.windows_closed}, {"late_events", k.late_events},
-                         {"node_errors", k.node_errors},       {"evicted_spans", k.evicted_spans},
-                         {"tail_windows_capped", k.tail_windows_capped}, {"threads", k.threads}};
+  const json counters = {{"events_in", k.events_in},
+                         {"batches", k.batches},
+                         {"windows_closed", k.windows_closed},
+                         {"late_events", k.late_events},
+                         {"node_errors", k.node_errors},
+                         {"evicted_spans", k.evicted_spans},
+                         {"tail_windows_capped", k.tail_windows_capped},
+                         {"threads", k.threads}};
   kv.bind(1, "engine_counters");
   kv.bind(2, counters.dump());
   if (!done(kv)) return err();
@@ -617,8 +612,7 @@ bool SqliteSink::record_drops(const std::string& reason, uint64_t count) {
   if (!ins.ok()) return fail("record drops: " + ins.error());
   ins.bind(1, reason);
   ins.bind_u64(2, count);
-  if (ins.step() != SQLITE_DONE)
-    return fail("record drops: " + std::string(sqlite3_errmsg(impl_->db.get())));
+  if (ins.step() != SQLITE_DONE) return fail("record drops: " + std::string(sqlite3_errmsg(impl_->db.get())));
   return commit_pending();
 }
 

@@ -16,8 +16,7 @@ void pass_bounds(Module& m) {
     if (w.kind != WindowKind::kWhole && w.size_ns > kMaxWindow && r.window->size)
       m.error_at(f, *r.window->size, "E0502", "windows are at most 24h");
     if (w.kind == WindowKind::kSliding && w.slide_ns > 0 && r.window->slide) {
-      if (w.slide_ns > w.size_ns)
-        m.error_at(f, *r.window->slide, "E0505", "`every` must not exceed the window size");
+      if (w.slide_ns > w.size_ns) m.error_at(f, *r.window->slide, "E0505", "`every` must not exceed the window size");
       else if (w.size_ns / w.slide_ns > 1000)
         m.error_at(f, *r.window->slide, "E0505",
                    "each event would be in " + std::to_string(w.size_ns / w.slide_ns) + " windows; the limit is 1000",
@@ -33,9 +32,10 @@ void pass_bounds(Module& m) {
             const bool had_option = std::any_of(s.join->options.begin(), s.join->options.end(),
                                                 [](const ast::Option& o) { return o.key.name == "horizon"; });
             if (!had_option)
-              m.error_at(f, s.join->name, "E0501",
-                         "join `" + jn.name + "` has no horizon: its buffered spans would never be evicted",
-                         "add `horizon DURATION` (how long a span may end before the calls it overlaps), e.g. `horizon 2s`");
+              m.error_at(
+                  f, s.join->name, "E0501",
+                  "join `" + jn.name + "` has no horizon: its buffered spans would never be evicted",
+                  "add `horizon DURATION` (how long a span may end before the calls it overlaps), e.g. `horizon 2s`");
           }
         }
         if (jn.horizon_ns > kMaxHorizon) {
@@ -50,8 +50,7 @@ void pass_bounds(Module& m) {
                    "use `window tumbling DURATION`");
       if (s.kind == Step::Kind::kPeer) {
         if (std::find(w.keys.begin(), w.keys.end(), s.peer_node.group) == w.keys.end())
-          m.error_at(f, s.peer->group, "E0506",
-                     "peer group `" + s.peer->group.name + "` is not a key of the window",
+          m.error_at(f, s.peer->group, "E0506", "peer group `" + s.peer->group.name + "` is not a key of the window",
                      "add it to `by`, e.g. `window tumbling 10s by " + s.peer->group.name + "`");
       }
     }

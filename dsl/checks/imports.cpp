@@ -54,7 +54,8 @@ void load(Module& m, FileUnit& f, std::vector<std::string>& stack) {
         continue;
       }
       std::string text;
-      const bool found = m.opts.read_file ? m.opts.read_file(path, text) : default_read(path, text, m.opts.limits.max_bytes);
+      const bool found = m.opts.read_file ? m.opts.read_file(path, text)
+                                          : default_read(path, text, m.opts.limits.max_bytes);
       if (!found) {
         m.error_at(f, imp->path, "E0101", "cannot read imported file `" + path + "`");
         continue;

@@ -20,15 +20,17 @@ int precedence(ast::BinOp op) {
   switch (op) {
     case ast::BinOp::kOr: return 1;
     case ast::BinOp::kAnd: return 2;
-    case ast::BinOp::kAdd: case ast::BinOp::kSub: return 4;
-    case ast::BinOp::kMul: case ast::BinOp::kDiv: return 5;
+    case ast::BinOp::kAdd:
+    case ast::BinOp::kSub: return 4;
+    case ast::BinOp::kMul:
+    case ast::BinOp::kDiv: return 5;
     default: return 3;  // comparisons, in
   }
 }
 
 bool is_comparison(ExprOp op) {
-  return op == ExprOp::kLt || op == ExprOp::kLe || op == ExprOp::kGt || op == ExprOp::kGe ||
-         op == ExprOp::kEq || op == ExprOp::kNe || op == ExprOp::kIn;
+  return op == ExprOp::kLt || op == ExprOp::kLe || op == ExprOp::kGt || op == ExprOp::kGe || op == ExprOp::kEq ||
+         op == ExprOp::kNe || op == ExprOp::kIn;
 }
 
 ExprOp to_expr_op(ast::BinOp op) {
@@ -62,7 +64,7 @@ const char* op_word(ast::BinOp op) {
 
 const std::vector<std::string>& function_names() {
   static const std::vector<std::string> v = {"count", "rate", "sum", "min", "max", "mean", "quantile",
-                                             "abs", "p50", "p90", "p95", "p99", "p999"};
+                                             "abs",   "p50",  "p90", "p95", "p99", "p999"};
   return v;
 }
 
@@ -120,7 +122,8 @@ TExpr Resolver::resolve(const ast::Expr& e) {
     if (op == ast::BinOp::kMatch) {
       if (!bare(a)) {
         if (a.ty != Ty::kUnknown)
-          m.error(*a.file, a.pos, a.end, "E0217", "`~` matches `stack` or `site` against frame patterns, found " + std::string(ty_name(a.ty)),
+          m.error(*a.file, a.pos, a.end, "E0217",
+                  "`~` matches `stack` or `site` against frame patterns, found " + std::string(ty_name(a.ty)),
                   "write `stack ~ \"*.item*\"` (any frame) or `site ~ \"train.py:*\"` (the call site)");
         vals.push_back(bad(out.pos, out.end));
         return;
@@ -139,7 +142,8 @@ TExpr Resolver::resolve(const ast::Expr& e) {
       }
       if (!ok) {
         if (b.ty != Ty::kUnknown)
-          m.error(*b.file, b.pos, b.end, "E0217", "`~` needs a pattern string or a list of pattern strings on its right, found " +
+          m.error(*b.file, b.pos, b.end, "E0217",
+                  "`~` needs a pattern string or a list of pattern strings on its right, found " +
                       (b.ty == Ty::kList ? std::string("a list with other values") : std::string(ty_name(b.ty))),
                   "patterns are globs over frame text (`train.py:142 in forward`): `*` any text, `?` one character");
         vals.push_back(bad(out.pos, out.end));
@@ -162,12 +166,14 @@ TExpr Resolver::resolve(const ast::Expr& e) {
     if ((a.from_not || b.from_not) && op != ast::BinOp::kAnd && op != ast::BinOp::kOr) {
       const TExpr& n = a.from_not ? a : b;
       m.error(*n.file, n.pos, n.end, "E0311", "`not` applies only to the operand right after it",
-              "write `not (" + text_of(*n.file, n.args.empty() ? n.pos : n.args[0].pos,
-                                       n.args.empty() ? n.end : n.args[0].end) + " ...)`");
+              "write `not (" +
+                  text_of(*n.file, n.args.empty() ? n.pos : n.args[0].pos, n.args.empty() ? n.end : n.args[0].end) +
+                  " ...)`");
       vals.push_back(bad(out.pos, out.end));
       return;
     }
-    if (is_comparison(eop) && (is_comparison(a.op) || (op != ast::BinOp::kIn && op != ast::BinOp::kNotIn && is_comparison(b.op)))) {
+    if (is_comparison(eop) &&
+        (is_comparison(a.op) || (op != ast::BinOp::kIn && op != ast::BinOp::kNotIn && is_comparison(b.op)))) {
       m.error(*out.file, out.pos, out.end, "E0310", "comparisons cannot be chained",
               "combine them with `and`: `a < b and b < c`");
       vals.push_back(bad(out.pos, out.end));
@@ -176,7 +182,8 @@ TExpr Resolver::resolve(const ast::Expr& e) {
     if (op == ast::BinOp::kIn || op == ast::BinOp::kNotIn) {
       if (b.ty != Ty::kList) {
         if (b.ty != Ty::kUnknown)
-          m.error(*b.file, b.pos, b.end, "E0308", std::string("`") + op_word(op) + "` needs a list on its right, found " + ty_name(b.ty),
+          m.error(*b.file, b.pos, b.end, "E0308",
+                  std::string("`") + op_word(op) + "` needs a list on its right, found " + ty_name(b.ty),
                   "write `x in [a, b]` or name a `list`");
         vals.push_back(bad(out.pos, out.end));
         return;
@@ -243,7 +250,8 @@ TExpr Resolver::unary(const ast::Unary& u) {
 
 TExpr Resolver::primary(const ast::Primary& p) {
   if (--budget < 0) {
-    if (budget == -1) m.error(file, 0, 0, "E0004", "expressions are too large (more than 4096 nodes after inlining defs)");
+    if (budget == -1)
+      m.error(file, 0, 0, "E0004", "expressions are too large (more than 4096 nodes after inlining defs)");
     TExpr t;
     t.file = &file;
     return t;
@@ -544,7 +552,7 @@ TExpr Resolver::call(const ast::Call& c) {
   // Name: the let's own name when the call is the whole value, else a hidden `_...` name.
   std::string key = std::string(agg_name(spec.kind)) + "/" + field_name(spec.field) + "/" + number_key(spec.q);
   std::string hidden = "_" + std::string(spec.kind == AggKind::kQuantile ? "p" + number_key(spec.q * 100)
-                                                                          : agg_name(spec.kind));
+                                                                         : agg_name(spec.kind));
   if (needs_field) hidden += "_" + std::string(field_name(spec.field));
   std::string existing;
   for (const auto& a : rule->aggs)
@@ -605,8 +613,8 @@ void resolve_stream(Module& m, RuleSema& r, const ast::Stream& s, StreamSpec& ou
       if (!id || !find_state(id->name, st)) {
         const int pos = id ? id->id_first : s.states->id_first;
         const int end = id ? id->id_last : s.states->id_last;
-        m.error(f, pos, end, "E0208", "expected an off-CPU state (" +
-                                          std::string("unknown, preempted, sleeping, disk_wait, other)"),
+        m.error(f, pos, end, "E0208",
+                "expected an off-CPU state (" + std::string("unknown, preempted, sleeping, disk_wait, other)"),
                 id ? did_you_mean(id->name, state_names()) : "");
         continue;
       }
@@ -618,8 +626,7 @@ void resolve_stream(Module& m, RuleSema& r, const ast::Stream& s, StreamSpec& ou
     Resolver res{m, f, &r, Ctx::kConst};
     TExpr v = res.resolve_atom(ast::Atom(*s.min), Ty::kDuration);
     if (v.ty == Ty::kDuration && v.value >= 0) out.offcpu_node.min_ns = static_cast<uint64_t>(v.value);
-    else if (v.ty != Ty::kUnknown)
-      m.error_at(f, *s.min, "E0302", "`min` needs a duration", "write e.g. `min 100us`");
+    else if (v.ty != Ty::kUnknown) m.error_at(f, *s.min, "E0302", "`min` needs a duration", "write e.g. `min 100us`");
   }
   if (s.where) {
     Resolver res{m, f, &r, Ctx::kEvent};
@@ -684,7 +691,7 @@ void pass_names(Module& m) {
     std::set<std::string> slots;
     if (pick(m, f, w.kind, {"tumbling", "sliding", "whole"}, "window kind")) {
       auto& wn = r.window_node;
-      wn.kind = w.kind.name == "tumbling" ? WindowKind::kTumbling
+      wn.kind = w.kind.name == "tumbling"  ? WindowKind::kTumbling
                 : w.kind.name == "sliding" ? WindowKind::kSliding
                                            : WindowKind::kWhole;
       if (wn.kind == WindowKind::kWhole) {
@@ -699,7 +706,8 @@ void pass_names(Module& m) {
       }
       if (wn.kind == WindowKind::kSliding) {
         if (!w.slide) {
-          m.error_at(f, w.kind, "E0305", "a `sliding` window needs `every DURATION`", "e.g. `window sliding 10s every 2s`");
+          m.error_at(f, w.kind, "E0305", "a `sliding` window needs `every DURATION`",
+                     "e.g. `window sliding 10s every 2s`");
           r.broken = true;
         } else if (!duration_of(m, r, *w.slide, "`every`", wn.slide_ns)) {
           r.broken = true;
@@ -781,8 +789,7 @@ void pass_names(Module& m) {
               if (number_of(m, r, o.value, v, ty)) {
                 if (ty != Ty::kNumber || v < 0 || v > 100 || v != std::floor(v))
                   m.error_at(f, o.value, "E0215", "`exemplars` must be a whole number from 0 to 100");
-                else
-                  jn.max_exemplars = static_cast<uint32_t>(v);
+                else jn.max_exemplars = static_cast<uint32_t>(v);
               }
             } else {
               m.error_at(f, o.key, "E0215", "`" + o.key.name + "` is not an option of `join`",
@@ -791,7 +798,8 @@ void pass_names(Module& m) {
           }
           define(m, r, slots, j.name, j.name.name);
           slots.erase(j.name.name);
-          for (const char* out : {"overlap_ns", "tail_ns", "share", "calls", "hit_calls", "events", "right_ns", "sum_arg0"})
+          for (const char* out :
+               {"overlap_ns", "tail_ns", "share", "calls", "hit_calls", "events", "right_ns", "sum_arg0"})
             slots.insert(j.name.name + "." + out);
           break;
         }
@@ -815,8 +823,7 @@ void pass_names(Module& m) {
               } else if (number_of(m, r, *t.factor, v, ty)) {
                 if ((ty != Ty::kRatio && ty != Ty::kNumber) || !(v > 0 && v < 1))
                   m.error_at(f, *t.factor, "E0216", "the factor must be a ratio between 0 and 1, e.g. 60%");
-                else
-                  tn.factor = v;
+                else tn.factor = v;
               }
             }
           }
@@ -825,8 +832,7 @@ void pass_names(Module& m) {
           if (number_of(m, r, t.windows, n, ty)) {
             if (ty != Ty::kNumber || n != std::floor(n) || n < 2 || n > 1000)
               m.error_at(f, t.windows, "E0504", "a trend spans 2 to 1000 windows");
-            else
-              tn.windows = static_cast<uint32_t>(n);
+            else tn.windows = static_cast<uint32_t>(n);
           }
           for (const char* out : {"trend.first", "trend.last", "trend.peak", "trend.change"}) slots.insert(out);
           break;
@@ -847,8 +853,7 @@ void pass_names(Module& m) {
               if (number_of(m, r, o.value, v, ty)) {
                 if (ty != Ty::kNumber || !(v > 0 && v <= 100))
                   m.error_at(f, o.value, "E0215", "`z` must be a number in (0, 100]");
-                else
-                  pn.z = v;
+                else pn.z = v;
               }
             } else if (o.key.name == "floor") {
               Resolver res{m, f, &r, Ctx::kConst};
@@ -858,8 +863,7 @@ void pass_names(Module& m) {
               if (number_of(m, r, o.value, v, ty)) {
                 if (ty != Ty::kNumber || v != std::floor(v) || v < 2 || v > 100000)
                   m.error_at(f, o.value, "E0215", "`min_peers` must be a whole number from 2 to 100000");
-                else
-                  pn.min_peers = static_cast<uint32_t>(v);
+                else pn.min_peers = static_cast<uint32_t>(v);
               }
             } else {
               m.error_at(f, o.key, "E0215", "`" + o.key.name + "` is not an option of `peer`",

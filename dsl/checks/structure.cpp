@@ -31,8 +31,9 @@ void pass_structure(Module& m) {
       r.name = rule->head.name.name;
       if (rule->head.title) r.title = rule->head.title->value;
       if (rule->id_last > rule->id_first)
-        r.hash = content_hash(std::string_view(f.src.text()).substr(
-            static_cast<size_t>(rule->id_first), static_cast<size_t>(rule->id_last - rule->id_first)));
+        r.hash = content_hash(
+            std::string_view(f.src.text())
+                .substr(static_cast<size_t>(rule->id_first), static_cast<size_t>(rule->id_last - rule->id_first)));
       if (r.name.empty()) {
         r.broken = true;  // the head did not parse; its error is reported
       } else if (auto it = names.find(r.name); it != names.end()) {

@@ -2,8 +2,8 @@
 // events. Event attributes: at, dur, every (durations), repeat (count), pid, tid, rank, node, gpu,
 // ret, arg0, arg1, bytes, state, stack. `stack "train.py:42 in train_step; main.py:7 in main"`
 // gives the event a stack: frames innermost first, separated by `;`, each `FILE:LINE in FUNCTION`
-// (a Python frame) or any other text (a native frame of that symbol). Timestamps start at kFixtureBaseNs (aligned to any window size
-// that divides 10^18 ns). At most 100000 events per fixture line and 200000 per test.
+// (a Python frame) or any other text (a native frame of that symbol). Timestamps start at kFixtureBaseNs (aligned to
+// any window size that divides 10^18 ns). At most 100000 events per fixture line and 200000 per test.
 #include <cmath>
 
 #include "dsl/sema.h"
@@ -51,8 +51,8 @@ constexpr double kMaxRepeat = 100000;
 constexpr size_t kMaxEvents = 200000;
 
 const std::vector<std::string>& attr_names() {
-  static const std::vector<std::string> v = {"at", "dur", "every", "repeat", "pid", "tid", "rank", "node",
-                                             "gpu", "ret", "arg0", "arg1", "bytes", "state", "stack"};
+  static const std::vector<std::string> v = {"at",  "dur", "every", "repeat", "pid",   "tid",   "rank", "node",
+                                             "gpu", "ret", "arg0",  "arg1",   "bytes", "state", "stack"};
   return v;
 }
 
@@ -96,7 +96,10 @@ void pass_tests(Module& m) {
           const std::string& k = a.key.name;
           if (std::find(attr_names().begin(), attr_names().end(), k) == attr_names().end()) {
             std::string hint = did_you_mean(k, attr_names());
-            if (hint.empty()) hint = "event attributes: at, dur, every, repeat, pid, tid, rank, node, gpu, ret, arg0, arg1, bytes, state, stack";
+            if (hint.empty())
+              hint =
+                  "event attributes: at, dur, every, repeat, pid, tid, rank, node, gpu, ret, arg0, arg1, bytes, state, "
+                  "stack";
             m.error_at(f, a.key, "E0802", "unknown event attribute `" + k + "`", hint);
             ok = false;
             continue;
@@ -135,7 +138,8 @@ void pass_tests(Module& m) {
           };
           const bool whole = v.op == ExprOp::kConst && v.value >= 0 && v.value == std::floor(v.value);
           if (k == "at" || k == "dur" || k == "every") {
-            if (!need(v.ty == Ty::kDuration && v.value >= 0, "a duration", "add a unit, e.g. `" + k + " 5ms`")) continue;
+            if (!need(v.ty == Ty::kDuration && v.value >= 0, "a duration", "add a unit, e.g. `" + k + " 5ms`"))
+              continue;
             if (k == "at") at = v.value;
             else if (k == "every") every = v.value;
             else e.dur_ns = static_cast<uint64_t>(v.value);
@@ -143,7 +147,8 @@ void pass_tests(Module& m) {
             if (need(v.ty == Ty::kNumber && whole && v.value >= 1 && v.value <= kMaxRepeat, "a count from 1 to 100000"))
               repeat = v.value;
           } else if (k == "state") {
-            if (need(v.ty == Ty::kState, "an off-CPU state")) e.prev_state = static_cast<OffCpuState>(static_cast<int>(v.value));
+            if (need(v.ty == Ty::kState, "an off-CPU state"))
+              e.prev_state = static_cast<OffCpuState>(static_cast<int>(v.value));
           } else if (k == "bytes") {
             if (need((v.ty == Ty::kBytes || v.ty == Ty::kNumber) && whole && v.value < 1.8e19, "a size"))
               e.arg0 = static_cast<uint64_t>(v.value);

@@ -11,10 +11,11 @@ bool numeric(Ty t) { return scalarish(t) || t == Ty::kDuration || t == Ty::kByte
 
 bool compatible(Ty a, Ty b) {
   if (a == b) return a != Ty::kString && a != Ty::kList;
-  auto loose = [](Ty t) { return t == Ty::kNumber || t == Ty::kRatio || t == Ty::kCount || t == Ty::kRate || t == Ty::kId; };
-  return (a == Ty::kNumber && loose(b)) || (b == Ty::kNumber && loose(a)) ||
-         (a == Ty::kRatio && b == Ty::kCount) || (a == Ty::kCount && b == Ty::kRatio) ||
-         (a == Ty::kId && b == Ty::kCount) || (a == Ty::kCount && b == Ty::kId);
+  auto loose = [](Ty t) {
+    return t == Ty::kNumber || t == Ty::kRatio || t == Ty::kCount || t == Ty::kRate || t == Ty::kId;
+  };
+  return (a == Ty::kNumber && loose(b)) || (b == Ty::kNumber && loose(a)) || (a == Ty::kRatio && b == Ty::kCount) ||
+         (a == Ty::kCount && b == Ty::kRatio) || (a == Ty::kId && b == Ty::kCount) || (a == Ty::kCount && b == Ty::kId);
 }
 
 struct Typer {
@@ -32,9 +33,12 @@ struct Typer {
       if (lit->literal && lit->ty == Ty::kNumber && (other->ty == Ty::kDuration || other->ty == Ty::kBytes)) {
         const bool dur = other->ty == Ty::kDuration;
         error(*lit, "E0302",
-              "`" + text_of(*lit->file, lit->pos, lit->end) + "` has no unit but is compared with " + ty_name(other->ty),
-              dur ? "write it with a unit, e.g. `" + text_of(*lit->file, lit->pos, lit->end) + "ms` (ns, us, ms, s, m, h)"
-                  : "write it with a unit, e.g. `" + text_of(*lit->file, lit->pos, lit->end) + "MiB` (B, KB, MB, GB, KiB, MiB, GiB)");
+              "`" + text_of(*lit->file, lit->pos, lit->end) + "` has no unit but is compared with " +
+                  ty_name(other->ty),
+              dur ? "write it with a unit, e.g. `" + text_of(*lit->file, lit->pos, lit->end) +
+                        "ms` (ns, us, ms, s, m, h)"
+                  : "write it with a unit, e.g. `" + text_of(*lit->file, lit->pos, lit->end) +
+                        "MiB` (B, KB, MB, GB, KiB, MiB, GiB)");
         return;
       }
     }
@@ -57,10 +61,12 @@ struct Typer {
         }
         return e.ty;
       case ExprOp::kField: return e.ty;
-      case ExprOp::kStackMatch: case ExprOp::kSiteMatch:
+      case ExprOp::kStackMatch:
+      case ExprOp::kSiteMatch:
         if (e.patterns.empty()) {
-          error(e, "E0217", std::string("`") + (e.op == ExprOp::kStackMatch ? "stack" : "site") +
-                                "` is not a condition by itself", "match it: `site ~ \"train.py:*\"`");
+          error(e, "E0217",
+                std::string("`") + (e.op == ExprOp::kStackMatch ? "stack" : "site") + "` is not a condition by itself",
+                "match it: `site ~ \"train.py:*\"`");
           return e.ty = Ty::kUnknown;
         }
         return e.ty = Ty::kBool;
@@ -68,7 +74,8 @@ struct Typer {
         auto it = slots.find(e.name);
         return e.ty = it == slots.end() ? Ty::kUnknown : it->second;
       }
-      case ExprOp::kNeg: case ExprOp::kAbs: {
+      case ExprOp::kNeg:
+      case ExprOp::kAbs: {
         const Ty a = type(e.args[0]);
         if (a != Ty::kUnknown && !numeric(a)) {
           error(e, "E0303", std::string("cannot negate ") + ty_name(a));
@@ -84,7 +91,8 @@ struct Typer {
         }
         return e.ty = Ty::kBool;
       }
-      case ExprOp::kAnd: case ExprOp::kOr: {
+      case ExprOp::kAnd:
+      case ExprOp::kOr: {
         const Ty a = type(e.args[0]), b = type(e.args[1]);
         for (size_t i = 0; i < 2; ++i) {
           const Ty t = i ? b : a;
@@ -95,7 +103,12 @@ struct Typer {
         }
         return e.ty = Ty::kBool;
       }
-      case ExprOp::kLt: case ExprOp::kLe: case ExprOp::kGt: case ExprOp::kGe: case ExprOp::kEq: case ExprOp::kNe: {
+      case ExprOp::kLt:
+      case ExprOp::kLe:
+      case ExprOp::kGt:
+      case ExprOp::kGe:
+      case ExprOp::kEq:
+      case ExprOp::kNe: {
         const Ty a = type(e.args[0]), b = type(e.args[1]);
         if (a == Ty::kUnknown || b == Ty::kUnknown) return e.ty = Ty::kBool;
         const bool ordered = e.op != ExprOp::kEq && e.op != ExprOp::kNe;
@@ -115,14 +128,14 @@ struct Typer {
             error(item, "E0308", "list items must be constants");
             continue;
           }
-          if (a != Ty::kUnknown && t != Ty::kUnknown && !compatible(a, t))
-            mismatch(item, e.args[0], item, "compare");
+          if (a != Ty::kUnknown && t != Ty::kUnknown && !compatible(a, t)) mismatch(item, e.args[0], item, "compare");
         }
         if (a == Ty::kDuration || a == Ty::kBytes || a == Ty::kBool)
           error(e.args[0], "E0301", std::string("`in` compares ids, ops, sources or states, not ") + ty_name(a));
         return e.ty = Ty::kBool;
       }
-      case ExprOp::kAdd: case ExprOp::kSub: {
+      case ExprOp::kAdd:
+      case ExprOp::kSub: {
         const Ty a = type(e.args[0]), b = type(e.args[1]);
         if (a == Ty::kUnknown || b == Ty::kUnknown) return e.ty = Ty::kUnknown;
         if (!numeric(a) || !numeric(b) || !compatible(a, b)) {
@@ -138,7 +151,8 @@ struct Typer {
           mismatch(e, e.args[0], e.args[1], "multiply");
           return e.ty = Ty::kUnknown;
         }
-        if (scalarish(a) && scalarish(b)) return e.ty = (a == Ty::kRatio && b == Ty::kRatio) ? Ty::kRatio : (a == Ty::kNumber ? b : a);
+        if (scalarish(a) && scalarish(b))
+          return e.ty = (a == Ty::kRatio && b == Ty::kRatio) ? Ty::kRatio : (a == Ty::kNumber ? b : a);
         if (scalarish(a)) return e.ty = b;
         if (scalarish(b)) return e.ty = a;
         error(e, "E0303", std::string("cannot multiply ") + ty_name(a) + " by " + ty_name(b));
@@ -158,7 +172,8 @@ struct Typer {
               "divide like by like for a ratio (p99 / p50), or use rate()");
         return e.ty = Ty::kUnknown;
       }
-      case ExprOp::kMin: case ExprOp::kMax: {
+      case ExprOp::kMin:
+      case ExprOp::kMax: {
         Ty out = Ty::kUnknown;
         for (auto& a : e.args) {
           const Ty t = type(a);
@@ -238,7 +253,8 @@ void pass_units(Module& m) {
         case Step::Kind::kTrend: {
           const Ty v = slots.count(s.trend_node.value) ? slots[s.trend_node.value] : Ty::kUnknown;
           if (v != Ty::kUnknown && !numeric(v))
-            m.error_at(*r.file, s.trend->value, "E0303", "a trend needs a numeric value, found " + std::string(ty_name(v)));
+            m.error_at(*r.file, s.trend->value, "E0303",
+                       "a trend needs a numeric value, found " + std::string(ty_name(v)));
           slots["trend.first"] = slots["trend.last"] = slots["trend.peak"] = v;
           slots["trend.change"] = Ty::kRatio;
           break;
@@ -246,7 +262,8 @@ void pass_units(Module& m) {
         case Step::Kind::kPeer: {
           const Ty v = slots.count(s.peer_node.value) ? slots[s.peer_node.value] : Ty::kUnknown;
           if (v != Ty::kUnknown && !numeric(v))
-            m.error_at(*r.file, s.peer->value, "E0303", "a peer group compares a numeric value, found " + std::string(ty_name(v)));
+            m.error_at(*r.file, s.peer->value, "E0303",
+                       "a peer group compares a numeric value, found " + std::string(ty_name(v)));
           for (const auto& o : s.peer->options) {
             if (o.key.name != "floor" || v == Ty::kUnknown) continue;
             double scale;
@@ -254,7 +271,8 @@ void pass_units(Module& m) {
             Unit u;
             if (parse_unit_suffix(o.value.unit, scale, fty, u) && !compatible(fty, v))
               m.error_at(*r.file, o.value, fty == Ty::kNumber ? "E0302" : "E0301",
-                         "the floor is " + std::string(ty_name(fty)) + " but `" + s.peer_node.value + "` is " + ty_name(v),
+                         "the floor is " + std::string(ty_name(fty)) + " but `" + s.peer_node.value + "` is " +
+                             ty_name(v),
                          v == Ty::kDuration ? "write it with a unit, e.g. `floor 20ms`" : "");
           }
           slots["peer.median"] = slots["peer.mad"] = v;

@@ -20,8 +20,7 @@ void collect_guards(const TExpr& e, std::set<std::string>& out) {
       ((e.op == ExprOp::kGt && b.value >= 0) || (e.op == ExprOp::kGe && b.value > 0) ||
        (e.op == ExprOp::kNe && b.value == 0)))
     out.insert(a.name);
-  if (b.op == ExprOp::kRef && cst(a) &&
-      ((e.op == ExprOp::kLt && a.value >= 0) || (e.op == ExprOp::kLe && a.value > 0)))
+  if (b.op == ExprOp::kRef && cst(a) && ((e.op == ExprOp::kLt && a.value >= 0) || (e.op == ExprOp::kLe && a.value > 0)))
     out.insert(b.name);
 }
 

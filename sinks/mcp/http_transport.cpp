@@ -176,7 +176,7 @@ struct Shared {
   const HttpOptions& options;
   std::mutex server_mu;  // the server core is single-threaded
   std::mutex state_mu;
-  std::string session;   // current session id ("" = none)
+  std::string session;  // current session id ("" = none)
   std::map<std::string, std::shared_ptr<RequestContext>> pending;
   std::vector<int> open_fds;  // shut down at stop so blocked reads return
 };
@@ -217,7 +217,8 @@ void serve_connection(Shared& sh, int fd, std::atomic<bool>& stop) {
     if (auto v = req.headers.find("mcp-protocol-version"); v != req.headers.end()) {
       const auto& known = supported_protocols();
       if (std::find(known.begin(), known.end(), v->second) == known.end()) {
-        if (!respond(400, to_line(make_error(nullptr, kInvalidRequest, "unsupported MCP-Protocol-Version: " + v->second.substr(0, 40)))))
+        if (!respond(400, to_line(make_error(nullptr, kInvalidRequest,
+                                             "unsupported MCP-Protocol-Version: " + v->second.substr(0, 40)))))
           break;
         continue;
       }
@@ -263,7 +264,8 @@ void serve_connection(Shared& sh, int fd, std::atomic<bool>& stop) {
       }
     }
     // Cancellation applies at once, outside the server lock.
-    if (msg.is_object() && msg.contains("method") && msg["method"] == "notifications/cancelled" && !msg.contains("id")) {
+    if (msg.is_object() && msg.contains("method") && msg["method"] == "notifications/cancelled" &&
+        !msg.contains("id")) {
       if (msg.contains("params") && msg["params"].is_object() && msg["params"].contains("requestId")) {
         std::lock_guard<std::mutex> lock(sh.state_mu);
         auto it = sh.pending.find(Server::id_key(msg["params"]["requestId"]));
@@ -308,8 +310,8 @@ void serve_connection(Shared& sh, int fd, std::atomic<bool>& stop) {
 
 }  // namespace
 
-int run_http(Server& server, const HttpOptions& options, std::atomic<bool>& stop,
-             std::atomic<uint16_t>* bound_port, std::string& error) {
+int run_http(Server& server, const HttpOptions& options, std::atomic<bool>& stop, std::atomic<uint16_t>* bound_port,
+             std::string& error) {
   if (options.token.empty()) {
     error = "the HTTP transport needs a bearer token";
     return 1;

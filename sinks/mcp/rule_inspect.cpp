@@ -43,8 +43,7 @@ double eval_named(const Expr& e, const std::map<std::string, double>& v, std::st
     case ExprOp::kConst: return e.value;
     case ExprOp::kField:
     case ExprOp::kStackMatch:  // event-level, like fields: no value on a row
-    case ExprOp::kSiteMatch:
-      return std::nan("");
+    case ExprOp::kSiteMatch: return std::nan("");
     case ExprOp::kRef: {
       auto it = v.find(e.name);
       if (it == v.end()) {
@@ -103,8 +102,7 @@ std::vector<RuleView> plan_rules(const Plan& plan) {
       const auto& body = plan.nodes[static_cast<size_t>(id)].body;
       if (const auto* req = std::get_if<RequireNode>(&body))
         r.predicates.push_back(req->label.empty() && req->pred ? req->pred->to_string() : req->label);
-      if (std::holds_alternative<TrendNode>(body) || std::holds_alternative<PeerNode>(body))
-        r.has_history_stage = true;
+      if (std::holds_alternative<TrendNode>(body) || std::holds_alternative<PeerNode>(body)) r.has_history_stage = true;
       auto it = lines.find(id);
       if (it != lines.end()) r.plan_text += it->second + "\n";
     }
@@ -144,14 +142,16 @@ PredicateResult evaluate_predicate(const RequireNode& req, const std::map<std::s
   p.label = req.label.empty() && req.pred ? req.pred->to_string() : req.label;
   if (!req.pred) return p;
   const Expr& e = *req.pred;
-  const bool comparison = e.op == ExprOp::kLt || e.op == ExprOp::kLe || e.op == ExprOp::kGt ||
-                          e.op == ExprOp::kGe || e.op == ExprOp::kEq || e.op == ExprOp::kNe;
+  const bool comparison = e.op == ExprOp::kLt || e.op == ExprOp::kLe || e.op == ExprOp::kGt || e.op == ExprOp::kGe ||
+                          e.op == ExprOp::kEq || e.op == ExprOp::kNe;
   if (comparison && e.args.size() == 2 && e.args[0] && e.args[1]) {
     p.lhs = eval_named(*e.args[0], values, unknown);
     p.rhs = eval_named(*e.args[1], values, unknown);
     switch (e.op) {
-      case ExprOp::kGt: case ExprOp::kGe: p.margin = p.lhs - p.rhs; break;
-      case ExprOp::kLt: case ExprOp::kLe: p.margin = p.rhs - p.lhs; break;
+      case ExprOp::kGt:
+      case ExprOp::kGe: p.margin = p.lhs - p.rhs; break;
+      case ExprOp::kLt:
+      case ExprOp::kLe: p.margin = p.rhs - p.lhs; break;
       case ExprOp::kEq: p.margin = -std::fabs(p.lhs - p.rhs); break;
       default: p.margin = std::fabs(p.lhs - p.rhs); break;
     }

@@ -22,19 +22,19 @@ namespace ingero::mcp {
 
 struct RuleView {
   std::string name, category, summary;
-  std::vector<std::string> severity;      // "HIGH when <expr>", ..., "MEDIUM otherwise"
-  std::vector<std::string> predicates;    // Require labels, in order
+  std::vector<std::string> severity;    // "HIGH when <expr>", ..., "MEDIUM otherwise"
+  std::vector<std::string> predicates;  // Require labels, in order
   std::vector<std::string> recommendations;
-  std::vector<int> nodes;                 // node ids of the rule's path, ascending
-  std::string plan_text;                  // canonical lines of those nodes
-  bool has_history_stage = false;         // Trend or Peer: not relaxed by why_not
+  std::vector<int> nodes;          // node ids of the rule's path, ascending
+  std::string plan_text;           // canonical lines of those nodes
+  bool has_history_stage = false;  // Trend or Peer: not relaxed by why_not
 };
 
 std::vector<RuleView> plan_rules(const Plan& plan);
 
 struct RelaxedRule {
   Plan plan;
-  std::vector<RequireNode> requires_;     // the original predicates, in path order
+  std::vector<RequireNode> requires_;  // the original predicates, in path order
 };
 
 // False when `rule` is not in the plan.

@@ -100,8 +100,7 @@ std::string Server::id_key(const Json& id) {
   return "";
 }
 
-Server::Server(ServerOptions options)
-    : options_(std::move(options)), tools_(std::make_unique<TraceTools>(options_)) {}
+Server::Server(ServerOptions options) : options_(std::move(options)), tools_(std::make_unique<TraceTools>(options_)) {}
 
 Server::~Server() = default;
 
@@ -146,7 +145,8 @@ std::optional<Json> Server::handle_message(const Json& msg, RequestContext* ctx)
       if (!initialized_ || protocol_ != "2025-03-26")
         return make_error(nullptr, kInvalidRequest,
                           "JSON-RPC batches are accepted only under protocol revision 2025-03-26; "
-                          "this session uses " + protocol_);
+                          "this session uses " +
+                              protocol_);
       if (msg.empty()) return make_error(nullptr, kInvalidRequest, "empty batch");
       if (msg.size() > kMaxBatch)
         return make_error(nullptr, kInvalidRequest,
@@ -173,8 +173,7 @@ Json Server::handle_request(const Json& msg, RequestContext* ctx) {
   if (!msg.is_object()) return make_error(nullptr, kInvalidRequest, "a JSON-RPC message must be an object");
   const bool has_id = msg.contains("id");
   const Json id = has_id ? msg["id"] : Json(nullptr);
-  if (has_id && !valid_id(id))
-    return make_error(nullptr, kInvalidRequest, "id must be a string or an integer");
+  if (has_id && !valid_id(id)) return make_error(nullptr, kInvalidRequest, "id must be a string or an integer");
   if (!msg.contains("jsonrpc") || msg["jsonrpc"] != "2.0")
     return make_error(id, kInvalidRequest, "jsonrpc must be \"2.0\"");
   if (!msg.contains("method")) {
@@ -186,8 +185,7 @@ Json Server::handle_request(const Json& msg, RequestContext* ctx) {
   const Json params = msg.contains("params") ? msg["params"] : Json(nullptr);
   if (!params.is_null() && !params.is_object()) {
     if (!has_id) return nullptr;
-    return make_error(id, params.is_array() ? kInvalidParams : kInvalidRequest,
-                      "params must be an object");
+    return make_error(id, params.is_array() ? kInvalidParams : kInvalidRequest, "params must be an object");
   }
   if (!has_id) return nullptr;  // notifications: initialized, cancelled (transport), progress...
   try {
@@ -210,8 +208,8 @@ Json Server::dispatch(const std::string& method, const Json& params, RequestCont
     const std::string requested = params["protocolVersion"].get<std::string>();
     const auto& known = supported_protocols();
     protocol_ = std::find(known.begin(), known.end(), requested) != known.end() ? requested : kLatestProtocol;
-    if (params.contains("clientInfo") && params["clientInfo"].is_object() &&
-        params["clientInfo"].contains("name") && params["clientInfo"]["name"].is_string())
+    if (params.contains("clientInfo") && params["clientInfo"].is_object() && params["clientInfo"].contains("name") &&
+        params["clientInfo"]["name"].is_string())
       client_name_ = params["clientInfo"]["name"].get<std::string>();
     initialized_ = true;
     return {{"protocolVersion", protocol_},
@@ -220,13 +218,10 @@ Json Server::dispatch(const std::string& method, const Json& params, RequestCont
               {"prompts", {{"listChanged", false}}},
               {"resources", {{"subscribe", false}, {"listChanged", false}}}}},
             {"serverInfo",
-             {{"name", kServerName},
-              {"title", "ingero-pipeline trace investigator"},
-              {"version", kServerVersion}}},
+             {{"name", kServerName}, {"title", "ingero-pipeline trace investigator"}, {"version", kServerVersion}}},
             {"instructions", kInstructions}};
   }
-  if (!initialized_)
-    throw RpcError{kInvalidRequest, "the session is not initialized: send initialize first"};
+  if (!initialized_) throw RpcError{kInvalidRequest, "the session is not initialized: send initialize first"};
   if (method == "tools/list") return paginate(tools_->tool_definitions(), params, options_.page_size, "tools");
   if (method == "tools/call") {
     if (!params.contains("name") || !params["name"].is_string())
@@ -236,8 +231,7 @@ Json Server::dispatch(const std::string& method, const Json& params, RequestCont
     if (!args.is_object()) throw RpcError{kInvalidParams, "params.arguments must be an object"};
     return tools_->call(params["name"].get<std::string>(), args, ctx);
   }
-  if (method == "prompts/list")
-    return paginate(tools_->prompt_definitions(), params, options_.page_size, "prompts");
+  if (method == "prompts/list") return paginate(tools_->prompt_definitions(), params, options_.page_size, "prompts");
   if (method == "prompts/get") {
     if (!params.contains("name") || !params["name"].is_string())
       throw RpcError{kInvalidParams, "prompts/get needs params.name (a string)"};

@@ -47,16 +47,16 @@ inline constexpr int kInternalError = -32603;
 inline constexpr int kResourceNotFound = -32002;
 
 struct ServerOptions {
-  std::string db_path;                   // the trace every tool reads
+  std::string db_path;  // the trace every tool reads
   // The analysis the tools report: the default analyses and/or compiled rule files. An empty plan
   // means default_plan(). `rule_files` are the .rules files it came from (rules/pack resource).
   Plan plan;
   std::vector<std::string> rule_files;
-  bool default_pack = true;              // the plan includes the default analyses
-  size_t page_size = 50;                 // items per page of tools/prompts/resources lists
-  size_t max_message_bytes = 4u << 20;   // larger messages are refused unread
-  int max_depth = 64;                    // JSON nesting limit (the parser recurses)
-  SqlLimits sql;                         // caps of run_sql
+  bool default_pack = true;             // the plan includes the default analyses
+  size_t page_size = 50;                // items per page of tools/prompts/resources lists
+  size_t max_message_bytes = 4u << 20;  // larger messages are refused unread
+  int max_depth = 64;                   // JSON nesting limit (the parser recurses)
+  SqlLimits sql;                        // caps of run_sql
   unsigned engine_threads = 1;
   // query_fleet (sinks/fleet_query.h): the nodes asked when a call names none, and their token.
   std::vector<std::string> fleet_nodes;

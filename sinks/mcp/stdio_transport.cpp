@@ -16,7 +16,7 @@ namespace {
 struct Job {
   std::string line;
   std::shared_ptr<RequestContext> ctx;
-  std::string key;   // id key of a request ("" for others)
+  std::string key;  // id key of a request ("" for others)
   bool oversized = false;
 };
 

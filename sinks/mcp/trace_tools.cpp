@@ -17,8 +17,8 @@
 #include "model/ops.h"
 #include "model/stack.h"
 #include "operators/chain_annotate.h"
-#include "sinks/report.h"
 #include "sinks/mcp/rule_inspect.h"
+#include "sinks/report.h"
 #include "sinks/sqlite_store.h"
 #ifdef INGERO_MCP_HAVE_DSL
 #include "dsl/compiler.h"
@@ -51,7 +51,8 @@ std::string untrusted_text(std::string_view s) { return untrusted(s); }
 // of those names inside generated text as untrusted. Names shorter than 3 bytes are left alone
 // (they would match inside ordinary words).
 std::string mark_names(const std::string& text, std::vector<std::string> names) {
-  names.erase(std::remove_if(names.begin(), names.end(), [](const std::string& n) { return n.size() < 3; }), names.end());
+  names.erase(std::remove_if(names.begin(), names.end(), [](const std::string& n) { return n.size() < 3; }),
+              names.end());
   if (names.empty()) return text;
   std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
   std::string out;
@@ -194,8 +195,7 @@ const OpInfo* find_op_arg(const std::string& name) {
   const OpInfo* info = find_op(name);
   if (info != nullptr) return info;
   for (const auto& o : all_ops())  // case-insensitive fallback
-    if (o.name.size() == name.size() &&
-        std::equal(name.begin(), name.end(), o.name.begin(), [](char a, char b) {
+    if (o.name.size() == name.size() && std::equal(name.begin(), name.end(), o.name.begin(), [](char a, char b) {
           return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
         }))
       return &o;
@@ -208,7 +208,8 @@ std::string ops_in(const AnalysisResult& r) {
   return s.empty() ? "(none)" : s;
 }
 
-constexpr const char* kInvestigatePrompt = R"(You are investigating why a GPU workload stalled, using the ingero-pipeline MCP tools on one recorded trace. Work from evidence, step by step, and say which tool output supports each claim.
+constexpr const char* kInvestigatePrompt =
+    R"(You are investigating why a GPU workload stalled, using the ingero-pipeline MCP tools on one recorded trace. Work from evidence, step by step, and say which tool output supports each claim.
 
 1. get_check: how the trace was captured (GPU, driver, CUDA, kernel, capture flags) and whether events were dropped or not stored. Drops limit what you can conclude; say so.
 2. get_trace_stats: per-op call counts, p50/p95/p99/max and the tail ratio (p99/p50). Ops with a high tail ratio and many calls are the candidates. Sync ops (cudaStreamSynchronize, cudaDeviceSynchronize, cuCtxSynchronize) measure waiting for the GPU, not host work.
@@ -234,8 +235,9 @@ std::string untrusted_capped(std::string_view s, size_t max_bytes) {
       // Defuse anything that could open or close the marker inside the value.
       std::string_view rest = s.substr(i + 1);
       if (!rest.empty() && rest[0] == '/') rest.remove_prefix(1);
-      const bool marker = rest.size() >= 9 && std::equal(rest.begin(), rest.begin() + 9, "untrusted",
-                                                         [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) == b; });
+      const bool marker = rest.size() >= 9 &&
+                          std::equal(rest.begin(), rest.begin() + 9, "untrusted",
+                                     [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) == b; });
       body += marker ? "\xE2\x80\xB9" : "<";  // U+2039
     } else {
       body += static_cast<char>(c);
@@ -254,17 +256,20 @@ std::string untrusted(std::string_view s) { return untrusted_capped(s, 1024); }
 TraceTools::TraceTools(const ServerOptions& options) : options_(options) {
   const ArgSpec limit10{"limit", ArgType::kInteger, false, "How many items to return (default 10).", {}, 1, 50};
   specs_ = {
-      {"get_check", "How the trace was captured",
+      {"get_check",
+       "How the trace was captured",
        "How the trace was captured: GPU, driver, CUDA, kernel, OS, capture flags and PID filter of each "
        "recording session; the time range; events per source; events dropped or not stored; host "
        "CPU/memory snapshots. Call this first: drops and sampling limit what the other tools can show.",
        {}},
-      {"get_trace_stats", "Per-op latency statistics",
+      {"get_trace_stats",
+       "Per-op latency statistics",
        "Per-op call count, p50/p95/p99/max latency (microseconds), tail ratio (p99/p50), errors, how many "
        "calls were observed vs stored, drops, the trace time range and the busiest processes.",
        {{"source", ArgType::kString, false, "Only ops of this source: CUDA, DRIVER, HOST, IO, TCP, NET, GRAPH, NCCL."},
         {"op", ArgType::kString, false, "Only this op, e.g. cudaLaunchKernel or cuLaunchKernel."}}},
-      {"get_causal_chains", "Ranked causal chains",
+      {"get_causal_chains",
+       "Ranked causal chains",
        "Causal chains found by the rules, ranked by severity: which host signal (off-CPU time, block I/O, "
        "TCP, memory pressure, ...) lines up in time with an op's slow calls, with evidence, exemplar event "
        "ids and provenance (rule, rule hash, predicates with margins). Filter by pid, op, minimum severity, "
@@ -277,12 +282,14 @@ TraceTools::TraceTools(const ServerOptions& options) : options_(options) {
         {"end_ns", ArgType::kInteger, false, "Only chains whose window starts before this unix time (ns)."},
         limit10,
         {"cursor", ArgType::kString, false, "nextCursor from a previous call."}}},
-      {"explain_chain", "Explain one causal chain",
+      {"explain_chain",
+       "Explain one causal chain",
        "Everything behind one chain: each predicate of its rule with both sides and the margin past the "
        "threshold, every computed value, the evidence and the exemplar events read from the trace.",
        {{"chain_id", ArgType::kString, true, "The chain id from get_causal_chains."},
         {"max_exemplars", ArgType::kInteger, false, "Exemplar events to read (default 5).", {}, 1, 10}}},
-      {"get_stacks", "Top call stacks of an op",
+      {"get_stacks",
+       "Top call stacks of an op",
        "The most frequent call stacks of one op, with call counts and latency. Frames are innermost first, "
        "each {kind: python|native|kernel, function (C++ demangled), file, line, module}; Python frames "
        "when the trace recorded them.",
@@ -290,35 +297,42 @@ TraceTools::TraceTools(const ServerOptions& options) : options_(options) {
         {"pid", ArgType::kInteger, false, "Only calls of this process id.", {}, 0, 4294967295.0},
         {"limit", ArgType::kInteger, false, "How many stacks (default 5).", {}, 1, 20},
         {"max_frames", ArgType::kInteger, false, "Frames per stack (default 24).", {}, 1, 128}}},
-      {"run_sql", "Read-only SQL over the trace",
+      {"run_sql",
+       "Read-only SQL over the trace",
        "Runs one read-only SQLite statement over the trace database (tables: events, stack_traces, "
        "process_names, sessions, system_snapshots, event_aggregates, causal_chains, sources, ops). Writes, "
        "ATTACH, PRAGMA changes, extensions and file access are refused by the database engine. Rows, time "
        "and reply size are capped; `truncated` says when rows were cut.",
-       {{"sql", ArgType::kString, true, "One SELECT (or read-only PRAGMA such as table_info(events)). Ingero's name `query` is accepted too."},
+       {{"sql", ArgType::kString, true,
+         "One SELECT (or read-only PRAGMA such as table_info(events)). Ingero's name `query` is accepted too."},
         {"max_rows", ArgType::kInteger, false, "Row cap for this call (default 200).", {}, 1, 10000}}},
-      {"list_rules", "The rules that produce chains",
+      {"list_rules",
+       "The rules that produce chains",
        "The loaded rules: name, category, predicates, severity cases, recommendations, and how often each "
        "fired on this trace.",
        {{"name", ArgType::kString, false, "Only the rule with this name."},
         {"verbose", ArgType::kBoolean, false, "Also return each rule's plan (canonical operator text)."}}},
-      {"check_rule", "Compile a rule text (never loads it)",
+      {"check_rule",
+       "Compile a rule text (never loads it)",
        "Compiles a .rules text and returns its diagnostics (file:line:col, code, message, hint). The rule is "
        "never loaded or run; use it to draft a rule for a cause you suspect.",
        {{"text", ArgType::kString, true, "The rule source text."},
         {"file_name", ArgType::kString, false, "Name to use in diagnostics (default agent.rules)."}}},
-      {"query_fleet", "Ask several nodes at once",
+      {"query_fleet",
+       "Ask several nodes at once",
        "Fans one question out to other nodes' MCP HTTP servers (ingero-pipeline mcp --http) with the bearer "
        "token and a per-node deadline: chains (all nodes' chains, worst first, each with the node it came "
        "from), ops (each node's per-op statistics side by side) or sql (rows with the node prepended). Nodes "
        "that are down or slow become warnings; the others still answer.",
        {{"action", ArgType::kString, true, "What to ask.", {"chains", "ops", "sql"}},
-        {"nodes", ArgType::kString, false, "Comma-separated http://HOST:PORT/mcp URLs (default: the server's --fleet-nodes)."},
+        {"nodes", ArgType::kString, false,
+         "Comma-separated http://HOST:PORT/mcp URLs (default: the server's --fleet-nodes)."},
         {"sql", ArgType::kString, false, "action sql: one read-only SELECT."},
         {"query", ArgType::kString, false, "action sql: the same as `sql` (Ingero's name)."},
         {"limit", ArgType::kInteger, false, "Chains or rows per node (default 20).", {}, 1, 1000},
         {"timeout_ms", ArgType::kInteger, false, "Per-node deadline (default 5000).", {}, 50, 60000}}},
-      {"why_not", "Why a rule did not fire",
+      {"why_not",
+       "Why a rule did not fire",
        "For a rule that did not fire on this trace: how many windows reached it, which predicate stopped "
        "them, and the closest candidates with each predicate's value, threshold and margin.",
        {{"rule", ArgType::kString, true, "The rule name (see list_rules)."},
@@ -466,7 +480,8 @@ Json TraceTools::get_check(const Json&, RequestContext* ctx) {
                 {"duration_s", round3(static_cast<double>(m.last_ts - std::min(m.first_ts, m.last_ts)) / 1e9)}};
   try {
     auto v = sql("SELECT value FROM schema_info WHERE key = 'version'", {}, ctx, 1);
-    if (!v.rows.empty() && v.rows[0][0].type == SqlValue::Type::kText) trace["schema_version"] = untrusted(v.rows[0][0].bytes);
+    if (!v.rows.empty() && v.rows[0][0].type == SqlValue::Type::kText)
+      trace["schema_version"] = untrusted(v.rows[0][0].bytes);
   } catch (const ToolFailure&) {
   }
   Json sessions = Json::array();
@@ -506,8 +521,9 @@ Json TraceTools::get_check(const Json&, RequestContext* ctx) {
       drops["observed_by_recorder"] = observed;
       drops["stored_by_recorder"] = stored;
       drops["not_stored"] = observed > stored ? observed - stored : 0;
-      drops["note"] = "Ingero stores syncs, anomalies and a sample of other calls; not_stored counts the rest "
-                      "(event_aggregates). Statistics and chains see stored events only.";
+      drops["note"] =
+          "Ingero stores syncs, anomalies and a sample of other calls; not_stored counts the rest "
+          "(event_aggregates). Statistics and chains see stored events only.";
     }
   } catch (const ToolFailure&) {
   }
@@ -530,8 +546,8 @@ Json TraceTools::get_check(const Json&, RequestContext* ctx) {
   Json nodes = Json::array();
   for (const auto& n : m.nodes)
     if (!n.empty()) nodes.push_back(untrusted(n));
-  return {{"trace", trace},     {"sessions", sessions}, {"events", {{"total", total}, {"by_source", by_source}}},
-          {"drops", drops},     {"host", host},         {"nodes", nodes},
+  return {{"trace", trace},        {"sessions", sessions}, {"events", {{"total", total}, {"by_source", by_source}}},
+          {"drops", drops},        {"host", host},         {"nodes", nodes},
           {"note", kUntrustedNote}};
 }
 
@@ -542,18 +558,21 @@ Json TraceTools::get_trace_stats(const Json& a, RequestContext* ctx) {
   std::optional<Source> source;
   if (a.contains("source") && a["source"].is_string()) {
     source = find_source(a["source"].get<std::string>());
-    if (!source) throw ToolFailure{"unknown source `" + a["source"].get<std::string>().substr(0, 40) +
-                                   "`; sources: CUDA, DRIVER, HOST, IO, TCP, NET, GRAPH, NCCL"};
+    if (!source)
+      throw ToolFailure{"unknown source `" + a["source"].get<std::string>().substr(0, 40) +
+                        "`; sources: CUDA, DRIVER, HOST, IO, TCP, NET, GRAPH, NCCL"};
   }
   const OpInfo* op = nullptr;
   if (a.contains("op") && a["op"].is_string()) {
     op = find_op_arg(a["op"].get<std::string>());
     if (op == nullptr)
-      throw ToolFailure{"unknown op `" + a["op"].get<std::string>().substr(0, 60) + "`; ops in this trace: " + ops_in(*r)};
+      throw ToolFailure{"unknown op `" + a["op"].get<std::string>().substr(0, 60) +
+                        "`; ops in this trace: " + ops_in(*r)};
   }
   std::map<std::pair<int, int>, std::pair<int64_t, int64_t>> observed;
   try {
-    auto agg = sql("SELECT source, op, sum(count), sum(stored) FROM event_aggregates GROUP BY source, op", {}, ctx, 1000);
+    auto agg = sql("SELECT source, op, sum(count), sum(stored) FROM event_aggregates GROUP BY source, op", {}, ctx,
+                   1000);
     for (const auto& row : agg.rows)
       observed[{static_cast<int>(row[0].integer), static_cast<int>(row[1].integer)}] = {row[2].integer, row[3].integer};
   } catch (const ToolFailure&) {
@@ -582,7 +601,8 @@ Json TraceTools::get_trace_stats(const Json& a, RequestContext* ctx) {
     ops.push_back(std::move(j));
   }
   if ((source || op) && ops.empty())
-    throw ToolFailure{"no events of that " + std::string(op ? "op" : "source") + " in this trace; ops present: " + ops_in(*r)};
+    throw ToolFailure{"no events of that " + std::string(op ? "op" : "source") +
+                      " in this trace; ops present: " + ops_in(*r)};
   Json processes = Json::array();
   auto pids = sql("SELECT pid, count(*) AS n FROM events GROUP BY pid ORDER BY n DESC LIMIT 10", {}, ctx, 10);
   for (const auto& row : pids.rows) {
@@ -638,14 +658,20 @@ Json TraceTools::chain_json(const Chain& c, const AnalysisResult& r, bool full) 
   for (const auto& e : c.evidence) {
     Json ids = Json::array();
     for (size_t i = 0; i < e.event_ids.size() && (full || i < 5); ++i) ids.push_back(e.event_ids[i]);
-    evidence.push_back({{"kind", e.kind}, {"detail", mark_names(e.detail, names)}, {"value", round3(e.value)}, {"unit", e.unit},
+    evidence.push_back({{"kind", e.kind},
+                        {"detail", mark_names(e.detail, names)},
+                        {"value", round3(e.value)},
+                        {"unit", e.unit},
                         {"exemplar_event_ids", ids}});
   }
   j["evidence"] = evidence;
   Json preds = Json::array();
   for (const auto& p : c.predicates) {
-    Json pj = {{"predicate", p.label}, {"lhs", round3(p.lhs)}, {"rhs", round3(p.rhs)},
-               {"margin", round3(p.margin)}, {"passed", p.passed}};
+    Json pj = {{"predicate", p.label},
+               {"lhs", round3(p.lhs)},
+               {"rhs", round3(p.rhs)},
+               {"margin", round3(p.margin)},
+               {"passed", p.passed}};
     if (!p.lhs_text.empty()) pj["lhs_text"] = p.lhs_text;  // with units: "87%", "3.4ms"
     if (!p.rhs_text.empty()) pj["rhs_text"] = p.rhs_text;
     preds.push_back(std::move(pj));
@@ -706,17 +732,25 @@ Json TraceTools::get_causal_chains(const Json& a) {
   const OpInfo* op = nullptr;
   if (a.contains("op") && a["op"].is_string()) {
     op = find_op_arg(a["op"].get<std::string>());
-    if (op == nullptr) throw ToolFailure{"unknown op `" + a["op"].get<std::string>().substr(0, 60) + "`; ops in this trace: " + ops_in(*r)};
+    if (op == nullptr)
+      throw ToolFailure{"unknown op `" + a["op"].get<std::string>().substr(0, 60) +
+                        "`; ops in this trace: " + ops_in(*r)};
   }
-  const int min_sev = a.contains("severity") && a["severity"].is_string() ? severity_rank(a["severity"].get<std::string>()) : 0;
+  const int min_sev = a.contains("severity") && a["severity"].is_string()
+                          ? severity_rank(a["severity"].get<std::string>())
+                          : 0;
   std::vector<const Chain*> matched;
   for (const auto& c : r->chains) {
     if (a.contains("pid") && a["pid"].is_number() && c.pid != a["pid"].get<uint64_t>()) continue;
     if (op && (c.source != op->source || c.op != op->op)) continue;
     if (static_cast<int>(c.severity) < min_sev) continue;
     if (a.contains("category") && a["category"].is_string() && c.category != a["category"].get<std::string>()) continue;
-    if (a.contains("start_ns") && a["start_ns"].is_number() && static_cast<double>(c.window_end) < a["start_ns"].get<double>()) continue;
-    if (a.contains("end_ns") && a["end_ns"].is_number() && static_cast<double>(c.window_start) > a["end_ns"].get<double>()) continue;
+    if (a.contains("start_ns") && a["start_ns"].is_number() &&
+        static_cast<double>(c.window_end) < a["start_ns"].get<double>())
+      continue;
+    if (a.contains("end_ns") && a["end_ns"].is_number() &&
+        static_cast<double>(c.window_start) > a["end_ns"].get<double>())
+      continue;
     matched.push_back(&c);
   }
   // Ranked: severity first, then how much tail time the chain explains.
@@ -735,20 +769,17 @@ Json TraceTools::get_causal_chains(const Json& a) {
   }
   const size_t limit = arg_or<size_t>(a, "limit", 10);
   Json chains = Json::array();
-  for (size_t i = offset; i < matched.size() && i < offset + limit; ++i) chains.push_back(chain_json(*matched[i], *r, false));
+  for (size_t i = offset; i < matched.size() && i < offset + limit; ++i)
+    chains.push_back(chain_json(*matched[i], *r, false));
   std::map<std::string, size_t> by_category;
   for (const auto* c : matched) ++by_category[c->category];
-  Json out = {{"total", matched.size()},
-              {"returned", chains.size()},
-              {"by_category", by_category},
-              {"chains", chains},
-              {"chains_in_trace", r->chains.size()},
-              {"note", kUntrustedNote}};
+  Json out = {{"total", matched.size()}, {"returned", chains.size()},           {"by_category", by_category},
+              {"chains", chains},        {"chains_in_trace", r->chains.size()}, {"note", kUntrustedNote}};
   if (offset + limit < matched.size()) out["next_cursor"] = "c" + std::to_string(offset + limit);
   if (matched.empty())
-    out["hint"] = r->chains.empty()
-                      ? "No rule fired on this trace. Use get_trace_stats for tails, list_rules and why_not to see how close each rule came."
-                      : "No chain matches these filters; call without filters to see all.";
+    out["hint"] = r->chains.empty() ? "No rule fired on this trace. Use get_trace_stats for tails, list_rules and "
+                                      "why_not to see how close each rule came."
+                                    : "No chain matches these filters; call without filters to see all.";
   return out;
 }
 
@@ -759,8 +790,8 @@ Json TraceTools::explain_chain(const Json& a, RequestContext* ctx) {
   const std::string id = a["chain_id"].get<std::string>();
   const auto it = std::find_if(r->chains.begin(), r->chains.end(), [&](const Chain& c) { return c.id == id; });
   if (it == r->chains.end())
-    throw ToolFailure{"no chain with id `" + id.substr(0, 120) + "` in this trace (" + std::to_string(r->chains.size()) +
-                      " chains); take ids from get_causal_chains"};
+    throw ToolFailure{"no chain with id `" + id.substr(0, 120) + "` in this trace (" +
+                      std::to_string(r->chains.size()) + " chains); take ids from get_causal_chains"};
   Json out = chain_json(*it, *r, true);
   // Exemplar events, read back from the database: integer ids (Ingero 0.8) or "node:seq" (0.9).
   const size_t max_ex = arg_or<size_t>(a, "max_exemplars", 5);
@@ -776,12 +807,15 @@ Json TraceTools::explain_chain(const Json& a, RequestContext* ctx) {
     for (uint64_t eid : ids) {
       params.push_back(static_cast<int64_t>(eid));
       params.push_back(node + ":" + std::to_string(eid));
-      in += std::string(in.empty() ? "" : ",") + "?" + std::to_string(params.size() - 1) + ",?" + std::to_string(params.size());
+      in += std::string(in.empty() ? "" : ",") + "?" + std::to_string(params.size() - 1) + ",?" +
+            std::to_string(params.size());
     }
     try {
-      auto rows = sql("SELECT id, timestamp, duration, pid, tid, source, op, arg0, arg1, ret_code, stack_hash FROM events "
-                      "WHERE id IN (" + in + ") ORDER BY timestamp LIMIT 20",
-                      params, ctx, 20);
+      auto rows = sql(
+          "SELECT id, timestamp, duration, pid, tid, source, op, arg0, arg1, ret_code, stack_hash FROM events "
+          "WHERE id IN (" +
+              in + ") ORDER BY timestamp LIMIT 20",
+          params, ctx, 20);
       for (const auto& row : rows.rows) {
         const auto src = static_cast<Source>(row[5].integer);
         Json ev = {{"id", row[0].type == SqlValue::Type::kText ? Json(untrusted(row[0].bytes)) : Json(row[0].integer)},
@@ -803,8 +837,9 @@ Json TraceTools::explain_chain(const Json& a, RequestContext* ctx) {
     }
   }
   out["exemplar_events"] = events;
-  out["reading"] = "Each predicate shows both sides and the margin past its threshold (positive = passed by that "
-                   "much). Exemplar events are the slowest matching calls and the host events that overlap them.";
+  out["reading"] =
+      "Each predicate shows both sides and the margin past its threshold (positive = passed by that "
+      "much). Exemplar events are the slowest matching calls and the host events that overlap them.";
   out["note"] = kUntrustedNote;
   return out;
 }
@@ -815,7 +850,8 @@ Json TraceTools::get_stacks(const Json& a, RequestContext* ctx) {
   if (op == nullptr) {
     std::string error;
     const AnalysisResult* r = analysis(error);
-    throw ToolFailure{"unknown op `" + name.substr(0, 60) + "`" + (r ? "; ops in this trace: " + ops_in(*r) : std::string())};
+    throw ToolFailure{"unknown op `" + name.substr(0, 60) + "`" +
+                      (r ? "; ops in this trace: " + ops_in(*r) : std::string())};
   }
   const size_t limit = arg_or<size_t>(a, "limit", 5);
   const size_t max_frames = arg_or<size_t>(a, "max_frames", 24);
@@ -825,16 +861,19 @@ Json TraceTools::get_stacks(const Json& a, RequestContext* ctx) {
     params.push_back(a["pid"].get<int64_t>());
     pid_clause = " AND e.pid = ?3";
   }
-  auto totals = sql("SELECT count(*), coalesce(sum(e.stack_hash = 0), 0) FROM events e WHERE e.source = ?1 AND e.op = ?2" + pid_clause,
-                    params, ctx, 1);
+  auto totals = sql(
+      "SELECT count(*), coalesce(sum(e.stack_hash = 0), 0) FROM events e WHERE e.source = ?1 AND e.op = ?2" +
+          pid_clause,
+      params, ctx, 1);
   params.push_back(static_cast<int64_t>(limit));
   const std::string lim = "?" + std::to_string(params.size());
-  auto rows = sql("SELECT e.stack_hash, count(*) AS calls, sum(e.duration), max(e.duration), "
-                  "(SELECT frames FROM stack_traces s WHERE s.hash = e.stack_hash), "
-                  "(SELECT ips FROM stack_traces s WHERE s.hash = e.stack_hash) "
-                  "FROM events e WHERE e.source = ?1 AND e.op = ?2 AND e.stack_hash != 0" + pid_clause +
-                      " GROUP BY e.stack_hash ORDER BY calls DESC, 3 DESC LIMIT " + lim,
-                  params, ctx, limit);
+  auto rows = sql(
+      "SELECT e.stack_hash, count(*) AS calls, sum(e.duration), max(e.duration), "
+      "(SELECT frames FROM stack_traces s WHERE s.hash = e.stack_hash), "
+      "(SELECT ips FROM stack_traces s WHERE s.hash = e.stack_hash) "
+      "FROM events e WHERE e.source = ?1 AND e.op = ?2 AND e.stack_hash != 0" +
+          pid_clause + " GROUP BY e.stack_hash ORDER BY calls DESC, 3 DESC LIMIT " + lim,
+      params, ctx, limit);
   Json stacks = Json::array();
   for (const auto& row : rows.rows) {
     Json frames = Json::array();
@@ -861,7 +900,8 @@ Json TraceTools::get_stacks(const Json& a, RequestContext* ctx) {
               {"frames", frames},
               {"frames_total", total_frames},
               {"truncated", truncated}};
-    if (parsed.is_discarded() || (!text.empty() && !parsed.is_array())) s["frames_error"] = "frames are not a JSON array";
+    if (parsed.is_discarded() || (!text.empty() && !parsed.is_array()))
+      s["frames_error"] = "frames are not a JSON array";
     if (text.empty()) s["frames_error"] = "no symbols recorded for this stack";
     stacks.push_back(std::move(s));
   }
@@ -918,7 +958,8 @@ Json TraceTools::list_rules(const Json& a) {
     if (verbose) j["plan"] = v.plan_text;
     rules.push_back(std::move(j));
   }
-  if (!only.empty() && rules.empty()) throw ToolFailure{"no rule named `" + only.substr(0, 80) + "`; call list_rules without name"};
+  if (!only.empty() && rules.empty())
+    throw ToolFailure{"no rule named `" + only.substr(0, 80) + "`; call list_rules without name"};
   return {{"rules", rules}, {"count", rules.size()}};
 }
 
@@ -954,7 +995,8 @@ Json TraceTools::check_rule(const Json& a) {
           {"diagnostics", diags},
           {"rendered", dsl::render_diagnostics(res.diagnostics)},
           {"loaded", false},
-          {"note", "Compiled only: the rule was not loaded or run. Run it with `ingero-pipeline explain --rules FILE`."}};
+          {"note",
+           "Compiled only: the rule was not loaded or run. Run it with `ingero-pipeline explain --rules FILE`."}};
 #else
   (void)text;
   (void)file;
@@ -1019,8 +1061,11 @@ Json TraceTools::why_not(const Json& a) {
     const Chain& c = *cands[i].chain;
     Json preds = Json::array();
     for (const auto& p : cands[i].preds)
-      preds.push_back({{"predicate", p.label}, {"lhs", round3(p.lhs)}, {"rhs", round3(p.rhs)},
-                       {"margin", round3(p.margin)}, {"passed", p.passed}});
+      preds.push_back({{"predicate", p.label},
+                       {"lhs", round3(p.lhs)},
+                       {"rhs", round3(p.rhs)},
+                       {"margin", round3(p.margin)},
+                       {"passed", p.passed}});
     Json j = {{"window", {{"start_ns", c.window_start}, {"end_ns", c.window_end}}},
               {"failed_predicates", cands[i].failed},
               {"predicates", preds}};
@@ -1035,7 +1080,8 @@ Json TraceTools::why_not(const Json& a) {
   }
   std::string verdict;
   if (fired > 0) {
-    verdict = "The rule fired " + std::to_string(fired) + " time(s) on this trace; see get_causal_chains. "
+    verdict = "The rule fired " + std::to_string(fired) +
+              " time(s) on this trace; see get_causal_chains. "
               "Candidates below include the windows where it fired.";
   } else if (cands.empty()) {
     verdict = "No window reached the end of the rule: the trace has no events its filters select";
@@ -1045,8 +1091,9 @@ Json TraceTools::why_not(const Json& a) {
   } else {
     const auto worst = std::max_element(stopped_at.begin(), stopped_at.end(),
                                         [](const auto& x, const auto& y) { return x.second < y.second; });
-    verdict = std::to_string(cands.size()) + " window(s) were evaluated; none passed every predicate. Most stopped at `" +
-              worst->first + "` (" + std::to_string(worst->second) + ").";
+    verdict = std::to_string(cands.size()) +
+              " window(s) were evaluated; none passed every predicate. Most stopped at `" + worst->first + "` (" +
+              std::to_string(worst->second) + ").";
     if (!cands.front().preds.empty()) {
       for (const auto& p : cands.front().preds)
         if (!p.passed) {
@@ -1067,16 +1114,19 @@ Json TraceTools::why_not(const Json& a) {
 }
 
 Json TraceTools::prompt_definitions() const {
-  return Json::array({{{"name", "investigate"},
-                       {"title", "Investigate a GPU stall"},
-                       {"description", "A step-by-step investigation of the loaded trace: stats, chains, stacks, SQL."},
-                       {"arguments", Json::array({{{"name", "focus"},
-                                                   {"description", "Optional: an op, pid or symptom to focus on (e.g. cudaStreamSynchronize)."},
-                                                   {"required", false}}})}}});
+  return Json::array(
+      {{{"name", "investigate"},
+        {"title", "Investigate a GPU stall"},
+        {"description", "A step-by-step investigation of the loaded trace: stats, chains, stacks, SQL."},
+        {"arguments",
+         Json::array({{{"name", "focus"},
+                       {"description", "Optional: an op, pid or symptom to focus on (e.g. cudaStreamSynchronize)."},
+                       {"required", false}}})}}});
 }
 
 Json TraceTools::get_prompt(const std::string& name, const Json& arguments) const {
-  if (name != "investigate") throw RpcError{kInvalidParams, "unknown prompt: " + name.substr(0, 80) + " (prompts: investigate)"};
+  if (name != "investigate")
+    throw RpcError{kInvalidParams, "unknown prompt: " + name.substr(0, 80) + " (prompts: investigate)"};
   for (auto it = arguments.begin(); it != arguments.end(); ++it) {
     if (it.key() != "focus") throw RpcError{kInvalidParams, "unknown prompt argument: " + it.key().substr(0, 60)};
     if (!it->is_string()) throw RpcError{kInvalidParams, "prompt argument `focus` must be a string"};

@@ -37,10 +37,15 @@ inline constexpr const char* kUntrustedNote =
 
 enum class ArgType { kString, kInteger, kNumber, kBoolean };
 struct ArgSpec {
-  ArgSpec(std::string n, ArgType t, bool req, std::string desc, std::vector<std::string> ch = {},
-          double lo = -1e300, double hi = 1e300)
-      : name(std::move(n)), type(t), required(req), description(std::move(desc)), choices(std::move(ch)),
-        min(lo), max(hi) {}
+  ArgSpec(std::string n, ArgType t, bool req, std::string desc, std::vector<std::string> ch = {}, double lo = -1e300,
+          double hi = 1e300)
+      : name(std::move(n)),
+        type(t),
+        required(req),
+        description(std::move(desc)),
+        choices(std::move(ch)),
+        min(lo),
+        max(hi) {}
   std::string name;
   ArgType type = ArgType::kString;
   bool required = false;
@@ -84,8 +89,7 @@ class TraceTools {
   Json get_check(const Json& a, RequestContext* ctx);
 
   // Runs internal SQL (tools' own queries) with the runner; throws ToolFailure on error.
-  SqlResult sql(const std::string& query, const std::vector<Json>& params, RequestContext* ctx,
-                size_t max_rows = 1000);
+  SqlResult sql(const std::string& query, const std::vector<Json>& params, RequestContext* ctx, size_t max_rows = 1000);
   SqlQueryRunner* runner(std::string& error);
   Json chain_json(const Chain& c, const AnalysisResult& r, bool full) const;
   std::string process_name(const AnalysisResult& r, uint32_t pid) const;

@@ -27,13 +27,13 @@ namespace ingero::mcp {
 int run_stdio(Server& server, int in_fd, int out_fd);
 
 struct HttpOptions {
-  uint16_t port = 0;          // 0 = any free port (reported through `bound_port`)
+  uint16_t port = 0;  // 0 = any free port (reported through `bound_port`)
   std::string path = "/mcp";
-  std::string token;          // required bearer token (never empty)
+  std::string token;  // required bearer token (never empty)
 };
 
 // Returns 0 on a clean stop, non-zero (with `error`) when it cannot listen.
-int run_http(Server& server, const HttpOptions& options, std::atomic<bool>& stop,
-             std::atomic<uint16_t>* bound_port, std::string& error);
+int run_http(Server& server, const HttpOptions& options, std::atomic<bool>& stop, std::atomic<uint16_t>* bound_port,
+             std::string& error);
 
 }  // namespace ingero::mcp

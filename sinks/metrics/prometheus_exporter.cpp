@@ -151,8 +151,7 @@ class FamiliesBuilder {
       }
     }
     {
-      auto& f = family("gpustall_events_dropped_total", "Events lost before analysis, by reason",
-                       MetricType::Counter);
+      auto& f = family("gpustall_events_dropped_total", "Events lost before analysis, by reason", MetricType::Counter);
       for (const auto& [reason, n] : s.drops_) {
         auto m = labelled({{"reason", reason}});
         m.counter.value = static_cast<double>(n);
@@ -160,8 +159,7 @@ class FamiliesBuilder {
       }
     }
     {
-      auto& f = family("gpustall_chains_total", "Causal chains emitted, by category and severity",
-                       MetricType::Counter);
+      auto& f = family("gpustall_chains_total", "Causal chains emitted, by category and severity", MetricType::Counter);
       for (const auto& [key, n] : s.chains_) {
         auto m = labelled({{"category", key.first}, {"severity", key.second}});
         m.counter.value = static_cast<double>(n);
@@ -169,8 +167,8 @@ class FamiliesBuilder {
       }
     }
     {
-      auto& f = family("gpustall_sync_wait_seconds_total",
-                       "Time the host blocked in synchronising calls, by rank", MetricType::Counter);
+      auto& f = family("gpustall_sync_wait_seconds_total", "Time the host blocked in synchronising calls, by rank",
+                       MetricType::Counter);
       for (const auto& [rank, v] : s.sync_wait_s_) {
         auto m = labelled({{"rank", rank}});
         m.counter.value = v;
@@ -197,9 +195,8 @@ class FamiliesBuilder {
       auto& f = family("gpustall_rank_info", "Processes behind each rank (pid and comm live only here)",
                        MetricType::Gauge);
       for (const auto& [key, one] : s.rank_info_) {
-        auto m = labelled({{"rank", std::get<0>(key)},
-                           {"pid", std::to_string(std::get<1>(key))},
-                           {"comm", std::get<2>(key)}});
+        auto m = labelled(
+            {{"rank", std::get<0>(key)}, {"pid", std::to_string(std::get<1>(key))}, {"comm", std::get<2>(key)}});
         m.gauge.value = 1;
         f.metric.push_back(std::move(m));
       }

@@ -40,7 +40,7 @@
 
 namespace ingero::metrics {
 
-inline constexpr int kSketchPerOctave = 32;      // gamma = 2^(1/32)
+inline constexpr int kSketchPerOctave = 32;         // gamma = 2^(1/32)
 inline constexpr int kMinPow2 = -20, kMaxPow2 = 4;  // classic buckets le = 2^k s
 inline constexpr size_t kMaxRanks = 16;
 inline constexpr size_t kMaxRankInfo = 64;
@@ -56,13 +56,13 @@ class MetricsState {
  public:
   explicit MetricsState(MetricsIdentity id);
   void observe(std::span<const Event> events, const TraceMeta& meta);
-  void add_chains(std::span<const Chain> chains);   // counted once per chain id
+  void add_chains(std::span<const Chain> chains);  // counted once per chain id
   void set_drops(const std::string& reason, uint64_t total);
-  std::string render() const;                        // the Prometheus text format (0.0.4)
+  std::string render() const;  // the Prometheus text format (0.0.4)
   // For tests: the classic cumulative counts of one (op, rank) histogram, le = 2^k for
   // k = kMinPow2..kMaxPow2, then +Inf.
   std::vector<uint64_t> classic_buckets(const std::string& op, const std::string& rank) const;
-  size_t series() const;                             // sample lines render() would print
+  size_t series() const;  // sample lines render() would print
 
  private:
   struct Sketch {
@@ -77,10 +77,10 @@ class MetricsState {
   std::map<std::pair<std::string, std::string>, Sketch> latency_;  // (op, rank)
   std::map<std::string, uint64_t> events_by_source_;
   std::map<std::string, uint64_t> drops_;
-  std::map<std::pair<std::string, std::string>, uint64_t> chains_;  // (category, severity)
-  std::map<std::string, double> sync_wait_s_;                       // by rank
-  std::map<std::pair<std::string, std::string>, uint64_t> collectives_;  // (op, rank)
-  std::map<int16_t, std::string> ranks_;                            // rank -> label
+  std::map<std::pair<std::string, std::string>, uint64_t> chains_;           // (category, severity)
+  std::map<std::string, double> sync_wait_s_;                                // by rank
+  std::map<std::pair<std::string, std::string>, uint64_t> collectives_;      // (op, rank)
+  std::map<int16_t, std::string> ranks_;                                     // rank -> label
   std::map<std::tuple<std::string, uint32_t, std::string>, int> rank_info_;  // (rank, pid, comm)
   std::map<std::string, bool> chain_ids_;
   uint64_t first_ts_ = UINT64_MAX, last_end_ = 0;  // trace time covered: gpustall_trace_seconds_total
@@ -89,8 +89,7 @@ class MetricsState {
 
 class MetricsExporter {
  public:
-  static std::unique_ptr<MetricsExporter> start(const std::string& addr, MetricsIdentity id,
-                                                std::string& error);
+  static std::unique_ptr<MetricsExporter> start(const std::string& addr, MetricsIdentity id, std::string& error);
   ~MetricsExporter();
   MetricsState& state() { return *state_; }
   int port() const { return port_; }

@@ -33,16 +33,14 @@ TEST(Discovery, ClassifiesLibraryNames) {
 }
 
 TEST(Discovery, ParsesMapsAndLdconfigLines) {
-  auto m = parse_maps_line(
-      "7f1c2a000000-7f1c2a0a0000 r-xp 00010000 fd:01 1234567    /usr/lib/libcudart.so.13");
+  auto m = parse_maps_line("7f1c2a000000-7f1c2a0a0000 r-xp 00010000 fd:01 1234567    /usr/lib/libcudart.so.13");
   ASSERT_TRUE(m);
   EXPECT_EQ(m->first, "/usr/lib/libcudart.so.13");
   EXPECT_EQ(m->second, 1234567u);
   EXPECT_FALSE(parse_maps_line("7ffd1000-7ffd2000 rw-p 00000000 00:00 0          [stack]"));
   EXPECT_FALSE(parse_maps_line("7f00-7f10 r-xp 0 fd:01 99 /tmp/libcuda.so.1 (deleted)"));
   EXPECT_FALSE(parse_maps_line("garbage"));
-  auto l = parse_ldconfig_line(
-      "\tlibcudart.so.13 (libc6,x86-64) => /usr/local/cuda/lib64/libcudart.so.13\n");
+  auto l = parse_ldconfig_line("\tlibcudart.so.13 (libc6,x86-64) => /usr/local/cuda/lib64/libcudart.so.13\n");
   ASSERT_TRUE(l);
   EXPECT_EQ(*l, "/usr/local/cuda/lib64/libcudart.so.13");
   EXPECT_FALSE(parse_ldconfig_line("1234 libs found in cache `/etc/ld.so.cache'"));
@@ -68,9 +66,8 @@ struct TempTree {
     return st.st_ino;
   }
   void maps(uint32_t pid, const fs::path& lib) {
-    file("proc/" + std::to_string(pid) + "/maps",
-         "7f00-7f10 r-xp 00000000 fd:01 " + std::to_string(inode(lib)) + " " + lib.string() +
-             "\n7f20-7f30 rw-p 00000000 00:00 0 \n");
+    file("proc/" + std::to_string(pid) + "/maps", "7f00-7f10 r-xp 00000000 fd:01 " + std::to_string(inode(lib)) + " " +
+                                                      lib.string() + "\n7f20-7f30 rw-p 00000000 00:00 0 \n");
   }
 };
 
@@ -88,7 +85,7 @@ TEST(Discovery, FindsEverySourceAndDeduplicatesByInode) {
   TempTree t;
   const auto rt = t.file("cuda/lib64/libcudart.so.13");
   fs::create_symlink(rt, t.root / "cuda/lib64/libcudart.so");  // same inode: reported once
-  t.file("cuda/lib64/stubs/libcuda.so");                        // stubs are never traced
+  t.file("cuda/lib64/stubs/libcuda.so");                       // stubs are never traced
   t.file("cuda/lib64/libcudart_static.a");
   const auto nccl = t.file("py/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2");
   const auto drv = t.file("drv/libcuda.so.1");
@@ -148,8 +145,7 @@ TEST(Reorder, ReleasesInTimestampOrderAndRefusesLateEvents) {
   std::vector<Event> out;
   rb.release(5000, out);
   ASSERT_EQ(out.size(), 400u);  // ts 1000..4990
-  EXPECT_TRUE(std::is_sorted(out.begin(), out.end(),
-                             [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; }));
+  EXPECT_TRUE(std::is_sorted(out.begin(), out.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; }));
   EXPECT_LT(out.back().ts_ns, 5000u);
   Event late;
   late.ts_ns = 4999;

@@ -2,12 +2,12 @@
 // a fake one with controllable behaviour), real sched_switch tracepoints, the live source's
 // batches, the default plan's CPU-contention chain, and replay of the written database.
 // Each test skips with the reason when not root, BPF cannot be loaded, or a library is missing.
+#include <cstring>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sqlite3.h>
-#include <cstring>
 #include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -110,7 +110,7 @@ LiveOptions options_for(uint32_t pid, const std::string& lib) {
 
 struct Capture {
   std::vector<Event> events;
-  uint32_t pid = 0;  // the workload's
+  uint32_t pid = 0;       // the workload's
   std::string violation;  // first broken batch invariant, if any
   LiveStats stats;
   std::vector<std::string> warnings;
@@ -138,8 +138,7 @@ class Collector {
           cap_.violation = "event ts " + std::to_string(e.ts_ns) + " below earlier watermark";
         if (cap_.violation.empty() && (e.flags & event_flags::kLate) && is_gpu_api(e.source))
           cap_.violation = "a probed call flagged late";
-        if (cap_.violation.empty() && i > 0 && e.ts_ns < b.events[i - 1].ts_ns)
-          cap_.violation = "batch not sorted";
+        if (cap_.violation.empty() && i > 0 && e.ts_ns < b.events[i - 1].ts_ns) cap_.violation = "batch not sorted";
         cap_.events.push_back(e);
       }
       if (cap_.violation.empty() && b.watermark < wm) cap_.violation = "watermark went back";
@@ -161,8 +160,8 @@ bool skip_reason(std::string& why) {
 }
 
 // Starts the source on a spawned workload, lets it run, then drains.
-bool capture(const std::vector<std::string>& args, const std::string& lib, Capture& cap,
-             Child& child, std::string& why, LiveOptions* custom = nullptr) {
+bool capture(const std::vector<std::string>& args, const std::string& lib, Capture& cap, Child& child, std::string& why,
+             LiveOptions* custom = nullptr) {
   if (!child.spawn(args)) {
     why = "cannot start " + args[0];
     return false;
@@ -229,8 +228,8 @@ TEST(LiveCapture, ExactCountsPerOpAndThreadWithRealCudart) {
   Child child;
   Capture cap;
   const auto t0 = std::chrono::system_clock::now();
-  if (!capture({IP_CUDA_WORKLOAD, "mixed", "--threads", std::to_string(kThreads), "--calls",
-                std::to_string(kCalls), "--wait"},
+  if (!capture({IP_CUDA_WORKLOAD, "mixed", "--threads", std::to_string(kThreads), "--calls", std::to_string(kCalls),
+                "--wait"},
                IP_REAL_CUDART, cap, child, why))
     GTEST_SKIP() << why;
   const auto t1 = std::chrono::system_clock::now();
@@ -240,9 +239,9 @@ TEST(LiveCapture, ExactCountsPerOpAndThreadWithRealCudart) {
   const auto tids = parse_tids(child.output);
   ASSERT_EQ(tids.size(), static_cast<size_t>(kThreads)) << child.output;
 
-  const std::set<uint8_t> ops = {op::kCudaLaunchKernel, op::kCudaMemcpy,       op::kCudaMemcpyAsync,
-                                 op::kCudaMalloc,       op::kCudaFree,         op::kCudaMallocManaged,
-                                 op::kCudaStreamSync,   op::kCudaDeviceSync,   op::kCudaEventSync};
+  const std::set<uint8_t> ops = {op::kCudaLaunchKernel, op::kCudaMemcpy,     op::kCudaMemcpyAsync,
+                                 op::kCudaMalloc,       op::kCudaFree,       op::kCudaMallocManaged,
+                                 op::kCudaStreamSync,   op::kCudaDeviceSync, op::kCudaEventSync};
   std::map<std::pair<uint32_t, uint8_t>, long> counts;
   const uint64_t lo = std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count();
   const uint64_t hi = std::chrono::duration_cast<std::chrono::nanoseconds>(t1.time_since_epoch()).count();
@@ -284,8 +283,7 @@ TEST(LiveCapture, PairsNestedAndRecursiveCalls) {
   constexpr long kN = 200;
   Child child;
   Capture cap;
-  if (!capture({IP_CONTENTION_WORKLOAD, "--nest", std::to_string(kN), "--wait"}, IP_FAKE_CUDART,
-               cap, child, why))
+  if (!capture({IP_CONTENTION_WORKLOAD, "--nest", std::to_string(kN), "--wait"}, IP_FAKE_CUDART, cap, child, why))
     GTEST_SKIP() << why;
   EXPECT_TRUE(cap.violation.empty()) << cap.violation;
   EXPECT_EQ(cap.stats.unmatched, 0u);
@@ -324,8 +322,7 @@ TEST(LiveCapture, LongOffCpuSpansAreDeliveredLateNotDropped) {
   // the probed calls must still come in order.
   Child child;
   Capture cap;
-  if (!capture({IP_CONTENTION_WORKLOAD, "--seconds", "2.2", "--spin-us", "500000", "--cpu", "0",
-                "--fifo", "--wait"},
+  if (!capture({IP_CONTENTION_WORKLOAD, "--seconds", "2.2", "--spin-us", "500000", "--cpu", "0", "--fifo", "--wait"},
                IP_FAKE_CUDART, cap, child, why))
     GTEST_SKIP() << why;
   EXPECT_TRUE(cap.violation.empty()) << cap.violation;
@@ -365,8 +362,8 @@ struct ContentionRun {
 // database; then the database replayed through the same plan.
 bool contention_run(bool contended, ContentionRun& run, std::string& why, bool classic = false) {
   Child child;
-  std::vector<std::string> args = {IP_CONTENTION_WORKLOAD, "--seconds", "2.5", "--spin-us", "200",
-                                   "--cpu", "0", "--wait"};
+  std::vector<std::string> args = {
+      IP_CONTENTION_WORKLOAD, "--seconds", "2.5", "--spin-us", "200", "--cpu", "0", "--wait"};
   if (contended) {
     args.insert(args.end(), {"--hogs", "2"});
   } else {
@@ -388,8 +385,7 @@ bool contention_run(bool contended, ContentionRun& run, std::string& why, bool c
     return false;
   }
   run.tracepoints = src->probes().tracepoints();
-  run.db = std::string("/tmp/ip_live_") + (contended ? "busy" : "quiet") + "_" +
-           std::to_string(::getpid()) + ".db";
+  run.db = std::string("/tmp/ip_live_") + (contended ? "busy" : "quiet") + "_" + std::to_string(::getpid()) + ".db";
   auto sink = SqliteSink::create(run.db, err);
   if (!sink) {
     why = "cannot create " + run.db + ": " + err;
@@ -436,8 +432,7 @@ std::vector<std::string> chain_keys(const AnalysisResult& r) {
 
 bool has_contention_chain(const AnalysisResult& r, uint32_t pid) {
   for (const Chain& c : r.chains)
-    if (c.category == "cpu_contention" && c.pid == pid && c.source == Source::kCuda &&
-        c.op == op::kCudaStreamSync)
+    if (c.category == "cpu_contention" && c.pid == pid && c.source == Source::kCuda && c.op == op::kCudaStreamSync)
       return true;
   return false;
 }
@@ -514,8 +509,7 @@ void check_contention(bool classic) {
   EXPECT_GE(slow, 5u);
   EXPECT_GE(explained * 10, slow * 9) << explained << " of " << slow << " slow calls explained";
 
-  EXPECT_TRUE(has_contention_chain(run.live, run.pid))
-      << "live chains: " << run.live.chains.size();
+  EXPECT_TRUE(has_contention_chain(run.live, run.pid)) << "live chains: " << run.live.chains.size();
   EXPECT_EQ(chain_keys(run.live), chain_keys(run.replay));
   ::unlink(run.db.c_str());
 }
@@ -568,8 +562,8 @@ TEST(LiveCapture, TraceCommandStoresEveryCallAndReplaysToTheSameChains) {
   std::string why;
   if (skip_reason(why)) GTEST_SKIP() << why;
   Child child;
-  if (!child.spawn({IP_CONTENTION_WORKLOAD, "--seconds", "2.5", "--spin-us", "200", "--cpu", "0",
-                    "--hogs", "2", "--wait"}))
+  if (!child.spawn(
+          {IP_CONTENTION_WORKLOAD, "--seconds", "2.5", "--spin-us", "200", "--cpu", "0", "--hogs", "2", "--wait"}))
     GTEST_SKIP() << "cannot start the contention workload";
   const std::string base = "/tmp/ip_trace_cli_" + std::to_string(::getpid());
   const std::string db = base + ".db", err = base + ".err";
@@ -580,9 +574,8 @@ TEST(LiveCapture, TraceCommandStoresEveryCallAndReplaysToTheSameChains) {
     const int err_fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(null_fd, 1);
     ::dup2(err_fd, 2);
-    ::execl(IP_PIPELINE_BIN, IP_PIPELINE_BIN, "trace", "-q", "--pid", pid.c_str(), "--cuda-lib",
-            IP_FAKE_CUDART, "--db", db.c_str(), "--disable", "driver,nccl,block,tcp,net,memory",
-            static_cast<char*>(nullptr));
+    ::execl(IP_PIPELINE_BIN, IP_PIPELINE_BIN, "trace", "-q", "--pid", pid.c_str(), "--cuda-lib", IP_FAKE_CUDART, "--db",
+            db.c_str(), "--disable", "driver,nccl,block,tcp,net,memory", static_cast<char*>(nullptr));
     ::_exit(127);
   }
   ASSERT_GT(tracer, 0);
@@ -616,8 +609,7 @@ TEST(LiveCapture, TraceCommandStoresEveryCallAndReplaysToTheSameChains) {
   ASSERT_TRUE(ids.count("worker")) << child.output;
   sqlite3* h = nullptr;
   ASSERT_EQ(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
-  EXPECT_EQ(sql_int(h, "SELECT count(*) FROM events WHERE source = 1 AND op = " +
-                           std::to_string(op::kCudaStreamSync) +
+  EXPECT_EQ(sql_int(h, "SELECT count(*) FROM events WHERE source = 1 AND op = " + std::to_string(op::kCudaStreamSync) +
                            " AND tid = " + std::to_string(ids.at("worker"))),
             ids.at("calls"));
   EXPECT_EQ(sql_int(h, "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = 'events'"), 4);

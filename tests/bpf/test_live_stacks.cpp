@@ -128,7 +128,7 @@ struct ScriptRun {
   LiveStats stats;
   std::vector<std::string> warnings;
   std::string output;
-  uint64_t held_after = 0;  // BpfProbes::held_offcpu_spans() once the script's threads are gone
+  uint64_t held_after = 0;    // BpfProbes::held_offcpu_spans() once the script's threads are gone
   std::string sys_exit_kind;  // how held off-CPU spans are sent: "classic", "tp_btf" or ""
   size_t exit_syscalls = 0;   // classic syscall exit tracepoints attached for them
   uint32_t pid = 0;
@@ -152,9 +152,8 @@ LiveOptions options(uint32_t pid, uint64_t stack_min_ns, bool sched, uint32_t sa
 
 // Runs the script under `python` in `mode` with the live source attached; false + why to skip.
 // `script`: another script with the same protocol (empty: cuda_stacks.py).
-bool run_script(const std::string& python, const std::string& mode, uint64_t stack_min_ns,
-                bool sched, ScriptRun& r, std::string& why, uint32_t sample_hz = 0,
-                const std::string& script = "") {
+bool run_script(const std::string& python, const std::string& mode, uint64_t stack_min_ns, bool sched, ScriptRun& r,
+                std::string& why, uint32_t sample_hz = 0, const std::string& script = "") {
   if (::geteuid() != 0) {
     why = "needs root (BPF uprobes)";
     return false;
@@ -225,8 +224,8 @@ std::vector<StackFrame> python_frames(const ParsedStack& st) {
 std::string describe(const ParsedStack& st) {
   std::string s;
   for (const auto& f : st.frames)
-    s += std::string("  ") + frame_kind_name(f.kind) + " " + f.module + " " + f.function + " " +
-         f.file + ":" + std::to_string(f.line) + "\n";
+    s += std::string("  ") + frame_kind_name(f.kind) + " " + f.module + " " + f.function + " " + f.file + ":" +
+         std::to_string(f.line) + "\n";
   return s;
 }
 
@@ -284,15 +283,13 @@ TEST(LiveStacks, PythonAndNativeFramesEveryInterpreter) {
         ++main_seen;
         ASSERT_EQ(pf.size(), 4u) << describe(st);
         EXPECT_EQ(pf[2].function, "run");
-        EXPECT_TRUE(pf[2].line == lines.at("main1") || pf[2].line == lines.at("main2"))
-            << describe(st);
+        EXPECT_TRUE(pf[2].line == lines.at("main1") || pf[2].line == lines.at("main2")) << describe(st);
         EXPECT_EQ(pf[3].function, "<module>");
         EXPECT_EQ(pf[3].line, lines.at("module")) << describe(st);
       } else {
         ++worker_seen;
         EXPECT_EQ(pf[2].function, "worker_body");
-        EXPECT_TRUE(pf[2].line == lines.at("worker") || pf[2].line == lines.at("worker2"))
-            << describe(st);
+        EXPECT_TRUE(pf[2].line == lines.at("worker") || pf[2].line == lines.at("worker2")) << describe(st);
         EXPECT_EQ(base(pf[3].file), "threading.py") << describe(st);
       }
     }
@@ -374,8 +371,8 @@ TEST(LiveStacks, OffCpuSpanInFutexHasKernelStack) {
     seen += describe(st) + "--\n";
     ASSERT_FALSE(st.frames.empty());
     EXPECT_EQ(st.frames[0].kind, FrameKind::kKernel);
-    EXPECT_EQ(st.frames[0].function.rfind("bpf_", 0), std::string::npos)
-        << "the capture's own frames are dropped\n" << describe(st);
+    EXPECT_EQ(st.frames[0].function.rfind("bpf_", 0), std::string::npos) << "the capture's own frames are dropped\n"
+                                                                         << describe(st);
     for (const auto& f : st.frames)
       if (f.kind == FrameKind::kKernel && f.function.find("futex") != std::string::npos) found = true;
   }
@@ -391,8 +388,7 @@ TEST(LiveStacks, OffCpuSpanInFutexHasKernelStack) {
     EXPECT_GT(r.exit_syscalls, 10u);
   }
   EXPECT_NE(seen.find("threading.py:"), std::string::npos) << seen;
-  EXPECT_NE(seen.find("cuda_stacks.py:" + std::to_string(sites().at("wait"))), std::string::npos)
-      << seen;
+  EXPECT_NE(seen.find("cuda_stacks.py:" + std::to_string(sites().at("wait"))), std::string::npos) << seen;
 }
 
 // A long block in a syscall with no exit program (openat of a FIFO, not on the loader's list):
@@ -502,9 +498,8 @@ TEST(LiveStacks, TraceCommandLaunchGapIsOnCpuInTheBusyFunction) {
     const int err_fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(null_fd, 1);
     ::dup2(err_fd, 2);
-    ::execl(IP_PIPELINE_BIN, IP_PIPELINE_BIN, "trace", "-q", "--pid", pid.c_str(), "--cuda-lib",
-            kCudart, "--db", db.c_str(), "--disable", "driver,nccl,block,tcp,net,memory",
-            static_cast<char*>(nullptr));
+    ::execl(IP_PIPELINE_BIN, IP_PIPELINE_BIN, "trace", "-q", "--pid", pid.c_str(), "--cuda-lib", kCudart, "--db",
+            db.c_str(), "--disable", "driver,nccl,block,tcp,net,memory", static_cast<char*>(nullptr));
     ::_exit(127);
   }
   ASSERT_GT(tracer, 0);
@@ -549,7 +544,8 @@ TEST(LiveStacks, TraceCommandLaunchGapIsOnCpuInTheBusyFunction) {
   // machine is loaded); at least one gap is on-CPU dominant.
   int gaps = 0, on_cpu = 0;
   for (const auto& c : j["chains"]) {
-    if (c.value("category", "") != "launch_gap" || c.value("pid", 0u) != static_cast<unsigned>(std::stoul(pid))) continue;
+    if (c.value("category", "") != "launch_gap" || c.value("pid", 0u) != static_cast<unsigned>(std::stoul(pid)))
+      continue;
     ++gaps;
     ASSERT_TRUE(c.contains("time_split")) << c.dump();
     const auto& ts = c["time_split"];
@@ -585,5 +581,5 @@ TEST(StackResolverUnit, PyStrKindsToUtf8) {
   const char32_t ucs4[] = {U'\U0001F600'};
   EXPECT_EQ(py_str_utf8(reinterpret_cast<const char*>(ucs4), 4, 4), "\xf0\x9f\x98\x80");
   EXPECT_EQ(py_str_utf8(reinterpret_cast<const char*>(ucs2), 3, 2), "\xe4\xb8\xad");  // odd tail cut
-  EXPECT_EQ(py_str_utf8("abc", 3, 3), "");  // not a kind
+  EXPECT_EQ(py_str_utf8("abc", 3, 3), "");                                            // not a kind
 }

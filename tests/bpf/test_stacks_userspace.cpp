@@ -5,13 +5,13 @@
 // The captures imitate what the BPF programs hand over: ip/sp/bp plus a copy of the stack from sp
 // upward. Tests that read another process's memory skip with the reason when /proc/PID/mem or
 // ptrace is not allowed.
-#include <gtest/gtest.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <gelf.h>
+#include <gtest/gtest.h>
+#include <libelf.h>
 #include <signal.h>
 #include <spawn.h>
-#include <gelf.h>
-#include <libelf.h>
 #include <sys/auxv.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -58,11 +58,11 @@ static uint64_t mapping_end(uint64_t addr) {
 }
 
 // Registers at the capture point, then the copy (made by a callee: it only writes below sp).
-#define UST_CAPTURE_REGS(c)                                                                       \
-  do {                                                                                            \
-    uint64_t ip_, sp_, bp_;                                                                       \
+#define UST_CAPTURE_REGS(c)                                                                               \
+  do {                                                                                                    \
+    uint64_t ip_, sp_, bp_;                                                                               \
     asm volatile("lea 0(%%rip), %0\n\tmov %%rsp, %1\n\tmov %%rbp, %2" : "=r"(ip_), "=r"(sp_), "=r"(bp_)); \
-    (c)->regs = UserRegs{ip_, sp_, bp_};                                                          \
+    (c)->regs = UserRegs{ip_, sp_, bp_};                                                                  \
   } while (0)
 
 extern "C" {
@@ -133,8 +133,7 @@ int Widget::frob(int x) {
 static std::string dump(const std::vector<StackFrame>& fr) {
   std::ostringstream os;
   for (const StackFrame& f : fr) {
-    os << "  " << frame_kind_name(f.kind) << " " << (f.function.empty() ? "?" : f.function) << " ["
-       << f.module << "]";
+    os << "  " << frame_kind_name(f.kind) << " " << (f.function.empty() ? "?" : f.function) << " [" << f.module << "]";
     if (!f.file.empty()) os << " " << f.file << ":" << f.line;
     if (f.ip) os << " ip=0x" << std::hex << f.ip << std::dec;
     os << "\n";
@@ -286,8 +285,7 @@ TEST(Symbolizer, LibcAndDemangledCpp) {
   int (*frob)(ingero_stacktest::Widget*, int) = nullptr;
   auto pm = &ingero_stacktest::Widget::frob;
   std::memcpy(&frob, &pm, sizeof frob);
-  const std::vector<uint64_t> ips = {reinterpret_cast<uint64_t>(&getpid),
-                                     reinterpret_cast<uint64_t>(frob) + 1};
+  const std::vector<uint64_t> ips = {reinterpret_cast<uint64_t>(&getpid), reinterpret_cast<uint64_t>(frob) + 1};
   const auto fr = sym.symbolize_user(pid, ips);
   ASSERT_EQ(fr.size(), 2u);
   EXPECT_TRUE(fr[0].function == "getpid" || fr[0].function == "__getpid") << dump(fr);
@@ -503,9 +501,7 @@ static std::vector<PyInterp> interpreters() {
   return out;
 }
 
-static std::string workload(const char* name) {
-  return std::string(INGERO_SOURCE_DIR) + "/tests/workloads/" + name;
-}
+static std::string workload(const char* name) { return std::string(INGERO_SOURCE_DIR) + "/tests/workloads/" + name; }
 
 // Line numbers of the "@marker" comments of a script.
 static std::map<std::string, uint32_t> markers(const std::string& path) {
@@ -692,7 +688,8 @@ TEST_P(PyStacks, LineTableDecoderMatchesTheInterpreter) {
     ASSERT_FALSE(j.is_discarded()) << line;
     const std::string hexs = j["table"];
     std::vector<uint8_t> table;
-    for (size_t i = 0; i + 1 < hexs.size(); i += 2) table.push_back(static_cast<uint8_t>(std::stoul(hexs.substr(i, 2), nullptr, 16)));
+    for (size_t i = 0; i + 1 < hexs.size(); i += 2)
+      table.push_back(static_cast<uint8_t>(std::stoul(hexs.substr(i, 2), nullptr, 16)));
     const auto& lines = j["lines"];
     ++codes;
     for (size_t u = 0; u < lines.size(); ++u) {

@@ -234,26 +234,31 @@ TEST(Cli, QuietIsAcceptedByLongCommands) {
 // limit (exit status 2), never by running out of memory.
 TEST(Cli, QueryLimitsNameTheFileAndTheLimit) {
   if (!std::filesystem::exists(kSample)) GTEST_SKIP() << "missing " << kSample;
-  const auto t = run("query --db " + kSample + " --timeout-ms 200 "
+  const auto t = run("query --db " + kSample +
+                     " --timeout-ms 200 "
                      "\"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c\"");
   EXPECT_EQ(t.status, 2);
   EXPECT_NE(t.err.find(kSample), std::string::npos) << t.err;
   EXPECT_NE(t.err.find("200 ms"), std::string::npos) << t.err;
   EXPECT_NE(t.err.find("timeout"), std::string::npos) << t.err;
-  const auto s = run("query --db " + kSample + " --max-value-bytes 100000 "
-                     "\"WITH RECURSIVE c(s) AS (SELECT 'x' UNION ALL SELECT s || s FROM c) SELECT max(length(s)) FROM c\"");
+  const auto s = run(
+      "query --db " + kSample +
+      " --max-value-bytes 100000 "
+      "\"WITH RECURSIVE c(s) AS (SELECT 'x' UNION ALL SELECT s || s FROM c) SELECT max(length(s)) FROM c\"");
   EXPECT_EQ(s.status, 2);
   EXPECT_NE(s.err.find(kSample), std::string::npos) << s.err;
   EXPECT_NE(s.err.find("100000 bytes"), std::string::npos) << s.err;
   EXPECT_NE(s.err.find("too_big"), std::string::npos) << s.err;
-  const auto m = run("query --db " + kSample + " --max-memory-mb 4 --timeout-ms 60000 "
+  const auto m = run("query --db " + kSample +
+                     " --max-memory-mb 4 --timeout-ms 60000 "
                      "\"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 3000000) "
                      "SELECT count(DISTINCT randomblob(100)) FROM c\"");
   EXPECT_EQ(m.status, 2);
   EXPECT_NE(m.err.find(kSample), std::string::npos) << m.err;
   EXPECT_NE(m.err.find("4 MiB"), std::string::npos) << m.err;
   // Rows of an endless CTE stop at --max-rows with a note.
-  const auto r = run("query --db " + kSample + " --json --max-rows 50 "
+  const auto r = run("query --db " + kSample +
+                     " --json --max-rows 50 "
                      "\"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c\"");
   ASSERT_EQ(r.status, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);

@@ -56,7 +56,8 @@ int64_t count_rows(const std::string& db_path) {
   const std::string uri = "file:" + db_path + "?immutable=1";
   if (sqlite3_open_v2(uri.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, nullptr) == SQLITE_OK) {
     sqlite3_stmt* s = nullptr;
-    if (sqlite3_prepare_v2(db, "SELECT count(*) FROM events", -1, &s, nullptr) == SQLITE_OK && sqlite3_step(s) == SQLITE_ROW)
+    if (sqlite3_prepare_v2(db, "SELECT count(*) FROM events", -1, &s, nullptr) == SQLITE_OK &&
+        sqlite3_step(s) == SQLITE_ROW)
       n = sqlite3_column_int64(s, 0);
     sqlite3_finalize(s);
   }
@@ -70,8 +71,7 @@ void expect_no_output(const std::string& out) {
   const fs::path dir = fs::path(out).parent_path();
   if (!fs::exists(dir)) return;
   for (const auto& f : fs::directory_iterator(dir))
-    EXPECT_EQ(f.path().filename().string().rfind(fs::path(out).filename().string() + ".partial", 0),
-              std::string::npos)
+    EXPECT_EQ(f.path().filename().string().rfind(fs::path(out).filename().string() + ".partial", 0), std::string::npos)
         << f.path();
 }
 
@@ -148,7 +148,8 @@ TEST_F(ExportCli, SqliteAndLmdbTracesWithChainsAndFlows) {
 TEST_F(ExportCli, FiltersNarrowTheOutput) {
   const CliRun all = run("export --db " + p("cpu.db") + " -o " + p("all.json") + " -q");
   ASSERT_EQ(all.status, 0) << all.err;
-  const CliRun some = run("export --db " + p("cpu.db") + " -o " + p("some.json") + " -q --from 5s --to 15s --op cudaLaunchKernel");
+  const CliRun some = run("export --db " + p("cpu.db") + " -o " + p("some.json") +
+                          " -q --from 5s --to 15s --op cudaLaunchKernel");
   ASSERT_EQ(some.status, 0) << some.err;
   const json a = json::parse(slurp(p("all.json"))), b = json::parse(slurp(p("some.json")));
   const uint64_t base = b["metadata"]["ts_base_unix_ns"];

@@ -61,8 +61,11 @@ std::string pre_text(const std::string& dom, const std::string& id) {
   if (a == std::string::npos) return "<missing>";
   const auto b = dom.find("</pre>", a);
   std::string t = dom.substr(a + open.size(), b - a - open.size());
-  for (const auto& [ent, ch] : {std::pair<std::string, std::string>{"&quot;", "\""}, {"&lt;", "<"}, {"&gt;", ">"},
-                                {"&#39;", "'"}, {"&amp;", "&"}})
+  for (const auto& [ent, ch] : {std::pair<std::string, std::string>{"&quot;", "\""},
+                                {"&lt;", "<"},
+                                {"&gt;", ">"},
+                                {"&#39;", "'"},
+                                {"&amp;", "&"}})
     for (size_t p = 0; (p = t.find(ent, p)) != std::string::npos; p += ch.size()) t.replace(p, ent.size(), ch);
   return t;
 }
@@ -100,7 +103,7 @@ TEST_F(HtmlReport, IsOneSelfContainedFile) {
   EXPECT_EQ(page.find("<script src"), std::string::npos);
   EXPECT_EQ(page.find("<link"), std::string::npos);
   EXPECT_NE(page.find("cpu_contention"), std::string::npos);
-  EXPECT_NE(page.find("Pin the training process"), std::string::npos);  // the fix
+  EXPECT_NE(page.find("Pin the training process"), std::string::npos);      // the fix
   EXPECT_NE(page.find("offcpu.share &gt;= min_share"), std::string::npos);  // predicates, escaped
 }
 
@@ -116,7 +119,8 @@ TEST(HtmlReportUnit, EscapesChainTextAndNeedsChartJs) {
   c.rule = "x";
   c.summary = "</script><b>bold</b> & \"quoted\"";
   r.chains.push_back(c);
-  const std::string path = (fs::temp_directory_path() / ("ip-html-unit-" + std::to_string(getpid()) + ".html")).string();
+  const std::string path = (fs::temp_directory_path() / ("ip-html-unit-" + std::to_string(getpid()) + ".html"))
+                               .string();
   ingero::HtmlCollector d(r);
   std::string error;
   ingero::HtmlReportOptions missing;
@@ -155,7 +159,7 @@ TEST(HtmlReportUnit, CollectorSplitsOffCpuSpansOverBucketsAndWidensLongTraces) {
   const uint64_t t0 = 1'000'000'000'000ull, s = 1'000'000'000ull;
   ingero::Batch b;
   b.events = {call_or_span(t0, 1'000, 7, false), call_or_span(t0 + s / 2, s, 7, true),  // 0.5 s in each of 0, 1
-              call_or_span(t0 + s, 50'000, 8, true),                                     // tid 8: not in a chain
+              call_or_span(t0 + s, 50'000, 8, true),                                    // tid 8: not in a chain
               call_or_span(t0 + 2 * s, 2'000'000, 9, false)};
   d.add(b);
   ASSERT_EQ(d.bucket_ns, s);
@@ -185,7 +189,8 @@ int gpu_ops_in(const std::string& db_path) {
   const std::string uri = "file:" + db_path + "?immutable=1";
   if (sqlite3_open_v2(uri.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, nullptr) == SQLITE_OK) {
     sqlite3_stmt* s = nullptr;
-    if (sqlite3_prepare_v2(db, "SELECT count(*) FROM (SELECT DISTINCT source, op FROM events WHERE source IN (1,4,8,9))",
+    if (sqlite3_prepare_v2(db,
+                           "SELECT count(*) FROM (SELECT DISTINCT source, op FROM events WHERE source IN (1,4,8,9))",
                            -1, &s, nullptr) == SQLITE_OK &&
         sqlite3_step(s) == SQLITE_ROW)
       n = sqlite3_column_int(s, 0);

@@ -88,9 +88,8 @@ TEST(StacksLive, PythonCallSiteRankedAndMatchedByARuleWhileCapturing) {
   int trace_status = -1;
   std::string trace_out;
   std::thread tracer([&] {
-    const std::string cmd = kBin + " trace --pid " + std::to_string(child) +
-                            " --duration 7s --stack-min 0 -q --db " + db + " --rules " + kDir +
-                            "/live_sync_sites.rules 2>&1";
+    const std::string cmd = kBin + " trace --pid " + std::to_string(child) + " --duration 7s --stack-min 0 -q --db " +
+                            db + " --rules " + kDir + "/live_sync_sites.rules 2>&1";
     FILE* p = popen(cmd.c_str(), "r");
     if (!p) return;
     std::array<char, 1024> l{};
@@ -130,10 +129,12 @@ TEST(StacksLive, PythonCallSiteRankedAndMatchedByARuleWhileCapturing) {
 
   // The rule's chain, emitted by the live run and stored: one per (pid, call site).
   sqlite3* h = nullptr;
-  ASSERT_EQ(sqlite3_open_v2(("file:" + db + "?immutable=1").c_str(), &h, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, nullptr),
+  ASSERT_EQ(sqlite3_open_v2(("file:" + db + "?immutable=1").c_str(), &h, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI,
+                            nullptr),
             SQLITE_OK);
   sqlite3_stmt* s = nullptr;
-  ASSERT_EQ(sqlite3_prepare_v2(h, "SELECT summary FROM ip_chains WHERE rule = 'live_sync_sites'", -1, &s, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_prepare_v2(h, "SELECT summary FROM ip_chains WHERE rule = 'live_sync_sites'", -1, &s, nullptr),
+            SQLITE_OK);
   std::string summaries;
   int chains = 0;
   while (sqlite3_step(s) == SQLITE_ROW) {

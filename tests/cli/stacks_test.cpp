@@ -218,11 +218,14 @@ TEST_F(StacksCli, FoldedStacksOutermostFirstWithTotalNs) {
   std::vector<std::string> lines;
   for (std::string l; std::getline(in, l);) lines.push_back(l);
   ASSERT_EQ(lines.size(), 3u) << r.out;
-  EXPECT_EQ(lines[0], "main.py:10 in main;train.py:42 in train_step;cudaStreamSynchronize in libcudart.so.13 100000000");
+  EXPECT_EQ(lines[0],
+            "main.py:10 in main;train.py:42 in train_step;cudaStreamSynchronize in libcudart.so.13 100000000");
   EXPECT_EQ(lines[1],
-            "at::native::copy_(at::Tensor&, at::Tensor const&, bool) in libtorch_cpu.so;cudaMemcpy in libcudart.so.13 20000000");
+            "at::native::copy_(at::Tensor&, at::Tensor const&, bool) in libtorch_cpu.so;cudaMemcpy in libcudart.so.13 "
+            "20000000");
   EXPECT_EQ(lines[2],
-            "main.py:10 in main;train.py:40 in train_step;model.py:17 in forward;cudaLaunchKernel in libcudart.so.13 12000000");
+            "main.py:10 in main;train.py:40 in train_step;model.py:17 in forward;cudaLaunchKernel in libcudart.so.13 "
+            "12000000");
 }
 
 TEST_F(StacksCli, CpuSamplesAreCountedNotTimed) {
@@ -248,7 +251,7 @@ TEST_F(StacksCli, TextTableNamesTheSitesAndTheTopStack) {
   const auto c = r.out.find("model.py:17 in forward");
   ASSERT_NE(a, std::string::npos);
   ASSERT_NE(c, std::string::npos);
-  EXPECT_LT(a, c);  // ranked by total time
+  EXPECT_LT(a, c);                                             // ranked by total time
   EXPECT_NE(r.out.find("75.8%"), std::string::npos) << r.out;  // 100 / 132
   EXPECT_NE(r.out.find("Top stack of #1"), std::string::npos);
   EXPECT_NE(r.out.find("main.py:10 in main"), std::string::npos);
@@ -299,9 +302,9 @@ std::pair<int64_t, int64_t> sql_stacked(const std::string& db) {
   if (sqlite3_open_v2(("file:" + db + "?immutable=1").c_str(), &h, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, nullptr) ==
       SQLITE_OK) {
     sqlite3_stmt* s = nullptr;
-    const char* q =
-        "SELECT count(*), coalesce(sum(duration), 0) FROM events WHERE source IN (1, 4, 8, 9) AND stack_hash != 0 "
-        "AND stack_hash IN (SELECT hash FROM stack_traces)";
+    const char*
+        q = "SELECT count(*), coalesce(sum(duration), 0) FROM events WHERE source IN (1, 4, 8, 9) AND stack_hash != 0 "
+            "AND stack_hash IN (SELECT hash FROM stack_traces)";
     if (sqlite3_prepare_v2(h, q, -1, &s, nullptr) == SQLITE_OK && sqlite3_step(s) == SQLITE_ROW)
       out = {sqlite3_column_int64(s, 0), sqlite3_column_int64(s, 1)};
     sqlite3_finalize(s);

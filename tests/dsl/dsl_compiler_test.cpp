@@ -145,7 +145,8 @@ end
   const std::string plan = r.plan.to_string();
   // op names become (source, id) pairs: cudaMalloc is 1:1, cuMemAlloc 4:5.
   EXPECT_NE(plan.find("((event.source == 1) and (event.op == 1)) or ((event.source == 4) and (event.op == 5))"),
-            std::string::npos) << plan;
+            std::string::npos)
+      << plan;
   EXPECT_NE(plan.find("_t1=(p99 / p50)"), std::string::npos) << plan;
   EXPECT_NE(plan.find("summary=\"{op}: {_t1}\""), std::string::npos) << plan;
 }

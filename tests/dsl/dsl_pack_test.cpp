@@ -47,8 +47,8 @@ TEST(RulePack, EveryInlineTestPasses) {
   const auto& pack = rules::default_rule_pack();
   std::map<std::string, std::pair<int, int>> per_rule;  // positive, negative tests
   for (const auto& o : rules::run_rule_tests(pack)) {
-    EXPECT_TRUE(o.passed) << o.test.file << ":" << o.test.line << " " << o.test.rule << " / " << o.test.name
-                          << ": " << o.detail;
+    EXPECT_TRUE(o.passed) << o.test.file << ":" << o.test.line << " " << o.test.rule << " / " << o.test.name << ": "
+                          << o.detail;
     (o.test.expect_match ? per_rule[o.test.rule].first : per_rule[o.test.rule].second)++;
   }
   for (const auto& r : pack.rules) {
@@ -72,7 +72,8 @@ TEST(RulePack, CoversEveryHandBuiltFamily) {
   // CUDA graphs (rules/cuda_graphs.rules) and cross-node stragglers (rules/fleet.rules).
   for (const char* pack_only :
        {"sync_in_step/implicit_sync", "free_in_loop/implicit_sync", "malloc_in_loop/implicit_sync",
-        "sync_copy_in_loop/implicit_sync", "graph_reinstantiated/cuda_graph", "graph_launch_tail/cuda_graph", "fleet_training_straggler/straggler", "fleet_replica_p99/straggler"})
+        "sync_copy_in_loop/implicit_sync", "graph_reinstantiated/cuda_graph", "graph_launch_tail/cuda_graph",
+        "fleet_training_straggler/straggler", "fleet_replica_p99/straggler"})
     EXPECT_EQ(pack.erase(pack_only), 1u) << pack_only;
   EXPECT_EQ(hand, pack);
 }

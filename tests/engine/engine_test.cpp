@@ -6,8 +6,8 @@
 
 #include "engine/default_plans.h"
 #include "engine/engine.h"
-#include "model/ops.h"
 #include "engine/runtime.h"
+#include "model/ops.h"
 
 namespace ingero {
 namespace {
@@ -53,9 +53,15 @@ std::vector<Event> launch_trace(OffCpuWhere where, OffCpuState st = OffCpuState:
     ev.push_back(call(10, 11, ts, dur, id++));
     if (slow) {
       switch (where) {
-        case OffCpuWhere::kSameThreadInsideCalls: ev.push_back(offcpu(10, 11, ts + 100 * kUs, 2500 * kUs, id++, st)); break;
-        case OffCpuWhere::kOtherThreadInsideCalls: ev.push_back(offcpu(10, 12, ts + 100 * kUs, 2500 * kUs, id++, st)); break;
-        case OffCpuWhere::kSameThreadBetweenCalls: ev.push_back(offcpu(10, 11, ts + dur + 10 * kUs, 2 * kMs, id++, st)); break;
+        case OffCpuWhere::kSameThreadInsideCalls:
+          ev.push_back(offcpu(10, 11, ts + 100 * kUs, 2500 * kUs, id++, st));
+          break;
+        case OffCpuWhere::kOtherThreadInsideCalls:
+          ev.push_back(offcpu(10, 12, ts + 100 * kUs, 2500 * kUs, id++, st));
+          break;
+        case OffCpuWhere::kSameThreadBetweenCalls:
+          ev.push_back(offcpu(10, 11, ts + dur + 10 * kUs, 2 * kMs, id++, st));
+          break;
         case OffCpuWhere::kNone: break;
       }
     }
@@ -89,7 +95,8 @@ TEST(Engine, CpuContentionWhenSameThreadIsOffCpuInsideSlowCalls) {
   const auto r = analyse(launch_trace(OffCpuWhere::kSameThreadInsideCalls));
   ASSERT_TRUE(has(r, "cpu_contention")) << testing::PrintToString(categories(r));
   EXPECT_FALSE(has(r, "unexplained_tail"));
-  const Chain& c = *std::find_if(r.chains.begin(), r.chains.end(), [](const Chain& c) { return c.category == "cpu_contention"; });
+  const Chain& c = *std::find_if(r.chains.begin(), r.chains.end(),
+                                 [](const Chain& c) { return c.category == "cpu_contention"; });
   EXPECT_EQ(c.pid, 10u);
   EXPECT_EQ(c.op, op::kCudaLaunchKernel);
   EXPECT_EQ(c.p50_ns, 20 * kUs);
@@ -218,8 +225,7 @@ TEST(Engine, SameResultWithOneOrSeveralThreadsAndAnyBatchSize) {
 
 // A window busier than the join buffer (kMaxTailCalls) whose tail still fits in it: the buffer
 // keeps the slowest calls, so the join result is exact.
-std::vector<Event> busy_window(uint32_t fast, uint32_t slow_every, uint64_t fast_dur, uint64_t slow_dur,
-                               uint64_t gap) {
+std::vector<Event> busy_window(uint32_t fast, uint32_t slow_every, uint64_t fast_dur, uint64_t slow_dur, uint64_t gap) {
   std::vector<Event> ev;
   uint64_t id = 1, ts = kT0 + kMs;
   for (uint32_t i = 0; i < fast; ++i) {
@@ -245,7 +251,8 @@ TEST(Engine, BusyWindowWhoseTailFitsTheBufferIsExact) {
   ASSERT_GT(ev.size(), kMaxTailCalls);
   const auto r = analyse(ev);
   ASSERT_TRUE(has(r, "cpu_contention")) << testing::PrintToString(categories(r));
-  const Chain& c = *std::find_if(r.chains.begin(), r.chains.end(), [](const Chain& c) { return c.category == "cpu_contention"; });
+  const Chain& c = *std::find_if(r.chains.begin(), r.chains.end(),
+                                 [](const Chain& c) { return c.category == "cpu_contention"; });
   EXPECT_EQ(value(c, "offcpu.calls"), 3000);
   EXPECT_EQ(value(c, "offcpu.hit_calls"), 3000);
   EXPECT_NEAR(value(c, "offcpu.share"), 0.5, 1e-9);
@@ -265,14 +272,15 @@ TEST(Engine, TailLargerThanTheBufferIsJudgedOnItsSlowestCalls) {
   }
   const auto r = analyse(more);
   ASSERT_TRUE(has(r, "cpu_contention")) << testing::PrintToString(categories(r));
-  const Chain& c = *std::find_if(r.chains.begin(), r.chains.end(), [](const Chain& c) { return c.category == "cpu_contention"; });
+  const Chain& c = *std::find_if(r.chains.begin(), r.chains.end(),
+                                 [](const Chain& c) { return c.category == "cpu_contention"; });
   EXPECT_EQ(value(c, "offcpu.calls"), static_cast<double>(kMaxTailCalls));
   EXPECT_EQ(value(c, "offcpu.hit_calls"), static_cast<double>(kMaxTailCalls));
   EXPECT_NEAR(value(c, "offcpu.share"), 0.5, 1e-9);
   bool said = false;
   for (const auto& e : c.evidence)
-    if (e.kind == "offcpu" && e.detail.find("judged on the 16,384 slowest of the window's 120,000 calls") !=
-                                  std::string::npos)
+    if (e.kind == "offcpu" &&
+        e.detail.find("judged on the 16,384 slowest of the window's 120,000 calls") != std::string::npos)
       said = true;
   EXPECT_TRUE(said) << testing::PrintToString(c.evidence.size());
   EXPECT_GE(r.counters.tail_windows_capped, 1u);

@@ -79,8 +79,8 @@ TEST(StatsParity, DataLoaderTraceFactsFromTheIssue) {
     if (s.source == Source::kCuda && s.op == 3) {
       launch = true;
       EXPECT_EQ(s.count, 16u);
-      EXPECT_EQ(s.p50_ns, 73194u);    // 73.2 us
-      EXPECT_EQ(s.p99_ns, 25799899u); // 25.80 ms
+      EXPECT_EQ(s.p50_ns, 73194u);     // 73.2 us
+      EXPECT_EQ(s.p99_ns, 25799899u);  // 25.80 ms
     }
     if (s.source == Source::kHost && s.op == 1) {
       sched = true;

@@ -2,8 +2,8 @@
 // two healthy (the shared Ingero node samples), one slow (accepts, never answers), one down. The
 // healthy ones answer, the slow one fails at its deadline without delaying the others past it,
 // the down one fails at once, and a wrong token is reported as such.
-#include <gtest/gtest.h>
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -11,8 +11,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <thread>
 
 #include "sinks/fleet_query.h"
@@ -76,13 +76,13 @@ TEST(FleetQuery, PartialResultsWithSlowAndDownNodes) {
   int slow_port = 0, down_port = 0;
   const int slow_fd = listen_socket(slow_port);  // accepts (kernel backlog), never answers
   const int down_fd = listen_socket(down_port);
-  ::close(down_fd);                               // nothing listens there any more
+  ::close(down_fd);  // nothing listens there any more
 
   FleetQueryOptions o;
   o.token = "fleet-token";
   o.deadline_ms = 1500;
-  const std::vector<std::string> urls{n1.url(), "http://127.0.0.1:" + std::to_string(slow_port) + "/mcp",
-                                      n2.url(), "http://127.0.0.1:" + std::to_string(down_port) + "/mcp"};
+  const std::vector<std::string> urls{n1.url(), "http://127.0.0.1:" + std::to_string(slow_port) + "/mcp", n2.url(),
+                                      "http://127.0.0.1:" + std::to_string(down_port) + "/mcp"};
   const auto t0 = std::chrono::steady_clock::now();
   const auto replies = fleet_call(urls, "get_trace_stats", nlohmann::json::object(), o);
   const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -121,8 +121,8 @@ TEST(FleetQuery, ExplainNodesReportsPartialFailures) {
   const int slow_fd = listen_socket(slow_port);
   ::close(listen_socket(down_port));
   const std::string cmd = bin + " explain --token fleet-token --node-timeout 1 --nodes " + n1.url() +
-                          ",http://127.0.0.1:" + std::to_string(slow_port) + "/mcp,http://127.0.0.1:" +
-                          std::to_string(down_port) + "/mcp 2>&1";
+                          ",http://127.0.0.1:" + std::to_string(slow_port) +
+                          "/mcp,http://127.0.0.1:" + std::to_string(down_port) + "/mcp 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string out;
@@ -150,11 +150,17 @@ TEST(FleetQuery, McpQueryFleetTool) {
   o.fleet_nodes = {n1.url(), n2.url(), "http://127.0.0.1:" + std::to_string(down_port) + "/mcp"};
   o.fleet_token = "fleet-token";
   mcp::Server hub(o);
-  hub.handle_message({{"jsonrpc", "2.0"}, {"id", 0}, {"method", "initialize"},
-                      {"params", {{"protocolVersion", "2025-06-18"}, {"capabilities", nlohmann::json::object()},
-                                  {"clientInfo", {{"name", "gtest"}, {"version", "1"}}}}}});
+  hub.handle_message({{"jsonrpc", "2.0"},
+                      {"id", 0},
+                      {"method", "initialize"},
+                      {"params",
+                       {{"protocolVersion", "2025-06-18"},
+                        {"capabilities", nlohmann::json::object()},
+                        {"clientInfo", {{"name", "gtest"}, {"version", "1"}}}}}});
   auto call = [&](const nlohmann::json& args) {
-    const nlohmann::json req = {{"jsonrpc", "2.0"}, {"id", 1}, {"method", "tools/call"},
+    const nlohmann::json req = {{"jsonrpc", "2.0"},
+                                {"id", 1},
+                                {"method", "tools/call"},
                                 {"params", {{"name", "query_fleet"}, {"arguments", args}}}};
     const auto reply = hub.handle_message(req);
     return reply ? *reply : nlohmann::json();
@@ -166,7 +172,8 @@ TEST(FleetQuery, McpQueryFleetTool) {
   EXPECT_EQ(sc["warnings"].size(), 1u) << sc.dump().substr(0, 400);
   ASSERT_FALSE(sc["chains"].empty());
   EXPECT_EQ(sc["chains"][0]["from"], n1.url());
-  auto sql = call({{"action", "sql"}, {"query", "SELECT count(*) AS n FROM events"}, {"nodes", n1.url() + "," + n2.url()}});
+  auto sql = call(
+      {{"action", "sql"}, {"query", "SELECT count(*) AS n FROM events"}, {"nodes", n1.url() + "," + n2.url()}});
   const auto& rows = sql["result"]["structuredContent"]["rows"];
   ASSERT_EQ(rows.size(), 2u) << sql.dump().substr(0, 400);
   EXPECT_EQ(sql["result"]["structuredContent"]["columns"][0], "node");

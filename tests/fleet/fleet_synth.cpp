@@ -53,8 +53,7 @@ std::vector<Event> fleet_node_events(const FleetSpec& spec, int rank) {
   return out;
 }
 
-std::string write_fleet_node(const FleetSpec& spec, int rank, const std::string& node,
-                             const std::string& path) {
+std::string write_fleet_node(const FleetSpec& spec, int rank, const std::string& node, const std::string& path) {
   std::string error;
   auto sink = SqliteSink::create(path, error);
   if (!sink) return error;

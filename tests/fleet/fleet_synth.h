@@ -35,7 +35,6 @@ struct FleetSpec {
 std::vector<Event> fleet_node_events(const FleetSpec& spec, int rank);
 
 // Writes rank `rank` as a single-node SQLite store named `node` at `path`. Returns "" or an error.
-std::string write_fleet_node(const FleetSpec& spec, int rank, const std::string& node,
-                             const std::string& path);
+std::string write_fleet_node(const FleetSpec& spec, int rank, const std::string& node, const std::string& path);
 
 }  // namespace ingero::test

@@ -26,8 +26,8 @@ namespace {
 struct TempDir {
   fs::path dir;
   TempDir() {
-    dir = fs::temp_directory_path() / ("fleet_merge_" + std::to_string(::getpid()) + "_" +
-                                       std::to_string(reinterpret_cast<uintptr_t>(this)));
+    dir = fs::temp_directory_path() /
+          ("fleet_merge_" + std::to_string(::getpid()) + "_" + std::to_string(reinterpret_cast<uintptr_t>(this)));
     fs::create_directories(dir);
   }
   ~TempDir() {
@@ -72,7 +72,8 @@ TEST(ClockAlign, FindsTheOrdinalShiftAndTheOffset) {
   std::vector<SyncPoint> ref, node;
   for (uint64_t k = 0; k < 50; ++k) ref.push_back({k, 1'000'000'000 + k * 50'000'000, 1});
   // The node's capture started 3 collectives later and its clock is 4 ms ahead.
-  for (uint64_t k = 3; k < 50; ++k) node.push_back({k - 3, 1'000'000'000 + k * 50'000'000 + 4'000'000 + (k % 3) * 1000, 1});
+  for (uint64_t k = 3; k < 50; ++k)
+    node.push_back({k - 3, 1'000'000'000 + k * 50'000'000 + 4'000'000 + (k % 3) * 1000, 1});
   const auto est = estimate_offset(ref, node);
   ASSERT_TRUE(est.ok) << est.why;
   EXPECT_EQ(est.ordinal_shift, -3);
@@ -389,7 +390,7 @@ TEST(Merge, ArrivalOrderOnAMergedTraceFollowsTheRecordedUncertainty) {
   FleetSpec spec;
   spec.ranks = 6;
   spec.steps = 60;
-  spec.slow_rank = 4;                 // enters every collective ~10 ms after the others
+  spec.slow_rank = 4;  // enters every collective ~10 ms after the others
   spec.slow_extra_ns = 10'000'000;
   spec.clock_offset_ns = {0, 3'100'000, -2'700'000, 5'500'000, -6'300'000, 1'900'000};
   spec.first_step = {0, 1, 0, 2, 0, 1};

@@ -1,7 +1,7 @@
 // The Prometheus exporter (sinks/metrics/prometheus_exporter.h): classic buckets are an exact
 // collapse of the gamma = 2^(1/32) sketch, labels stay bounded, /metrics is served over HTTP.
-#include <gtest/gtest.h>
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -99,7 +99,8 @@ TEST(Metrics, RendersBoundedSeries) {
   s.add_chains(std::span<const Chain>(&c, 1));  // the same chain again: counted once
   const std::string text = s.render();
   EXPECT_NE(text.find("gpustall_op_latency_seconds_bucket{op=\"cudaStreamSync\",rank=\"3\",le=\"0.00390625\"} 1"),
-            std::string::npos) << text.substr(0, 2000);
+            std::string::npos)
+      << text.substr(0, 2000);
   EXPECT_NE(text.find("gpustall_events_dropped_total{reason=\"ringbuf_full\"} 7"), std::string::npos);
   EXPECT_NE(text.find("gpustall_chains_total{category=\"cpu_contention\",severity=\"high\"} 1"), std::string::npos);
   EXPECT_NE(text.find("gpustall_sync_wait_seconds_total{rank=\"0\"} 0.002"), std::string::npos);

@@ -2,8 +2,8 @@
 // real child process's /proc/PID/environ (no privileges needed: it is our own child), the lazy
 // pid cache that stamps Event::rank, the persisted node id, and the identity tables carried by
 // `merge` into SQLite and LMDB (and absent, harmlessly, from older traces).
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/wait.h>
@@ -29,8 +29,8 @@ namespace {
 struct TempDir {
   fs::path dir;
   TempDir() {
-    dir = fs::temp_directory_path() / ("fleet_identity_" + std::to_string(::getpid()) + "_" +
-                                       std::to_string(reinterpret_cast<uintptr_t>(this)));
+    dir = fs::temp_directory_path() /
+          ("fleet_identity_" + std::to_string(::getpid()) + "_" + std::to_string(reinterpret_cast<uintptr_t>(this)));
     fs::create_directories(dir);
   }
   ~TempDir() {
@@ -159,8 +159,8 @@ TEST(Environ, ReadsARealChildProcessEnvironment) {
   if (child == 0) {
     ::close(fds[0]);
     const char* argv[] = {"sleep", "30", nullptr};
-    const char* envp[] = {"PATH=/usr/bin:/bin", "RANK=7",        "LOCAL_RANK=3",
-                          "WORLD_SIZE=32",      "TORCHELASTIC_RUN_ID=fleet-test", nullptr};
+    const char* envp[] = {
+        "PATH=/usr/bin:/bin", "RANK=7", "LOCAL_RANK=3", "WORLD_SIZE=32", "TORCHELASTIC_RUN_ID=fleet-test", nullptr};
     ::execve("/bin/sleep", const_cast<char* const*>(argv), const_cast<char* const*>(envp));
     ::execve("/usr/bin/sleep", const_cast<char* const*>(argv), const_cast<char* const*>(envp));
     ::_exit(127);
@@ -382,9 +382,10 @@ TEST(IdentityStore, MergeCarriesIdentityIntoSqliteAndLmdb) {
   MergeReport rep;
   ASSERT_TRUE(merge_traces(in, o, rep, error)) << error;
   EXPECT_EQ(query_int(o.out, "SELECT count(*) FROM ip_process_identity"), 4);
-  EXPECT_EQ(query_int(o.out, "SELECT count(*) FROM ip_process_identity p JOIN ip_node_attributes a "
-                             "ON a.node = p.node AND a.key = 'hostname' AND a.value = 'host' || p.rank "
-                             "WHERE p.node = 'node-' || p.rank AND p.pid = 1000 + p.rank"),
+  EXPECT_EQ(query_int(o.out,
+                      "SELECT count(*) FROM ip_process_identity p JOIN ip_node_attributes a "
+                      "ON a.node = p.node AND a.key = 'hostname' AND a.value = 'host' || p.rank "
+                      "WHERE p.node = 'node-' || p.rank AND p.pid = 1000 + p.rank"),
             4);
   // Every event keeps its rank through the merge.
   EXPECT_EQ(query_int(o.out, "SELECT count(*) FROM events WHERE rank IS NULL OR node <> 'node-' || rank"), 0);

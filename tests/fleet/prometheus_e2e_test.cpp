@@ -4,9 +4,9 @@
 // instead of 30 s) must record the busy-ratio series for all five ranks and put
 // GpuStallTrainingStraggler in pending/firing for node-3 and no other node. Bounded: 90 s.
 // Skips with the reason when `prometheus` or the ingero-pipeline binary is absent.
-#include <gtest/gtest.h>
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
@@ -146,13 +146,14 @@ TEST(PrometheusEndToEnd, StragglerAlertForTheSlowNodeOnly) {
     const std::string db = (dir / (node + ".db")).string();
     ASSERT_EQ(ingero::test::write_fleet_node(spec, r, node, db), "");
     const std::string cfg = (dir / (node + ".yaml")).string();
-    std::ofstream(cfg) << "version: 1\nengine:\n  threads: 1\n  batch_size: 256\nsources:\n  - name: n\n    type: sqlite\n    path: "
-                       << db << "\nanalysis:\n  from: [n]\n  rules: [default]\nsinks: []\n";
+    std::ofstream(cfg)
+        << "version: 1\nengine:\n  threads: 1\n  batch_size: 256\nsources:\n  - name: n\n    type: sqlite\n    path: "
+        << db << "\nanalysis:\n  from: [n]\n  rules: [default]\nsinks: []\n";
     const int port = free_port();
-    kids.pids.push_back(spawn({bin, "run", "--config", cfg, "--metrics-addr", "127.0.0.1:" + std::to_string(port),
-                               "--replay-speed", "1", "--metrics-linger", "120", "--node", node, "--cluster",
-                               "c1", "-q"},
-                              (dir / (node + ".log")).string()));
+    kids.pids.push_back(
+        spawn({bin, "run", "--config", cfg, "--metrics-addr", "127.0.0.1:" + std::to_string(port), "--replay-speed",
+               "1", "--metrics-linger", "120", "--node", node, "--cluster", "c1", "-q"},
+              (dir / (node + ".log")).string()));
     ASSERT_GT(kids.pids.back(), 0);
     scrape_targets += "      - targets: ['127.0.0.1:" + std::to_string(port) + "']\n        labels: {node: " + node +
                       ", cluster: c1}\n";
@@ -162,10 +163,10 @@ TEST(PrometheusEndToEnd, StragglerAlertForTheSlowNodeOnly) {
   ASSERT_FALSE(rules.empty());
   rules = std::regex_replace(rules, std::regex("interval: 30s"), "interval: 1s");
   std::ofstream(dir / "rules.yml") << rules;
-  std::ofstream(dir / "prometheus.yml")
-      << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: ['" << (dir / "rules.yml").string()
-      << "']\nscrape_configs:\n  - job_name: gpustall\n    static_configs:\n"
-      << scrape_targets;
+  std::ofstream(dir / "prometheus.yml") << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: ['"
+                                        << (dir / "rules.yml").string()
+                                        << "']\nscrape_configs:\n  - job_name: gpustall\n    static_configs:\n"
+                                        << scrape_targets;
   const int prom_port = free_port();
   kids.pids.push_back(spawn({prom, "--config.file=" + (dir / "prometheus.yml").string(),
                              "--storage.tsdb.path=" + (dir / "tsdb").string(),
@@ -206,16 +207,15 @@ TEST(PrometheusEndToEnd, StragglerAlertForTheSlowNodeOnly) {
   }
   EXPECT_EQ(straggler_alerts, 1) << alerts.dump();
   // The recorded series: one busy ratio per rank, all five nodes scraped.
-  const auto q = json::parse(
-      http_get(prom_port, "/api/v1/query?query=" + url_encode("count(node_rank:gpustall_busy_ratio:5m)")), nullptr,
-      false);
+  const auto q = json::parse(http_get(prom_port,
+                                      "/api/v1/query?query=" + url_encode("count(node_rank:gpustall_busy_ratio:5m)")),
+                             nullptr, false);
   ASSERT_FALSE(q.is_discarded());
   ASSERT_EQ(q["data"]["result"].size(), 1u) << q.dump();
   EXPECT_EQ(q["data"]["result"][0]["value"][1], "5") << q.dump();
-  const auto z = json::parse(
-      http_get(prom_port, "/api/v1/query?query=" +
-                              url_encode("node_rank:gpustall_busy_ratio:5m_robust_z > 3.5")),
-      nullptr, false);
+  const auto z = json::parse(http_get(prom_port, "/api/v1/query?query=" +
+                                                     url_encode("node_rank:gpustall_busy_ratio:5m_robust_z > 3.5")),
+                             nullptr, false);
   ASSERT_EQ(z["data"]["result"].size(), 1u) << z.dump();
   EXPECT_EQ(z["data"]["result"][0]["metric"]["node"], "node-3") << z.dump();
   // Rule health: every rule evaluated without error.

@@ -3,8 +3,8 @@
 // torchrun variables is traced by pid; its scheduler events must carry rank 3, the database must
 // name the node by the id persisted in a temporary INGERO_STATE_DIR, and record the process's
 // identity and the hostname.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/wait.h>
@@ -64,8 +64,8 @@ TEST(TraceIdentityLive, RankFromTheEnvironmentAndPersistedNodeId) {
   if (child == 0) {
     ::close(fds[0]);
     const char* argv[] = {"sh", "-c", "while :; do sleep 0.01; done", nullptr};
-    const char* envp[] = {"PATH=/usr/bin:/bin", "RANK=3", "LOCAL_RANK=1", "WORLD_SIZE=8",
-                          "TORCHELASTIC_RUN_ID=live-test", nullptr};
+    const char* envp[] = {
+        "PATH=/usr/bin:/bin", "RANK=3", "LOCAL_RANK=1", "WORLD_SIZE=8", "TORCHELASTIC_RUN_ID=live-test", nullptr};
     ::execve("/bin/sh", const_cast<char* const*>(argv), const_cast<char* const*>(envp));
     ::_exit(127);
   }
@@ -76,9 +76,8 @@ TEST(TraceIdentityLive, RankFromTheEnvironmentAndPersistedNodeId) {
   ::close(fds[0]);
 
   int status = 0;
-  const std::string out = capture("INGERO_STATE_DIR=" + state + " " + kBin + " trace --pid " +
-                                      std::to_string(child) + " --duration 3s --no-stacks --no-samples -q --db " +
-                                      db + " 2>&1",
+  const std::string out = capture("INGERO_STATE_DIR=" + state + " " + kBin + " trace --pid " + std::to_string(child) +
+                                      " --duration 3s --no-stacks --no-samples -q --db " + db + " 2>&1",
                                   &status);
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
@@ -102,7 +101,8 @@ TEST(TraceIdentityLive, RankFromTheEnvironmentAndPersistedNodeId) {
             switches);
   EXPECT_EQ(query_int(db, "SELECT count(*) FROM ip_process_identity WHERE pid=" + pid +
                               " AND rank=3 AND local_rank=1 AND world_size=8 AND job_id='live-test'"
-                              " AND launcher='torchrun' AND node='" + node + "'"),
+                              " AND launcher='torchrun' AND node='" +
+                              node + "'"),
             1);
   EXPECT_EQ(query_int(db, "SELECT count(*) FROM ip_node_attributes WHERE node='" + node +
                               "' AND key='hostname' AND value<>''"),

@@ -31,7 +31,9 @@ class McpServerTest : public ::testing::Test {
   }
   Json send(const std::string& line) {
     auto reply = server_->handle_line(line);
-    if (!reply) { return Json(); }
+    if (!reply) {
+      return Json();
+    }
     Json j = Json::parse(*reply, nullptr, false);
     EXPECT_FALSE(j.is_discarded()) << *reply;
     return j;
@@ -119,15 +121,11 @@ TEST_F(McpServerTest, MalformedJsonIsAParseErrorAndServingContinues) {
 TEST_F(McpServerTest, InvalidRequestsGetMinus32600) {
   open("sample-gpu-node-01.db");
   initialize();
-  for (const std::string bad : {"42", "\"ping\"", "null", "[]",
-                                R"({"jsonrpc":"1.0","id":1,"method":"ping"})",
-                                R"({"id":1,"method":"ping"})",
-                                R"({"jsonrpc":"2.0","id":{"a":1},"method":"ping"})",
-                                R"({"jsonrpc":"2.0","id":null,"method":"ping"})",
-                                R"({"jsonrpc":"2.0","id":1.5,"method":"ping"})",
-                                R"({"jsonrpc":"2.0","id":1,"method":7})",
-                                R"({"jsonrpc":"2.0","id":1})",
-                                R"({"jsonrpc":"2.0","id":1,"method":"ping","params":"x"})"}) {
+  for (const std::string bad :
+       {"42", "\"ping\"", "null", "[]", R"({"jsonrpc":"1.0","id":1,"method":"ping"})", R"({"id":1,"method":"ping"})",
+        R"({"jsonrpc":"2.0","id":{"a":1},"method":"ping"})", R"({"jsonrpc":"2.0","id":null,"method":"ping"})",
+        R"({"jsonrpc":"2.0","id":1.5,"method":"ping"})", R"({"jsonrpc":"2.0","id":1,"method":7})",
+        R"({"jsonrpc":"2.0","id":1})", R"({"jsonrpc":"2.0","id":1,"method":"ping","params":"x"})"}) {
     EXPECT_EQ(error_code(send(bad)), kInvalidRequest) << bad;
   }
   EXPECT_EQ(error_code(send(R"({"jsonrpc":"2.0","id":1,"method":"ping","params":[1]})")), kInvalidParams);
@@ -143,7 +141,8 @@ TEST_F(McpServerTest, UnknownMethodsAndNotifications) {
   EXPECT_EQ(error_code(request("logging/setLevel", {{"level", "debug"}})), kMethodNotFound);
   // Notifications (known or not) and client responses get no reply.
   EXPECT_FALSE(server_->handle_line(R"({"jsonrpc":"2.0","method":"notifications/whatever"})"));
-  EXPECT_FALSE(server_->handle_line(R"({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":3}})"));
+  EXPECT_FALSE(
+      server_->handle_line(R"({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":3}})"));
   EXPECT_FALSE(server_->handle_line(R"({"jsonrpc":"2.0","id":5,"result":{}})"));
 }
 
@@ -175,7 +174,8 @@ TEST_F(McpServerTest, HugeLineAndDeepNestingAreRefused) {
   r = send(deep);
   EXPECT_EQ(error_code(r), kParseError);
   EXPECT_NE(r["error"]["message"].get<std::string>().find("nested"), std::string::npos);
-  std::string deep_params = R"({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"run_sql","arguments":{"sql":)";
+  std::string
+      deep_params = R"({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"run_sql","arguments":{"sql":)";
   deep_params += std::string(5000, '{') + std::string(5000, '}') + "}}}";
   EXPECT_EQ(error_code(send(deep_params)), kParseError);
   // Brackets inside strings do not count as nesting.
@@ -204,9 +204,9 @@ TEST_F(McpServerTest, ToolsListIsReadOnlyAndPaginated) {
     if (!r["result"].contains("nextCursor")) break;
     params = {{"cursor", r["result"]["nextCursor"]}};
   }
-  const std::set<std::string> expected = {"get_check", "get_trace_stats", "get_causal_chains", "explain_chain",
-                                          "get_stacks", "run_sql", "list_rules", "check_rule", "why_not",
-                                          "query_fleet"};
+  const std::set<std::string> expected = {"get_check",  "get_trace_stats", "get_causal_chains", "explain_chain",
+                                          "get_stacks", "run_sql",         "list_rules",        "check_rule",
+                                          "why_not",    "query_fleet"};
   EXPECT_EQ(std::set<std::string>(names.begin(), names.end()), expected);
   EXPECT_EQ(names.size(), expected.size());
   EXPECT_EQ(error_code(request("tools/list", {{"cursor", "bogus"}})), kInvalidParams);
@@ -520,7 +520,8 @@ end
   // Never loaded: the rule is not in list_rules afterwards.
   EXPECT_NE(error_text("list_rules", {{"name", "agent_slow_sync"}}).find("no rule"), std::string::npos);
   // A broken rule: diagnostics with positions and codes.
-  Json bad = ok("check_rule", {{"text", "rule r \"t\"\n  from cuda where durration > 5ms\nend\n"}, {"file_name", "mine.rules"}});
+  Json bad = ok("check_rule",
+                {{"text", "rule r \"t\"\n  from cuda where durration > 5ms\nend\n"}, {"file_name", "mine.rules"}});
   EXPECT_EQ(bad["ok"], false);
   EXPECT_GT(bad["errors"].get<int>(), 0);
   ASSERT_FALSE(bad["diagnostics"].empty());
@@ -545,7 +546,8 @@ TEST_F(McpServerTest, PromptsAndResources) {
   for (const char* step : {"get_check", "get_trace_stats", "get_causal_chains", "get_stacks", "run_sql", "cuMemAlloc"})
     EXPECT_NE(text.find(step), std::string::npos) << step;
   EXPECT_EQ(error_code(request("prompts/get", {{"name", "nope"}})), kInvalidParams);
-  EXPECT_EQ(error_code(request("prompts/get", {{"name", "investigate"}, {"arguments", {{"focus", 3}}}})), kInvalidParams);
+  EXPECT_EQ(error_code(request("prompts/get", {{"name", "investigate"}, {"arguments", {{"focus", 3}}}})),
+            kInvalidParams);
   Json res = request("resources/list");
   ASSERT_EQ(res["result"]["resources"].size(), 2u);
   Json summary = request("resources/read", {{"uri", "ingero://trace/summary"}});

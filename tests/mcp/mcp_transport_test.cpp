@@ -30,7 +30,10 @@ class StdioHarness {
   explicit StdioHarness(ServerOptions opts) : server_(std::move(opts)) {
     EXPECT_EQ(::pipe(in_), 0);
     EXPECT_EQ(::pipe(out_), 0);
-    thread_ = std::thread([this] { rc_ = run_stdio(server_, in_[0], out_[1]); ::close(out_[1]); });
+    thread_ = std::thread([this] {
+      rc_ = run_stdio(server_, in_[0], out_[1]);
+      ::close(out_[1]);
+    });
   }
   ~StdioHarness() {
     close_input();
@@ -109,7 +112,8 @@ TEST(McpStdio, OversizedLineIsRefusedWithoutStoppingTheServer) {
   StdioHarness h(opts);
   h.write(init_line(1) + "\n");
   EXPECT_EQ(Json::parse(h.read_line())["id"], 1);
-  std::thread writer([&] { h.write(std::string(10u << 20, 'x') + "\n" + R"({"jsonrpc":"2.0","id":2,"method":"ping"})" + "\n"); });
+  std::thread writer(
+      [&] { h.write(std::string(10u << 20, 'x') + "\n" + R"({"jsonrpc":"2.0","id":2,"method":"ping"})" + "\n"); });
   Json big = Json::parse(h.read_line());
   EXPECT_EQ(big["error"]["code"], kParseError);
   EXPECT_NE(big["error"]["message"].get<std::string>().find("exceeds"), std::string::npos);
@@ -125,11 +129,14 @@ TEST(McpStdio, CancellationStopsARunningQueryAndSuppressesItsReply) {
   h.write(init_line(1) + "\n");
   EXPECT_EQ(Json::parse(h.read_line())["id"], 1);
   const auto start = Clock::now();
-  h.write(R"({"jsonrpc":"2.0","id":"slow","method":"tools/call","params":{"name":"run_sql","arguments":{"sql":"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT max(x) FROM c"}}})"
-          "\n");
+  h.write(
+      R"({"jsonrpc":"2.0","id":"slow","method":"tools/call","params":{"name":"run_sql","arguments":{"sql":"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT max(x) FROM c"}}})"
+      "\n");
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   h.write(R"({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"slow","reason":"test"}})"
-          "\n" R"({"jsonrpc":"2.0","id":3,"method":"ping"})" "\n");
+          "\n"
+          R"({"jsonrpc":"2.0","id":3,"method":"ping"})"
+          "\n");
   Json next = Json::parse(h.read_line());
   EXPECT_EQ(next["id"], 3) << "the cancelled request must not be answered: " << next.dump();
   EXPECT_LT(std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - start).count(), 60);
@@ -174,7 +181,8 @@ HttpReply http(uint16_t port, const std::string& method, const std::string& body
 std::string header(const HttpReply& r, const std::string& name) {
   std::istringstream in(r.headers);
   for (std::string line; std::getline(in, line);) {
-    if (line.size() > name.size() && strncasecmp(line.c_str(), name.c_str(), name.size()) == 0 && line[name.size()] == ':') {
+    if (line.size() > name.size() && strncasecmp(line.c_str(), name.c_str(), name.size()) == 0 &&
+        line[name.size()] == ':') {
       std::string v = line.substr(name.size() + 1);
       while (!v.empty() && (v.front() == ' ')) v.erase(0, 1);
       while (!v.empty() && (v.back() == '\r')) v.pop_back();
@@ -211,12 +219,17 @@ TEST(McpHttp, TokenOriginAndSessionAreEnforced) {
   const std::string list = R"({"jsonrpc":"2.0","id":2,"method":"tools/list"})";
   EXPECT_EQ(http(port, "POST", list, {json, auth}).status, 400);  // no session header
   EXPECT_EQ(http(port, "POST", list, {json, auth, "Mcp-Session-Id: other"}).status, 404);
-  EXPECT_EQ(http(port, "POST", list, {json, auth, "Mcp-Session-Id: " + session, "MCP-Protocol-Version: 1900-01-01"}).status, 400);
-  HttpReply tools = http(port, "POST", list, {json, auth, "Mcp-Session-Id: " + session, "MCP-Protocol-Version: 2025-11-25"});
+  EXPECT_EQ(
+      http(port, "POST", list, {json, auth, "Mcp-Session-Id: " + session, "MCP-Protocol-Version: 1900-01-01"}).status,
+      400);
+  HttpReply tools = http(port, "POST", list,
+                         {json, auth, "Mcp-Session-Id: " + session, "MCP-Protocol-Version: 2025-11-25"});
   ASSERT_EQ(tools.status, 200);
   EXPECT_EQ(Json::parse(tools.body)["result"]["tools"].size(), 10u);
   EXPECT_EQ(http(port, "POST", R"({"jsonrpc":"2.0","method":"notifications/initialized"})",
-                 {json, auth, "Mcp-Session-Id: " + session}).status, 202);
+                 {json, auth, "Mcp-Session-Id: " + session})
+                .status,
+            202);
   EXPECT_EQ(http(port, "DELETE", "", {auth, "Mcp-Session-Id: " + session}).status, 200);
   EXPECT_EQ(http(port, "POST", list, {json, auth, "Mcp-Session-Id: " + session}).status, 404);
   stop.store(true);

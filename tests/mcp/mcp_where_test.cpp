@@ -44,14 +44,20 @@ class McpWhereTest : public ::testing::Test {
     o.db_path = path;
     o.plan = default_plan();  // the hand-built analyses: this test is about the annotation, not the pack
     server_ = std::make_unique<Server>(o);
-    Json init = {{"jsonrpc", "2.0"}, {"id", 1}, {"method", "initialize"},
-                 {"params", {{"protocolVersion", kLatestProtocol}, {"capabilities", Json::object()},
-                             {"clientInfo", {{"name", "gtest"}, {"version", "1"}}}}}};
+    Json init = {{"jsonrpc", "2.0"},
+                 {"id", 1},
+                 {"method", "initialize"},
+                 {"params",
+                  {{"protocolVersion", kLatestProtocol},
+                   {"capabilities", Json::object()},
+                   {"clientInfo", {{"name", "gtest"}, {"version", "1"}}}}}};
     ASSERT_TRUE(server_->handle_line(init.dump()));
     server_->handle_line(R"({"jsonrpc":"2.0","method":"notifications/initialized"})");
   }
   Json ok(const std::string& tool, const Json& args = Json::object()) {
-    Json msg = {{"jsonrpc", "2.0"}, {"id", ++id_}, {"method", "tools/call"},
+    Json msg = {{"jsonrpc", "2.0"},
+                {"id", ++id_},
+                {"method", "tools/call"},
                 {"params", {{"name", tool}, {"arguments", args}}}};
     auto reply = server_->handle_line(msg.dump());
     EXPECT_TRUE(reply.has_value());
@@ -67,9 +73,7 @@ class McpWhereTest : public ::testing::Test {
     ADD_FAILURE() << "no " << category << " chain in " << all.dump().substr(0, 600);
     return Json();
   }
-  static bool marked(const Json& v) {
-    return v.is_string() && v.get<std::string>().rfind("<untrusted>", 0) == 0;
-  }
+  static bool marked(const Json& v) { return v.is_string() && v.get<std::string>().rfind("<untrusted>", 0) == 0; }
 
   std::filesystem::path dir_;
   std::unique_ptr<Server> server_;

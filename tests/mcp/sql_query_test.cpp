@@ -59,12 +59,12 @@ TEST_F(SqlQueryTest, IntrospectionPragmasAreAllowed) {
 }
 
 TEST_F(SqlQueryTest, WritesAreDeniedByTheEngine) {
-  for (const char* sql : {"INSERT INTO events(timestamp,pid,tid,source,op,duration) VALUES (1,1,1,1,1,1)",
-                          "UPDATE events SET pid = 0", "DELETE FROM events", "DROP TABLE events",
-                          "CREATE TABLE x(a)", "CREATE TEMP TABLE x(a)", "CREATE TEMP VIEW v AS SELECT 1",
-                          "ALTER TABLE events ADD COLUMN z", "REINDEX", "ANALYZE", "BEGIN",
-                          "SAVEPOINT s", "VACUUM", "UPDATE sqlite_master SET sql = 'x'", "REPLACE INTO sources VALUES (1, 'x', 'y')",
-                          "WITH t AS (SELECT 1) INSERT INTO sources SELECT 99, 'a', 'b' FROM t"}) {
+  for (const char* sql :
+       {"INSERT INTO events(timestamp,pid,tid,source,op,duration) VALUES (1,1,1,1,1,1)", "UPDATE events SET pid = 0",
+        "DELETE FROM events", "DROP TABLE events", "CREATE TABLE x(a)", "CREATE TEMP TABLE x(a)",
+        "CREATE TEMP VIEW v AS SELECT 1", "ALTER TABLE events ADD COLUMN z", "REINDEX", "ANALYZE", "BEGIN",
+        "SAVEPOINT s", "VACUUM", "UPDATE sqlite_master SET sql = 'x'", "REPLACE INTO sources VALUES (1, 'x', 'y')",
+        "WITH t AS (SELECT 1) INSERT INTO sources SELECT 99, 'a', 'b' FROM t"}) {
     auto r = run(sql);
     EXPECT_FALSE(r.ok) << sql;
     EXPECT_EQ(r.error_kind, "denied") << sql << ": " << r.error;
@@ -74,11 +74,11 @@ TEST_F(SqlQueryTest, WritesAreDeniedByTheEngine) {
 TEST_F(SqlQueryTest, AttachAndFileAccessAreDenied) {
   const std::string target = ::testing::TempDir() + "/mcp_attach_target.db";
   std::filesystem::remove(target);
-  for (const std::string& sql : {"ATTACH DATABASE '" + target + "' AS x", std::string("DETACH DATABASE main"),
-                                "VACUUM INTO '" + target + "'", std::string("SELECT load_extension('libm.so.6')"),
-                                std::string("SELECT readfile('/etc/passwd')"),
-                                "SELECT writefile('" + target + "', 'x')",
-                                std::string("SELECT edit('x')"), std::string("SELECT fts3_tokenizer('simple')")}) {
+  for (const std::string& sql :
+       {"ATTACH DATABASE '" + target + "' AS x", std::string("DETACH DATABASE main"), "VACUUM INTO '" + target + "'",
+        std::string("SELECT load_extension('libm.so.6')"), std::string("SELECT readfile('/etc/passwd')"),
+        "SELECT writefile('" + target + "', 'x')", std::string("SELECT edit('x')"),
+        std::string("SELECT fts3_tokenizer('simple')")}) {
     auto r = run(sql);
     EXPECT_FALSE(r.ok) << sql;
     EXPECT_FALSE(r.error.empty()) << sql;
@@ -91,8 +91,8 @@ TEST_F(SqlQueryTest, AttachAndFileAccessAreDenied) {
 
 TEST_F(SqlQueryTest, PragmaChangesAreDenied) {
   for (const char* sql : {"PRAGMA journal_mode = DELETE", "PRAGMA query_only = 0", "PRAGMA writable_schema = 1",
-                          "PRAGMA temp_store_directory = '/tmp'", "PRAGMA cache_size = 1000000",
-                          "PRAGMA database_list", "PRAGMA integrity_check", "PRAGMA user_version = 3"}) {
+                          "PRAGMA temp_store_directory = '/tmp'", "PRAGMA cache_size = 1000000", "PRAGMA database_list",
+                          "PRAGMA integrity_check", "PRAGMA user_version = 3"}) {
     auto r = run(sql);
     EXPECT_FALSE(r.ok) << sql;
     EXPECT_EQ(r.error_kind, "denied") << sql << ": " << r.error;
@@ -108,10 +108,9 @@ TEST_F(SqlQueryTest, SecondStatementIsRefused) {
 }
 
 TEST_F(SqlQueryTest, HugeValuesAreRefused) {
-  for (const char* sql : {"SELECT zeroblob(2000000000)", "SELECT randomblob(500000000)",
-                          "SELECT length(printf('%.*c', 2147483647, 'x'))",
-                          "SELECT length(format('%2000000000d', 1))",
-                          "SELECT replace(hex(zeroblob(400000)), '0', '0000000000')"}) {
+  for (const char* sql :
+       {"SELECT zeroblob(2000000000)", "SELECT randomblob(500000000)", "SELECT length(printf('%.*c', 2147483647, 'x'))",
+        "SELECT length(format('%2000000000d', 1))", "SELECT replace(hex(zeroblob(400000)), '0', '0000000000')"}) {
     auto r = run(sql);
     EXPECT_FALSE(r.ok) << sql;
     EXPECT_EQ(r.error_kind, "too_big") << sql << ": " << r.error;
@@ -135,8 +134,10 @@ TEST_F(SqlQueryTest, MemoryHungryQueriesStopAtTheMemoryBudget) {
   SqlLimits limits;
   limits.max_memory_bytes = 16u << 20;
   limits.max_ms = 20'000;
-  auto r = run("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 5000000) "
-               "SELECT count(DISTINCT randomblob(200)) FROM c", limits);
+  auto r = run(
+      "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 5000000) "
+      "SELECT count(DISTINCT randomblob(200)) FROM c",
+      limits);
   EXPECT_FALSE(r.ok);
   EXPECT_EQ(r.error_kind, "memory") << r.error;
 }
@@ -173,8 +174,10 @@ TEST_F(SqlQueryTest, LimitErrorsNameTheFileAndTheLimit) {
   limits = {};
   limits.max_memory_bytes = 8u << 20;
   limits.max_ms = 20'000;
-  r = run("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 5000000) "
-          "SELECT count(DISTINCT randomblob(100)) FROM c", limits);
+  r = run(
+      "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 5000000) "
+      "SELECT count(DISTINCT randomblob(100)) FROM c",
+      limits);
   ASSERT_FALSE(r.ok);
   EXPECT_EQ(r.error_kind, "memory") << r.error;
   EXPECT_NE(r.error.find(db_), std::string::npos) << r.error;
@@ -213,16 +216,18 @@ TEST_F(SqlQueryTest, HugeStringsStopAtTheValueLimit) {
     EXPECT_NE(r.error.find("65536 bytes"), std::string::npos) << r.error;
   }
   // Under the limit the same shapes work.
-  auto ok = run("WITH RECURSIVE c(s) AS (SELECT 'x' UNION ALL SELECT s || s FROM c LIMIT 10) "
-                "SELECT max(length(s)) FROM c", limits);
+  auto ok = run(
+      "WITH RECURSIVE c(s) AS (SELECT 'x' UNION ALL SELECT s || s FROM c LIMIT 10) "
+      "SELECT max(length(s)) FROM c",
+      limits);
   ASSERT_TRUE(ok.ok) << ok.error;
   EXPECT_EQ(ok.rows[0][0].integer, 512);
 }
 
 TEST_F(SqlQueryTest, CancelFlagStopsTheQuery) {
   std::atomic<bool> cancel{true};
-  auto r = runner_->run("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
-                        {}, &cancel);
+  auto r = runner_->run("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c", {},
+                        &cancel);
   EXPECT_FALSE(r.ok);
   EXPECT_EQ(r.error_kind, "cancelled");
 }

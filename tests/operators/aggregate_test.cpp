@@ -10,9 +10,9 @@ namespace {
 
 AggregateNode node() {
   AggregateNode n;
-  n.aggs = {{"n", AggKind::kCount, Field::kDuration, 0},   {"sum", AggKind::kSum, Field::kDuration, 0},
-            {"min", AggKind::kMin, Field::kDuration, 0},   {"max", AggKind::kMax, Field::kDuration, 0},
-            {"mean", AggKind::kMean, Field::kDuration, 0}, {"rate", AggKind::kRate, Field::kDuration, 0},
+  n.aggs = {{"n", AggKind::kCount, Field::kDuration, 0},        {"sum", AggKind::kSum, Field::kDuration, 0},
+            {"min", AggKind::kMin, Field::kDuration, 0},        {"max", AggKind::kMax, Field::kDuration, 0},
+            {"mean", AggKind::kMean, Field::kDuration, 0},      {"rate", AggKind::kRate, Field::kDuration, 0},
             {"p50", AggKind::kQuantile, Field::kDuration, 0.5}, {"bytes", AggKind::kSum, Field::kArg0, 0}};
   return n;
 }

@@ -18,9 +18,9 @@ Event span(uint64_t ts, uint64_t dur, uint64_t id, uint64_t arg0 = 0) {
 
 TEST(IntervalJoin, OverlapIsAUnionPerCall) {
   IntervalJoin j(JoinKind::kOverlap, 0);
-  j.add_right(1, span(100, 50, 1));   // [100,150)
-  j.add_right(1, span(120, 50, 2));   // [120,170) overlaps the first
-  j.add_right(1, span(300, 10, 3));   // outside
+  j.add_right(1, span(100, 50, 1));     // [100,150)
+  j.add_right(1, span(120, 50, 2));     // [120,170) overlaps the first
+  j.add_right(1, span(300, 10, 3));     // outside
   const auto r = j.probe(1, 110, 200);  // call [110,200)
   EXPECT_EQ(r.overlap_ns, 60u);         // [110,170)
   EXPECT_EQ(r.right_ids, (std::vector<uint64_t>{1, 2}));

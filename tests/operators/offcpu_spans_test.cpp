@@ -73,9 +73,9 @@ TEST(OffCpuSpans, FiltersByStateAndMinimum) {
   n.states = {OffCpuState::kPreempted};
   OffCpuSpanBuilder b(n);
   std::vector<Event> out;
-  b.add(sw(1, 0, 0, OffCpuState::kPreempted, 5), out);    // too short
-  b.add(sw(1, 10, 0, OffCpuState::kSleeping, 50), out);   // wrong state
-  b.add(sw(1, 100, 0, OffCpuState::kPreempted, 50), out); // kept
+  b.add(sw(1, 0, 0, OffCpuState::kPreempted, 5), out);     // too short
+  b.add(sw(1, 10, 0, OffCpuState::kSleeping, 50), out);    // wrong state
+  b.add(sw(1, 100, 0, OffCpuState::kPreempted, 50), out);  // kept
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].ts_ns, 100u);
 }

@@ -69,10 +69,8 @@ class MapSketch {
 
  private:
   void sk(uint64_t v, uint64_t c) {
-    if (v == 0)
-      zeros_ += c;
-    else
-      buckets_[static_cast<int>(std::ceil(std::log(static_cast<double>(v)) / lg_))] += c;
+    if (v == 0) zeros_ += c;
+    else buckets_[static_cast<int>(std::ceil(std::log(static_cast<double>(v)) / lg_))] += c;
   }
   void to_sketch() {
     sketch_ = true;

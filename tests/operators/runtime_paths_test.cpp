@@ -34,7 +34,8 @@ std::string dump(const AnalysisResult& r) {
   std::ostringstream o;
   o.precision(17);
   for (const auto& c : r.chains) {
-    o << c.id << '|' << c.rule << '|' << static_cast<int>(c.severity) << '|' << c.summary << '|' << c.explanation << '\n';
+    o << c.id << '|' << c.rule << '|' << static_cast<int>(c.severity) << '|' << c.summary << '|' << c.explanation
+      << '\n';
     for (const auto& [n, v] : c.values) o << "  " << n << '=' << v << '\n';
     for (const auto& e : c.evidence) {
       o << "  ev " << e.kind << ' ' << e.value << ' ' << e.detail << " ids";

@@ -166,7 +166,8 @@ TEST(ChainAnnotate, EveryScenarioChainNamesItsThread) {
       for (const auto& th : c.threads) sum += th.share;
       EXPECT_NEAR(sum, 1.0, 1e-9) << info.name;
       if (t.tid && t.rank < 0) EXPECT_EQ(c.tid, t.tid) << info.name << ": " << c.id;
-      if (t.rank >= 0) EXPECT_EQ(c.tid, 10000u + static_cast<uint32_t>(t.rank)) << info.name << ": the slow rank's thread";
+      if (t.rank >= 0)
+        EXPECT_EQ(c.tid, 10000u + static_cast<uint32_t>(t.rank)) << info.name << ": the slow rank's thread";
       EXPECT_EQ(c.time_split.present, c.category == "throughput_drop") << info.name;
     }
     EXPECT_GT(found, 0u) << info.name;
@@ -180,8 +181,8 @@ TEST(ChainAnnotate, IngeroTracesWithStacksCarryTheStoredFrames) {
   if (!std::filesystem::exists(dir / "sample-cluster.db")) dir /= "ingero";
   if (!std::filesystem::exists(dir)) GTEST_SKIP() << "no shared Ingero traces at " << dir;
   size_t with_stacks = 0, traces = 0, demangled = 0;
-  for (const char* name : {"pytorch-dataloader-starvation.db", "sample-cluster.db", "sample-gpu-node-02.db",
-                           "sample-gpu-node-03.db"}) {
+  for (const char* name :
+       {"pytorch-dataloader-starvation.db", "sample-cluster.db", "sample-gpu-node-02.db", "sample-gpu-node-03.db"}) {
     const auto path = (dir / name).string();
     if (!std::filesystem::exists(path)) continue;
     std::string error;
@@ -269,9 +270,9 @@ double sql_double(sqlite3* db, const std::string& q) {
 
 void check_split_against_sql(Fill fill, const char* dominant) {
   const auto t = drop_with(fill);
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("annotate_split_" + std::to_string(::getpid()) + "_" + dominant + ".db"))
-          .string();
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("annotate_split_" + std::to_string(::getpid()) + "_" + dominant + ".db"))
+                               .string();
   {
     std::string error;
     auto sink = SqliteSink::create(path, error);
@@ -298,10 +299,10 @@ void check_split_against_sql(Fill fill, const char* dominant) {
     const std::string tid = std::to_string(t.tid);
     const double span = static_cast<double>(c.window_end - c.window_start);
     // Calls do not overlap one another in this trace, nor do spans overlap calls: plain sums.
-    const double in_calls = sql_double(
-        db, "SELECT TOTAL(MIN(timestamp + duration, " + we + ") - MAX(timestamp, " + ws +
-                ")) FROM events WHERE tid = " + tid + " AND source IN (1, 4, 8, 9) AND timestamp < " + we +
-                " AND timestamp + duration > " + ws);
+    const double in_calls = sql_double(db, "SELECT TOTAL(MIN(timestamp + duration, " + we + ") - MAX(timestamp, " + ws +
+                                               ")) FROM events WHERE tid = " + tid +
+                                               " AND source IN (1, 4, 8, 9) AND timestamp < " + we +
+                                               " AND timestamp + duration > " + ws);
     auto off = [&](const std::string& states) {
       // sched_switch rows are stored at the switch-in: the span is [timestamp - duration, timestamp).
       return sql_double(db, "SELECT TOTAL(MIN(timestamp, " + we + ") - MAX(timestamp - duration, " + ws +
@@ -323,7 +324,8 @@ void check_split_against_sql(Fill fill, const char* dominant) {
       bool sample = false;
       for (const auto& st : c.stacks) sample = sample || (st.role == "sample" && st.share > 0.99);
       EXPECT_TRUE(sample);
-      EXPECT_EQ(chain_call_site(c), "from serve.py:77 in busy_tokenize") << "on CPU: the sampled stack, not the launches'";
+      EXPECT_EQ(chain_call_site(c), "from serve.py:77 in busy_tokenize")
+          << "on CPU: the sampled stack, not the launches'";
     } else if (fill == Fill::kPreempted) {
       EXPECT_NE(c.root_cause.find("CPU contention"), std::string::npos) << c.root_cause;
     } else {

@@ -183,8 +183,9 @@ TEST_F(ConfigTest, KeyOfAnotherSourceType) {
 }
 
 TEST_F(ConfigTest, BadSizeAndPercent) {
-  const auto d = check(std::string(kSource) + "analysis:\n  params:\n    min_share: 150%\n"
-                                              "sinks:\n  - type: lmdb\n    path: out.lmdb\n    max_size: 10XB\n");
+  const auto d = check(std::string(kSource) +
+                       "analysis:\n  params:\n    min_share: 150%\n"
+                       "sinks:\n  - type: lmdb\n    path: out.lmdb\n    max_size: 10XB\n");
   ASSERT_EQ(d.size(), 2u) << render_diagnostics(d);
   EXPECT_EQ(d[0].render().substr(0, d[0].render().find('\n')),
             file_ + ":7:16: error[C0205]: analysis.params.min_share must be a share in (0%, 100%], found `150%`");
@@ -254,10 +255,11 @@ TEST_F(ConfigTest, EveryProblemIsReportedWithItsSourceLine) {
   EXPECT_EQ(d[1].line, 3);
   EXPECT_EQ(d[2].line, 6);
   const std::string text = d[0].render();
-  EXPECT_EQ(text, file_ + ":2:3: error[C0101]: unknown key `thread` in engine\n"
-                          " 2 |   thread: 2\n"
-                          "   |   ^^^^^^\n"
-                          "   = hint: did you mean `threads`?\n");
+  EXPECT_EQ(text, file_ +
+                      ":2:3: error[C0101]: unknown key `thread` in engine\n"
+                      " 2 |   thread: 2\n"
+                      "   |   ^^^^^^\n"
+                      "   = hint: did you mean `threads`?\n");
 }
 
 TEST(ConfigUnits, DurationsSizesFractions) {

@@ -50,8 +50,8 @@ AnalysisResult run(const SynthTrace& t, unsigned threads, PlanKind kind) {
 std::string describe(const std::vector<Chain>& chains) {
   std::string s;
   for (const auto& c : chains)
-    s += "  [" + c.category + "] " + c.rule + " pid=" + std::to_string(c.pid) + " tid=" +
-         std::to_string(c.tid) + " rank=" + std::to_string(c.rank) + ": " + c.summary + "\n";
+    s += "  [" + c.category + "] " + c.rule + " pid=" + std::to_string(c.pid) + " tid=" + std::to_string(c.tid) +
+         " rank=" + std::to_string(c.rank) + ": " + c.summary + "\n";
   return s;
 }
 
@@ -89,8 +89,8 @@ TEST_P(DemoScenario, FaultIsFoundWithTheRightCategory) {
 TEST_P(DemoScenario, ControlProducesNoChain) {
   const SynthTrace t = make_scenario(scenario(), false, 1);
   const AnalysisResult r = run(t, 1, kind());
-  EXPECT_TRUE(r.chains.empty()) << "control of " << scenario_info(scenario()).name
-                                << " produced chains:\n" << describe(r.chains);
+  EXPECT_TRUE(r.chains.empty()) << "control of " << scenario_info(scenario()).name << " produced chains:\n"
+                                << describe(r.chains);
   EXPECT_EQ(r.counters.events_in, t.events.size());
 }
 
@@ -104,9 +104,8 @@ TEST_P(DemoScenario, ShardedRunFindsTheSameChains) {
   }
 }
 
-const auto kScenarios = ::testing::Values(Scenario::kCpuContention, Scenario::kDataLoader,
-                                          Scenario::kCheckpointIo, Scenario::kTcpRetransmit,
-                                          Scenario::kAllocator, Scenario::kThroughputDrop,
+const auto kScenarios = ::testing::Values(Scenario::kCpuContention, Scenario::kDataLoader, Scenario::kCheckpointIo,
+                                          Scenario::kTcpRetransmit, Scenario::kAllocator, Scenario::kThroughputDrop,
                                           Scenario::kStraggler);
 
 std::string name_of(const ::testing::TestParamInfo<std::tuple<Scenario, PlanKind>>& info) {
@@ -114,11 +113,11 @@ std::string name_of(const ::testing::TestParamInfo<std::tuple<Scenario, PlanKind
          (std::get<1>(info.param) == PlanKind::kBuiltin ? "_builtin" : "_rule_pack");
 }
 
-INSTANTIATE_TEST_SUITE_P(Builtin, DemoScenario,
-                         ::testing::Combine(kScenarios, ::testing::Values(PlanKind::kBuiltin)), name_of);
+INSTANTIATE_TEST_SUITE_P(Builtin, DemoScenario, ::testing::Combine(kScenarios, ::testing::Values(PlanKind::kBuiltin)),
+                         name_of);
 #ifdef INGERO_TEST_RULE_PACK
-INSTANTIATE_TEST_SUITE_P(RulePack, DemoScenario,
-                         ::testing::Combine(kScenarios, ::testing::Values(PlanKind::kRulePack)), name_of);
+INSTANTIATE_TEST_SUITE_P(RulePack, DemoScenario, ::testing::Combine(kScenarios, ::testing::Values(PlanKind::kRulePack)),
+                         name_of);
 #endif
 
 }  // namespace

@@ -25,9 +25,8 @@ namespace {
 class LmdbStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("ip-lmdb-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() / ("ip-lmdb-" + std::to_string(::getpid()) + "-" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -342,8 +341,9 @@ TEST_F(LmdbStoreTest, BadInputGivesOneLineErrors) {
   ASSERT_EQ(mdb_txn_commit(txn), 0);
   mdb_env_close(env);
   EXPECT_FALSE(open_lmdb_trace(path("other.mdb"), err));
-  EXPECT_EQ(err, path("other.mdb") + ": an LMDB environment, but not an ingero-pipeline trace (no "
-                                     "'events'/'meta' databases)");
+  EXPECT_EQ(err, path("other.mdb") +
+                     ": an LMDB environment, but not an ingero-pipeline trace (no "
+                     "'events'/'meta' databases)");
 
   // The writer never replaces a file that is not an LMDB trace.
   EXPECT_FALSE(LmdbSink::create(path("garbage.bin"), err));

@@ -27,8 +27,7 @@ int window_of(const Event& e) { return static_cast<int>((e.ts_ns - kSynthEpochNs
 std::map<std::tuple<int, int, int, uint32_t>, double> tail_ratios(const std::vector<Event>& ev) {
   std::map<std::tuple<int, int, int, uint32_t>, std::vector<uint64_t>> groups;
   for (const auto& e : ev) {
-    if (is_gpu_api(e.source))
-      groups[{window_of(e), static_cast<int>(e.source), e.op, e.tid}].push_back(e.dur_ns);
+    if (is_gpu_api(e.source)) groups[{window_of(e), static_cast<int>(e.source), e.op, e.tid}].push_back(e.dur_ns);
   }
   std::map<std::tuple<int, int, int, uint32_t>, double> out;
   for (auto& [k, v] : groups)
@@ -81,8 +80,7 @@ TEST(Synth, EveryScenarioIsDeterministicSortedAndNumbered) {
       EXPECT_FALSE(a.meta.process_names.empty());
       const auto other_seed = make_scenario(info.id, fault, 2);
       EXPECT_FALSE(other_seed.events.size() == a.events.size() &&
-                   std::memcmp(a.events.data(), other_seed.events.data(),
-                               a.events.size() * sizeof(Event)) == 0);
+                   std::memcmp(a.events.data(), other_seed.events.data(), a.events.size() * sizeof(Event)) == 0);
     }
   }
   EXPECT_EQ(all_scenarios().size(), 7u);

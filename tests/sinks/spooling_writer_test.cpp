@@ -51,11 +51,9 @@ std::vector<std::string> ids_in_table_order(const std::string& path) {
   // Called on closed databases only: immutable, so no -shm/-wal is created beside them.
   const std::string uri = "file:" + path + "?mode=ro&immutable=1";
   sqlite3* db = nullptr;
-  if (sqlite3_open_v2(uri.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, nullptr) ==
-      SQLITE_OK) {
+  if (sqlite3_open_v2(uri.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, nullptr) == SQLITE_OK) {
     sqlite3_stmt* st = nullptr;
-    if (sqlite3_prepare_v2(db, "SELECT id FROM events ORDER BY rowid", -1, &st, nullptr) ==
-        SQLITE_OK)
+    if (sqlite3_prepare_v2(db, "SELECT id FROM events ORDER BY rowid", -1, &st, nullptr) == SQLITE_OK)
       while (sqlite3_step(st) == SQLITE_ROW)
         ids.emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(st, 0)));
     sqlite3_finalize(st);
@@ -71,20 +69,18 @@ std::string expected_id(const Event& e, const std::vector<std::string>& nodes) {
 
 std::vector<std::string> dir_entries(const std::string& dir) {
   std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(dir))
-    names.push_back(entry.path().filename().string());
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename().string());
   std::sort(names.begin(), names.end());
   return names;
 }
 
 void expect_balanced(const SpoolingWriter::Stats& s) {
   EXPECT_EQ(s.events_in, s.events_written + s.events_rejected + s.lost + s.backlog)
-      << "in " << s.events_in << " written " << s.events_written << " rejected "
-      << s.events_rejected << " lost " << s.lost << " backlog " << s.backlog;
+      << "in " << s.events_in << " written " << s.events_written << " rejected " << s.events_rejected << " lost "
+      << s.lost << " backlog " << s.backlog;
 }
 
-std::unique_ptr<SpoolingWriter> start_writer(const std::string& db, size_t cap,
-                                             const std::string& spill_dir,
+std::unique_ptr<SpoolingWriter> start_writer(const std::string& db, size_t cap, const std::string& spill_dir,
                                              size_t commit_every = 4096) {
   std::string error;
   SqliteSink::Options so;
@@ -150,8 +146,7 @@ TEST(SpoolingWriter, SlowWriterTinyFifoKeepsEveryEventInOrder) {
   ASSERT_NE(src, nullptr) << error;
   auto got = test::drain(*src).events;
   auto sorted = events;
-  std::stable_sort(sorted.begin(), sorted.end(),
-                   [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+  std::stable_sort(sorted.begin(), sorted.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
   ASSERT_EQ(got.size(), sorted.size());
   for (size_t i = 0; i < got.size(); ++i)
     ASSERT_TRUE(test::same_event(got[i], sorted[i]))
@@ -193,7 +188,7 @@ TEST(SpoolingWriter, MetaIsAppliedInOrderWithEvents) {
   b.nodes = {"", "rack-b"};
   b.process_names = {{4242, "python3"}, {7, "worker"}};
   w->write_meta(a);
-  w->write_events(std::span(events).first(300));    // spilled (300 > 51 per FIFO)
+  w->write_events(std::span(events).first(300));  // spilled (300 > 51 per FIFO)
   w->write_events(std::span(events).subspan(300, 10));
   w->write_meta(b);
   w->write_events(std::span(events).subspan(310));

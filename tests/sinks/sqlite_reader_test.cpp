@@ -14,11 +14,10 @@ namespace {
 
 using test::TempDir;
 
-#define REQUIRE_SAMPLE(var, name)                                                       \
-  const std::string var = test::shared_sample(name);                                    \
-  if (var.empty())                                                                      \
-    GTEST_SKIP() << "Ingero sample " << name << " not found under INGERO_SHARED_DATA (" \
-                 << INGERO_SHARED_DATA << ")"
+#define REQUIRE_SAMPLE(var, name)                    \
+  const std::string var = test::shared_sample(name); \
+  if (var.empty())                                   \
+  GTEST_SKIP() << "Ingero sample " << name << " not found under INGERO_SHARED_DATA (" << INGERO_SHARED_DATA << ")"
 
 // Opens `path` expecting failure; returns the error.
 std::string open_error(const std::string& path) {
@@ -29,9 +28,7 @@ std::string open_error(const std::string& path) {
   return error;
 }
 
-bool starts_with(const std::string& s, const std::string& prefix) {
-  return s.rfind(prefix, 0) == 0;
-}
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 
 // ---------------------------------------------------------------- bad inputs
 
@@ -55,8 +52,7 @@ TEST(SqliteReaderBadInput, TextFile) {
   TempDir dir;
   const std::string p = dir.file("trace.db");
   test::write_file(p, "hello world\n");
-  EXPECT_EQ(open_error(p),
-            p + ": not a SQLite database (file is 12 bytes of text, starting \"hello world\")");
+  EXPECT_EQ(open_error(p), p + ": not a SQLite database (file is 12 bytes of text, starting \"hello world\")");
 }
 
 TEST(SqliteReaderBadInput, IsSqliteFileLooksAtContent) {
@@ -81,7 +77,9 @@ TEST(SqliteReaderBadInput, EmptyFile) {
 TEST(SqliteReaderBadInput, BinaryFile) {
   TempDir dir;
   const std::string p = dir.file("blob.db");
-  test::write_file(p, std::string("\x7f" "ELF\x02\x01\x01\0\0\0\0\0\0\0\0\0\x03\0", 18));
+  test::write_file(p, std::string("\x7f"
+                                  "ELF\x02\x01\x01\0\0\0\0\0\0\0\0\0\x03\0",
+                                  18));
   const std::string e = open_error(p);
   EXPECT_TRUE(starts_with(e, p + ": not a SQLite database (file is 18 bytes of binary data")) << e;
 }
@@ -93,8 +91,7 @@ TEST(SqliteReaderBadInput, ZeroFilledHeader) {
   std::fill(bytes.begin(), bytes.begin() + 100, '\0');
   const std::string p = dir.file("zeroed.db");
   test::write_file(p, bytes);
-  EXPECT_EQ(open_error(p),
-            p + ": not a SQLite database (the header is zero-filled; file is 782336 bytes)");
+  EXPECT_EQ(open_error(p), p + ": not a SQLite database (the header is zero-filled; file is 782336 bytes)");
 }
 
 TEST(SqliteReaderBadInput, TruncatedCopy) {
@@ -126,8 +123,7 @@ TEST(SqliteReaderBadInput, CorruptSchemaPage) {
   test::write_file(p, bytes);
   const std::string e = open_error(p);
   EXPECT_TRUE(starts_with(e, p + ": ")) << e;
-  EXPECT_TRUE(e.find("corrupt") != std::string::npos || e.find("malformed") != std::string::npos)
-      << e;
+  EXPECT_TRUE(e.find("corrupt") != std::string::npos || e.find("malformed") != std::string::npos) << e;
 }
 
 TEST(SqliteReaderBadInput, NoEventsTable) {
@@ -141,21 +137,22 @@ TEST(SqliteReaderBadInput, NoTablesAtAll) {
   TempDir dir;
   const std::string p = dir.file("blank.db");
   ASSERT_EQ(test::run_sql(p, "PRAGMA user_version = 3;"), "");
-  EXPECT_EQ(open_error(p),
-            p + ": no `events` table: not an Ingero trace (the database has no tables)");
+  EXPECT_EQ(open_error(p), p + ": no `events` table: not an Ingero trace (the database has no tables)");
 }
 
 TEST(SqliteReaderBadInput, EventsMissingColumns) {
   TempDir dir;
   const std::string p = dir.file("cols.db");
-  ASSERT_EQ(test::run_sql(p, "CREATE TABLE events(id INTEGER PRIMARY KEY, timestamp INTEGER, "
-                             "pid INTEGER, tid INTEGER, source INTEGER, op INTEGER)"),
+  ASSERT_EQ(test::run_sql(p,
+                          "CREATE TABLE events(id INTEGER PRIMARY KEY, timestamp INTEGER, "
+                          "pid INTEGER, tid INTEGER, source INTEGER, op INTEGER)"),
             "");
   EXPECT_EQ(open_error(p), p + ": table `events` lacks required column duration (a trace needs "
                                "timestamp, pid, tid, source, op, duration)");
   const std::string q = dir.file("cols2.db");
-  ASSERT_EQ(test::run_sql(q, "CREATE TABLE events(id INTEGER PRIMARY KEY, timestamp INTEGER, "
-                             "pid INTEGER, op INTEGER)"),
+  ASSERT_EQ(test::run_sql(q,
+                          "CREATE TABLE events(id INTEGER PRIMARY KEY, timestamp INTEGER, "
+                          "pid INTEGER, op INTEGER)"),
             "");
   EXPECT_EQ(open_error(q), q + ": table `events` lacks required columns tid, source, duration (a "
                                "trace needs timestamp, pid, tid, source, op, duration)");
@@ -256,8 +253,8 @@ TEST(SqliteReaderOddRows, CorruptionMidTableKeepsPrefixAndReports) {
   const auto& h = src->meta().health;
   ASSERT_EQ(h.reasons.size(), 1u);
   const std::string reason = h.reasons.begin()->first;
-  EXPECT_TRUE(starts_with(reason, "events table unreadable after row " +
-                                      std::to_string(d.events.size()) + ": corrupt database"))
+  EXPECT_TRUE(starts_with(reason, "events table unreadable after row " + std::to_string(d.events.size()) +
+                                      ": corrupt database"))
       << reason;
   EXPECT_NE(reason.find("remaining rows are lost"), std::string::npos) << reason;
 }
@@ -277,8 +274,7 @@ TEST(SqliteReaderOddRows, RandomlyDamagedCopiesNeverCrash) {
     for (int burst = 0; burst < 1 + round % 4; ++burst) {
       const size_t at = 100 + next() % (bytes.size() - 200);
       const size_t len = 1 + next() % 64;
-      for (size_t i = at; i < std::min(bytes.size(), at + len); ++i)
-        bytes[i] = static_cast<char>(next() >> 56);
+      for (size_t i = at; i < std::min(bytes.size(), at + len); ++i) bytes[i] = static_cast<char>(next() >> 56);
     }
     test::write_file(p, bytes);
     std::string error;
@@ -314,8 +310,7 @@ TEST(SqliteReaderSample, PytorchDataloaderFacts) {
   EXPECT_EQ(m.health.rows_read, 3807u);
   EXPECT_EQ(m.health.rows_skipped, 0u);
   auto count = [&](Source s, uint8_t op) {
-    return std::count_if(d.events.begin(), d.events.end(),
-                         [&](const Event& e) { return e.source == s && e.op == op; });
+    return std::count_if(d.events.begin(), d.events.end(), [&](const Event& e) { return e.source == s && e.op == op; });
   };
   EXPECT_EQ(count(Source::kHost, op::kSchedSwitch), 3676);
   EXPECT_EQ(count(Source::kCuda, op::kCudaLaunchKernel), 16);
@@ -385,8 +380,7 @@ TEST(SqliteReaderSample, SchedSwitchBecomesSpanStartingAtSwitchOut) {
     if (ev.source != Source::kHost || ev.op != op::kSchedSwitch) continue;
     min_start = std::min(min_start, ev.ts_ns);
     if (++seen > 50) continue;  // each check opens the file: 50 rows are plenty
-    const int64_t row_ts =
-        test::query_int(sample, "SELECT timestamp FROM events WHERE id=" + std::to_string(ev.id));
+    const int64_t row_ts = test::query_int(sample, "SELECT timestamp FROM events WHERE id=" + std::to_string(ev.id));
     ASSERT_EQ(ev.end_ns(), static_cast<uint64_t>(row_ts)) << test::describe(ev);
   }
   EXPECT_EQ(seen, n_switch);
@@ -410,10 +404,8 @@ TEST(SqliteReaderSample, BatchesAreOrderedWithWatermarks) {
     EXPECT_TRUE(std::is_sorted(b.events.begin(), b.events.end(),
                                [](const Event& a, const Event& c) { return a.ts_ns < c.ts_ns; }));
     for (const auto& e : b.events) ASSERT_GE(e.ts_ns, prev_watermark);
-    if (b.final)
-      EXPECT_EQ(b.watermark, std::numeric_limits<uint64_t>::max());
-    else
-      EXPECT_EQ(b.watermark, b.events.back().ts_ns);
+    if (b.final) EXPECT_EQ(b.watermark, std::numeric_limits<uint64_t>::max());
+    else EXPECT_EQ(b.watermark, b.events.back().ts_ns);
     prev_watermark = b.watermark;
   }
   Batch extra;
@@ -441,8 +433,7 @@ TEST(SqliteReaderSample, ClusterDatabaseHasNodesAndTextIds) {
   }
   EXPECT_EQ(per_node, (std::map<uint16_t, int>{{1, 200}, {2, 200}, {3, 200}}));
   // "gpu-node-01:3538": an IO block_read at entry time.
-  auto it = std::find_if(d.events.begin(), d.events.end(),
-                         [](const Event& e) { return e.id == 3538 && e.node == 1; });
+  auto it = std::find_if(d.events.begin(), d.events.end(), [](const Event& e) { return e.id == 3538 && e.node == 1; });
   ASSERT_NE(it, d.events.end());
   EXPECT_EQ(it->ts_ns, 1775218723111028602u);
   EXPECT_EQ(it->dur_ns, 460370u);

@@ -48,30 +48,29 @@ Replayed replay(const std::string& path, bool stream, size_t batch, size_t max_r
 // Everything a consumer can observe must match.
 void expect_same(const std::string& path, size_t batch) {
   for (bool thread : {true, false}) {
-  SCOPED_TRACE(path + " batch " + std::to_string(batch) + (thread ? " reader thread" : " inline"));
-  const Replayed a = replay(path, false, batch), b = replay(path, true, batch, size_t{1} << 20, thread);
-  ASSERT_EQ(a.d.events.size(), b.d.events.size());
-  for (size_t i = 0; i < a.d.events.size(); ++i)
-    ASSERT_TRUE(test::same_event(a.d.events[i], b.d.events[i]))
-        << "event " << i << ": " << test::describe(a.d.events[i]) << " vs "
-        << test::describe(b.d.events[i]);
-  ASSERT_EQ(a.d.batches.size(), b.d.batches.size());
-  for (size_t i = 0; i < a.d.batches.size(); ++i) {
-    EXPECT_EQ(a.d.batches[i].events.size(), b.d.batches[i].events.size()) << "batch " << i;
-    EXPECT_EQ(a.d.batches[i].watermark, b.d.batches[i].watermark) << "batch " << i;
-    EXPECT_EQ(a.d.batches[i].final, b.d.batches[i].final) << "batch " << i;
-    EXPECT_EQ(a.d.batches[i].seq, b.d.batches[i].seq) << "batch " << i;
-  }
-  EXPECT_EQ(a.meta.first_ts, b.meta.first_ts);
-  EXPECT_EQ(a.meta.last_ts, b.meta.last_ts);
-  EXPECT_EQ(a.meta.health.rows_read, b.meta.health.rows_read);
-  EXPECT_EQ(a.meta.health.rows_skipped, b.meta.health.rows_skipped);
-  EXPECT_EQ(a.meta.health.reasons, b.meta.health.reasons);
-  EXPECT_EQ(a.meta.health.dropped_events, b.meta.health.dropped_events);
-  EXPECT_EQ(a.meta.format, b.meta.format);
-  EXPECT_EQ(a.meta.nodes, b.meta.nodes);
-  EXPECT_EQ(a.meta.process_names, b.meta.process_names);
-  EXPECT_EQ(a.meta.stacks.size(), b.meta.stacks.size());
+    SCOPED_TRACE(path + " batch " + std::to_string(batch) + (thread ? " reader thread" : " inline"));
+    const Replayed a = replay(path, false, batch), b = replay(path, true, batch, size_t{1} << 20, thread);
+    ASSERT_EQ(a.d.events.size(), b.d.events.size());
+    for (size_t i = 0; i < a.d.events.size(); ++i)
+      ASSERT_TRUE(test::same_event(a.d.events[i], b.d.events[i]))
+          << "event " << i << ": " << test::describe(a.d.events[i]) << " vs " << test::describe(b.d.events[i]);
+    ASSERT_EQ(a.d.batches.size(), b.d.batches.size());
+    for (size_t i = 0; i < a.d.batches.size(); ++i) {
+      EXPECT_EQ(a.d.batches[i].events.size(), b.d.batches[i].events.size()) << "batch " << i;
+      EXPECT_EQ(a.d.batches[i].watermark, b.d.batches[i].watermark) << "batch " << i;
+      EXPECT_EQ(a.d.batches[i].final, b.d.batches[i].final) << "batch " << i;
+      EXPECT_EQ(a.d.batches[i].seq, b.d.batches[i].seq) << "batch " << i;
+    }
+    EXPECT_EQ(a.meta.first_ts, b.meta.first_ts);
+    EXPECT_EQ(a.meta.last_ts, b.meta.last_ts);
+    EXPECT_EQ(a.meta.health.rows_read, b.meta.health.rows_read);
+    EXPECT_EQ(a.meta.health.rows_skipped, b.meta.health.rows_skipped);
+    EXPECT_EQ(a.meta.health.reasons, b.meta.health.reasons);
+    EXPECT_EQ(a.meta.health.dropped_events, b.meta.health.dropped_events);
+    EXPECT_EQ(a.meta.format, b.meta.format);
+    EXPECT_EQ(a.meta.nodes, b.meta.nodes);
+    EXPECT_EQ(a.meta.process_names, b.meta.process_names);
+    EXPECT_EQ(a.meta.stacks.size(), b.meta.stacks.size());
   }
 }
 
@@ -105,8 +104,8 @@ constexpr const char* kIngero08 = R"sql(
 
 // A random Ingero 0.8 trace: CUDA calls in time order (with ties), sched_switch rows stored at
 // their end with spans up to `max_span` ns, and a share of rows inserted out of time order.
-std::string make_trace(const std::string& path, uint32_t seed, int rows, uint64_t max_span,
-                       double shuffled, bool index) {
+std::string make_trace(const std::string& path, uint32_t seed, int rows, uint64_t max_span, double shuffled,
+                       bool index) {
   std::mt19937_64 rng(seed);
   std::ostringstream sql;
   sql << kIngero08 << "BEGIN;";
@@ -118,9 +117,8 @@ std::string make_trace(const std::string& path, uint32_t seed, int rows, uint64_
     const bool sched = rng() % 5 == 0;
     const uint64_t dur = sched ? rng() % (max_span + 1) : rng() % 100'000;
     const int source = sched ? 3 : 1, op = sched ? op::kSchedSwitch : 1 + static_cast<int>(rng() % 3);
-    sql << "INSERT INTO events(timestamp,pid,tid,source,op,duration) VALUES(" << ts << ","
-        << 10 + rng() % 3 << "," << 100 + rng() % 5 << "," << source << "," << op << "," << dur
-        << ");";
+    sql << "INSERT INTO events(timestamp,pid,tid,source,op,duration) VALUES(" << ts << "," << 10 + rng() % 3 << ","
+        << 100 + rng() % 5 << "," << source << "," << op << "," << dur << ");";
   }
   sql << "INSERT INTO process_names VALUES (10, 'python3');COMMIT;";
   if (index) sql << "CREATE INDEX idx_events_timestamp ON events(timestamp);";
@@ -161,8 +159,9 @@ TEST(SqliteStream, AKilledWritersTraceWithoutIndexesStreams) {
     ASSERT_TRUE(sink->write_events(ev));
     ASSERT_TRUE(sink->commit());
     // No close(): the deferred indexes are never built, as when the writer is killed.
-    ASSERT_EQ(test::query_int(p, "SELECT count(*) FROM sqlite_master WHERE type='index' AND "
-                                 "tbl_name='events'"),
+    ASSERT_EQ(test::query_int(p,
+                              "SELECT count(*) FROM sqlite_master WHERE type='index' AND "
+                              "tbl_name='events'"),
               0);
     for (size_t batch : {size_t{5}, size_t{4096}}) expect_same(p, batch);
     std::string error2;
@@ -227,23 +226,22 @@ TEST(SqliteHostile, EventsAsAnEndlessRecursiveViewIsRefused) {
 TEST(SqliteHostile, EventsAsAVirtualTableIsRefused) {
   TempDir dir;
   const std::string p = dir.file("vtab.db");
-  const std::string made = test::run_sql(
-      p, "CREATE VIRTUAL TABLE events USING rtree(id, timestamp, pid);");
+  const std::string made = test::run_sql(p, "CREATE VIRTUAL TABLE events USING rtree(id, timestamp, pid);");
   if (!made.empty()) GTEST_SKIP() << "this SQLite has no rtree module: " << made;
   std::string error;
   auto src = open_sqlite_trace(p, error);
   EXPECT_EQ(src, nullptr);
-  EXPECT_NE(error.find("`events` is a virtual table, not a table: refused"), std::string::npos)
-      << error;
+  EXPECT_NE(error.find("`events` is a virtual table, not a table: refused"), std::string::npos) << error;
 }
 
 TEST(SqliteHostile, SideTableViewsAreIgnoredWithAWarning) {
   TempDir dir;
   const std::string p = dir.file("sideview.db");
   ASSERT_EQ(make_trace(p, 3, 50, 1000, 0, true), "");
-  ASSERT_EQ(test::run_sql(p, "DROP TABLE process_names; CREATE VIEW process_names AS "
-                             "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) "
-                             "SELECT i AS pid, 'x' AS name FROM n;"),
+  ASSERT_EQ(test::run_sql(p,
+                          "DROP TABLE process_names; CREATE VIEW process_names AS "
+                          "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) "
+                          "SELECT i AS pid, 'x' AS name FROM n;"),
             "");
   const Replayed r = replay(p, true, 4096);
   EXPECT_TRUE(r.meta.process_names.empty());
@@ -284,8 +282,9 @@ TEST(SqliteHostile, ValuesOverTheLoadLimitAreNeverLoaded) {
   const std::string p = dir.file("huge.db");
   ASSERT_EQ(make_trace(p, 5, 20, 1000, 0, true), "");
   // 20 MB > kSqliteMaxValueBytes: SQLite refuses to load it instead of allocating it.
-  ASSERT_EQ(test::run_sql(p, "INSERT INTO process_names VALUES (12, zeroblob(20000000));"
-                             "UPDATE process_names SET name = CAST(name AS TEXT) WHERE pid = 12;"),
+  ASSERT_EQ(test::run_sql(p,
+                          "INSERT INTO process_names VALUES (12, zeroblob(20000000));"
+                          "UPDATE process_names SET name = CAST(name AS TEXT) WHERE pid = 12;"),
             "");
   std::string error;
   auto src = open_sqlite_trace(p, error);
@@ -303,8 +302,9 @@ TEST(SqliteHostile, OversizedNodeNamesAreCut) {
   TempDir dir;
   const std::string p = dir.file("node.db");
   ASSERT_EQ(make_trace(p, 6, 10, 1000, 0, true), "");
-  ASSERT_EQ(test::run_sql(p, "ALTER TABLE events ADD COLUMN node TEXT NOT NULL DEFAULT '';"
-                             "UPDATE events SET node = printf('%.*c', 5000, 'n') WHERE id = 1;"),
+  ASSERT_EQ(test::run_sql(p,
+                          "ALTER TABLE events ADD COLUMN node TEXT NOT NULL DEFAULT '';"
+                          "UPDATE events SET node = printf('%.*c', 5000, 'n') WHERE id = 1;"),
             "");
   for (bool stream : {true, false}) {
     SqliteReadOptions o;

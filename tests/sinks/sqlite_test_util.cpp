@@ -64,12 +64,9 @@ void query_first(const std::string& path, const std::string& sql, F&& f) {
   const bool wal = std::filesystem::exists(path + "-wal");
   const std::string uri = "file:" + path + (wal ? "?mode=ro" : "?mode=ro&immutable=1");
   sqlite3* db = nullptr;
-  if (sqlite3_open_v2(uri.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, nullptr) ==
-      SQLITE_OK) {
+  if (sqlite3_open_v2(uri.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, nullptr) == SQLITE_OK) {
     sqlite3_stmt* st = nullptr;
-    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr) == SQLITE_OK &&
-        sqlite3_step(st) == SQLITE_ROW)
-      f(st);
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) f(st);
     sqlite3_finalize(st);
   }
   sqlite3_close(db);
@@ -106,11 +103,10 @@ bool same_event(const Event& a, const Event& b) { return std::memcmp(&a, &b, siz
 
 std::string describe(const Event& e) {
   std::ostringstream s;
-  s << "{ts=" << e.ts_ns << " dur=" << e.dur_ns << " id=" << e.id << " arg0=" << e.arg0
-    << " arg1=" << e.arg1 << " stack=" << e.stack_id << " cg=" << e.cgroup_id << " pid=" << e.pid
-    << " tid=" << e.tid << " ret=" << e.ret << " node=" << e.node << " rank=" << e.rank
-    << " src=" << int(e.source) << " op=" << int(e.op) << " state=" << int(e.prev_state)
-    << " gpu=" << int(e.gpu_id) << " flags=" << int(e.flags) << "}";
+  s << "{ts=" << e.ts_ns << " dur=" << e.dur_ns << " id=" << e.id << " arg0=" << e.arg0 << " arg1=" << e.arg1
+    << " stack=" << e.stack_id << " cg=" << e.cgroup_id << " pid=" << e.pid << " tid=" << e.tid << " ret=" << e.ret
+    << " node=" << e.node << " rank=" << e.rank << " src=" << int(e.source) << " op=" << int(e.op)
+    << " state=" << int(e.prev_state) << " gpu=" << int(e.gpu_id) << " flags=" << int(e.flags) << "}";
   return s.str();
 }
 

@@ -20,11 +20,10 @@ namespace {
 
 using test::TempDir;
 
-#define REQUIRE_SAMPLE(var, name)                                                       \
-  const std::string var = test::shared_sample(name);                                    \
-  if (var.empty())                                                                      \
-    GTEST_SKIP() << "Ingero sample " << name << " not found under INGERO_SHARED_DATA (" \
-                 << INGERO_SHARED_DATA << ")"
+#define REQUIRE_SAMPLE(var, name)                    \
+  const std::string var = test::shared_sample(name); \
+  if (var.empty())                                   \
+  GTEST_SKIP() << "Ingero sample " << name << " not found under INGERO_SHARED_DATA (" << INGERO_SHARED_DATA << ")"
 
 constexpr uint64_t kT0 = 1'760'000'000'000'000'000ull;
 
@@ -182,15 +181,15 @@ TEST(SqliteSink, WritesIngeroConventionsAndTables) {
   EXPECT_EQ(test::query_int(p, "SELECT timestamp FROM events WHERE source=3 AND op=1 ORDER BY timestamp LIMIT 1"),
             static_cast<int64_t>(off.end_ns()));
   // Ids: "{node}:{seq}", plain "{seq}" for the unnamed node; rank NULL when unknown.
-  EXPECT_EQ(test::query_text(p, "SELECT id FROM events WHERE node='gpu-a' ORDER BY timestamp LIMIT 1"),
-            "gpu-a:3");
+  EXPECT_EQ(test::query_text(p, "SELECT id FROM events WHERE node='gpu-a' ORDER BY timestamp LIMIT 1"), "gpu-a:3");
   EXPECT_EQ(test::query_text(p, "SELECT id FROM events WHERE node='' ORDER BY timestamp LIMIT 1"), "1");
   EXPECT_EQ(test::query_int(p, "SELECT count(*) FROM events WHERE rank IS NULL AND node=''"), 30);
   EXPECT_EQ(test::query_text(p, "SELECT value FROM schema_info WHERE key='version'"), "0.9");
   EXPECT_EQ(test::query_text(p, "SELECT value FROM ip_meta WHERE key='format'"), "ingero-pipeline-1");
   // Ingero's own example query names every row through sources/ops.
-  EXPECT_EQ(test::query_int(p, "SELECT count(*) FROM events e JOIN sources s ON e.source = s.id "
-                               "JOIN ops o ON e.source = o.source_id AND e.op = o.op_id"),
+  EXPECT_EQ(test::query_int(p,
+                            "SELECT count(*) FROM events e JOIN sources s ON e.source = s.id "
+                            "JOIN ops o ON e.source = o.source_id AND e.op = o.op_id"),
             static_cast<int64_t>(events.size()));
   EXPECT_EQ(test::query_int(p, "SELECT count(*) FROM ops"), static_cast<int64_t>(all_ops().size()));
   EXPECT_EQ(test::query_text(p, "SELECT name FROM ops WHERE source_id=9 AND op_id=1"), "ncclAllReduce");
@@ -201,13 +200,13 @@ TEST(SqliteSink, WritesIngeroConventionsAndTables) {
 
   REQUIRE_SAMPLE(sample, "sample-cluster.db");
   // Every table and column of Ingero 0.9 exists in ours, so SQL written for Ingero runs here.
-  const char* tables[] = {"events", "stack_traces", "causal_chains", "sources", "ops", "schema_info",
-                          "system_snapshots", "sessions", "process_names", "event_aggregates",
-                          "cgroup_metadata", "cgroup_schedstat"};
+  const char* tables[] = {"events",        "stack_traces",     "causal_chains",    "sources",
+                          "ops",           "schema_info",      "system_snapshots", "sessions",
+                          "process_names", "event_aggregates", "cgroup_metadata",  "cgroup_schedstat"};
   for (const char* t : tables) {
-    const std::string cols_sql =
-        std::string("SELECT group_concat(name, ',') FROM (SELECT name FROM pragma_table_info('") + t +
-        "') ORDER BY name)";
+    const std::string cols_sql = std::string(
+                                     "SELECT group_concat(name, ',') FROM (SELECT name FROM pragma_table_info('") +
+                                 t + "') ORDER BY name)";
     const std::string theirs = test::query_text(sample, cols_sql);
     ASSERT_FALSE(theirs.empty()) << t;
     std::string missing;
@@ -215,8 +214,8 @@ TEST(SqliteSink, WritesIngeroConventionsAndTables) {
     while (start <= theirs.size()) {
       const size_t comma = std::min(theirs.find(',', start), theirs.size());
       const std::string col = theirs.substr(start, comma - start);
-      if (test::query_int(p, std::string("SELECT count(*) FROM pragma_table_info('") + t +
-                                 "') WHERE name='" + col + "'") != 1)
+      if (test::query_int(p, std::string("SELECT count(*) FROM pragma_table_info('") + t + "') WHERE name='" + col +
+                                 "'") != 1)
         missing += col + " ";
       start = comma + 1;
     }
@@ -428,8 +427,7 @@ TEST(SqliteSink, ResultRoundTripAndIngeroChainRows) {
   EXPECT_EQ(m.miss_values, r.rules[1].miss_values);
   EXPECT_EQ(back.chains[1].id, "io:1");
   EXPECT_EQ(back.chains[1].rank, -1);
-  EXPECT_EQ(test::query_text(p, "SELECT exemplars FROM ip_chains WHERE id='" + b.id + "'"),
-            "[1,3,5,2,4]");
+  EXPECT_EQ(test::query_text(p, "SELECT exemplars FROM ip_chains WHERE id='" + b.id + "'"), "[1,3,5,2,4]");
 }
 
 TEST(SqliteSink, ReadResultOfIngeroTraceUsesCausalChains) {
@@ -492,17 +490,14 @@ TEST(SqliteSink, UnrepresentableEventsAreCountedNotWritten) {
   auto sink = SqliteSink::create(p, error);
   ASSERT_NE(sink, nullptr) << error;
   std::vector<Event> ev = {call(kT0, 5, Source::kCuda, op::kCudaMalloc, 1),
-                           call(std::numeric_limits<uint64_t>::max() - 3, 1, Source::kCuda,
-                                op::kCudaMalloc, 2)};
+                           call(std::numeric_limits<uint64_t>::max() - 3, 1, Source::kCuda, op::kCudaMalloc, 2)};
   ASSERT_TRUE(sink->write_events(ev));
   EXPECT_EQ(sink->events_rejected(), 1u);
   ASSERT_TRUE(sink->close(error)) << error;
   auto src = open_sqlite_trace(p, error);
   ASSERT_NE(src, nullptr) << error;
   EXPECT_EQ(test::drain(*src).events.size(), 1u);
-  EXPECT_EQ(src->meta().health.reasons.at(
-                "writer: time past year 2262 (not representable as a SQLite integer)"),
-            1u);
+  EXPECT_EQ(src->meta().health.reasons.at("writer: time past year 2262 (not representable as a SQLite integer)"), 1u);
 }
 
 TEST(SqliteSink, ReaderSeesCommittedEventsWhileWriterIsOpen) {
@@ -542,9 +537,10 @@ TEST(SqliteSink, ReplayLeavesNoFilesBesideAClosedDatabase) {
 }
 
 int64_t event_index_count(const std::string& p) {
-  return test::query_int(p, "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name IN "
-                            "('idx_events_timestamp', 'idx_events_pid', 'idx_events_id', "
-                            "'idx_events_source_op_stack')");
+  return test::query_int(p,
+                         "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name IN "
+                         "('idx_events_timestamp', 'idx_events_pid', 'idx_events_id', "
+                         "'idx_events_source_op_stack')");
 }
 
 // Deferred indexes: absent while the sink writes (readers and SQL work without them), built by
@@ -665,8 +661,7 @@ TEST(SqliteSink, KillDashNineLeavesReadablePrefix) {
   int status = 0;
   ::waitpid(child, &status, 0);
   ::close(fds[0]);
-  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
-      << "writer exited early with status " << status;
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "writer exited early with status " << status;
   ASSERT_GE(committed, 5000u);
 
   EXPECT_EQ(test::query_text(p, "PRAGMA integrity_check"), "ok");

@@ -64,8 +64,7 @@ int main(int argc, char** argv) {
   }
   if (const long nest = static_cast<long>(arg(argc, argv, "--nest", 0)); nest > 0) {
     for (long i = 0; i < nest; ++i) {
-      cudaLaunchKernel(reinterpret_cast<const void*>(&flag), {1, 1, 1}, {1, 1, 1}, nullptr, 0,
-                       nullptr);
+      cudaLaunchKernel(reinterpret_cast<const void*>(&flag), {1, 1, 1}, {1, 1, 1}, nullptr, 0, nullptr);
       cudaEventSynchronize(reinterpret_cast<void*>(3));
     }
     std::printf("worker tid %ld calls %ld\n", static_cast<long>(syscall(SYS_gettid)), nest);

@@ -57,8 +57,7 @@ bool has_flag(int argc, char** argv, const char* name) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s mixed|loop [--threads N] [--calls M] [--rate R] [--wait]\n",
-                 argv[0]);
+    std::fprintf(stderr, "usage: %s mixed|loop [--threads N] [--calls M] [--rate R] [--wait]\n", argv[0]);
     return 2;
   }
   const std::string mode = argv[1];
@@ -80,8 +79,7 @@ int main(int argc, char** argv) {
         for (long n = 0; n < (i + 1) * calls; ++n) mixed_round();
       });
     for (auto& t : ts) t.join();
-    for (long i = 0; i < threads; ++i)
-      std::printf("thread %ld tid %ld calls %ld\n", i, tids[i], (i + 1) * calls);
+    for (long i = 0; i < threads; ++i) std::printf("thread %ld tid %ld calls %ld\n", i, tids[i], (i + 1) * calls);
     std::printf("ops %d\n", kMixedOps);
     return 0;
   }
@@ -101,8 +99,7 @@ int main(int argc, char** argv) {
     } else {
       for (long n = 0; n < calls; ++n) cudaLaunchKernel(k, dim3(1), dim3(1), nullptr, 0, nullptr);
     }
-    const double ns =
-        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+    const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
     std::printf("ns_per_call %.1f calls %ld seconds %.3f\n", ns / calls, calls, ns / 1e9);
     return 0;
   }

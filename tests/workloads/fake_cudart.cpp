@@ -28,8 +28,7 @@ __attribute__((noinline)) int cudaMemcpy(void*, const void*, size_t count, int k
   return 0;
 }
 
-__attribute__((noinline)) int cudaLaunchKernel(const void* func, FakeDim3, FakeDim3, void**,
-                                               size_t, void*) {
+__attribute__((noinline)) int cudaLaunchKernel(const void* func, FakeDim3, FakeDim3, void**, size_t, void*) {
   sink = reinterpret_cast<uintptr_t>(func);
   int rc = cudaMemcpy(nullptr, nullptr, 64, 1);  // nested probed call
   return rc;
