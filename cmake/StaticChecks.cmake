@@ -22,7 +22,7 @@ set_tests_properties(layering_check layering_check_selftest PROPERTIES LABELS "u
 # commit); then the default flips to ON and CI fails on any unformatted file. ON needs
 # clang-format 14 (apt-get install clang-format): configure stops if it is missing, rather than
 # letting the check skip silently.
-option(INGERO_FORMAT_CHECK "Add the format_check test (clang-format 14 --dry-run --Werror)" OFF)
+option(INGERO_FORMAT_CHECK "Add the format_check test (clang-format 14 --dry-run --Werror)" ON)
 find_program(INGERO_CLANG_FORMAT NAMES clang-format-14 clang-format)
 if(INGERO_FORMAT_CHECK)
   if(NOT INGERO_CLANG_FORMAT)
