@@ -44,19 +44,7 @@ int run_merge(const MergeArgs& a) {
   if (a.json) {
     nlohmann::json j;
     j["nodes"] = nlohmann::json::array();
-    for (const auto& n : r.nodes)
-      j["nodes"].push_back({{"node", n.node},
-                            {"input", n.input},
-                            {"events", n.events},
-                            {"offset_ns", n.offset_ns},
-                            {"uncertainty_ns", n.uncertainty_ns},
-                            {"method", n.method},
-                            {"pairs", n.pairs},
-                            {"note", n.note},
-                            {"arrivals_compared", n.arrivals_compared},
-                            {"last_arrivals", n.last_arrivals},
-                            {"last_arrivals_unresolved", n.last_arrivals_unresolved},
-                            {"max_lead_ns", n.max_lead_ns}});
+    for (const auto& n : r.nodes) j["nodes"].push_back(merge_node_json(n));
     j["events"] = r.events_out;
     j["output"] = a.out;
     j["warnings"] = r.warnings;

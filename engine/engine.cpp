@@ -104,6 +104,42 @@ void route(const std::vector<Event>& events, unsigned shards, Work& w) {
 // Batches read but not yet processed by every shard: the source runs at most this far ahead.
 constexpr int kMaxBatchesInFlight = 32;
 
+// The source side of a run: reads the next batch (a source that ends without a final batch still
+// gets one, so every window closes) and passes on what a live source learned since the last
+// batch: new process names (so chains name the process as a replay of the same trace would) and
+// newly symbolized stacks (for stack predicates).
+class SourceFeed {
+ public:
+  SourceFeed(EventSource& source, CompiledPlan& compiled)
+      : source_(source), compiled_(compiled), names_known_(compiled.process_names.size()) {}
+
+  // Fills `batch` and counts it; returns batch.final.
+  bool next(Batch& batch, EngineCounters& counters) {
+    if (!source_.next(batch)) {
+      batch = Batch{};
+      batch.final = true;
+      batch.watermark = UINT64_MAX;
+    }
+    ++counters.batches;
+    const TraceMeta& meta = source_.meta();
+    if (meta.process_names.size() != names_known_) {
+      names_known_ = meta.process_names.size();
+      names_ = std::make_shared<const std::map<uint32_t, std::string>>(meta.process_names);
+    }
+    if (compiled_.uses_stacks && meta.stacks.size() != compiled_.stacks->size()) compiled_.stacks->sync(meta.stacks);
+    return batch.final;
+  }
+
+  // Null until the source names a process the plan did not know at compile time.
+  const std::shared_ptr<const std::map<uint32_t, std::string>>& names() const { return names_; }
+
+ private:
+  EventSource& source_;
+  CompiledPlan& compiled_;
+  size_t names_known_;
+  std::shared_ptr<const std::map<uint32_t, std::string>> names_;
+};
+
 // The whole run on the calling thread: one pid shard and the global shard, no routing, no TBB.
 void run_serial(CompiledPlan& compiled, EventSource& source, const EngineOptions& opts, AnalysisResult& result,
                 OpStatsAccumulator& stats, EngineCounters& counters, std::vector<Chain>& chains) {
@@ -114,30 +150,16 @@ void run_serial(CompiledPlan& compiled, EventSource& source, const EngineOptions
   Batch batch;
   bool saw_final = false;
   uint64_t done = 0;
-  size_t names_known = compiled.process_names.size();
-  std::shared_ptr<const std::map<uint32_t, std::string>> names;
+  SourceFeed feed(source, compiled);
   while (!saw_final) {
-    if (!source.next(batch)) {
-      // A source that ends without a final batch still gets one, so every window closes.
-      batch = Batch{};
-      batch.final = true;
-      batch.watermark = UINT64_MAX;
-    }
-    saw_final = batch.final;
-    ++counters.batches;
-    if (source.meta().process_names.size() != names_known) {
-      names_known = source.meta().process_names.size();
-      names = std::make_shared<const std::map<uint32_t, std::string>>(source.meta().process_names);
-    }
-    if (compiled.uses_stacks && source.meta().stacks.size() != compiled.stacks->size())
-      compiled.stacks->sync(source.meta().stacks);
+    saw_final = feed.next(batch, counters);
     const size_t n_events = batch.events.size();
     ShardInput in;
     // Borrowed for the duration of the calls below (aliasing pointer, owns nothing).
     in.owned = EventsPtr(EventsPtr(), &batch.events);
     in.watermark = batch.watermark;
     in.final = batch.final;
-    in.process_names = names;
+    in.process_names = feed.names();
     for (size_t i = 0; i < shards.size(); ++i) {
       in.dropped = i == 0 ? source.meta().health.dropped_events : 0;
       try {
@@ -258,31 +280,14 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
     Batch batch;
     bool saw_final = false;
     uint64_t trace_end = 0;
-    size_t names_known = compiled.process_names.size();
-    std::shared_ptr<const std::map<uint32_t, std::string>> names;
+    SourceFeed feed(source, compiled);
     while (!saw_final) {
-      if (!source.next(batch)) {
-        // A source that ends without a final batch still gets one, so every window closes.
-        batch = Batch{};
-        batch.final = true;
-        batch.watermark = UINT64_MAX;
-      }
-      saw_final = batch.final;
-      ++counters.batches;
-      // A live source names processes as their first events arrive: pass the new names along so
-      // chains name the process as a replay of the same trace would.
-      if (source.meta().process_names.size() != names_known) {
-        names_known = source.meta().process_names.size();
-        names = std::make_shared<const std::map<uint32_t, std::string>>(source.meta().process_names);
-      }
-      // Stack predicates: stacks a live source symbolized since the last batch.
-      if (compiled.uses_stacks && source.meta().stacks.size() != compiled.stacks->size())
-        compiled.stacks->sync(source.meta().stacks);
+      saw_final = feed.next(batch, counters);
       auto w = std::make_shared<Work>();
       w->watermark = batch.watermark;
       w->final = batch.final;
       w->dropped = source.meta().health.dropped_events;
-      w->names = names;
+      w->names = feed.names();
       route(batch.events, n_pid, *w);
       for (const Event& e : batch.events) trace_end = std::max(trace_end, e.end_ns());
       w->trace_end = trace_end;

@@ -278,6 +278,21 @@ struct Cursor {
 
 }  // namespace
 
+nlohmann::json merge_node_json(const MergeNodeReport& n) {
+  return {{"node", n.node},
+          {"input", n.input},
+          {"events", n.events},
+          {"offset_ns", n.offset_ns},
+          {"uncertainty_ns", n.uncertainty_ns},
+          {"method", n.method},
+          {"pairs", n.pairs},
+          {"note", n.note},
+          {"arrivals_compared", n.arrivals_compared},
+          {"last_arrivals", n.last_arrivals},
+          {"last_arrivals_unresolved", n.last_arrivals_unresolved},
+          {"max_lead_ns", n.max_lead_ns}};
+}
+
 bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& options, MergeReport& report,
                   std::string& error) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -598,19 +613,7 @@ bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& opt
   if (ok && lm) {  // LMDB has no ip_merge_nodes: the same rows as one meta value
     nlohmann::json j = nlohmann::json::array();
     for (const auto& n : report.nodes)
-      if (n.method != "duplicate")
-        j.push_back({{"node", n.node},
-                     {"input", n.input},
-                     {"events", n.events},
-                     {"offset_ns", n.offset_ns},
-                     {"uncertainty_ns", n.uncertainty_ns},
-                     {"method", n.method},
-                     {"pairs", n.pairs},
-                     {"note", n.note},
-                     {"arrivals_compared", n.arrivals_compared},
-                     {"last_arrivals", n.last_arrivals},
-                     {"last_arrivals_unresolved", n.last_arrivals_unresolved},
-                     {"max_lead_ns", n.max_lead_ns}});
+      if (n.method != "duplicate") j.push_back(merge_node_json(n));
     ok = lmdb_put_meta_value(tmp, "fleet_merge_nodes", j.dump(), why);
   }
   if (ok) {

@@ -47,6 +47,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "sinks/clock_align.h"
 
 namespace ingero {
@@ -79,6 +81,9 @@ struct MergeNodeReport {
   uint64_t last_arrivals_unresolved = 0;  // entered latest, but within them: no order claimed
   int64_t max_lead_ns = 0;                // largest claimed lead over the next-latest node
 };
+
+// One node's row as `merge --json` prints it and the LMDB meta value "fleet_merge_nodes" stores it.
+nlohmann::json merge_node_json(const MergeNodeReport& n);
 
 struct MergeReport {
   std::vector<MergeNodeReport> nodes;
