@@ -103,7 +103,9 @@ TEST(Merge, RecoversInjectedOffsetsFromCollectives) {
     EXPECT_EQ(n->method, i == 0 ? "reference" : "collectives") << n->note;
     EXPECT_GE(n->uncertainty_ns, 0);
     EXPECT_LT(n->uncertainty_ns, 100'000);
-    if (i) EXPECT_GT(n->pairs, 50u);
+    if (i) {
+      EXPECT_GT(n->pairs, 50u);
+    }
   }
   // Node identity on every event, ids unique, nothing lost.
   uint64_t total = 0;
@@ -216,7 +218,9 @@ TEST(Merge, IsIdempotent) {
   EXPECT_EQ(info.events, r1.events_out);
   // Already aligned: the second merge finds (almost) no skew left.
   for (const auto& n : r3.nodes)
-    if (n.method == "collectives") EXPECT_LT(std::llabs(n.offset_ns), 100'000) << n.node;
+    if (n.method == "collectives") {
+      EXPECT_LT(std::llabs(n.offset_ns), 100'000) << n.node;
+    }
 }
 
 TEST(Merge, BadInputsFailClearlyAndLoseNothing) {
@@ -407,7 +411,9 @@ TEST(Merge, ArrivalOrderOnAMergedTraceFollowsTheRecordedUncertainty) {
   EXPECT_GT(slow->last_arrivals, 50u);
   EXPECT_GT(slow->max_lead_ns, 8'000'000);
   for (const auto& n : r.nodes)
-    if (n.node != "node-4") EXPECT_EQ(n.last_arrivals, 0u) << n.node;
+    if (n.node != "node-4") {
+      EXPECT_EQ(n.last_arrivals, 0u) << n.node;
+    }
   EXPECT_EQ(query_int(o.out, "SELECT last_arrivals FROM ip_merge_nodes WHERE node='node-4'"),
             static_cast<int64_t>(slow->last_arrivals));
 

@@ -375,10 +375,14 @@ TEST_F(McpServerTest, ChainsCarryThreadsAndStructuredStacks) {
       for (const auto& f : st["frames"]) {
         ++with_frames;
         for (const auto& [k, v] : f.items()) EXPECT_EQ(k.find("untrusted"), std::string::npos);
-        if (f.contains("function")) EXPECT_EQ(f["function"].get<std::string>().rfind("<untrusted>", 0), 0u);
+        if (f.contains("function")) {
+          EXPECT_EQ(f["function"].get<std::string>().rfind("<untrusted>", 0), 0u);
+        }
       }
     }
-    if (ex.contains("call_site")) EXPECT_EQ(ex["call_site"].get<std::string>().rfind("<untrusted>", 0), 0u);
+    if (ex.contains("call_site")) {
+      EXPECT_EQ(ex["call_site"].get<std::string>().rfind("<untrusted>", 0), 0u);
+    }
   }
   EXPECT_GT(with_frames, 0u) << "the DataLoader trace's chains carry its recorded stacks";
 }

@@ -165,9 +165,12 @@ TEST(ChainAnnotate, EveryScenarioChainNamesItsThread) {
       double sum = 0;
       for (const auto& th : c.threads) sum += th.share;
       EXPECT_NEAR(sum, 1.0, 1e-9) << info.name;
-      if (t.tid && t.rank < 0) EXPECT_EQ(c.tid, t.tid) << info.name << ": " << c.id;
-      if (t.rank >= 0)
+      if (t.tid && t.rank < 0) {
+        EXPECT_EQ(c.tid, t.tid) << info.name << ": " << c.id;
+      }
+      if (t.rank >= 0) {
         EXPECT_EQ(c.tid, 10000u + static_cast<uint32_t>(t.rank)) << info.name << ": the slow rank's thread";
+      }
       EXPECT_EQ(c.time_split.present, c.category == "throughput_drop") << info.name;
     }
     EXPECT_GT(found, 0u) << info.name;
@@ -191,7 +194,9 @@ TEST(ChainAnnotate, IngeroTracesWithStacksCarryTheStoredFrames) {
     ++traces;
     const auto r = analyse(*src);
     for (const auto& c : r.chains) {
-      if (c.pid) EXPECT_NE(c.tid, 0u) << name << " " << c.id << ": a chain whose calls have a thread names it";
+      if (c.pid) {
+        EXPECT_NE(c.tid, 0u) << name << " " << c.id << ": a chain whose calls have a thread names it";
+      }
       for (const auto& s : c.stacks) {
         auto it = r.meta.stacks.find(s.stack_id);
         ASSERT_NE(it, r.meta.stacks.end()) << name << ": stack " << s.stack_id;

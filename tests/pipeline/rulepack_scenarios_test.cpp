@@ -277,7 +277,9 @@ TEST_P(RulePackScenario, FaultFoundWithTheRightRulePidAndThread) {
   ASSERT_NE(hit, nullptr) << sc.name << ": no " << sc.rule << " chain\n" << describe(r);
   // The new families never blame the clean neighbour.
   for (const auto& c : r.chains)
-    if (c.category == sc.category) EXPECT_NE(c.pid, kNeighbour) << describe(r);
+    if (c.category == sc.category) {
+      EXPECT_NE(c.pid, kNeighbour) << describe(r);
+    }
   if (std::getenv("INGERO_TEST_SHOW")) std::printf("%s", describe(r).c_str());
 }
 
@@ -511,7 +513,9 @@ TEST(RulePackWarmup, TheParamOverrideDrivesTheAnnotator) {
   for (const auto& c : r.chains) {
     EXPECT_EQ(c.severity, Severity::kLow) << describe(r);
     for (const auto& [k, v] : c.values)
-      if (k == "warmup.window_ns") EXPECT_EQ(v, 30e9);
+      if (k == "warmup.window_ns") {
+        EXPECT_EQ(v, 30e9);
+      }
     EXPECT_NE(c.root_cause.find("param warmup = 30s"), std::string::npos) << c.root_cause;
   }
 }
@@ -710,10 +714,18 @@ TEST(RulePackOnIngeroTraces, NewFamiliesFireOnlyWhereTheDataSupportsThem) {
     for (const auto& c : r.chains) {
       const std::string key = std::to_string(c.pid) + "|" + std::to_string(c.tid) + "|" +
                               std::to_string(c.window_start / 10'000'000'000ull);
-      if (c.rule == "free_in_loop") EXPECT_TRUE(frees.count(key)) << c.id;
-      if (c.rule == "malloc_in_loop") EXPECT_TRUE(mallocs.count(key)) << c.id;
-      if (c.rule == "sync_copy_in_loop") EXPECT_TRUE(copies.count(key)) << c.id;
-      if (c.category == "cuda_graph") EXPECT_NE(*graphs.begin(), "0") << c.id;
+      if (c.rule == "free_in_loop") {
+        EXPECT_TRUE(frees.count(key)) << c.id;
+      }
+      if (c.rule == "malloc_in_loop") {
+        EXPECT_TRUE(mallocs.count(key)) << c.id;
+      }
+      if (c.rule == "sync_copy_in_loop") {
+        EXPECT_TRUE(copies.count(key)) << c.id;
+      }
+      if (c.category == "cuda_graph") {
+        EXPECT_NE(*graphs.begin(), "0") << c.id;
+      }
     }
     // And the recorded traces hold none of these patterns, so none of the new rules fires there.
     EXPECT_TRUE(frees.empty() && mallocs.empty() && copies.empty());

@@ -114,7 +114,9 @@ TEST(SpoolingWriter, SlowWriterTinyFifoKeepsEveryEventInOrder) {
     const size_t n = std::min(sizes[k % std::size(sizes)], events.size() - pos);
     w->write_events(std::span(events).subspan(pos, n));
     pos += n;
-    if (k == 40) EXPECT_TRUE(dir_entries(spill.path()).empty()) << "spill file has a name";
+    if (k == 40) {
+      EXPECT_TRUE(dir_entries(spill.path()).empty()) << "spill file has a name";
+    }
   }
   const auto mid = w->stats();
   EXPECT_GT(mid.events_spilled, 0u);
