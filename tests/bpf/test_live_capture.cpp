@@ -29,6 +29,7 @@
 #include "engine/engine.h"
 #include "model/ops.h"
 #include "sinks/sqlite_store.h"
+#include "tests/util/run_command.h"
 
 extern char** environ;
 
@@ -624,13 +625,7 @@ TEST(LiveCapture, TraceCommandStoresEveryCallAndReplaysToTheSameChains) {
   EXPECT_TRUE(contention) << testing::PrintToString(stored);
 
   const std::string cmd = std::string(IP_PIPELINE_BIN) + " explain --json --db " + db + " 2>/dev/null";
-  std::string out;
-  if (FILE* p = ::popen(cmd.c_str(), "r")) {
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-    ::pclose(p);
-  }
+  const std::string out = ingero::test::capture(cmd);
   const auto j = nlohmann::json::parse(out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << out.substr(0, 500);
   std::vector<std::string> replayed;

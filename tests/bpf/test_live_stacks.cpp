@@ -27,6 +27,7 @@
 #include "bpf/live_source.h"
 #include "model/ops.h"
 #include "model/stack.h"
+#include "tests/util/run_command.h"
 
 extern char** environ;
 
@@ -531,13 +532,7 @@ TEST(LiveStacks, TraceCommandLaunchGapIsOnCpuInTheBusyFunction) {
   EXPECT_EQ(WEXITSTATUS(status), 0) << log;
 
   const std::string cmd = std::string(IP_PIPELINE_BIN) + " explain --json --db " + db + " 2>/dev/null";
-  std::string out;
-  if (FILE* p = ::popen(cmd.c_str(), "r")) {
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-    ::pclose(p);
-  }
+  const std::string out = ingero::test::capture(cmd);
   const auto j = nlohmann::json::parse(out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << out.substr(0, 500);
   // Every gap: the thread wanted the CPU the whole time (on CPU, or preempted when this shared

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include "tests/util/run_command.h"
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -10,28 +11,10 @@
 
 namespace {
 
-struct Run {
-  int status = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
+using Run = ingero::test::CommandRun;
 
 Run run(const std::string& args) {
-  const std::string bin = std::string(INGERO_BINARY_DIR) + "/ingero-pipeline";
-  const auto err_path = std::filesystem::temp_directory_path() / ("ip-cli-" + std::to_string(getpid()) + ".err");
-  const std::string cmd = bin + " " + args + " 2>" + err_path.string();
-  Run r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  std::ifstream e(err_path);
-  r.err.assign(std::istreambuf_iterator<char>(e), {});
-  std::filesystem::remove(err_path);
-  return r;
+  return ingero::test::run_command(std::string(INGERO_BINARY_DIR) + "/ingero-pipeline " + args);
 }
 
 const std::string kSample = std::string(INGERO_SHARED_DATA) + "/pytorch-dataloader-starvation.db";

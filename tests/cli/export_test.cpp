@@ -17,32 +17,17 @@
 #include <string>
 
 #include "sinks/sqlite_store.h"
+#include "tests/util/run_command.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct CliRun {
-  int status = -1;
-  std::string out, err;
-};
+using CliRun = ingero::test::CommandRun;
 
 CliRun run(const std::string& args) {
-  const std::string bin = std::string(INGERO_BINARY_DIR) + "/ingero-pipeline";
-  const auto err_path = fs::temp_directory_path() / ("ip-export-" + std::to_string(getpid()) + ".err");
-  CliRun r;
-  FILE* p = popen((bin + " " + args + " 2>" + err_path.string()).c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  std::ifstream e(err_path);
-  r.err.assign(std::istreambuf_iterator<char>(e), {});
-  fs::remove(err_path);
-  return r;
+  return ingero::test::run_command(std::string(INGERO_BINARY_DIR) + "/ingero-pipeline " + args);
 }
 
 std::string slurp(const std::string& p) {

@@ -15,32 +15,16 @@
 #include <string>
 
 #include "sinks/html_report.h"
+#include "tests/util/run_command.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct CliRun {
-  int status = -1;
-  std::string out, err;
-};
+using CliRun = ingero::test::CommandRun;
 
-CliRun sh(const std::string& cmd) {
-  const auto err_path = fs::temp_directory_path() / ("ip-html-" + std::to_string(getpid()) + ".err");
-  CliRun r;
-  FILE* p = popen((cmd + " 2>" + err_path.string()).c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  std::ifstream e(err_path);
-  r.err.assign(std::istreambuf_iterator<char>(e), {});
-  fs::remove(err_path);
-  return r;
-}
+CliRun sh(const std::string& cmd) { return ingero::test::run_command(cmd); }
 CliRun run(const std::string& args) { return sh(std::string(INGERO_BINARY_DIR) + "/ingero-pipeline " + args); }
 
 std::string slurp(const std::string& p) {

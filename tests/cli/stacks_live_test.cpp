@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/util/run_command.h"
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -29,17 +30,7 @@ const std::string kDir = std::string(INGERO_SOURCE_DIR) + "/tests/cli";
 const char* kCudart = "/usr/local/cuda/lib64/libcudart.so.13";
 const char* kPython = "/usr/bin/python3";
 
-std::string capture(const std::string& cmd, int* status = nullptr) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int st = pclose(p);
-  if (status) *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return out;
-}
+using ingero::test::capture;
 
 int marker_line(const std::string& file, const std::string& marker) {
   std::ifstream in(file);

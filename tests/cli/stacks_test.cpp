@@ -20,29 +20,14 @@
 #include "model/ops.h"
 #include "model/stack.h"
 #include "sinks/sqlite_store.h"
+#include "tests/util/run_command.h"
 
 namespace {
 
-struct Run {
-  int status = -1;
-  std::string out, err;
-};
+using Run = ingero::test::CommandRun;
 
 Run run(const std::string& args) {
-  const std::string bin = std::string(INGERO_BINARY_DIR) + "/ingero-pipeline";
-  const auto err_path = std::filesystem::temp_directory_path() / ("ip-stacks-" + std::to_string(getpid()) + ".err");
-  Run r;
-  FILE* p = popen((bin + " " + args + " 2>" + err_path.string()).c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  std::ifstream e(err_path);
-  r.err.assign(std::istreambuf_iterator<char>(e), {});
-  std::filesystem::remove(err_path);
-  return r;
+  return ingero::test::run_command(std::string(INGERO_BINARY_DIR) + "/ingero-pipeline " + args);
 }
 
 using namespace ingero;

@@ -18,6 +18,7 @@
 #include "sinks/fleet_query.h"
 #include "sinks/mcp/server.h"
 #include "sinks/mcp/transport.h"
+#include "tests/util/run_command.h"
 
 using namespace ingero;
 
@@ -123,15 +124,10 @@ TEST(FleetQuery, ExplainNodesReportsPartialFailures) {
   const std::string cmd = bin + " explain --token fleet-token --node-timeout 1 --nodes " + n1.url() +
                           ",http://127.0.0.1:" + std::to_string(slow_port) +
                           "/mcp,http://127.0.0.1:" + std::to_string(down_port) + "/mcp 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int rc = ::pclose(p);
+  int rc = -1;
+  const std::string out = ingero::test::capture(cmd, &rc);
   ::close(slow_fd);
-  EXPECT_EQ(WEXITSTATUS(rc), 0) << out;
+  EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("unexplained_tail"), std::string::npos) << out;
   EXPECT_NE(out.find("from 1 of 3 node(s)"), std::string::npos) << out;
   EXPECT_NE(out.find("no reply within the deadline"), std::string::npos) << out;

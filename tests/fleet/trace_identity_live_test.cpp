@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/util/run_command.h"
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -22,17 +23,7 @@ namespace fs = std::filesystem;
 
 const std::string kBin = std::string(INGERO_BINARY_DIR) + "/ingero-pipeline";
 
-std::string capture(const std::string& cmd, int* status) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int st = pclose(p);
-  *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return out;
-}
+using ingero::test::capture;
 
 int64_t query_int(const std::string& path, const std::string& sql) {
   sqlite3* db = nullptr;
