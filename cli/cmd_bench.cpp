@@ -316,7 +316,9 @@ int run_bench(const BenchArgs& a) {
   if (!a.replay_only && !a.no_per_rule) {
     EngineOptions ro = eo;
     ro.compute_stats = false;
-    for (const auto& [name, plan] : ap.rule_plans) {
+    for (const auto& rule : ap.rule_plans) {
+      const std::string& name = rule.first;
+      const auto& plan = rule.second;  // a reference, not a structured binding: lambdas capture it
       PerRule pr{name, {}, {}};
       if (mode == "preloaded")
         pr.run = measure([&](Phase& ph) -> uint64_t {

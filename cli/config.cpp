@@ -41,19 +41,25 @@ namespace {
 
 // --- a YAML tree with positions ----------------------------------------------------------------
 
+struct YEntry;  // a mapping's key and value, defined below (std::pair would need YNode complete here)
+
 struct YNode {
   enum Kind { kScalar, kSeq, kMap } kind = kScalar;
   std::string value;
   bool plain = true;  // an unquoted scalar (only those can be null, numbers or booleans)
   int line = 0, col = 0;
   std::vector<YNode> items;
-  std::vector<std::pair<YNode, YNode>> pairs;
+  std::vector<YEntry> pairs;
 
   bool is_null() const { return kind == kScalar && plain && (value.empty() || value == "~" || value == "null"); }
   const char* kind_name() const {
     if (is_null()) return "nothing";
     return kind == kScalar ? "a scalar" : kind == kSeq ? "a list" : "a mapping";
   }
+};
+
+struct YEntry {
+  YNode first, second;  // key, value
 };
 
 bool convert(yaml_document_t* doc, yaml_node_t* n, YNode& out, int depth) {

@@ -40,7 +40,7 @@ Unit infer_unit(const Expr& e, const std::vector<Slot>& slots) {
     case ExprOp::kField: return field_unit(e.field);
     case ExprOp::kDiv: {
       const Unit a = arg(0), b = arg(1);
-      if (a == b && a != Unit::kNone) return a == Unit::kPercent ? Unit::kRatio : Unit::kRatio;
+      if (a == b && a != Unit::kNone) return Unit::kRatio;  // ns/ns, %/%: a plain ratio
       if (b == Unit::kNone || b == Unit::kRatio || b == Unit::kPercent) return a;
       return Unit::kNone;
     }
