@@ -16,6 +16,7 @@
 #include "sinks/merge.h"
 #include "sinks/sqlite_store.h"
 #include "tests/fleet/fleet_synth.h"
+#include "tests/util/scratch_db.h"
 
 namespace fs = std::filesystem;
 using namespace ingero;
@@ -23,32 +24,11 @@ using ingero::test::FleetSpec;
 
 namespace {
 
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    dir = fs::temp_directory_path() /
-          ("fleet_merge_" + std::to_string(::getpid()) + "_" + std::to_string(reinterpret_cast<uintptr_t>(this)));
-    fs::create_directories(dir);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  std::string operator()(const std::string& name) const { return (dir / name).string(); }
+struct TempDir : ingero::test::ScratchDir {
+  TempDir() : ScratchDir("fleet_merge") {}
 };
 
-int64_t query_int(const std::string& path, const std::string& sql) {
-  sqlite3* db = nullptr;
-  int64_t v = -1;
-  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
-    sqlite3_stmt* st = nullptr;
-    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
-      v = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-  }
-  sqlite3_close(db);
-  return v;
-}
+using ingero::test::query_int;
 
 std::vector<MergeInput> write_nodes(const TempDir& t, const FleetSpec& spec) {
   std::vector<MergeInput> in;

@@ -20,24 +20,15 @@
 #include "sinks/process_identity.h"
 #include "sinks/sqlite_store.h"
 #include "tests/fleet/fleet_synth.h"
+#include "tests/util/scratch_db.h"
 
 namespace fs = std::filesystem;
 using namespace ingero;
 
 namespace {
 
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    dir = fs::temp_directory_path() /
-          ("fleet_identity_" + std::to_string(::getpid()) + "_" + std::to_string(reinterpret_cast<uintptr_t>(this)));
-    fs::create_directories(dir);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  std::string operator()(const std::string& name) const { return (dir / name).string(); }
+struct TempDir : ingero::test::ScratchDir {
+  TempDir() : ScratchDir("fleet_identity") {}
 };
 
 std::string slurp(const std::string& path) {
@@ -51,19 +42,7 @@ ProcessIdentity fixture(const std::string& name) {
   return parse_environ(text);
 }
 
-int64_t query_int(const std::string& path, const std::string& sql) {
-  sqlite3* db = nullptr;
-  int64_t v = -99;
-  const std::string uri = "file:" + path + "?immutable=1";
-  if (sqlite3_open_v2(uri.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, nullptr) == SQLITE_OK) {
-    sqlite3_stmt* st = nullptr;
-    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
-      v = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-  }
-  sqlite3_close(db);
-  return v;
-}
+using ingero::test::query_int;
 
 Event ev(uint32_t pid, uint64_t ts, int16_t rank = -1, Source src = Source::kCuda, uint8_t op = op::kCudaLaunchKernel) {
   Event e;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "tests/util/run_command.h"
+#include "tests/util/scratch_db.h"
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -25,18 +26,7 @@ const std::string kBin = std::string(INGERO_BINARY_DIR) + "/ingero-pipeline";
 
 using ingero::test::capture;
 
-int64_t query_int(const std::string& path, const std::string& sql) {
-  sqlite3* db = nullptr;
-  int64_t v = -99;
-  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
-    sqlite3_stmt* st = nullptr;
-    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
-      v = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-  }
-  sqlite3_close(db);
-  return v;
-}
+using ingero::test::query_int;
 
 }  // namespace
 
