@@ -1,19 +1,37 @@
 #!/usr/bin/env bash
-# run_tidy.sh - clang-tidy (.clang-tidy) over the translation units of a compile database.
+# run_tidy.sh - clang-tidy (.clang-tidy) over the translation units of a compile database, and the
+# tidy gate of CI (ctest tidy_check) that checks only the units changed since they were verified.
 #
 # Contract:
-#   cmake/run_tidy.sh [-j N] [--checks LIST] [--changed GIT_REF] BUILD_DIR [FILE_REGEX]
+#   cmake/run_tidy.sh [options] BUILD_DIR [FILE_REGEX]
 #   BUILD_DIR holds compile_commands.json (every configure writes it: CMAKE_EXPORT_COMPILE_COMMANDS)
 #   and must have been built far enough for generated headers to exist (the BPF skeletons:
 #   cmake --build BUILD_DIR --target ip_bpf_skeletons). Translation units under the source tree
-#   are checked, not generated ones in build directories; FILE_REGEX (grep -E) narrows them;
-#   --changed REF keeps only the .cpp/.c files that differ from REF (git diff), for quick CI runs.
-#   --checks overrides the check list (clang-tidy -checks syntax, applied on top of .clang-tidy).
+#   are checked, not generated ones in build directories; FILE_REGEX (grep -E, on the absolute
+#   path) narrows them. Options:
+#     -j N               parallel clang-tidy processes (default 2)
+#     --checks LIST      override the check list (clang-tidy -checks syntax, on top of .clang-tidy)
+#     --changed REF      only the .cpp/.c files that differ from git REF (needs git history)
+#     --stale            only the units whose key (cmake/tidy_keys.sh: the unit, the project headers
+#                        it includes, .clang-tidy, the clang-tidy version) is not in the manifest
+#     --gate             the CI gate: --stale, a message that says what to do on a finding, and
+#                        exit 77 (ctest: skipped) when clang-tidy is not installed
+#     --update-manifest  after the run, rewrite the manifest: the units of this run that came out
+#                        clean, plus the entries of units not run whose key is still current
+#                        (entries of units this database does not build are kept as they are)
+#     --accept-findings REGEX  with --update-manifest: record units matching REGEX (grep -E on the
+#                        relative path) even with findings, marked "known-findings=N" (a debt list
+#                        for code someone else is changing; the gate skips them until they change)
+#     --manifest FILE    default SRC/cmake/tidy_clean.txt
+#     --src DIR          the source tree (default: the folder above this script)
 #   Prints every distinct finding, then a count by check and by file. Exit 0 with no finding,
-#   1 with findings, 2 when clang-tidy could not compile a file (its errors are printed too).
-#   Uses clang-tidy-14 (else clang-tidy), or $CLANG_TIDY. The logs stay in BUILD_DIR/tidy/.
+#   1 with findings, 2 when clang-tidy could not compile a file (its errors are printed too) or on
+#   bad usage, 77 under --gate without clang-tidy. Uses clang-tidy-14 (else clang-tidy), or
+#   $CLANG_TIDY. Logs stay in BUILD_DIR/tidy/ (BUILD_DIR/tidy-gate/ under --gate, so the gate and a
+#   hand run never share logs).
 set -uo pipefail
-jobs=2; checks=""; changed=""
+jobs=2; checks=""; changed=""; stale=0; gate=0; update=0; accept=""; manifest=""; src=""
+usage="usage: run_tidy.sh [-j N] [--checks LIST] [--changed REF] [--stale] [--gate] [--update-manifest [--accept-findings REGEX]] [--manifest FILE] [--src DIR] BUILD_DIR [FILE_REGEX]"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -j) jobs="$2"; shift 2 ;;
@@ -22,18 +40,37 @@ while [[ $# -gt 0 ]]; do
     --checks=*) checks="${1#--checks=}"; shift ;;
     --changed) changed="$2"; shift 2 ;;
     --changed=*) changed="${1#--changed=}"; shift ;;
-    -*) echo "run_tidy: unknown option $1" >&2; exit 2 ;;
+    --stale) stale=1; shift ;;
+    --gate) gate=1; stale=1; shift ;;
+    --update-manifest) update=1; shift ;;
+    --accept-findings) accept="$2"; shift 2 ;;
+    --accept-findings=*) accept="${1#--accept-findings=}"; shift ;;
+    --manifest) manifest="$2"; shift 2 ;;
+    --manifest=*) manifest="${1#--manifest=}"; shift ;;
+    --src) src="$2"; shift 2 ;;
+    --src=*) src="${1#--src=}"; shift ;;
+    -*) echo "run_tidy: unknown option $1" >&2; echo "$usage" >&2; exit 2 ;;
     *) break ;;
   esac
 done
-build="${1:?usage: run_tidy.sh [-j N] [--checks LIST] [--changed REF] BUILD_DIR [FILE_REGEX]}"
+build="${1:?$usage}"
 regex="${2:-.}"
-src="$(cd "$(dirname "$0")/.." && pwd)"
+here="$(cd "$(dirname "$0")" && pwd)"
+src="$(cd "${src:-$here/..}" && pwd)" || exit 2
+manifest="${manifest:-$src/cmake/tidy_clean.txt}"
+if [[ -n "$accept" && $update -eq 0 ]]; then echo "run_tidy: --accept-findings needs --update-manifest" >&2; exit 2; fi
+if [[ -n "$checks" && $update -eq 1 ]]; then echo "run_tidy: --checks changes what clean means; not with --update-manifest" >&2; exit 2; fi
 build="$(cd "$build" && pwd)" || exit 2
 db="$build/compile_commands.json"
 [[ -f "$db" ]] || { echo "run_tidy: no $db (configure first)" >&2; exit 2; }
 tidy="${CLANG_TIDY:-$(command -v clang-tidy-14 || command -v clang-tidy || true)}"
-[[ -n "$tidy" ]] || { echo "run_tidy: clang-tidy not found (apt-get install clang-tidy)" >&2; exit 2; }
+if [[ -z "$tidy" ]]; then
+  if (( gate )); then
+    echo "tidy_check: SKIPPED: clang-tidy is not installed (apt-get install clang-tidy; CI installs it)"
+    exit 77
+  fi
+  echo "run_tidy: clang-tidy not found (apt-get install clang-tidy)" >&2; exit 2
+fi
 
 # Source files of the database that live in the source tree, outside any build*/ directory.
 mapfile -t files < <(sed -n 's/^ *"file": "\(.*\)",\{0,1\}$/\1/p' "$db" | sort -u |
@@ -42,10 +79,51 @@ if [[ -n "$changed" ]]; then
   mapfile -t diff < <(cd "$src" && git diff --name-only "$changed" -- '*.cpp' '*.c' | sed "s#^#$src/#")
   mapfile -t files < <(comm -12 <(printf '%s\n' "${files[@]}" | sort) <(printf '%s\n' "${diff[@]}" | sort) | grep -v '^$')
 fi
-if (( ${#files[@]} == 0 )); then echo "run_tidy: no translation unit to check"; exit 0; fi
 
-logs="$build/tidy"
+# Keys of the selected units ("<key> <relative path>"), when the manifest is read or written.
+keys=""
+if (( stale || update )) && (( ${#files[@]} > 0 )); then
+  keys="$(printf '%s\n' "${files[@]}" | bash "$here/tidy_keys.sh" "$src" "$tidy")" || exit 2
+fi
+total=${#files[@]}
+if (( stale )) && (( ${#files[@]} > 0 )); then
+  # Keep the units whose current key has no manifest entry (new, changed, or never verified).
+  mapfile -t files < <(printf '%s\n' "$keys" | awk -v src="$src" '
+    NR == FNR { if ($0 !~ /^#/ && NF >= 2) known[$1 " " $2] = 1; next }
+    !(($1 " " $2) in known) { print src "/" $2 }' "${manifest}" - 2>/dev/null)
+  [[ -f "$manifest" ]] || mapfile -t files < <(printf '%s\n' "$keys" | awk -v src="$src" '{print src "/" $2}')
+  echo "run_tidy: $(( total - ${#files[@]} )) of $total translation units unchanged since verified ($(basename "$manifest")), ${#files[@]} to check"
+fi
+
+logs="$build/tidy"; (( gate )) && logs="$build/tidy-gate"
 rm -rf "$logs"; mkdir -p "$logs"
+write_manifest() {
+  # Header, then one line per unit: "<key> <path>" or "<key> <path> known-findings=N", by path.
+  local tmp="$manifest.tmp.$$"
+  {
+    echo "# Translation units that clang-tidy (.clang-tidy) verified in exactly this state. Written by"
+    echo "# cmake/run_tidy.sh --update-manifest; read by ctest tidy_check (run_tidy.sh --gate), which"
+    echo "# re-checks only the units whose key is not listed here. Key: cmake/tidy_keys.sh (the unit, the"
+    echo "# project headers it includes, .clang-tidy, the clang-tidy version). \"known-findings=N\": recorded"
+    echo "# with N findings by --accept-findings, to fix (docs/contributing.md, \"Static checks\")."
+    # Old entries for units this database does not build are kept; the others must still be current.
+    { [[ -f "$manifest" ]] && grep -v '^#' "$manifest" | awk -v cur="$1" '
+        BEGIN { while ((getline l < cur) > 0) { split(l, f, " "); built[f[2]] = 1; key[f[2] " " f[1]] = 1 } }
+        NF >= 2 && (!($2 in built) || (($2 " " $1) in key))'
+      cat "$2"; } | sort -k2,2 -k1,1 | awk '!seen[$2]++'
+  } > "$tmp" && mv "$tmp" "$manifest"
+}
+
+if (( ${#files[@]} == 0 )); then
+  echo "run_tidy: no translation unit to check"
+  if (( update )); then
+    printf '%s\n' "$keys" | grep -v '^$' > "$logs/current.keys"; : > "$logs/new.entries"
+    write_manifest "$logs/current.keys" "$logs/new.entries"
+    echo "run_tidy: manifest $manifest: $(grep -vc '^#' "$manifest") entries"
+  fi
+  exit 0
+fi
+
 export tidy build logs checks
 start=$(date +%s)
 # One log per translation unit, so parallel runs never interleave; the product's sources first,
@@ -60,22 +138,65 @@ export timer
   echo $? >> "$log.rc"' _ {}
 elapsed=$(( $(date +%s) - start ))
 
+finding_re='^/.*:[0-9]+:[0-9]+: warning: .* \[[a-zA-Z0-9.,-]+\]$'
 findings="$logs/findings.txt"
-cat "$logs"/*.log | grep -E '^/.*:[0-9]+:[0-9]+: warning: .* \[[a-zA-Z0-9.,-]+\]$' |
-  sed "s#^$src/##" | sort -u > "$findings"
+cat "$logs"/*.log | grep -E "$finding_re" | sed "s#^$src/##" | sort -u > "$findings"
 errors="$(cat "$logs"/*.log | grep -E '^/.*:[0-9]+:[0-9]+: error: ' | sed "s#^$src/##" | sort -u)"
 n=$(wc -l < "$findings")
-cat "$findings"
-echo
-echo "== findings by check"
-sed -E 's/.*\[([^]]+)\]$/\1/' "$findings" | sort | uniq -c | sort -rn
-echo "== findings by file"
-cut -d: -f1 "$findings" | sort | uniq -c | sort -rn
+if (( n > 0 )); then
+  if (( gate )); then
+    # The finding, its source line and caret, as clang-tidy printed them (first occurrence each).
+    cat "$logs"/*.log | awk -v src="$src/" '
+      /^\/.*:[0-9]+:[0-9]+: (warning|note|error): / { keep = !seen[$0]++; if (keep) print substr($0, index($0, src) == 1 ? length(src) + 1 : 1); next }
+      /warnings? generated\.$|^Suppressed [0-9]|^Use -header-filter|^Error while processing/ { keep = 0; next }
+      keep { print }'
+  else
+    cat "$findings"
+  fi
+  echo
+  echo "== findings by check"
+  sed -E 's/.*\[([^]]+)\]$/\1/' "$findings" | sort | uniq -c | sort -rn
+  echo "== findings by file"
+  cut -d: -f1 "$findings" | sort | uniq -c | sort -rn
+fi
 cpu="$(cat "$logs"/*.time 2>/dev/null | awk '{s += $1 + $2} END {printf "%.0f", s}')"
-echo "run_tidy: ${#files[@]} translation units, $n finding(s), ${elapsed}s wall with -j$jobs, ${cpu:-?} CPU s"
+echo "run_tidy: ${#files[@]} translation units checked, $n finding(s), ${elapsed}s wall with -j$jobs, ${cpu:-?} CPU s"
+
+if (( update )); then
+  # A unit is recorded when its log has no finding and no error and clang-tidy exited 0; with
+  # --accept-findings, a matching unit with findings (but no error) is recorded with their count.
+  printf '%s\n' "$keys" | grep -v '^$' > "$logs/current.keys"
+  : > "$logs/new.entries"; skipped=0
+  while read -r key rel; do
+    log="$logs/$(printf %s "$src/$rel" | tr / _).log"
+    [[ -f "$log" ]] || continue
+    nf=$(grep -cE "$finding_re" "$log"); ne=$(grep -cE '^/.*:[0-9]+:[0-9]+: error: ' "$log")
+    rc=$(cat "$log.rc" 2>/dev/null || echo 1)
+    if (( nf == 0 && ne == 0 && rc == 0 )); then echo "$key $rel" >> "$logs/new.entries"
+    elif (( ne == 0 )) && [[ -n "$accept" ]] && grep -qE -- "$accept" <<< "$rel"; then
+      echo "$key $rel known-findings=$nf" >> "$logs/new.entries"
+    else skipped=$((skipped + 1)); echo "run_tidy: not recorded (findings or errors): $rel"; fi
+  done < "$logs/current.keys"
+  write_manifest "$logs/current.keys" "$logs/new.entries"
+  echo "run_tidy: manifest $manifest: $(grep -vc '^#' "$manifest") entries, $(grep -c 'known-findings=' "$manifest") with known findings, $skipped unit(s) of this run not recorded"
+fi
+
 if [[ -n "$errors" ]]; then
   printf '%s\n' "$errors" | head -50
   echo "run_tidy: clang-tidy could not compile some files (generated headers missing? see $logs)" >&2
   exit 2
+fi
+if (( gate && n > 0 )); then
+  cat <<EOF
+tidy_check: FAILED: clang-tidy found $n finding(s) in the translation units above, which changed
+since they were last verified ($manifest). Fix each one, or, where the
+code is right, suppress it on its line with the reason: // NOLINT(check-name): why
+(docs/contributing.md, "Static checks"). Then record the clean units in the same commit:
+  cmake/run_tidy.sh --update-manifest --stale $build
+EOF
+fi
+if (( gate && n == 0 && ${#files[@]} > 0 && ! update )); then
+  echo "tidy_check: passed; ${#files[@]} changed unit(s) are clean but not recorded yet (faster next time):"
+  echo "  cmake/run_tidy.sh --update-manifest --stale $build"
 fi
 (( n == 0 ))

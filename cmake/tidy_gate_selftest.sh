@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# tidy_gate_selftest.sh - proves the tidy gate (run_tidy.sh --gate, ctest tidy_check) works:
+# it skips verified units, catches a new finding in a changed header through the unit that
+# includes it, accepts an inline NOLINT, and treats a unit missing from the manifest as changed.
+#
+# Contract: cmake/tidy_gate_selftest.sh   (ctest tidy_check_selftest). Builds a three-file tree in
+# a temporary folder with the repository's .clang-tidy and its own compile_commands.json, so it
+# needs clang-tidy but no build. Exit 0 when every step behaves, 1 with the failing step, 77
+# (skipped) without clang-tidy. About a second of CPU.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+tidy="${CLANG_TIDY:-$(command -v clang-tidy-14 || command -v clang-tidy || true)}"
+[[ -n "$tidy" ]] || { echo "tidy_gate_selftest: SKIPPED: clang-tidy is not installed"; exit 77; }
+export CLANG_TIDY="$tidy"
+t="$(mktemp -d)" || exit 1
+trap 'rm -rf "$t"' EXIT
+src="$t/src"; build="$t/build"; manifest="$t/manifest.txt"
+mkdir -p "$src/model" "$src/cli" "$build"
+cp "$here/../.clang-tidy" "$src/.clang-tidy"
+
+# model/calc.h (matched by HeaderFilterRegex), cli/a.cpp includes it, cli/b.cpp does not.
+cat > "$src/model/calc.h" <<'EOF'
+#pragma once
+inline int twice(int x) { return 2 * x; }
+EOF
+printf '#include "model/calc.h"\nint a() { return twice(1); }\n' > "$src/cli/a.cpp"
+printf 'int b() { return 3; }\n' > "$src/cli/b.cpp"
+{
+  echo "["
+  sep=""
+  for f in cli/a.cpp cli/b.cpp; do
+    # One key a line, as CMake writes it (run_tidy.sh reads the "file" lines).
+    printf '%s{\n  "directory": "%s",\n  "command": "c++ -std=c++20 -I%s -c %s/%s -o %s.o",\n  "file": "%s/%s"\n}\n' \
+      "$sep" "$build" "$src" "$src" "$f" "${f//\//_}" "$src" "$f"
+    sep=","
+  done
+  echo "]"
+} > "$build/compile_commands.json"
+
+gate() { bash "$here/run_tidy.sh" --src "$src" --manifest "$manifest" -j 2 "$@" "$build" > "$t/out" 2>&1; echo $?; }
+fail() { echo "tidy_gate_selftest: FAILED: $1"; echo "--- output:"; cat "$t/out"; exit 1; }
+
+# 1. No manifest: every unit is checked; the tree is clean.
+rc=$(gate --gate); [[ $rc == 0 ]] || fail "clean tree without manifest: exit $rc, want 0"
+grep -q '0 of 2 translation units unchanged' "$t/out" || fail "without a manifest both units must be checked"
+# 2. Record both; the next gate checks nothing.
+rc=$(gate --update-manifest); [[ $rc == 0 ]] || fail "--update-manifest: exit $rc"
+[[ $(grep -vc '^#' "$manifest") == 2 ]] || fail "manifest should hold 2 entries"
+rc=$(gate --gate); [[ $rc == 0 ]] || fail "unchanged tree: exit $rc, want 0"
+grep -q 'no translation unit to check' "$t/out" || fail "unchanged tree: nothing should be checked"
+# 3. A new finding in the header fails the gate through cli/a.cpp; cli/b.cpp stays skipped.
+printf '#pragma once\ninline int twice(int x) { int* p = 0; return p ? 0 : 2 * x; }\n' > "$src/model/calc.h"
+rc=$(gate --gate); [[ $rc == 1 ]] || fail "new finding in a header: exit $rc, want 1"
+grep -q 'model/calc.h:2:.*\[modernize-use-nullptr\]' "$t/out" || fail "the finding is not reported"
+grep -q '1 of 2 translation units unchanged' "$t/out" || fail "only the unit including the header should run"
+grep -q 'tidy_check: FAILED' "$t/out" || fail "no failure message"
+# 4. The same line suppressed with a reason passes.
+printf '#pragma once\ninline int twice(int x) { int* p = 0; /* NOLINT(modernize-use-nullptr): test */ return p ? 0 : 2 * x; }\n' \
+  > "$src/model/calc.h"
+rc=$(gate --gate); [[ $rc == 0 ]] || fail "NOLINT with a reason: exit $rc, want 0"
+# 5. A unit that is not in the manifest is checked even though no file of it changed.
+grep -v ' cli/b.cpp' "$manifest" > "$t/m2" && mv "$t/m2" "$manifest"
+printf 'int b() { int* q = 0; return q ? 1 : 3; }\n' > "$src/cli/b.cpp"
+rc=$(gate --gate); [[ $rc == 1 ]] || fail "unit missing from the manifest: exit $rc, want 1"
+grep -q 'cli/b.cpp:1:.*\[modernize-use-nullptr\]' "$t/out" || fail "finding in cli/b.cpp not reported"
+echo "tidy_gate_selftest: passed (5 steps)"
