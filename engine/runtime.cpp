@@ -110,6 +110,48 @@ std::vector<uint8_t> source_op_table(const Expr& e) {
   return mask;
 }
 
+// Gives every (source, op) the mask keeps its own copy of the filter's residual part `rest`,
+// folded for that source and op (fold_source_op): the mask then says 1 (keep: the residual
+// holds for every such event), 0 (drop) or 2 + i (keep when residuals[i] holds). Identical
+// residuals are stored once. When the mask keeps too many pairs to specialise cheaply, or they
+// need too many distinct residuals, every kept pair evaluates `rest` itself.
+void specialise_residual(StreamDef& s, const ExprPtr& rest) {
+  constexpr size_t kMaxSpecialised = 4096, kMaxResiduals = 250;
+  const auto kept = static_cast<size_t>(std::count(s.source_op_mask.begin(), s.source_op_mask.end(), uint8_t{1}));
+  s.residuals.clear();
+  if (kept <= kMaxSpecialised) {
+    std::vector<uint8_t> mask = s.source_op_mask;
+    std::map<std::string, uint8_t> index;
+    bool ok = true;
+    for (size_t code = 0; code < mask.size() && ok; ++code) {
+      if (mask[code] != 1) continue;
+      const ExprPtr r = simplify_truth(
+          fold_source_op(rest, static_cast<Source>(code >> 8), static_cast<uint8_t>(code & 0xff)));
+      if (r->op == ExprOp::kConst) {
+        mask[code] = truthy(r->value) ? 1 : 0;
+        continue;
+      }
+      auto [it, fresh] = index.try_emplace(r->to_string(), static_cast<uint8_t>(2 + s.residuals.size()));
+      if (fresh) {
+        if (s.residuals.size() >= kMaxResiduals) {
+          ok = false;
+          break;
+        }
+        s.residuals.push_back(r);
+      }
+      mask[code] = it->second;
+    }
+    if (ok) {
+      s.source_op_mask = std::move(mask);
+      return;
+    }
+    s.residuals.clear();
+  }
+  s.residuals.push_back(rest);
+  for (auto& m : s.source_op_mask)
+    if (m == 1) m = 2;
+}
+
 int add_slot(std::vector<Slot>& slots, std::string name, Unit unit) {
   slots.push_back({std::move(name), unit});
   return static_cast<int>(slots.size() - 1);
@@ -140,6 +182,20 @@ std::string key_text(const PipeDef& pipe, const Key& key, const StackTable* stac
   return s.empty() ? "all" : s;
 }
 
+}  // namespace
+
+namespace {
+// Calls f on each event of `events` a shard input selects: all of them, or those at `at` when the
+// input is indexed (ShardInput::indexed).
+template <class F>
+void for_each_selected(const std::vector<Event>& events, bool indexed, std::span<const uint32_t> at, F&& f) {
+  if (!indexed) {
+    for (const auto& e : events) f(e);
+    return;
+  }
+  for (const uint32_t i : at)
+    if (i < events.size()) f(events[i]);
+}
 }  // namespace
 
 bool is_host_wide(const Event& e) {
@@ -201,7 +257,7 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
           for (size_t i = 1; i < pure.size(); ++i) m = ex::land(m, pure[i]);
           for (size_t i = 1; i < rest.size(); ++i) r = ex::land(r, rest[i]);
           s.source_op_mask = source_op_table(*m);
-          s.mask_rest = r;
+          specialise_residual(s, r);
         }
       }
       if (s.filter && s.filter->uses_stacks()) cp->uses_stacks = true;
@@ -751,10 +807,9 @@ struct Shard::Impl {
     foreign.clear();
     if (s.parent < 0 && !s.offcpu && !s.filter) {
       // The scan itself.
-      if (in.owned)
-        for (const auto& e : *in.owned) own.push_back(&e);
+      if (in.owned) for_each_selected(*in.owned, in.indexed, in.owned_at, [&](const Event& e) { own.push_back(&e); });
       if (in.foreign)
-        for (const auto& e : *in.foreign) foreign.push_back(&e);
+        for_each_selected(*in.foreign, in.indexed, in.foreign_at, [&](const Event& e) { foreign.push_back(&e); });
       return;
     }
     size_t parent = static_cast<size_t>(s.parent);
@@ -772,10 +827,10 @@ struct Shard::Impl {
     }
     if (!s.source_op_mask.empty()) {
       const uint8_t* mask = s.source_op_mask.data();
-      const Expr* rest = s.mask_rest.get();
-      auto keep = [mask, rest, this](const Event* e) {
-        return mask[static_cast<unsigned>(e->source) << 8 | e->op] != 0 &&
-               (!rest || truthy(eval(*rest, e, nullptr, &stack_matcher)));
+      const ExprPtr* residuals = s.residuals.data();
+      auto keep = [mask, residuals, this](const Event* e) {
+        const uint8_t m = mask[static_cast<unsigned>(e->source) << 8 | e->op];
+        return m == 1 || (m >= 2 && truthy(eval(*residuals[m - 2], e, nullptr, &stack_matcher)));
       };
       for (const Event* e : src_own)
         if (keep(e)) own.push_back(e);
@@ -807,13 +862,12 @@ struct Shard::Impl {
     last_ts = std::max(last_ts, in.trace_end);
     if (in.process_names) names = in.process_names;
     if (in.owned) {
-      counters.events_in += in.owned->size();
-      for (const auto& e : *in.owned) {
+      counters.events_in += in.indexed ? in.owned_at.size() : in.owned->size();
+      for_each_selected(*in.owned, in.indexed, in.owned_at, [&](const Event& e) {
         last_ts = std::max(last_ts, e.end_ns());
         if (e.source == Source::kHost && e.op == op::kProcessExit) exited[e.pid] = e.ts_ns;
-      }
-      if (stats)
-        for (const auto& e : *in.owned) stats->add(e);
+      });
+      if (stats) for_each_selected(*in.owned, in.indexed, in.owned_at, [&](const Event& e) { stats->add(e); });
     }
     computed.assign(plan.streams.size(), 0);
 

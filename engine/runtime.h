@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -51,11 +52,14 @@ struct StreamDef {
   int parent = -1;  // stream index, -1 for the scan
   ExprPtr filter;   // step: filter
   // When the filter reads only source and op (the usual `from cuda where op in [...]`), its
-  // value for every (source, op) pair, precomputed: one table lookup per event instead of a tree walk.
+  // value for every (source, op) pair, precomputed: one table lookup per event instead of a tree
+  // walk. 0: drop, 1: keep, 2 + i: keep when residuals[i] holds.
   std::vector<uint8_t> source_op_mask;
-  // With source_op_mask: when the filter is `A and B` with only A reading source and op (e.g.
-  // `op in sync_ops and site ~ "..."`), the mask is A's and B is evaluated for the events it keeps.
-  ExprPtr mask_rest;
+  // When the filter is `A and B` with only A reading source and op (e.g. `op in sync_ops and
+  // site ~ "..."`), the mask is A's and B, folded for each (source, op) that A keeps
+  // (fold_source_op: `op != cudaMemcpy or arg1 == 2` is `arg1 == 2` for cudaMemcpy and TRUE for
+  // cuMemcpyDtoH), is evaluated for the events A keeps; identical folded residuals once.
+  std::vector<ExprPtr> residuals;
   const OffCpuNode* offcpu = nullptr;  // step: off-CPU span builder
   bool host_wide = false;              // carries broadcast (host-wide) events
 };
@@ -145,6 +149,11 @@ using EventsPtr = std::shared_ptr<const std::vector<Event>>;
 struct ShardInput {
   EventsPtr owned;    // events this shard owns (windows, stats); shared, never copied
   EventsPtr foreign;  // host-wide events owned by another shard (joins only); may be null
+  // Routing by index (engine.cpp, threads >= 2): when `indexed`, the shard owns only the events of
+  // *owned at the positions owned_at and sees only those of *foreign at foreign_at (each in batch
+  // order; positions past the end are skipped), so one shared batch serves every shard uncopied.
+  bool indexed = false;
+  std::span<const uint32_t> owned_at, foreign_at;
   uint64_t watermark = 0;
   bool final = false;
   uint64_t dropped = 0;  // events lost upstream (carried to chains)
