@@ -328,6 +328,52 @@ double eval(const Expr& e, const Event* ev, const double* row, const StackMatche
   return kNaN;
 }
 
+ExprPtr fold_source_op(const ExprPtr& e, Source source, uint8_t op) {
+  if (!e) return e;
+  switch (e->op) {
+    case ExprOp::kField:
+      if (e->field == Field::kSource) return ex::num(static_cast<double>(source));
+      if (e->field == Field::kOp) return ex::num(op);
+      return e;
+    case ExprOp::kConst:
+    case ExprOp::kRef:
+    case ExprOp::kStackMatch:
+    case ExprOp::kSiteMatch: return e;
+    default: break;
+  }
+  std::vector<ExprPtr> args;
+  args.reserve(e->args.size());
+  bool changed = false, all_const = true;
+  for (const auto& a : e->args) {
+    args.push_back(fold_source_op(a, source, op));
+    changed = changed || args.back() != a;
+    all_const = all_const && args.back() && args.back()->op == ExprOp::kConst;
+  }
+  // `x or TRUE`, `x and FALSE`: decided by the constant side (eval reads both sides' truth only).
+  if ((e->op == ExprOp::kOr || e->op == ExprOp::kAnd) && args.size() == 2)
+    for (const auto& a : args)
+      if (a && a->op == ExprOp::kConst && truthy(a->value) == (e->op == ExprOp::kOr))
+        return ex::num(e->op == ExprOp::kOr ? 1.0 : 0.0);
+  if (!changed && !all_const) return e;
+  auto copy = std::make_shared<Expr>(*e);
+  copy->args = std::move(args);
+  if (all_const) return ex::num(eval(*copy, nullptr, nullptr), e->unit);
+  return copy;
+}
+
+ExprPtr simplify_truth(const ExprPtr& e) {
+  if (!e || (e->op != ExprOp::kAnd && e->op != ExprOp::kOr) || e->args.size() != 2) return e;
+  const ExprPtr a = simplify_truth(e->args[0]), b = simplify_truth(e->args[1]);
+  // The operand that cannot decide: TRUE in an `and`, FALSE in an `or`.
+  const bool neutral = e->op == ExprOp::kAnd;
+  if (a && a->op == ExprOp::kConst && truthy(a->value) == neutral) return b;
+  if (b && b->op == ExprOp::kConst && truthy(b->value) == neutral) return a;
+  if (a == e->args[0] && b == e->args[1]) return e;
+  auto copy = std::make_shared<Expr>(*e);
+  copy->args = {a, b};
+  return copy;
+}
+
 namespace ex {
 ExprPtr num(double v, Unit u) {
   auto e = std::make_shared<Expr>();

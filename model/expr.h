@@ -153,6 +153,19 @@ inline double eval(const Expr& e, const Event& ev) { return eval(e, &ev, nullptr
 inline double eval(const Expr& e, const double* row) { return eval(e, nullptr, row); }
 inline bool truthy(double v) { return v == v && v != 0.0; }  // NaN is false
 
+// Partial evaluation of a filter for events of one source and op (the engine specialises a
+// filter's residual part per (source, op) pair once, at compile time):
+// - fold_source_op: `e` with every read of the event's source and op replaced by `source`/`op`
+//   and every subtree that then reads nothing (no field, ref or stack predicate) replaced by its
+//   value; `x or TRUE` is TRUE and `x and FALSE` is FALSE whatever x (eval has no side effects).
+//   For every event with that source and op, eval(result) == eval(e), bit for bit.
+// - simplify_truth: drops the operands that cannot change the truth of a predicate
+//   (`TRUE and x` -> x, `FALSE or x` -> x, at the top and recursively): truthy(eval(result)) ==
+//   truthy(eval(e)) for every event, though the values may differ (x for `1 and x`).
+// Both return `e` itself when nothing changes; never throw beyond allocation failure.
+ExprPtr fold_source_op(const ExprPtr& e, Source source, uint8_t op);
+ExprPtr simplify_truth(const ExprPtr& e);
+
 // Builders (for default plans and tests).
 namespace ex {
 ExprPtr num(double v, Unit u = Unit::kNone);
