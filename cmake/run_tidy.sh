@@ -10,6 +10,7 @@
 #   are checked, not generated ones in build directories; FILE_REGEX (grep -E, on the absolute
 #   path) narrows them. Options:
 #     -j N               parallel clang-tidy processes (default 2)
+#     --exclude REGEX    leave out the units whose absolute path matches (grep -E)
 #     --checks LIST      override the check list (clang-tidy -checks syntax, on top of .clang-tidy)
 #     --changed REF      only the .cpp/.c files that differ from git REF (needs git history)
 #     --stale            only the units whose key (cmake/tidy_keys.sh: the unit, the project headers
@@ -30,12 +31,14 @@
 #   $CLANG_TIDY. Logs stay in BUILD_DIR/tidy/ (BUILD_DIR/tidy-gate/ under --gate, so the gate and a
 #   hand run never share logs).
 set -uo pipefail
-jobs=2; checks=""; changed=""; stale=0; gate=0; update=0; accept=""; manifest=""; src=""
-usage="usage: run_tidy.sh [-j N] [--checks LIST] [--changed REF] [--stale] [--gate] [--update-manifest [--accept-findings REGEX]] [--manifest FILE] [--src DIR] BUILD_DIR [FILE_REGEX]"
+jobs=2; checks=""; exclude=""; changed=""; stale=0; gate=0; update=0; accept=""; manifest=""; src=""
+usage="usage: run_tidy.sh [-j N] [--exclude REGEX] [--checks LIST] [--changed REF] [--stale] [--gate] [--update-manifest [--accept-findings REGEX]] [--manifest FILE] [--src DIR] BUILD_DIR [FILE_REGEX]"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -j) jobs="$2"; shift 2 ;;
     -j*) jobs="${1#-j}"; shift ;;
+    --exclude) exclude="$2"; shift 2 ;;
+    --exclude=*) exclude="${1#--exclude=}"; shift ;;
     --checks) checks="$2"; shift 2 ;;
     --checks=*) checks="${1#--checks=}"; shift ;;
     --changed) changed="$2"; shift 2 ;;
@@ -73,17 +76,26 @@ if [[ -z "$tidy" ]]; then
 fi
 
 # Source files of the database that live in the source tree, outside any build*/ directory.
-mapfile -t files < <(sed -n 's/^ *"file": "\(.*\)",\{0,1\}$/\1/p' "$db" | sort -u |
-  grep "^$src/" | grep -v "^$src/build[^/]*/" | grep -E -- "$regex")
+mapfile -t all < <(sed -n 's/^ *"file": "\(.*\)",\{0,1\}$/\1/p' "$db" | sort -u |
+  grep "^$src/" | grep -v "^$src/build[^/]*/")
+mapfile -t files < <(printf '%s\n' "${all[@]}" | grep -E -- "$regex" | grep -vE -- "${exclude:-^$}")
 if [[ -n "$changed" ]]; then
   mapfile -t diff < <(cd "$src" && git diff --name-only "$changed" -- '*.cpp' '*.c' | sed "s#^#$src/#")
   mapfile -t files < <(comm -12 <(printf '%s\n' "${files[@]}" | sort) <(printf '%s\n' "${diff[@]}" | sort) | grep -v '^$')
 fi
 
 # Keys of the selected units ("<key> <relative path>"), when the manifest is read or written.
+# They are computed over every unit of the database (who owns a header depends on the whole set),
+# then narrowed to the selection, so FILE_REGEX and --exclude never change a key.
+selected_keys() {
+  printf '%s\n' "${all[@]}" | bash "$here/tidy_keys.sh" "$src" "$tidy" |
+    awk -v src="$src" 'NR == FNR { want[$0] = 1; next } ((src "/" $2) in want)' <(printf '%s\n' "${files[@]}") -
+}
+logs="$build/tidy"; (( gate )) && logs="$build/tidy-gate"
+rm -rf "$logs"; mkdir -p "$logs"
 keys=""
 if (( stale || update )) && (( ${#files[@]} > 0 )); then
-  keys="$(printf '%s\n' "${files[@]}" | bash "$here/tidy_keys.sh" "$src" "$tidy")" || exit 2
+  keys="$(TIDY_KEYS_OWNERS="$logs/owners.txt" selected_keys)" || exit 2
 fi
 total=${#files[@]}
 if (( stale )) && (( ${#files[@]} > 0 )); then
@@ -95,9 +107,8 @@ if (( stale )) && (( ${#files[@]} > 0 )); then
   echo "run_tidy: $(( total - ${#files[@]} )) of $total translation units unchanged since verified ($(basename "$manifest")), ${#files[@]} to check"
 fi
 
-logs="$build/tidy"; (( gate )) && logs="$build/tidy-gate"
-rm -rf "$logs"; mkdir -p "$logs"
 write_manifest() {
+  # $1: current keys of the selected units; $2: entries from this run; $3: units this run checked.
   # Header, then one line per unit: "<key> <path>" or "<key> <path> known-findings=N", by path.
   local tmp="$manifest.tmp.$$"
   {
@@ -106,10 +117,12 @@ write_manifest() {
     echo "# re-checks only the units whose key is not listed here. Key: cmake/tidy_keys.sh (the unit, the"
     echo "# project headers it includes, .clang-tidy, the clang-tidy version). \"known-findings=N\": recorded"
     echo "# with N findings by --accept-findings, to fix (docs/contributing.md, \"Static checks\")."
-    # Old entries for units this database does not build are kept; the others must still be current.
-    { [[ -f "$manifest" ]] && grep -v '^#' "$manifest" | awk -v cur="$1" '
-        BEGIN { while ((getline l < cur) > 0) { split(l, f, " "); built[f[2]] = 1; key[f[2] " " f[1]] = 1 } }
-        NF >= 2 && (!($2 in built) || (($2 " " $1) in key))'
+    # Old entries: kept for units this database does not build (or FILE_REGEX left out); for the
+    # others, kept when still current and not re-checked by this run (this run's verdict wins).
+    { [[ -f "$manifest" ]] && grep -v '^#' "$manifest" | awk -v cur="$1" -v ran="$3" '
+        BEGIN { while ((getline l < cur) > 0) { split(l, f, " "); built[f[2]] = 1; key[f[2] " " f[1]] = 1 }
+                while ((getline l < ran) > 0) checked[l] = 1 }
+        NF >= 2 && (!($2 in built) || ((($2 " " $1) in key) && !($2 in checked)))'
       cat "$2"; } | sort -k2,2 -k1,1 | awk '!seen[$2]++'
   } > "$tmp" && mv "$tmp" "$manifest"
 }
@@ -117,8 +130,8 @@ write_manifest() {
 if (( ${#files[@]} == 0 )); then
   echo "run_tidy: no translation unit to check"
   if (( update )); then
-    printf '%s\n' "$keys" | grep -v '^$' > "$logs/current.keys"; : > "$logs/new.entries"
-    write_manifest "$logs/current.keys" "$logs/new.entries"
+    printf '%s\n' "$keys" | grep -v '^$' > "$logs/current.keys"; : > "$logs/new.entries"; : > "$logs/ran.units"
+    write_manifest "$logs/current.keys" "$logs/new.entries" "$logs/ran.units"
     echo "run_tidy: manifest $manifest: $(grep -vc '^#' "$manifest") entries"
   fi
   exit 0
@@ -138,15 +151,33 @@ export timer
   echo $? >> "$log.rc"' _ {}
 elapsed=$(( $(date +%s) - start ))
 
+# With the manifest (--stale, --update-manifest), each finding is charged to the unit that owns
+# the file it is in (cmake/tidy_keys.sh): a unit's log keeps the findings in its own files, and a
+# finding in a header owned by another unit is left to that unit (reported when it is checked).
+# Compile errors are always kept. <log>.own is what counts from here on.
+for log in "$logs"/*.log; do
+  if [[ -f "$logs/owners.txt" ]]; then
+    awk -v src="$src/" -v me="$(basename "$log" .log)" '
+      NR == FNR { owner[$2] = $1; next }
+      /^\/.*:[0-9]+:[0-9]+: (warning|note|error): / {
+        f = $0; sub(/:[0-9]+:[0-9]+: .*$/, "", f); if (index(f, src) == 1) f = substr(f, length(src) + 1)
+        if ($0 ~ /: error: /) keep = 1
+        else if ($0 ~ /: warning: /) { o = owner[f]; g = src o; gsub("/", "_", g); keep = (o == "" || g == me) }
+      }
+      keep { print }' "$logs/owners.txt" "$log" > "$log.own"
+  else
+    cp "$log" "$log.own"
+  fi
+done
 finding_re='^/.*:[0-9]+:[0-9]+: warning: .* \[[a-zA-Z0-9.,-]+\]$'
 findings="$logs/findings.txt"
-cat "$logs"/*.log | grep -E "$finding_re" | sed "s#^$src/##" | sort -u > "$findings"
-errors="$(cat "$logs"/*.log | grep -E '^/.*:[0-9]+:[0-9]+: error: ' | sed "s#^$src/##" | sort -u)"
+cat "$logs"/*.log.own | grep -E "$finding_re" | sed "s#^$src/##" | sort -u > "$findings"
+errors="$(cat "$logs"/*.log.own | grep -E '^/.*:[0-9]+:[0-9]+: error: ' | sed "s#^$src/##" | sort -u)"
 n=$(wc -l < "$findings")
 if (( n > 0 )); then
   if (( gate )); then
     # The finding, its source line and caret, as clang-tidy printed them (first occurrence each).
-    cat "$logs"/*.log | awk -v src="$src/" '
+    cat "$logs"/*.log.own | awk -v src="$src/" '
       /^\/.*:[0-9]+:[0-9]+: (warning|note|error): / { keep = !seen[$0]++; if (keep) print substr($0, index($0, src) == 1 ? length(src) + 1 : 1); next }
       /warnings? generated\.$|^Suppressed [0-9]|^Use -header-filter|^Error while processing/ { keep = 0; next }
       keep { print }'
@@ -165,20 +196,27 @@ echo "run_tidy: ${#files[@]} translation units checked, $n finding(s), ${elapsed
 if (( update )); then
   # A unit is recorded when its log has no finding and no error and clang-tidy exited 0; with
   # --accept-findings, a matching unit with findings (but no error) is recorded with their count.
+  # A unit whose key changed during the run (a file edited meanwhile) is not recorded: its entry
+  # would name content that was not the content checked.
   printf '%s\n' "$keys" | grep -v '^$' > "$logs/current.keys"
-  : > "$logs/new.entries"; skipped=0
+  selected_keys > "$logs/after.keys"
+  : > "$logs/new.entries"; : > "$logs/ran.units"; skipped=0
   while read -r key rel; do
     log="$logs/$(printf %s "$src/$rel" | tr / _).log"
     [[ -f "$log" ]] || continue
-    nf=$(grep -cE "$finding_re" "$log"); ne=$(grep -cE '^/.*:[0-9]+:[0-9]+: error: ' "$log")
+    echo "$rel" >> "$logs/ran.units"
+    if ! grep -qx -- "$key $rel" "$logs/after.keys"; then
+      skipped=$((skipped + 1)); echo "run_tidy: not recorded (changed during the run): $rel"; continue
+    fi
+    nf=$(grep -cE "$finding_re" "$log.own"); ne=$(grep -cE '^/.*:[0-9]+:[0-9]+: error: ' "$log.own")
     rc=$(cat "$log.rc" 2>/dev/null || echo 1)
     if (( nf == 0 && ne == 0 && rc == 0 )); then echo "$key $rel" >> "$logs/new.entries"
     elif (( ne == 0 )) && [[ -n "$accept" ]] && grep -qE -- "$accept" <<< "$rel"; then
       echo "$key $rel known-findings=$nf" >> "$logs/new.entries"
     else skipped=$((skipped + 1)); echo "run_tidy: not recorded (findings or errors): $rel"; fi
   done < "$logs/current.keys"
-  write_manifest "$logs/current.keys" "$logs/new.entries"
-  echo "run_tidy: manifest $manifest: $(grep -vc '^#' "$manifest") entries, $(grep -c 'known-findings=' "$manifest") with known findings, $skipped unit(s) of this run not recorded"
+  write_manifest "$logs/current.keys" "$logs/new.entries" "$logs/ran.units"
+  echo "run_tidy: manifest $manifest: $(grep -vc '^#' "$manifest") entries, $(grep -v '^#' "$manifest" | grep -c ' known-findings=') with known findings, $skipped unit(s) of this run not recorded"
 fi
 
 if [[ -n "$errors" ]]; then

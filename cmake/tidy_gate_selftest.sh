@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tidy_gate_selftest.sh - proves the tidy gate (run_tidy.sh --gate, ctest tidy_check) works:
-# it skips verified units, catches a new finding in a changed header through the unit that
-# includes it, accepts an inline NOLINT, and treats a unit missing from the manifest as changed.
+# it skips verified units, catches a new finding in a changed header through the unit that owns
+# it, accepts an inline NOLINT, treats a unit missing from the manifest as changed, records a
+# known finding with --accept-findings, and charges a header's finding to the header's owner only.
 #
 # Contract: cmake/tidy_gate_selftest.sh   (ctest tidy_check_selftest). Builds a three-file tree in
 # a temporary folder with the repository's .clang-tidy and its own compile_commands.json, so it
@@ -25,17 +26,18 @@ inline int twice(int x) { return 2 * x; }
 EOF
 printf '#include "model/calc.h"\nint a() { return twice(1); }\n' > "$src/cli/a.cpp"
 printf 'int b() { return 3; }\n' > "$src/cli/b.cpp"
-{
+compdb() {
   echo "["
   sep=""
-  for f in cli/a.cpp cli/b.cpp; do
+  for f in "$@"; do
     # One key a line, as CMake writes it (run_tidy.sh reads the "file" lines).
     printf '%s{\n  "directory": "%s",\n  "command": "c++ -std=c++20 -I%s -c %s/%s -o %s.o",\n  "file": "%s/%s"\n}\n' \
       "$sep" "$build" "$src" "$src" "$f" "${f//\//_}" "$src" "$f"
     sep=","
   done
   echo "]"
-} > "$build/compile_commands.json"
+}
+compdb cli/a.cpp cli/b.cpp > "$build/compile_commands.json"
 
 gate() { bash "$here/run_tidy.sh" --src "$src" --manifest "$manifest" -j 2 "$@" "$build" > "$t/out" 2>&1; echo $?; }
 fail() { echo "tidy_gate_selftest: FAILED: $1"; echo "--- output:"; cat "$t/out"; exit 1; }
@@ -63,4 +65,18 @@ grep -v ' cli/b.cpp' "$manifest" > "$t/m2" && mv "$t/m2" "$manifest"
 printf 'int b() { int* q = 0; return q ? 1 : 3; }\n' > "$src/cli/b.cpp"
 rc=$(gate --gate); [[ $rc == 1 ]] || fail "unit missing from the manifest: exit $rc, want 1"
 grep -q 'cli/b.cpp:1:.*\[modernize-use-nullptr\]' "$t/out" || fail "finding in cli/b.cpp not reported"
-echo "tidy_gate_selftest: passed (5 steps)"
+# 6. cli/c.cpp also includes model/calc.h (owned by cli/a.cpp, its first includer). With a finding
+#    in calc.h, --accept-findings records cli/a.cpp with it; cli/c.cpp is clean, since the finding
+#    is charged to the owner.
+printf '#pragma once\ninline int twice(int x) { int* p = 0; return p ? 0 : 2 * x; }\n' > "$src/model/calc.h"
+printf 'int b() { return 3; }\n' > "$src/cli/b.cpp"
+printf '#include "model/calc.h"\nint c() { return twice(2); }\n' > "$src/cli/c.cpp"
+compdb cli/a.cpp cli/b.cpp cli/c.cpp > "$build/compile_commands.json"
+gate --update-manifest --accept-findings 'cli/a\.cpp' > /dev/null
+grep -q ' cli/a.cpp known-findings=1$' "$manifest" || fail "cli/a.cpp should be recorded with 1 known finding"
+grep -q ' cli/c.cpp$' "$manifest" || fail "cli/c.cpp should be recorded clean (the calc.h finding is cli/a.cpp's)"
+# 7. A change to cli/c.cpp alone re-checks only it, and passes: the header's finding is not its own.
+printf '#include "model/calc.h"\nint c() { return twice(4); }\n' > "$src/cli/c.cpp"
+rc=$(gate --gate); [[ $rc == 0 ]] || fail "a unit including a header with a known finding owned elsewhere: exit $rc, want 0"
+grep -q '2 of 3 translation units unchanged' "$t/out" || fail "only cli/c.cpp should be re-checked"
+echo "tidy_gate_selftest: passed (7 steps)"
