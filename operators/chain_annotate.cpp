@@ -63,22 +63,148 @@ ChainAnnotator::ChainAnnotator(AnnotateOptions o) : opt_(o) {
   if (opt_.max_records == 0) opt_.max_records = 1;
 }
 
-void ChainAnnotator::insert(Series& s, const Rec& r, AnnotateCounters& c) {
-  if (s.recs.empty() || s.recs.back().ts <= r.ts) {
-    s.recs.push_back(r);
-  } else {
-    auto it = std::upper_bound(s.recs.begin(), s.recs.end(), r.ts, [](uint64_t ts, const Rec& x) { return ts < x.ts; });
-    s.recs.insert(it, r);
-    ++c.out_of_order;
+// --- ChainRecordSeries --------------------------------------------------------------------------
+
+namespace {
+
+void put_varint(std::vector<uint8_t>& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<uint8_t>(v | 0x80u));
+    v >>= 7;
   }
-  s.max_dur = std::max(s.max_dur, r.dur);
+  out.push_back(static_cast<uint8_t>(v));
 }
 
-// Indexes [first, last) of the records that START in [start, end).
-std::pair<size_t, size_t> ChainAnnotator::range(const Series& s, uint64_t start, uint64_t end) {
-  auto lo = std::lower_bound(s.recs.begin(), s.recs.end(), start, [](const Rec& x, uint64_t ts) { return x.ts < ts; });
-  auto hi = std::lower_bound(lo, s.recs.end(), end, [](const Rec& x, uint64_t ts) { return x.ts < ts; });
-  return {static_cast<size_t>(lo - s.recs.begin()), static_cast<size_t>(hi - s.recs.begin())};
+uint64_t tuple_hash(uint64_t stack, Source source, uint8_t op, OffCpuState state) {
+  uint64_t h = stack * 0x9e3779b97f4a7c15ull;
+  h ^= (uint64_t{static_cast<uint8_t>(source)} << 16 | uint64_t{op} << 8 | uint64_t{static_cast<uint8_t>(state)}) +
+       0x632be59bd9b4e019ull + (h << 6) + (h >> 2);
+  return h;
+}
+
+}  // namespace
+
+void ChainRecordSeries::encode(std::vector<uint8_t>& out, uint64_t& prev_ts, const ChainRecord& r) {
+  put_varint(out, r.ts - prev_ts);
+  prev_ts = r.ts;
+  put_varint(out, r.dur);
+  const uint64_t h = tuple_hash(r.stack, r.source, r.op, r.state);
+  uint32_t code = 0;
+  if (auto it = tuple_index_.find(h); it != tuple_index_.end()) {
+    const Tuple& t = tuples_[it->second - 1];
+    if (t.stack == r.stack && t.source == r.source && t.op == r.op && t.state == r.state) code = it->second;
+  } else if (tuples_.size() < kMaxTuples) {
+    tuples_.push_back({r.stack, r.source, r.op, r.state});
+    code = static_cast<uint32_t>(tuples_.size());
+    tuple_index_.emplace(h, code);
+  }
+  put_varint(out, code);
+  if (code) return;
+  // Table full or a hash collision: the tuple inline.
+  out.push_back(static_cast<uint8_t>(r.source));
+  out.push_back(r.op);
+  out.push_back(static_cast<uint8_t>(r.state));
+  put_varint(out, r.stack);
+}
+
+ChainRecordSeries::Block ChainRecordSeries::make_block(const ChainRecord* first, size_t n) {
+  static thread_local std::vector<uint8_t> scratch;
+  scratch.clear();
+  Block b;
+  b.base_ts = first[0].ts;
+  uint64_t prev = b.base_ts;
+  for (size_t i = 0; i < n; ++i) encode(scratch, prev, first[i]);
+  b.last_ts = first[n - 1].ts;
+  b.n = static_cast<uint32_t>(n);
+  b.bytes.assign(scratch.begin(), scratch.end());
+  return b;
+}
+
+std::vector<ChainRecord> ChainRecordSeries::decode_block(const Block& b) const {
+  std::vector<ChainRecord> v(b.n);
+  const uint8_t* p = b.bytes.data() + b.off;
+  uint64_t prev = b.base_ts;
+  for (auto& r : v) p = decode(p, prev, tuples_, r);
+  return v;
+}
+
+void ChainRecordSeries::seal() {
+  blocks_.push_back(make_block(open_.data(), kBlock));
+  open_.erase(open_.begin(), open_.begin() + static_cast<std::ptrdiff_t>(kBlock));
+}
+
+bool ChainRecordSeries::insert(const ChainRecord& r) {
+  bool in_order = true;
+  max_dur_ = std::max(max_dur_, r.dur);
+  ++size_;
+  if (open_.empty() || open_.back().ts <= r.ts) {
+    open_.push_back(r);
+  } else if (open_.front().ts <= r.ts || blocks_.empty() || blocks_.back().last_ts <= r.ts) {
+    // Late, but not behind any sealed record: into the open tail after its equals.
+    auto it = std::upper_bound(open_.begin(), open_.end(), r.ts,
+                               [](uint64_t ts, const ChainRecord& x) { return ts < x.ts; });
+    open_.insert(it, r);
+    in_order = false;
+  } else {
+    // Behind a sealed record: re-encode the first block holding a newer one, with `r` after its
+    // equals (every earlier block ends at or before r.ts).
+    auto bit = std::upper_bound(blocks_.begin(), blocks_.end(), r.ts,
+                                [](uint64_t ts, const Block& b) { return ts < b.last_ts; });
+    std::vector<ChainRecord> v = decode_block(*bit);
+    auto it = std::upper_bound(v.begin(), v.end(), r.ts, [](uint64_t ts, const ChainRecord& x) { return ts < x.ts; });
+    v.insert(it, r);
+    *bit = make_block(v.data(), v.size());
+    in_order = false;
+  }
+  if (open_.size() >= 2 * kBlock) seal();
+  return in_order;
+}
+
+ChainRecord ChainRecordSeries::front() const {
+  ChainRecord r;
+  if (!blocks_.empty()) {
+    const Block& b = blocks_.front();
+    uint64_t prev = b.base_ts;
+    decode(b.bytes.data() + b.off, prev, tuples_, r);
+  } else if (!open_.empty()) {
+    r = open_.front();
+  }
+  return r;
+}
+
+void ChainRecordSeries::pop_front() {
+  if (!blocks_.empty()) {
+    Block& b = blocks_.front();
+    ChainRecord r;
+    const uint8_t* p = decode(b.bytes.data() + b.off, b.base_ts, tuples_, r);
+    b.off = static_cast<uint32_t>(p - b.bytes.data());
+    if (--b.n == 0) blocks_.pop_front();
+  } else if (!open_.empty()) {
+    open_.erase(open_.begin());
+  } else {
+    return;
+  }
+  if (--size_ == 0) {
+    max_dur_ = 0;
+    tuples_.clear();
+    tuple_index_.clear();
+  }
+}
+
+size_t ChainRecordSeries::heap_bytes() const {
+  size_t n = open_.capacity() * sizeof(ChainRecord) + tuples_.capacity() * sizeof(Tuple) + tuple_index_.size() * 32 +
+             tuple_index_.bucket_count() * sizeof(void*);
+  n += (blocks_.size() + 1) * sizeof(Block);  // deque nodes, roughly
+  for (const Block& b : blocks_) n += b.bytes.capacity();
+  return n;
+}
+
+// --- ChainAnnotator ------------------------------------------------------------------------------
+
+size_t ChainAnnotator::retained_bytes() const {
+  size_t n = 0;
+  for (const auto& [k, t] : threads_) n += t.calls.heap_bytes() + t.offcpu.heap_bytes() + t.samples.heap_bytes();
+  return n;
 }
 
 void ChainAnnotator::note_launch(Thread& t, const Event& e) {
@@ -143,7 +269,7 @@ void ChainAnnotator::add(std::span<const Event> events) {
     r.source = e.source;
     r.op = e.op;
     r.state = e.prev_state;
-    insert(t.*series, r, counters_);
+    if (!(t.*series).insert(r)) ++counters_.out_of_order;
     ++records_;
     if (series == &Thread::calls && is_launch_op(e.source, e.op)) note_launch(t, e);
   }
@@ -159,17 +285,16 @@ void ChainAnnotator::evict(uint64_t horizon) {
     for (Series* s : {&t.calls, &t.offcpu, &t.samples}) {
       // A record goes once it ended before the horizon; one that started more than a retention
       // before it goes regardless (a span open for minutes must not pin everything behind it).
-      while (!s->recs.empty()) {
-        const Rec& f = s->recs.front();
+      while (!s->empty()) {
+        const Rec f = s->front();
         const uint64_t keep_until = f.ts + std::min(f.dur, opt_.retention_ns ? opt_.retention_ns : f.dur);
         if (keep_until >= horizon) break;
-        s->recs.pop_front();
+        s->pop_front();
         --records_;
         ++counters_.evicted;
       }
-      if (s->recs.empty()) s->max_dur = 0;
     }
-    const bool empty = t.calls.recs.empty() && t.offcpu.recs.empty() && t.samples.recs.empty();
+    const bool empty = t.calls.empty() && t.offcpu.empty() && t.samples.empty();
     // An idle thread's launch-gap state goes with it: a gap longer than the retention has no
     // context left to judge it anyway.
     if (empty && (!t.have_launch || t.last_launch_end < horizon)) it = threads_.erase(it);
@@ -182,29 +307,28 @@ void ChainAnnotator::enforce_cap() {
     uint64_t oldest = UINT64_MAX;
     for (const auto& [k, t] : threads_)
       for (const Series* s : {&t.calls, &t.offcpu, &t.samples})
-        if (!s->recs.empty()) oldest = std::min(oldest, s->recs.front().ts);
+        if (!s->empty()) oldest = std::min(oldest, s->front().ts);
     if (oldest == UINT64_MAX) return;
     const uint64_t step = std::max<uint64_t>(1'000'000, (newest_ > oldest ? newest_ - oldest : 0) / 8);
     const uint64_t horizon = oldest + step;
     horizon_ = std::max(horizon_, horizon);
     for (auto& [k, t] : threads_)
       for (Series* s : {&t.calls, &t.offcpu, &t.samples}) {
-        while (!s->recs.empty() && s->recs.front().ts < horizon) {
-          s->recs.pop_front();
+        while (!s->empty() && s->front().ts < horizon) {
+          s->pop_front();
           --records_;
           ++counters_.evicted;
           ++counters_.capped;
         }
-        if (s->recs.empty()) s->max_dur = 0;
       }
   }
 }
 
 size_t ChainAnnotator::launches_in(const Thread& t, uint64_t start, uint64_t end) const {
-  const auto [lo, hi] = range(t.calls, start, end);
   size_t n = 0;
-  for (size_t i = lo; i < hi; ++i)
-    if (is_launch_op(t.calls.recs[i].source, t.calls.recs[i].op)) ++n;
+  t.calls.for_each(start, end, [&n](const Rec& r) {
+    if (is_launch_op(r.source, r.op)) ++n;
+  });
   return n;
 }
 
@@ -217,15 +341,13 @@ TimeSplit ChainAnnotator::time_split(uint16_t node, uint32_t tid, uint64_t start
   // Union of the call intervals clipped to the window (calls nest: runtime over driver).
   std::vector<std::pair<uint64_t, uint64_t>> u;
   {
-    const uint64_t from = start > t.calls.max_dur ? start - t.calls.max_dur : 0;
-    const auto [lo, hi] = range(t.calls, from, end);
-    for (size_t i = lo; i < hi; ++i) {
-      const Rec& r = t.calls.recs[i];
+    const uint64_t from = start > t.calls.max_dur() ? start - t.calls.max_dur() : 0;
+    t.calls.for_each(from, end, [&](const Rec& r) {
       const uint64_t a = std::max(r.ts, start), b = std::min(r.end(), end);
-      if (a >= b) continue;
+      if (a >= b) return;
       if (!u.empty() && a <= u.back().second) u.back().second = std::max(u.back().second, b);
       else u.emplace_back(a, b);
-    }
+    });
   }
   uint64_t in_calls = 0;
   for (const auto& [a, b] : u) in_calls += b - a;
@@ -238,13 +360,11 @@ TimeSplit ChainAnnotator::time_split(uint16_t node, uint32_t tid, uint64_t start
   };
   uint64_t pre = 0, blocked = 0, unknown = 0;
   {
-    const uint64_t from = start > t.offcpu.max_dur ? start - t.offcpu.max_dur : 0;
-    const auto [lo, hi] = range(t.offcpu, from, end);
+    const uint64_t from = start > t.offcpu.max_dur() ? start - t.offcpu.max_dur() : 0;
     uint64_t covered = start;  // spans of one thread should not overlap; never count twice if they do
-    for (size_t i = lo; i < hi; ++i) {
-      const Rec& r = t.offcpu.recs[i];
+    t.offcpu.for_each(from, end, [&](const Rec& r) {
       const uint64_t a = std::max({r.ts, start, covered}), b = std::min(r.end(), end);
-      if (a >= b) continue;
+      if (a >= b) return;
       covered = b;
       const uint64_t out = (b - a) - overlap_calls(a, b);
       switch (r.state) {
@@ -252,7 +372,7 @@ TimeSplit ChainAnnotator::time_split(uint16_t node, uint32_t tid, uint64_t start
         case OffCpuState::kUnknown: unknown += out; break;
         default: blocked += out; break;
       }
-    }
+    });
   }
   const uint64_t busy = in_calls + pre + blocked + unknown;
   const uint64_t on_cpu = busy < end - start ? (end - start) - busy : 0;
@@ -445,18 +565,16 @@ void ChainAnnotator::annotate(Chain& c, const TraceMeta& meta) {
   const uint64_t calls_end = meta.last_ts && we == meta.last_ts ? we + 1 : we;
   if (!gap) {
     for (const Thread* t : cand) {
-      const auto [lo, hi] = range(t->calls, ws, calls_end);
       const uint64_t warm_until = warmup_end(t->node, t->pid);
-      for (size_t i = lo; i < hi; ++i) {
-        const Rec& r = t->calls.recs[i];
+      t->calls.for_each(ws, calls_end, [&](const Rec& r) {
         if (c.op) {
-          if (r.source != c.source || r.op != c.op) continue;
+          if (r.source != c.source || r.op != c.op) return;
         } else if (c.source != Source::kUnknown && r.source != c.source) {
-          continue;
+          return;
         }
         const bool warm = r.ts < warm_until;
         if (by_time && !warm && rest_durs.size() < (1u << 22)) rest_durs.push_back(r.dur);
-        if (by_time && static_cast<double>(r.dur) < thr) continue;
+        if (by_time && static_cast<double>(r.dur) < thr) return;
         const double w = by_time ? static_cast<double>(r.dur) : 1.0;
         if (warm) {
           ++warm_calls;
@@ -468,7 +586,7 @@ void ChainAnnotator::annotate(Chain& c, const TraceMeta& meta) {
         slot.second = t->pid;
         calls_tally.add(r.stack, w);
         if (slow.size() < (1u << 20)) slow.push_back({t, r.ts, r.end()});
-      }
+      });
     }
   } else if (c.tid) {
     per_tid[c.tid] = {1.0, c.pid};
@@ -512,16 +630,14 @@ void ChainAnnotator::annotate(Chain& c, const TraceMeta& meta) {
     StackTally off;
     for (const Slow& s : slow) {
       const Series& sp = s.t->offcpu;
-      const uint64_t from = s.ts > sp.max_dur ? s.ts - sp.max_dur : 0;
-      const auto [lo, hi] = range(sp, from, s.end);
-      for (size_t i = lo; i < hi; ++i) {
-        const Rec& r = sp.recs[i];
+      const uint64_t from = s.ts > sp.max_dur() ? s.ts - sp.max_dur() : 0;
+      sp.for_each(from, s.end, [&](const Rec& r) {
         const bool blocked = r.state == OffCpuState::kSleeping || r.state == OffCpuState::kDiskWait;
         const bool preempted = r.state == OffCpuState::kPreempted || r.state == OffCpuState::kUnknown;
-        if (want_blocked ? !blocked : !preempted) continue;
+        if (want_blocked ? !blocked : !preempted) return;
         const uint64_t a = std::max(r.ts, s.ts), b = std::min(r.end(), s.end);
         if (a < b) off.add(r.stack, static_cast<double>(b - a));
-      }
+      });
     }
     top_stacks(off, "offcpu", opt_.top_stacks, meta, stack_cache_, counters_.stacks_missing, c.stacks);
   }
@@ -535,11 +651,11 @@ void ChainAnnotator::annotate(Chain& c, const TraceMeta& meta) {
   } else {
     size_t best_launch = 0, best_calls = 0;
     for (const Thread* t : cand) {
-      const auto [lo, hi] = range(t->calls, ws, we);
-      size_t launches = 0;
-      for (size_t i = lo; i < hi; ++i)
-        if (is_launch_op(t->calls.recs[i].source, t->calls.recs[i].op)) ++launches;
-      const size_t calls = hi - lo;
+      size_t launches = 0, calls = 0;
+      t->calls.for_each(ws, we, [&](const Rec& r) {
+        ++calls;
+        if (is_launch_op(r.source, r.op)) ++launches;
+      });
       if (launches > best_launch || (launches == best_launch && calls > best_calls)) {
         if (launches || calls) launcher = t;
         best_launch = launches;
@@ -553,15 +669,12 @@ void ChainAnnotator::annotate(Chain& c, const TraceMeta& meta) {
   StackTally off, samples;
   {
     const Series& sp = launcher->offcpu;
-    const uint64_t from = ws > sp.max_dur ? ws - sp.max_dur : 0;
-    const auto [lo, hi] = range(sp, from, we);
-    for (size_t i = lo; i < hi; ++i) {
-      const Rec& r = sp.recs[i];
+    const uint64_t from = ws > sp.max_dur() ? ws - sp.max_dur() : 0;
+    sp.for_each(from, we, [&off, ws, we](const Rec& r) {
       const uint64_t a = std::max(r.ts, ws), b = std::min(r.end(), we);
       if (a < b) off.add(r.stack, static_cast<double>(b - a));
-    }
-    const auto [slo, shi] = range(launcher->samples, ws, we);
-    for (size_t i = slo; i < shi; ++i) samples.add(launcher->samples.recs[i].stack, 1.0);
+    });
+    launcher->samples.for_each(ws, we, [&samples](const Rec& r) { samples.add(r.stack, 1.0); });
   }
   top_stacks(off, "offcpu", opt_.top_stacks, meta, stack_cache_, counters_.stacks_missing, c.stacks);
   top_stacks(samples, "sample", opt_.top_stacks, meta, stack_cache_, counters_.stacks_missing, c.stacks);
@@ -850,6 +963,16 @@ void LiveChainAnnotator::finish(AnalysisResult& r) {
 AnnotateCounters LiveChainAnnotator::counters() {
   std::lock_guard<std::mutex> lock(mu_);
   return a_.counters();
+}
+
+size_t LiveChainAnnotator::retained() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return a_.retained();
+}
+
+size_t LiveChainAnnotator::retained_bytes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return a_.retained_bytes();
 }
 
 }  // namespace ingero

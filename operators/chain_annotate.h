@@ -8,7 +8,8 @@
 //   With retention 0 it keeps everything (tests, small traces); the CLI and MCP paths use
 //   LiveChainAnnotator below, which annotates each chain as the engine emits it and keeps only the
 //   recent horizon (`retention_ns` behind the newest event, past a floor of `min_records`, under a
-//   hard cap), so memory is bounded by event rate x horizon, never by trace length. Kept per thread:
+//   hard cap), so memory is bounded by event rate x horizon, never by trace length. Kept per thread,
+//   compactly (ChainRecordSeries below, ~6-8 bytes an event):
 //   probed GPU API calls (CUDA/DRIVER/GRAPH/NCCL), off-CPU spans (HOST sched_switch with a
 //   duration; unpaired live halves are ignored) and on-CPU samples (HOST cpu_sample). Every other
 //   event is counted and dropped.
@@ -63,6 +64,7 @@
 //   search plus a walk over the chain window's events of the threads involved.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -116,6 +118,123 @@ struct AnnotateCounters {
   uint64_t not_in_loop = 0;     // implicit_sync chains demoted: their thread launched no kernel
 };
 
+// One kept event of a thread as the annotator reads it back (pid, node and rank are the thread's).
+struct ChainRecord {
+  uint64_t ts = 0, dur = 0, stack = 0;
+  Source source = Source::kUnknown;
+  uint8_t op = 0;
+  OffCpuState state = OffCpuState::kUnknown;
+  uint64_t end() const { return ts + dur; }
+  bool operator==(const ChainRecord&) const = default;
+};
+
+// The kept records of one thread and kind (calls, off-CPU spans or samples), sorted by start time
+// (a record inserted with the ts of others goes after them), stored compactly: the newest
+// 2 x kBlock records as they are, older ones sealed in blocks of kBlock records of three varints
+// each - ts delta from the previous record, duration, and an index into the series' table of
+// (source, op, state, stack) tuples (0 = the tuple follows inline, when the table is full) -
+// about 6 bytes a record instead of 32. Answers what a deque of ChainRecord would: insert, front,
+// pop_front and the records starting in [start, end) in order. A late record that falls inside a
+// sealed block re-encodes that block (counted by the caller as out of order). Never throws except
+// std::bad_alloc.
+class ChainRecordSeries {
+ public:
+  static constexpr size_t kBlock = 128;
+  static constexpr size_t kMaxTuples = 4096;  // per series; further tuples are stored inline
+
+  // False when `r` went behind a newer record (out of order).
+  bool insert(const ChainRecord& r);
+  bool empty() const { return size_ == 0; }
+  size_t size() const { return size_; }
+  ChainRecord front() const;
+  void pop_front();
+  // The longest duration inserted since the series was last empty (a window search starts this
+  // much earlier to find records that overlap it).
+  uint64_t max_dur() const { return max_dur_; }
+  // Calls f(const ChainRecord&) for each record that STARTS in [start, end), oldest first.
+  template <class F>
+  void for_each(uint64_t start, uint64_t end, F&& f) const;
+  // Heap bytes held (capacities; an estimate of container overhead included).
+  size_t heap_bytes() const;
+
+ private:
+  struct Tuple {
+    uint64_t stack = 0;
+    Source source = Source::kUnknown;
+    uint8_t op = 0;
+    OffCpuState state = OffCpuState::kUnknown;
+  };
+  struct Block {
+    uint64_t base_ts = 0;  // ts the first live record's delta is taken from
+    uint64_t last_ts = 0;  // ts of the last record
+    uint32_t off = 0;      // byte offset of the first live record (pop_front advances it)
+    uint32_t n = 0;        // live records
+    std::vector<uint8_t> bytes;
+  };
+  static const uint8_t* decode(const uint8_t* p, uint64_t& prev_ts, const std::vector<Tuple>& tuples, ChainRecord& r);
+  void encode(std::vector<uint8_t>& out, uint64_t& prev_ts, const ChainRecord& r);
+  void seal();
+  Block make_block(const ChainRecord* first, size_t n);
+  std::vector<ChainRecord> decode_block(const Block& b) const;
+
+  std::deque<Block> blocks_;
+  std::vector<ChainRecord> open_;  // the newest records, sorted, not yet sealed
+  std::vector<Tuple> tuples_;
+  std::unordered_map<uint64_t, uint32_t> tuple_index_;  // tuple hash -> index + 1
+  size_t size_ = 0;
+  uint64_t max_dur_ = 0;
+};
+
+inline const uint8_t* ChainRecordSeries::decode(const uint8_t* p, uint64_t& prev_ts, const std::vector<Tuple>& tuples,
+                                                ChainRecord& r) {
+  auto varint = [&p] {
+    uint64_t v = 0;
+    for (unsigned shift = 0;; shift += 7) {
+      const uint8_t b = *p++;
+      v |= uint64_t{b & 0x7fu} << shift;
+      if (!(b & 0x80u) || shift >= 63) return v;
+    }
+  };
+  r.ts = prev_ts + varint();
+  prev_ts = r.ts;
+  r.dur = varint();
+  const uint64_t code = varint();
+  if (code && code <= tuples.size()) {
+    const Tuple& t = tuples[code - 1];
+    r.stack = t.stack;
+    r.source = t.source;
+    r.op = t.op;
+    r.state = t.state;
+  } else {
+    r.source = static_cast<Source>(*p++);
+    r.op = *p++;
+    r.state = static_cast<OffCpuState>(*p++);
+    r.stack = varint();
+  }
+  return p;
+}
+
+template <class F>
+void ChainRecordSeries::for_each(uint64_t start, uint64_t end, F&& f) const {
+  if (start >= end) return;
+  auto it = std::lower_bound(blocks_.begin(), blocks_.end(), start,
+                             [](const Block& b, uint64_t ts) { return b.last_ts < ts; });
+  ChainRecord r;
+  for (; it != blocks_.end(); ++it) {
+    const uint8_t* p = it->bytes.data() + it->off;
+    uint64_t prev = it->base_ts;
+    for (uint32_t i = 0; i < it->n; ++i) {
+      p = decode(p, prev, tuples_, r);
+      if (r.ts < start) continue;
+      if (r.ts >= end) return;
+      f(static_cast<const ChainRecord&>(r));
+    }
+  }
+  auto o = std::lower_bound(open_.begin(), open_.end(), start,
+                            [](const ChainRecord& x, uint64_t ts) { return x.ts < ts; });
+  for (; o != open_.end() && o->ts < end; ++o) f(*o);
+}
+
 class ChainAnnotator {
  public:
   explicit ChainAnnotator(AnnotateOptions o = {});
@@ -137,21 +256,12 @@ class ChainAnnotator {
 
   const AnnotateCounters& counters() const { return counters_; }
   size_t retained() const { return records_; }
+  size_t retained_bytes() const;  // heap bytes of the kept records (ChainRecordSeries::heap_bytes)
   const AnnotateOptions& options() const { return opt_; }
 
  private:
-  struct Rec {  // 32 bytes: one kept event of a thread (pid, node and rank are the thread's)
-    uint64_t ts = 0, dur = 0, stack = 0;
-    Source source = Source::kUnknown;
-    uint8_t op = 0;
-    OffCpuState state = OffCpuState::kUnknown;
-    uint64_t end() const { return ts + dur; }
-  };
-  static_assert(sizeof(Rec) == 32);
-  struct Series {
-    std::deque<Rec> recs;  // sorted by ts
-    uint64_t max_dur = 0;  // longest kept, so a window search can start early enough
-  };
+  using Rec = ChainRecord;
+  using Series = ChainRecordSeries;
   struct Thread {
     uint32_t pid = 0, tid = 0;
     uint16_t node = 0;
@@ -175,8 +285,6 @@ class ChainAnnotator {
   };
 
   static uint64_t thread_key(uint16_t node, uint32_t tid) { return uint64_t{node} << 32 | tid; }
-  static void insert(Series& s, const Rec& r, AnnotateCounters& c);
-  static std::pair<size_t, size_t> range(const Series& s, uint64_t start, uint64_t end);
   void evict(uint64_t horizon);
   void enforce_cap();
   void note_launch(Thread& t, const Event& e);
@@ -236,15 +344,16 @@ class LiveChainAnnotator {
   explicit LiveChainAnnotator(AnnotateOptions o = defaults());
   // A chain is annotated when its window closes (window end + lateness + the source's reorder
   // lag), so the horizon needs the largest window (10 s) plus a few seconds; a launch gap is
-  // judged 1 s after it and its 10 s window. Memory: 32 bytes per kept call, span or sample, so
-  // about rate x 15 s x 32 B (96 MB at 200k calls/s), at most max_records x 32 B.
+  // judged 1 s after it and its 10 s window. Memory: about 6-8 bytes per kept call, span or
+  // sample (ChainRecordSeries; 32 before it), so about rate x 15 s x 8 B (24 MB at 200k calls/s),
+  // at most max_records of them.
   static AnnotateOptions defaults() {
     AnnotateOptions o;
     o.retention_ns = 15'000'000'000ull;
     o.max_records = 4u << 20;
     return o;
   }
-  // Replay through the same path (explain, mcp, run): everything is kept up to 2M events (64 MB),
+  // Replay through the same path (explain, mcp, run): everything is kept up to 2M events (~15 MB),
   // beyond that the 15 s horizon, so a trace of any length costs at most max(2M, rate x 15 s)
   // events. The source runs at most 8 batches (32k events) ahead of the emitted chains, far less
   // than 2M, so a chain's window is still kept when it is annotated.
@@ -264,6 +373,9 @@ class LiveChainAnnotator {
   // After run_plan: every chain of `r` annotated (as when emitted), launch_gap chains added, sorted.
   void finish(AnalysisResult& r);
   AnnotateCounters counters();
+  // Records kept now, and their heap bytes (ChainAnnotator::retained / retained_bytes).
+  size_t retained();
+  size_t retained_bytes();
 
  private:
   class Tap;

@@ -1,0 +1,194 @@
+// ChainRecordSeries (operators/chain_annotate.h), the compact per-thread store of the chain
+// annotator, against the structure it replaced: a std::deque of records kept sorted by start time
+// (late records inserted after their equals), popped from the front, and queried by binary search
+// for the records that start in [start, end). Randomized: in-order and late inserts (inside the
+// open tail and deep inside sealed blocks), equal timestamps, durations over 32 bits, stack tuples
+// beyond the series' table, pops to empty and back, and window queries after every step.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <deque>
+#include <random>
+#include <vector>
+
+#include "operators/chain_annotate.h"
+
+namespace ingero {
+namespace {
+
+// The old store, as chain_annotate.cpp had it before the compact series.
+struct Reference {
+  std::deque<ChainRecord> recs;
+  uint64_t max_dur = 0;
+  bool insert(const ChainRecord& r) {
+    bool in_order = true;
+    if (recs.empty() || recs.back().ts <= r.ts) {
+      recs.push_back(r);
+    } else {
+      auto it = std::upper_bound(recs.begin(), recs.end(), r.ts,
+                                 [](uint64_t ts, const ChainRecord& x) { return ts < x.ts; });
+      recs.insert(it, r);
+      in_order = false;
+    }
+    max_dur = std::max(max_dur, r.dur);
+    return in_order;
+  }
+  void pop_front() {
+    recs.pop_front();
+    if (recs.empty()) max_dur = 0;
+  }
+  std::vector<ChainRecord> window(uint64_t start, uint64_t end) const {
+    auto lo = std::lower_bound(recs.begin(), recs.end(), start,
+                               [](const ChainRecord& x, uint64_t ts) { return x.ts < ts; });
+    auto hi = std::lower_bound(lo, recs.end(), end, [](const ChainRecord& x, uint64_t ts) { return x.ts < ts; });
+    return {lo, hi};
+  }
+};
+
+std::vector<ChainRecord> window(const ChainRecordSeries& s, uint64_t start, uint64_t end) {
+  std::vector<ChainRecord> out;
+  s.for_each(start, end, [&out](const ChainRecord& r) { out.push_back(r); });
+  return out;
+}
+
+// One random run; `stacks` distinct stack ids (beyond kMaxTuples exercises the inline tuples).
+// Per step: 80% one insert, 3% up to 9 pops (checking the front), `empty_per_10k` / 10000 pops to
+// empty (the tuple table starts over).
+void run_random(uint32_t seed, size_t steps, uint64_t stacks, uint64_t empty_per_10k, size_t min_largest) {
+  std::mt19937_64 rng(seed);
+  ChainRecordSeries s;
+  Reference ref;
+  uint64_t now = 1'700'000'000'000'000'000ull;
+  auto pick = [&rng](uint64_t n) { return n ? rng() % n : 0; };
+  size_t largest = 0;
+  for (size_t step = 0; step < steps; ++step) {
+    const uint64_t what = pick(10000);
+    if (what < 8000) {
+      ChainRecord r;
+      const uint64_t kind = pick(20);
+      if (kind == 0 && !ref.recs.empty()) {
+        // Late: anywhere behind the newest, often deep inside sealed blocks.
+        const uint64_t oldest = ref.recs.front().ts;
+        r.ts = oldest + pick(now - oldest + 1);
+      } else if (kind == 1 && !ref.recs.empty()) {
+        r.ts = ref.recs[pick(ref.recs.size())].ts;  // equal to a kept one
+      } else {
+        now += pick(5) == 0 ? 0 : pick(kind == 2 ? 10'000'000'000ull : 200'000);
+        r.ts = now;
+      }
+      r.dur = pick(50) == 0 ? (uint64_t{1} << 40) + pick(1'000'000) : pick(120'000);
+      r.stack = pick(3) == 0 ? 0 : rng() % stacks * 0x9e3779b97f4a7c15ull + 1;
+      r.source = static_cast<Source>(pick(8));
+      r.op = static_cast<uint8_t>(pick(256));
+      r.state = static_cast<OffCpuState>(pick(5));
+      ASSERT_EQ(s.insert(r), ref.insert(r)) << "seed " << seed << " step " << step;
+    } else if (what < 8300) {
+      for (uint64_t n = pick(10); n && !ref.recs.empty(); --n) {
+        ASSERT_EQ(s.front(), ref.recs.front()) << "seed " << seed << " step " << step;
+        s.pop_front();
+        ref.pop_front();
+      }
+    } else if (what < 8300 + empty_per_10k) {
+      while (!ref.recs.empty()) {
+        s.pop_front();
+        ref.pop_front();
+      }
+    }
+    ASSERT_EQ(s.size(), ref.recs.size());
+    ASSERT_EQ(s.empty(), ref.recs.empty());
+    ASSERT_EQ(s.max_dur(), ref.max_dur);
+    if (!ref.recs.empty()) {
+      ASSERT_EQ(s.front(), ref.recs.front());
+    }
+    largest = std::max(largest, ref.recs.size());
+    // Window queries: random, around kept timestamps, empty and reversed ones, and everything.
+    for (int q = 0; q < 4; ++q) {
+      uint64_t a = 0, b = 0;
+      if (!ref.recs.empty()) {
+        const uint64_t lo = ref.recs.front().ts, hi = ref.recs.back().ts;
+        a = q == 0 ? ref.recs[pick(ref.recs.size())].ts : lo + pick(hi - lo + 2) - (q == 1 ? 1 : 0);
+        b = q == 2 ? a : a + pick(q == 3 ? hi - lo + 2 : 2'000'000);
+        if (q == 3 && pick(4) == 0) std::swap(a, b);
+      }
+      ASSERT_EQ(window(s, a, b), ref.window(a, b))
+          << "seed " << seed << " step " << step << " [" << a << ", " << b << ")";
+    }
+    if (step % 50 == 0) {
+      ASSERT_EQ(window(s, 0, UINT64_MAX), ref.window(0, UINT64_MAX));
+    }
+  }
+  ASSERT_EQ(window(s, 0, UINT64_MAX), ref.window(0, UINT64_MAX));
+  // The run must have reached sealed blocks (and, with many stacks, a full tuple table).
+  EXPECT_GE(largest, min_largest) << "seed " << seed;
+}
+
+TEST(ChainRecordSeries, AnswersLikeTheSortedDeque) {
+  for (uint32_t seed = 1; seed <= 12; ++seed) run_random(seed, 6000, 40, 5, 4 * ChainRecordSeries::kBlock);
+}
+
+TEST(ChainRecordSeries, ManyDistinctStacksGoInline) {
+  // More distinct (source, op, state, stack) tuples than the table holds: ~6000 records kept,
+  // two thirds with a stack drawn from 1M, the rest stack-less with a random (source, op, state).
+  for (uint32_t seed = 100; seed <= 101; ++seed) run_random(seed, 10000, 1u << 20, 0, 6000);
+}
+
+TEST(ChainRecordSeries, LateRecordInsideASealedBlock) {
+  ChainRecordSeries s;
+  Reference ref;
+  const size_t n = 10 * ChainRecordSeries::kBlock;
+  for (size_t i = 0; i < n; ++i) {
+    ChainRecord r;
+    r.ts = 1000 + 10 * i;
+    r.dur = i;
+    r.op = static_cast<uint8_t>(i % 7);
+    ASSERT_TRUE(s.insert(r));
+    ref.insert(r);
+  }
+  // Lands in the second block, after the record with the same ts; and one before everything.
+  for (uint64_t ts : {uint64_t{1000 + 10 * (ChainRecordSeries::kBlock + 3)}, uint64_t{5}, uint64_t{1005}}) {
+    ChainRecord late;
+    late.ts = ts;
+    late.dur = 77;
+    late.stack = 42;
+    late.source = Source::kHost;
+    late.state = OffCpuState::kSleeping;
+    EXPECT_FALSE(s.insert(late));
+    ref.insert(late);
+  }
+  EXPECT_EQ(window(s, 0, UINT64_MAX), ref.window(0, UINT64_MAX));
+  EXPECT_EQ(window(s, 1000 + 10 * (ChainRecordSeries::kBlock + 3), 1000 + 10 * (ChainRecordSeries::kBlock + 4)),
+            ref.window(1000 + 10 * (ChainRecordSeries::kBlock + 3), 1000 + 10 * (ChainRecordSeries::kBlock + 4)));
+  while (!ref.recs.empty()) {
+    ASSERT_EQ(s.front(), ref.recs.front());
+    s.pop_front();
+    ref.pop_front();
+  }
+  EXPECT_TRUE(s.empty());
+  EXPECT_EQ(s.max_dur(), 0u);
+}
+
+TEST(ChainRecordSeries, CompactForATypicalCallStream) {
+  // 200k calls a few microseconds apart, durations up to 100 us, a handful of (op, stack) pairs:
+  // the old store held 32 bytes a record plus deque overhead.
+  ChainRecordSeries s;
+  std::mt19937_64 rng(7);
+  uint64_t ts = 1'700'000'000'000'000'000ull;
+  const size_t n = 200'000;
+  for (size_t i = 0; i < n; ++i) {
+    ChainRecord r;
+    ts += 1'000 + rng() % 50'000;
+    r.ts = ts;
+    r.dur = 2'000 + rng() % 100'000;
+    r.source = Source::kCuda;
+    r.op = static_cast<uint8_t>(1 + rng() % 3);
+    r.stack = rng() % 4 == 0 ? 0 : 0xabcdef00ull + rng() % 8;
+    s.insert(r);
+  }
+  ASSERT_EQ(s.size(), n);
+  const double per_record = static_cast<double>(s.heap_bytes()) / static_cast<double>(n);
+  EXPECT_LT(per_record, 9.0) << "bytes per kept record";
+  EXPECT_GT(per_record, 3.0) << "heap_bytes() must count the encoded bytes";
+}
+
+}  // namespace
+}  // namespace ingero
