@@ -437,6 +437,43 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
     g.needs_calls = g.needs_calls || pipe.needs_calls;
     g.window.lateness_ns = std::max(g.window.lateness_ns, pipe.window.lateness_ns);
   }
+  // Routes (see Routes): groups over filter chains of the scan, per tier and (source, op).
+  cp->routed.assign(cp->groups.size(), 0);
+  for (size_t g = 0; g < cp->groups.size(); ++g) {
+    bool ok = cp->groups[g].stream >= 0;
+    for (int s = cp->groups[g].stream; s >= 0 && ok; s = cp->streams[static_cast<size_t>(s)].parent)
+      ok = cp->streams[static_cast<size_t>(s)].offcpu == nullptr;
+    cp->routed[g] = ok ? 1 : 0;
+  }
+  for (int tier = 0; tier < 2; ++tier) {
+    Routes& r = cp->routes[tier];
+    r.begin.assign((1u << 16) + 1, 0);
+    for (uint32_t code = 0; code < (1u << 16); ++code) {
+      r.begin[code] = static_cast<uint32_t>(r.targets.size());
+      for (size_t g = 0; g < cp->groups.size(); ++g) {
+        if (!cp->routed[g] || cp->groups[g].global != (tier == 1)) continue;
+        const auto checks_begin = static_cast<uint32_t>(r.checks.size());
+        bool keep = true;
+        for (int s = cp->groups[g].stream; s >= 0 && keep; s = cp->streams[static_cast<size_t>(s)].parent) {
+          const StreamDef& sd = cp->streams[static_cast<size_t>(s)];
+          if (!sd.filter) continue;  // the scan
+          if (sd.source_op_mask.empty()) {
+            r.checks.push_back(sd.filter.get());
+            continue;
+          }
+          const uint8_t m = sd.source_op_mask[code];
+          if (m == 0) keep = false;
+          else if (m >= 2) r.checks.push_back(sd.residuals[m - 2u].get());
+        }
+        if (!keep) {
+          r.checks.resize(checks_begin);
+          continue;
+        }
+        r.targets.push_back({static_cast<uint32_t>(g), checks_begin, static_cast<uint32_t>(r.checks.size())});
+      }
+    }
+    r.begin[1u << 16] = static_cast<uint32_t>(r.targets.size());
+  }
   // A pipe's windows now close at its group's lateness: its join buffers must keep spans that long.
   for (const auto& g : cp->groups)
     for (size_t i : g.pipes) {
@@ -812,15 +849,14 @@ struct Shard::Impl {
         for_each_selected(*in.foreign, in.indexed, in.foreign_at, [&](const Event& e) { foreign.push_back(&e); });
       return;
     }
-    size_t parent = static_cast<size_t>(s.parent);
-    compute(parent, in);
-    const auto& src_own = owned_out[parent];
-    const auto& src_foreign = foreign_out[parent];
+    const auto parent = static_cast<size_t>(s.parent);
+    if (!is_scan(parent)) compute(parent, in);
     if (s.offcpu) {
       auto& spans = spans_[i];
       spans.clear();
-      for (const Event* e : src_own)
+      each_event(parent, in, true, [&](const Event* e) {
         if (e->source == Source::kHost && e->op == op::kSchedSwitch) builders[i]->add(*e, spans);
+      });
       if (in.final) builders[i]->finish(last_ts, spans);
       for (const auto& e : spans) own.push_back(&e);
       return;  // off-CPU spans are never host-wide
@@ -832,19 +868,77 @@ struct Shard::Impl {
         const uint8_t m = mask[static_cast<unsigned>(e->source) << 8 | e->op];
         return m == 1 || (m >= 2 && truthy(eval(*residuals[m - 2], e, nullptr, &stack_matcher)));
       };
-      for (const Event* e : src_own)
+      each_event(parent, in, true, [&](const Event* e) {
         if (keep(e)) own.push_back(e);
-      for (const Event* e : src_foreign)
+      });
+      each_event(parent, in, false, [&](const Event* e) {
         if (keep(e)) foreign.push_back(e);
+      });
     } else if (s.filter) {
-      for (const Event* e : src_own)
+      each_event(parent, in, true, [&](const Event* e) {
         if (truthy(eval(*s.filter, e, nullptr, &stack_matcher))) own.push_back(e);
-      for (const Event* e : src_foreign)
+      });
+      each_event(parent, in, false, [&](const Event* e) {
         if (truthy(eval(*s.filter, e, nullptr, &stack_matcher))) foreign.push_back(e);
+      });
     } else {
-      own = src_own;
-      foreign = src_foreign;
+      each_event(parent, in, true, [&](const Event* e) { own.push_back(e); });
+      each_event(parent, in, false, [&](const Event* e) { foreign.push_back(e); });
     }
+  }
+
+  // The scan itself (every event of the batch): its children read the input, not a copied list.
+  bool is_scan(size_t i) const {
+    const auto& s = plan.streams[i];
+    return s.parent < 0 && !s.offcpu && !s.filter;
+  }
+  // Calls fn(const Event*) for every owned (or foreign) event of stream i, computed already
+  // unless it is the scan.
+  template <class Fn>
+  void each_event(size_t i, const ShardInput& in, bool owned, Fn&& fn) {
+    if (is_scan(i)) {
+      if (const auto& v = owned ? in.owned : in.foreign)
+        for_each_selected(*v, in.indexed, owned ? in.owned_at : in.foreign_at, [&](const Event& e) { fn(&e); });
+      return;
+    }
+    for (const Event* e : owned ? owned_out[i] : foreign_out[i]) fn(e);
+  }
+
+  // Feeds one event its group's stream kept to the group's window state for its key.
+  void feed_group(size_t g, const Event& e) {
+    const auto& group = plan.groups[g];
+    const auto& first = plan.pipes[group.pipes.front()];
+    Key key = first.keys.key_of(e);
+    if (first.site_key) key.lo |= site_key_of(e.stack_id);
+    auto feed = [&](WinState& w) {
+      if (!w.ready) {
+        w.agg = AggregateState(first.layout.get());
+        w.ready = true;
+      }
+      w.agg.add(e);
+      if (group.needs_calls) w.calls.add({e.ts_ns, e.dur_ns, e.id, e.pid, e.tid});
+    };
+    auto& cache = win_cache[g];
+    if (!cache.empty()) {
+      // Tumbling or whole: exactly one window, index ts / size (0 for whole).
+      const WindowAssigner& assigner = windows[g]->assigner();
+      const uint64_t k = assigner.whole() ? 0 : e.ts_ns / assigner.size();
+      auto& ce = cache[KeyHash{}(key) & (kWinCache - 1)];
+      if (ce.state && ce.k == k && ce.key == key) {
+        feed(*ce.state);
+        return;
+      }
+      WinState* got = nullptr;
+      const bool ok = windows[g]->add(e.ts_ns, key, [&](uint64_t, WinState& w) {
+        feed(w);
+        got = &w;
+      });
+      if (!ok) ++counters.late_events;
+      if (got) ce = {key, k, got};
+      return;
+    }
+    const bool ok = windows[g]->add(e.ts_ns, key, [&](uint64_t, WinState& w) { feed(w); });
+    if (!ok) ++counters.late_events;
   }
 
   static uint64_t join_key(JoinKey k, uint32_t pid, uint32_t tid) {
@@ -861,15 +955,28 @@ struct Shard::Impl {
     dropped += in.dropped;
     last_ts = std::max(last_ts, in.trace_end);
     if (in.process_names) names = in.process_names;
+    computed.assign(plan.streams.size(), 0);
     if (in.owned) {
+      // One pass over the batch: trace end, exits, per-op statistics and every routed window
+      // group (Routes). Groups are independent until they close (below), so feeding them event
+      // by event gives each the same events in the same order as a pass per group would.
       counters.events_in += in.indexed ? in.owned_at.size() : in.owned->size();
+      const Routes& routes = plan.routes[global ? 1 : 0];
+      const uint32_t* begin = routes.begin.data();
       for_each_selected(*in.owned, in.indexed, in.owned_at, [&](const Event& e) {
         last_ts = std::max(last_ts, e.end_ns());
         if (e.source == Source::kHost && e.op == op::kProcessExit) exited[e.pid] = e.ts_ns;
+        if (stats) stats->add(e);
+        const unsigned code = static_cast<unsigned>(e.source) << 8 | e.op;
+        for (uint32_t t = begin[code], end = begin[code + 1]; t < end; ++t) {
+          const RouteTarget& rt = routes.targets[t];
+          bool keep = true;
+          for (uint32_t c = rt.checks_begin; c < rt.checks_end && keep; ++c)
+            keep = truthy(eval(*routes.checks[c], &e, nullptr, &stack_matcher));
+          if (keep) feed_group(rt.group, e);
+        }
       });
-      if (stats) for_each_selected(*in.owned, in.indexed, in.owned_at, [&](const Event& e) { stats->add(e); });
     }
-    computed.assign(plan.streams.size(), 0);
 
     const uint64_t wm = in.final ? kFinal : in.watermark;
     if (exited.size() > 1024 && !in.final && wm > exit_horizon)
@@ -890,47 +997,15 @@ struct Shard::Impl {
     }
     for (size_t g = 0; g < plan.groups.size(); ++g) {
       if (!windows[g]) continue;
-      const auto& group = plan.groups[g];
-      const auto& first = plan.pipes[group.pipes.front()];
-      compute(static_cast<size_t>(group.stream), in);
-      auto& cache = win_cache[g];
-      const WindowAssigner& assigner = windows[g]->assigner();
-      for (const Event* ep : owned_out[static_cast<size_t>(group.stream)]) {
-        const Event& e = *ep;
-        Key key = first.keys.key_of(e);
-        if (first.site_key) key.lo |= site_key_of(e.stack_id);
-        auto feed = [&](WinState& w) {
-          if (!w.ready) {
-            w.agg = AggregateState(first.layout.get());
-            w.ready = true;
-          }
-          w.agg.add(e);
-          if (group.needs_calls) w.calls.add({e.ts_ns, e.dur_ns, e.id, e.pid, e.tid});
-        };
-        if (!cache.empty()) {
-          // Tumbling or whole: exactly one window, index ts / size (0 for whole).
-          const uint64_t k = assigner.whole() ? 0 : e.ts_ns / assigner.size();
-          auto& ce = cache[KeyHash{}(key) & (kWinCache - 1)];
-          if (ce.state && ce.k == k && ce.key == key) {
-            feed(*ce.state);
-            continue;
-          }
-          WinState* got = nullptr;
-          const bool ok = windows[g]->add(e.ts_ns, key, [&](uint64_t, WinState& w) {
-            feed(w);
-            got = &w;
-          });
-          if (!ok) ++counters.late_events;
-          if (got) ce = {key, k, got};
-          continue;
-        }
-        const bool ok = windows[g]->add(e.ts_ns, key, [&](uint64_t, WinState& w) { feed(w); });
-        if (!ok) ++counters.late_events;
+      if (!plan.routed[g]) {
+        const auto stream = static_cast<size_t>(plan.groups[g].stream);
+        compute(stream, in);
+        for (const Event* e : owned_out[stream]) feed_group(g, *e);
       }
       const uint64_t closed_before = counters.windows_closed;
       close_group(g, wm, out);
       if (counters.windows_closed != closed_before)
-        for (auto& ce : cache) ce.state = nullptr;
+        for (auto& ce : win_cache[g]) ce.state = nullptr;
     }
     for (size_t p = 0; p < plan.pipes.size(); ++p) {
       const auto& def = plan.pipes[p];

@@ -122,12 +122,29 @@ struct WindowGroup {
   bool needs_calls = false;
 };
 
+// Window groups fed straight from a batch by the event's source << 8 | op (one tier: pid shards
+// or the global shard): for each such code, the groups whose stream is a chain of filters over
+// the scan that can keep the event, with the checks each needs (a filter's specialised residual,
+// or a whole filter that has no source/op mask), all of which must hold. One pass over the batch
+// feeds every routed group, without building each stream's list of events.
+struct RouteTarget {
+  uint32_t group;
+  uint32_t checks_begin, checks_end;  // into Routes::checks
+};
+struct Routes {
+  std::vector<uint32_t> begin;  // 65,537 entries: code c's targets are [begin[c], begin[c + 1])
+  std::vector<RouteTarget> targets;
+  std::vector<const Expr*> checks;
+};
+
 struct CompiledPlan {
   Plan plan;  // owns the nodes the defs point into
   std::vector<StreamDef> streams;
   std::vector<int> stream_of_node;  // plan node id -> stream index or -1
   std::vector<PipeDef> pipes;
   std::vector<WindowGroup> groups;
+  std::vector<char> routed;        // per group: its stream is a filter chain over the scan (Routes)
+  Routes routes[2];                // [0] pid shards, [1] the global shard
   std::vector<RuleOutcome> rules;  // template (names/hashes) for outcomes
   std::vector<std::string> node_names;
   std::map<uint32_t, std::string> process_names;
