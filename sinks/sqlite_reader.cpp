@@ -10,7 +10,9 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <string_view>
 #include <thread>
@@ -127,6 +129,28 @@ std::string select_list(const std::vector<std::string>& present,
   return s;
 }
 
+// One `events` row as SQLite returned it (Reader::fetch), before decoding (Reader::decode):
+// fetching is most of a replay's cost and may run on other threads, decoding keeps the state
+// (node names, counted warnings) and runs on one.
+struct RawRow {
+  int64_t v[kNumCols] = {};     // integer value of each fetched column, 0 when not an integer
+  uint8_t type[kNumCols] = {};  // its SQLite fundamental type (SQLITE_INTEGER, SQLITE_NULL, ...)
+  int64_t rowid = 0;
+  std::string id_text;  // a TEXT id (0.9: "{node}:{seq}"), cut to kMaxTextBytes
+  std::string node;     // the node column, cut to kMaxNameBytes; empty without one
+  bool id_cut = false, node_cut = false;
+};
+
+// Column `c` as text into `out` (reusing its capacity), cut at `cap` bytes (`cut` set then).
+void copy_capped(sqlite3_stmt* st, int c, size_t cap, std::string& out, bool& cut) {
+  const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(st, c));
+  const int n = sqlite3_column_bytes(st, c);
+  if (!p || n <= 0) return;
+  const size_t len = static_cast<size_t>(n);
+  if (len > cap) cut = true;
+  out.assign(p, std::min(len, cap));
+}
+
 class Reader {
  public:
   Reader(sqlite3* db, TraceMeta& meta) : db_(db), meta_(meta) {}
@@ -155,6 +179,7 @@ class Reader {
       return false;
     }
     columns_ = sqlite_detail::table_columns(db_, "events");
+    node_col_ = has(columns_, "node");
     int_cols_.clear();
     for (int c = kTs; c < kNumCols; ++c)
       if (c != kNode && has(columns_, kCols[c].name)) int_cols_.push_back(c);
@@ -190,7 +215,7 @@ class Reader {
     }
     return sql + ", rowid FROM events" + tail;
   }
-  bool node_col() const { return has(columns_, "node"); }
+  bool node_col() const { return node_col_; }
 
   // Counts a string cut to its bound (reported once per kind, with the count).
   void count_cut(const char* what) { ++cuts_[what]; }
@@ -251,11 +276,20 @@ class Reader {
   }
 
   // -1 when there are more names than Event::node can index.
-  int node_for(const std::string& name) {
-    if (auto it = node_cache_.find(name); it != node_cache_.end()) return it->second;
-    if (meta_.nodes.size() > std::numeric_limits<uint16_t>::max()) return -1;
-    const uint16_t idx = meta_.node_index(name);
-    node_cache_.emplace(name, idx);
+  int node_for(std::string_view name) {
+    // Rows of one node come in runs (most traces have one): the last answer is checked first.
+    if (last_node_ >= 0 && name == last_node_name_) return last_node_;
+    const std::string key(name);
+    int idx;
+    if (auto it = node_cache_.find(key); it != node_cache_.end()) {
+      idx = it->second;
+    } else {
+      if (meta_.nodes.size() > std::numeric_limits<uint16_t>::max()) return -1;
+      idx = meta_.node_index(key);
+      node_cache_.emplace(key, static_cast<uint16_t>(idx));
+    }
+    last_node_name_ = key;
+    last_node_ = idx;
     return idx;
   }
 
@@ -265,13 +299,14 @@ class Reader {
       error = "cannot read `events`: " + s.error();
       return false;
     }
-    const bool node_col = has(columns_, "node");
     uint64_t row = 0;
     int rc;
+    RawRow raw;
     while ((rc = s.step()) == SQLITE_ROW) {
       ++row;
+      fetch(s.get(), raw);
       Event e;
-      if (const char* why = decode(s, row, node_col, e)) {
+      if (const char* why = decode(raw, e)) {
         meta_.health.skip(why);
         continue;
       }
@@ -293,20 +328,43 @@ class Reader {
   }
 
  public:
-  // Returns the reason to skip the row, or null when `e` is filled.
-  const char* decode(const Stmt& s, uint64_t row, bool node_col, Event& e) {
-    int64_t v[kNumCols] = {};
-    // Columns the table lacks are SELECTed as their constant fallback: take it without asking
-    // SQLite. For the others, one sqlite3_column_value() per column and row, then its type and
-    // integer from the value (no API entry/exit each): the reader's connection is NOMUTEX, where
-    // SQLite makes no difference between protected and unprotected values.
-    v[kRank] = -1;
-    sqlite3_stmt* st = s.get();
+  // Copies the current row of a statement made from events_sql() into `r`. Touches no state
+  // but what open_schema() set, so fetch threads may call it concurrently (on their own
+  // statements); decode() is the stateful half and runs on one thread.
+  void fetch(sqlite3_stmt* st, RawRow& r) const {
+    // Columns the table lacks are SELECTed as their constant fallback: decode() takes it without
+    // asking SQLite. For the others, one sqlite3_column_value() per column and row, then its type
+    // and integer from the value (no API entry/exit each): the reader's connection is NOMUTEX,
+    // where SQLite makes no difference between protected and unprotected values.
     for (const int c : int_cols_) {
       sqlite3_value* val = sqlite3_column_value(st, c);
       const int t = sqlite3_value_type(val);
+      r.type[c] = static_cast<uint8_t>(t);
+      r.v[c] = t == SQLITE_INTEGER ? sqlite3_value_int64(val) : 0;
+    }
+    sqlite3_value* id_val = sqlite3_column_value(st, kId);
+    r.type[kId] = static_cast<uint8_t>(sqlite3_value_type(id_val));
+    r.v[kId] = r.type[kId] == SQLITE_INTEGER ? sqlite3_value_int64(id_val) : 0;
+    r.rowid = sqlite3_column_int64(st, kNumCols);
+    r.id_cut = false;
+    r.id_text.clear();
+    if (r.type[kId] == SQLITE_TEXT) copy_capped(st, kId, kMaxTextBytes, r.id_text, r.id_cut);
+    r.node_cut = false;
+    r.node.clear();
+    if (node_col_) {
+      r.type[kNode] = static_cast<uint8_t>(sqlite3_column_type(st, kNode));
+      if (r.type[kNode] != SQLITE_NULL) copy_capped(st, kNode, kMaxNameBytes, r.node, r.node_cut);
+    }
+  }
+
+  // Returns the reason to skip the row, or null when `e` is filled.
+  const char* decode(const RawRow& r, Event& e) {
+    int64_t v[kNumCols] = {};
+    v[kRank] = -1;
+    for (const int c : int_cols_) {
+      const int t = r.type[c];
       if (t == SQLITE_INTEGER) {
-        v[c] = sqlite3_value_int64(val);
+        v[c] = r.v[c];
         continue;
       }
       if (t != SQLITE_NULL) return non_integer_reason(c);
@@ -338,29 +396,24 @@ class Reader {
       ts -= dur;
     }
 
-    bool cut = false;
-    std::string node_name = node_col ? capped_text(s, kNode, kMaxNameBytes, cut) : std::string();
-    if (node_col && s.is_null(kNode)) return null_reason(kNode);
-    if (cut) count_cut("events.node longer than 256 bytes: cut");
+    if (node_col_ && r.type[kNode] == SQLITE_NULL) return null_reason(kNode);
+    if (r.node_cut) count_cut("events.node longer than 256 bytes: cut");
     // Rows without a usable id are numbered by rowid (their place in the table).
-    (void)row;
-    sqlite3_value* id_val = sqlite3_column_value(st, kId);
-    const int id_type = sqlite3_value_type(id_val);
-    uint64_t id = static_cast<uint64_t>(id_type == SQLITE_INTEGER ? sqlite3_value_int64(id_val) : s.i64(kNumCols));
-    if (id_type == SQLITE_TEXT) {
+    uint64_t id = static_cast<uint64_t>(r.type[kId] == SQLITE_INTEGER ? r.v[kId] : r.rowid);
+    int node;
+    if (r.type[kId] == SQLITE_TEXT) {
       // 0.9: "{node}:{seq}". Node names may hold colons, the seq never does.
-      cut = false;
-      const std::string text = capped_text(s, kId, kMaxTextBytes, cut);
-      if (cut) count_cut("events.id longer than 4096 bytes: cut");
+      if (r.id_cut) count_cut("events.id longer than 4096 bytes: cut");
+      const std::string_view text = r.id_text;
       const size_t colon = text.rfind(':');
-      const std::string_view seq = colon == std::string::npos ? std::string_view(text)
-                                                              : std::string_view(text).substr(colon + 1);
+      const std::string_view seq = colon == std::string::npos ? text : text.substr(colon + 1);
       uint64_t parsed = 0;
       const auto [end, ec] = std::from_chars(seq.data(), seq.data() + seq.size(), parsed);
       if (ec == std::errc() && end == seq.data() + seq.size() && !seq.empty()) id = parsed;
-      if (!node_col && colon != std::string::npos) node_name = text.substr(0, colon);
+      node = !node_col_ && colon != std::string::npos ? node_for(text.substr(0, colon)) : node_for(r.node);
+    } else {
+      node = node_for(r.node);
     }
-    const int node = node_for(node_name);
     if (node < 0) return "more than 65535 distinct node names";
 
     e.ts_ns = ts;
@@ -576,9 +629,319 @@ class Reader {
   std::vector<int> int_cols_;  // integer columns present in `events` (decode reads only these)
   bool ours_ = false;
   std::unordered_map<std::string, uint16_t> node_cache_;
+  std::string last_node_name_;  // node_for()'s last answer
+  int last_node_ = -1;
+  bool node_col_ = false;  // `events` has a node column (0.9, ours)
   std::map<std::string, std::string> interned_;
   std::map<std::string, uint64_t> cuts_;
   size_t names_ = 0, stack_bytes_ = 0;
+};
+
+// Fetches `events` in the order of one walk of the timestamp index (`timestamp`, then rowid) on
+// threads of their own, one read-only connection each. The index is cut into chunks by
+// timestamp range, in index order: the rows whose timestamp is NULL, then integer ranges
+// [lo, hi) of about `chunk_rows` rows each (the bound is the timestamp `chunk_rows` entries
+// further on, found by a walk of the index alone; a run of equal timestamps is one chunk), then
+// everything from the last bound on (the rest of the numbers, then TEXT and BLOB, as the index
+// sorts them). Threads take chunks in turn; next() hands out the chunks' rows in chunk order, so
+// the sequence is exactly the single walk's. A chunk waits for its turn with its rows fetched;
+// at most `threads + 1` chunks exist at a time, so memory stays bounded by chunk_rows.
+// Only for databases opened immutable: every connection then sees the same rows.
+// An SQLite error ends the sequence where it happened (next() returns false with the reason),
+// as it would end a single walk there.
+class ChunkFeed {
+ public:
+  // `index` is the timestamp index's name (quoted by the caller's check); `events_sql` makes the
+  // SELECT Reader::fetch expects from a tail.
+  ChunkFeed(const Reader& reader, std::vector<sqlite_detail::Db> conns, const std::string& index,
+            const std::function<std::string(const std::string&)>& events_sql, size_t chunk_rows)
+      : reader_(reader), chunk_rows_(std::max<size_t>(1, chunk_rows)) {
+    const std::string by = " INDEXED BY \"" + index + "\" ";
+    const std::string order = " ORDER BY \"timestamp\", rowid";
+    for (auto& db : conns) {
+      auto w = std::make_unique<Worker>();
+      w->db = std::move(db);
+      sqlite3* raw = w->db.get();
+      w->rows[kNulls] = Stmt(raw, events_sql(by + "WHERE \"timestamp\" IS NULL" + order));
+      w->rows[kAll] = Stmt(raw, events_sql(by + "WHERE \"timestamp\" IS NOT NULL" + order));
+      w->rows[kBelow] = Stmt(raw, events_sql(by + "WHERE \"timestamp\" < ?2" + order));
+      w->rows[kRange] = Stmt(raw, events_sql(by + "WHERE \"timestamp\" >= ?1 AND \"timestamp\" < ?2" + order));
+      w->rows[kFrom] = Stmt(raw, events_sql(by + "WHERE \"timestamp\" >= ?1" + order));
+      w->first_entry = Stmt(raw, "SELECT \"timestamp\" FROM events" + by + "ORDER BY \"timestamp\" LIMIT 1");
+      w->first_bound = Stmt(raw, "SELECT \"timestamp\" FROM events" + by +
+                                     "WHERE \"timestamp\" IS NOT NULL ORDER BY \"timestamp\" LIMIT 1 OFFSET ?1");
+      w->next_bound = Stmt(raw, "SELECT \"timestamp\" FROM events" + by +
+                                    "WHERE \"timestamp\" >= ?1 ORDER BY \"timestamp\" LIMIT 1 OFFSET ?2");
+      bool all_ok = w->first_entry.ok() && w->first_bound.ok() && w->next_bound.ok();
+      for (const auto& s : w->rows) all_ok = all_ok && s.ok();
+      if (!all_ok) {
+        if (error_.empty()) error_ = "cannot prepare the chunked read of `events`";
+        continue;
+      }
+      workers_.push_back(std::move(w));
+    }
+    if (workers_.empty() && error_.empty()) error_ = "no connection";
+  }
+  ~ChunkFeed() { stop(); }
+  ChunkFeed(const ChunkFeed&) = delete;
+  ChunkFeed& operator=(const ChunkFeed&) = delete;
+
+  // Empty when the feed could be set up (then start() it); else why not (use a single walk).
+  const std::string& error() const { return error_; }
+
+  void start() {
+    for (auto& w : workers_) {
+      Worker* p = w.get();
+      p->thread = std::thread([this, p] { work(*p); });
+    }
+  }
+
+  // Stops and joins the threads (idempotent); next() returns false afterwards.
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    space_.notify_all();
+    data_.notify_all();
+    for (auto& w : workers_)
+      if (w->thread.joinable()) w->thread.join();
+  }
+
+  // The next row, valid until the next call; null at the end, with `rc` set (and `what`
+  // describing it) when an SQLite error ended the sequence.
+  const RawRow* next(int& rc, std::string& what) {
+    while (pos_ == cur_.n) {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!cur_.rows.empty()) free_.push_back(std::move(cur_));
+      cur_ = {};
+      pos_ = 0;
+      data_.wait(lock, [&] {
+        return stop_ || (!slots_.empty() && (!slots_.front()->blocks.empty() || slots_.front()->done)) ||
+               (slots_.empty() && planned_all_);
+      });
+      if (stop_ || slots_.empty()) return nullptr;
+      Slot& head = *slots_.front();
+      if (!head.blocks.empty()) {
+        cur_ = std::move(head.blocks.front());
+        head.blocks.pop_front();
+        lock.unlock();
+        space_.notify_all();
+        continue;
+      }
+      if (head.rc != SQLITE_OK) {
+        rc = head.rc;
+        what = head.what;
+        return nullptr;
+      }
+      slots_.pop_front();
+      lock.unlock();
+      space_.notify_all();
+    }
+    return &cur_.rows[pos_++];
+  }
+
+ private:
+  enum Kind { kNulls, kAll, kBelow, kRange, kFrom, kNumKinds };
+  struct Chunk {
+    Kind kind = kNulls;
+    int64_t lo = 0, hi = 0;
+    int rc = SQLITE_OK;  // the bound query failed: the sequence ends here
+    std::string what;
+  };
+  struct Worker {
+    sqlite_detail::Db db;
+    Stmt rows[kNumKinds];
+    Stmt first_entry, first_bound, next_bound;
+    std::thread thread;
+  };
+  // kBlockRows rows, the first n fetched. Blocks are reused: fetch() sets every field decode()
+  // reads, so rows need no clearing, and their strings keep their capacity.
+  struct Block {
+    std::vector<RawRow> rows;
+    size_t n = 0;
+  };
+  struct Slot {
+    std::deque<Block> blocks;
+    bool done = false;
+    int rc = SQLITE_OK;
+    std::string what;
+  };
+  static constexpr size_t kBlockRows = 512;
+
+  // The chunk after the last one planned (under plan_mu_). `last` is set for the final chunk.
+  Chunk plan(Worker& w, bool& last) {
+    Chunk c;
+    last = false;
+    if (stage_ == kPlanNulls) {
+      // NULLs sort first. Their range query scans the whole index (SQLite does not search an
+      // index for IS NULL on a NOT NULL column), so it runs only when the first entry is NULL.
+      stage_ = kPlanFirst;
+      Stmt& f = w.first_entry;
+      f.reset();
+      const int rc = f.step();
+      const bool nulls = rc == SQLITE_ROW && f.type(0) == SQLITE_NULL;
+      f.reset();
+      if (nulls) {
+        c.kind = kNulls;
+        return c;
+      }
+    }
+    Stmt& s = stage_ == kPlanFirst ? w.first_bound : w.next_bound;
+    s.reset();
+    if (stage_ == kPlanFirst) {
+      s.bind(1, static_cast<int64_t>(chunk_rows_));
+    } else {
+      s.bind(1, next_lo_);
+      s.bind(2, static_cast<int64_t>(chunk_rows_));
+    }
+    const int rc = s.step();
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+      c.rc = rc;
+      c.what = sqlite_detail::describe_sqlite_error(w.db.get(), rc);
+      last = true;
+      s.reset();
+      return c;
+    }
+    const bool bound = rc == SQLITE_ROW && s.type(0) == SQLITE_INTEGER;
+    int64_t v = bound ? s.i64(0) : 0;
+    s.reset();
+    if (stage_ == kPlanFirst) {
+      stage_ = kPlanMore;
+      if (!bound) {
+        last = true;
+        c.kind = kAll;
+        return c;
+      }
+      c.kind = kBelow;
+      c.hi = next_lo_ = v;
+      return c;
+    }
+    c.lo = next_lo_;
+    // The bound is a timestamp at or after lo; a run of equal timestamps longer than a chunk
+    // is a chunk of its own, [lo, lo + 1).
+    if (bound && v == next_lo_) {
+      if (v == std::numeric_limits<int64_t>::max()) v = 0;
+      else ++v;
+    }
+    if (!bound || v <= next_lo_) {
+      last = true;
+      c.kind = kFrom;
+      return c;
+    }
+    c.kind = kRange;
+    c.hi = next_lo_ = v;
+    return c;
+  }
+
+  void work(Worker& w) {
+    for (;;) {
+      Chunk c;
+      std::shared_ptr<Slot> slot;
+      {
+        std::unique_lock<std::mutex> plan_lock(plan_mu_);
+        {
+          std::unique_lock<std::mutex> lock(mu_);
+          space_.wait(lock, [&] { return stop_ || planned_all_ || slots_.size() <= workers_.size(); });
+          if (stop_ || planned_all_) return;
+        }
+        bool last = false;
+        c = plan(w, last);
+        slot = std::make_shared<Slot>();
+        std::lock_guard<std::mutex> lock(mu_);
+        slots_.push_back(slot);
+        if (last) planned_all_ = true;
+      }
+      if (c.rc != SQLITE_OK) {
+        finish(*slot, c.rc, c.what);
+        return;
+      }
+      if (!fetch_chunk(w, c, *slot)) return;
+    }
+  }
+
+  // Fetches one chunk's rows into `slot`; false when stopped or failed (no more chunks then).
+  bool fetch_chunk(Worker& w, const Chunk& c, Slot& slot) {
+    Stmt& s = w.rows[c.kind];
+    s.reset();
+    if (c.kind == kRange || c.kind == kFrom) s.bind(1, c.lo);
+    if (c.kind == kRange || c.kind == kBelow) s.bind(2, c.hi);
+    Block block = take_block();
+    int rc;
+    while ((rc = s.step()) == SQLITE_ROW) {
+      if (block.n == block.rows.size()) {
+        if (!push(slot, std::move(block))) return false;
+        block = take_block();
+      }
+      reader_.fetch(s.get(), block.rows[block.n++]);
+    }
+    std::string what;
+    if (rc != SQLITE_DONE) what = sqlite_detail::describe_sqlite_error(w.db.get(), rc);
+    s.reset();
+    if (block.n && !push(slot, std::move(block))) return false;
+    finish(slot, rc == SQLITE_DONE ? SQLITE_OK : rc, what);
+    if (rc != SQLITE_DONE) {
+      std::lock_guard<std::mutex> lock(mu_);
+      planned_all_ = true;  // the sequence ends at this chunk
+      return false;
+    }
+    return true;
+  }
+
+  Block take_block() {
+    Block b;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!free_.empty()) {
+        b = std::move(free_.back());
+        free_.pop_back();
+      }
+    }
+    b.n = 0;
+    b.rows.resize(kBlockRows);
+    return b;
+  }
+
+  // Queues a full block; waits while the chunk already holds a whole chunk's worth (a run of
+  // equal timestamps can be longer than chunk_rows). False when stopped.
+  bool push(Slot& slot, Block block) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const size_t cap = chunk_rows_ / kBlockRows + 2;
+    space_.wait(lock, [&] { return stop_ || slot.blocks.size() < cap; });
+    if (stop_) return false;
+    slot.blocks.push_back(std::move(block));
+    lock.unlock();
+    data_.notify_all();
+    return true;
+  }
+
+  void finish(Slot& slot, int rc, const std::string& what) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      slot.done = true;
+      slot.rc = rc;
+      slot.what = what;
+    }
+    data_.notify_all();
+  }
+
+  const Reader& reader_;
+  const size_t chunk_rows_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::string error_;
+  // Planner state (plan_mu_): chunks are planned one at a time, in index order.
+  std::mutex plan_mu_;
+  enum { kPlanNulls, kPlanFirst, kPlanMore } stage_ = kPlanNulls;
+  int64_t next_lo_ = 0;
+  // Shared state (mu_): chunks in order, each with its fetched blocks; spare blocks.
+  std::mutex mu_;
+  std::condition_variable space_, data_;
+  std::deque<std::shared_ptr<Slot>> slots_;
+  std::vector<Block> free_;
+  bool planned_all_ = false, stop_ = false;
+  // The consumer's current block.
+  Block cur_;
+  size_t pos_ = 0;
 };
 
 // Streaming replay (contract: SqliteReadOptions in sinks/sqlite_store.h). Rows are decoded by the
@@ -586,8 +949,14 @@ class Reader {
 // which is exactly the order a stable sort by ts_ns of the table (in rowid order) gives.
 class StreamSource final : public EventSource {
  public:
-  StreamSource(sqlite_detail::Db db, TraceMeta meta, const SqliteReadOptions& options)
-      : db_(std::move(db)), meta_(std::move(meta)), options_(options), reader_(db_.get(), meta_) {
+  StreamSource(sqlite_detail::Db db, TraceMeta meta, const SqliteReadOptions& options,
+               const sqlite_detail::ProbeResult& probe)
+      : db_(std::move(db)),
+        meta_(std::move(meta)),
+        options_(options),
+        reader_(db_.get(), meta_),
+        probe_(probe),
+        immutable_(!probe.has_wal && !probe.has_journal) {
     if (!options_.batch_size) options_.batch_size = 4096;
     if (!options_.max_reorder_events) options_.max_reorder_events = 1;
   }
@@ -601,17 +970,19 @@ class StreamSource final : public EventSource {
     std::string tail;
     if (!index.empty()) {
       indexed_ = true;
-      slack_ = max_sched_switch_duration();
+      start_feed(index);
+      slack_ = max_sched_switch_duration();  // while the feed's threads fetch the first chunks
       tail = " INDEXED BY \"" + index + "\" ORDER BY \"timestamp\", rowid";
     } else {
       slack_ = rowid_order_disorder();
     }
-    stmt_ = Stmt(db_.get(), reader_.events_sql(tail));
-    if (!stmt_.ok()) {
-      error = "cannot read `events`: " + stmt_.error();
-      return false;
+    if (!feed_) {
+      stmt_ = Stmt(db_.get(), reader_.events_sql(tail));
+      if (!stmt_.ok()) {
+        error = "cannot read `events`: " + stmt_.error();
+        return false;
+      }
     }
-    node_col_ = reader_.node_col();
     if (options_.progress && ::isatty(STDERR_FILENO)) {
       Stmt total(db_.get(), "SELECT max(rowid) FROM events");
       if (total.ok() && total.step() == SQLITE_ROW)
@@ -622,8 +993,7 @@ class StreamSource final : public EventSource {
     }
     fill();
     if (failed_rc_ != SQLITE_OK && row_ == 0) {
-      error = sqlite_detail::describe_sqlite_error(db_.get(), failed_rc_) +
-              " while reading `events`; no row could be read";
+      error = failed_what_ + " while reading `events`; no row could be read";
       return false;
     }
     return true;
@@ -770,21 +1140,64 @@ class StreamSource final : public EventSource {
   // Rows with ts below this cannot be preceded by a row still unread.
   uint64_t limit() const { return front_ > slack_ ? front_ - slack_ : 0; }
 
-  void read_row() {
+  // Fetch threads (ChunkFeed) when the options ask for them, the index is a plain ascending
+  // one, the file is immutable (all connections see the same rows) and the table is large
+  // enough to pay for them; otherwise feed_ stays null and stmt_ walks the index.
+  void start_feed(const std::string& index) {
+    if (options_.fetch_threads < 2 || !immutable_) return;
+    Stmt coll(db_.get(), "SELECT coll FROM pragma_index_xinfo(?1) WHERE seqno = 0");
+    if (!coll.ok()) return;
+    coll.bind(1, index);
+    if (coll.step() != SQLITE_ROW || coll.text(0) != "BINARY") return;
+    Stmt rows(db_.get(), "SELECT max(rowid) FROM events");
+    if (!rows.ok() || rows.step() != SQLITE_ROW || rows.i64(0) < static_cast<int64_t>(options_.fetch_min_rows)) return;
+    std::vector<sqlite_detail::Db> conns;
+    for (size_t i = 0; i < options_.fetch_threads; ++i) {
+      std::string why;
+      auto db = sqlite_detail::open_readonly(meta_.path, probe_, why);
+      if (!db) return;
+      sqlite3_limit(db.get(), SQLITE_LIMIT_LENGTH, kSqliteMaxValueBytes);
+      conns.push_back(std::move(db));
+    }
+    const Reader& reader = reader_;
+    auto feed = std::make_unique<ChunkFeed>(
+        reader, std::move(conns), index, [&reader](const std::string& tail) { return reader.events_sql(tail); },
+        options_.fetch_chunk_rows);
+    if (!feed->error().empty()) return;
+    feed_ = std::move(feed);
+    feed_->start();
+  }
+
+  // The next row in read order (valid until the next call); null at the end of the table, or
+  // on an error (failed_rc_ and failed_what_ set).
+  const RawRow* next_raw() {
+    if (feed_) return feed_->next(failed_rc_, failed_what_);
     const int rc = stmt_.step();
-    if (rc != SQLITE_ROW) {
+    if (rc == SQLITE_ROW) {
+      reader_.fetch(stmt_.get(), raw_);
+      return &raw_;
+    }
+    if (rc != SQLITE_DONE) {
+      failed_rc_ = rc;
+      failed_what_ = sqlite_detail::describe_sqlite_error(db_.get(), rc);
+    }
+    return nullptr;
+  }
+
+  void read_row() {
+    const RawRow* raw = next_raw();
+    if (!raw) {
       done_ = true;
-      if (rc != SQLITE_DONE) failed_rc_ = rc;
       return;
     }
     ++row_;
     if (show_progress_ && (row_ & 0xFFFF) == 0) report_progress();
     Held h;
-    if (const char* why = reader_.decode(stmt_, row_, node_col_, h.e)) {
+    if (const char* why = reader_.decode(*raw, h.e)) {
       health_.skip(why);
       return;
     }
-    h.rowid = stmt_.i64(kNumCols);
+    h.rowid = raw->rowid;
     // The position the read order guarantees: stored timestamp (index) or derived start.
     const uint64_t stored = h.e.source == Source::kHost && h.e.op == op::kSchedSwitch ? h.e.ts_ns + h.e.dur_ns
                                                                                       : h.e.ts_ns;
@@ -861,12 +1274,13 @@ class StreamSource final : public EventSource {
     }
     health_.rows_read = row_;
     if (failed_rc_ != SQLITE_OK)
-      health_.skip("events table unreadable after row " + std::to_string(row_) + ": " +
-                   sqlite_detail::describe_sqlite_error(db_.get(), failed_rc_) + "; the remaining rows are lost");
+      health_.skip("events table unreadable after row " + std::to_string(row_) + ": " + failed_what_ +
+                   "; the remaining rows are lost");
     if (late_count_)
       health_.skip("delivered late: the reorder buffer (" + std::to_string(options_.max_reorder_events) +
                        " rows) was too small for this trace's disorder",
                    late_count_);
+    feed_.reset();
     stmt_ = Stmt();
     db_.reset();
   }
@@ -876,9 +1290,11 @@ class StreamSource final : public EventSource {
   SqliteReadOptions options_;
   Reader reader_;
   Stmt stmt_;
-  bool node_col_ = false, indexed_ = false, done_ = false, finished_ = false, forced_ = false;
+  RawRow raw_;  // read_row()'s row being decoded (kept: its strings keep their capacity)
+  bool indexed_ = false, done_ = false, finished_ = false, forced_ = false;
   bool released_any_ = false, seen_any_ = false, overflowed_ = false;
   int failed_rc_ = SQLITE_OK;
+  std::string failed_what_;  // failed_rc_ described
   uint64_t slack_ = 0, front_ = 0, released_ = 0, row_ = 0, seq_ = 0, late_count_ = 0;
   std::vector<Held> heap_, late_;
   std::deque<Held> in_order_;
@@ -888,6 +1304,9 @@ class StreamSource final : public EventSource {
   bool show_progress_ = false, progress_shown_ = false;
   uint64_t rows_total_ = 0;
   std::chrono::steady_clock::time_point progress_start_, progress_next_;
+  sqlite_detail::ProbeResult probe_;  // how the file was opened: fetch threads open it the same way
+  bool immutable_ = false;
+  std::unique_ptr<ChunkFeed> feed_;  // last: its threads stop before the reader they use goes
 };
 
 // Runs a source's next() on its own thread, `depth` batches ahead, so reading and decoding
@@ -990,6 +1409,10 @@ std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::str
   if (const char* v = std::getenv("INGERO_SQLITE_STREAM"); v && std::string_view(v) == "0") options.stream = false;
   if (const char* v = std::getenv("INGERO_SQLITE_READER_THREAD"); v && std::string_view(v) == "0")
     options.reader_thread = false;
+  if (const char* v = std::getenv("INGERO_SQLITE_FETCH_THREADS"); v && *v)
+    options.fetch_threads = static_cast<size_t>(std::strtoul(v, nullptr, 10));
+  // Parallel fetching pays only where there is a second core to run it.
+  if (std::thread::hardware_concurrency() == 1) options.fetch_threads = 0;
   options.progress = std::getenv("INGERO_QUIET") == nullptr;
   return open_sqlite_trace(path, error, options);
 }
@@ -1014,7 +1437,7 @@ std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::str
     TraceMeta meta;
     meta.path = path;
     if (options.stream) {
-      auto source = std::make_unique<StreamSource>(std::move(db), std::move(meta), options);
+      auto source = std::make_unique<StreamSource>(std::move(db), std::move(meta), options, probe);
       if (!source->open(why)) {
         error = shown + ": " + why;
         return nullptr;

@@ -80,8 +80,8 @@ std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::str
 //   counted in meta().health.reasons ("delivered late: ..."). Results then differ from the
 //   sorted load only for those rows.
 // - meta().first_ts / last_ts / health are final once the final batch has been returned.
-// The batch_size overload reads INGERO_SQLITE_STREAM=0 / INGERO_SQLITE_READER_THREAD=0 from the
-// environment (A/B benchmarks only).
+// The batch_size overload reads INGERO_SQLITE_STREAM=0 / INGERO_SQLITE_READER_THREAD=0 /
+// INGERO_SQLITE_FETCH_THREADS=<n> from the environment (A/B benchmarks only).
 // `stream = false` is the old load-and-sort path (80 bytes per event), kept as the reference the
 // equality tests compare against.
 struct SqliteReadOptions {
@@ -91,6 +91,16 @@ struct SqliteReadOptions {
   // Read and decode on a thread of its own, up to 4 batches ahead of the consumer (streaming
   // only). meta() is then safe to read after open and after the final batch, not in between.
   bool reader_thread = true;
+  // Fetch threads: over a timestamp index (plain, ascending) of a file opened immutable (no
+  // -wal/-journal beside it) with at least `fetch_min_rows` rows (by max(rowid)), that many
+  // threads fetch rows from SQLite in parallel, each on its own connection, each taking the next
+  // range of about `fetch_chunk_rows` index entries in turn; rows are then decoded and ordered
+  // exactly as one walk of the index would give them (same batches). Fetching is most of a
+  // replay's cost. Below 2, or when the conditions fail, one walk on the reading thread. Memory:
+  // at most (fetch_threads + 1) chunks of fetched rows (~240 bytes each) are held.
+  size_t fetch_threads = 2;
+  size_t fetch_chunk_rows = 8192;
+  size_t fetch_min_rows = 262144;
   // Long replays show progress on stderr when it is a terminal (nothing otherwise): rows read of
   // the table's rows, rows/s and time left, refreshed twice a second from the second second on,
   // the line erased at the end. The batch_size overload turns it on unless INGERO_QUIET is set.

@@ -26,13 +26,23 @@ struct Replayed {
   TraceMeta meta;
 };
 
+// How the streaming reader fetches rows: one walk on the reading thread, or fetch threads taking
+// chunks of `chunk_rows` index entries (forced on whatever the table's size).
+struct Fetch {
+  size_t threads = 0;
+  size_t chunk_rows = 16384;
+};
+
 Replayed replay(const std::string& path, bool stream, size_t batch, size_t max_reorder = size_t{1} << 20,
-                bool reader_thread = true) {
+                bool reader_thread = true, Fetch fetch = {}) {
   SqliteReadOptions o;
   o.reader_thread = reader_thread;
   o.batch_size = batch;
   o.stream = stream;
   o.max_reorder_events = max_reorder;
+  o.fetch_threads = fetch.threads;
+  o.fetch_chunk_rows = fetch.chunk_rows;
+  o.fetch_min_rows = 0;
   std::string error;
   auto src = open_sqlite_trace(path, error, o);
   Replayed r;
@@ -45,33 +55,39 @@ Replayed replay(const std::string& path, bool stream, size_t batch, size_t max_r
   return r;
 }
 
-// Everything a consumer can observe must match.
+// Everything a consumer can observe must match, read inline, on the reader thread, and with
+// fetch threads over chunks down to a handful of rows (runs of ties longer than a chunk, chunks
+// that split a run, many chunks in flight).
 void expect_same(const std::string& path, size_t batch) {
-  for (bool thread : {true, false}) {
-    SCOPED_TRACE(path + " batch " + std::to_string(batch) + (thread ? " reader thread" : " inline"));
-    const Replayed a = replay(path, false, batch), b = replay(path, true, batch, size_t{1} << 20, thread);
-    ASSERT_EQ(a.d.events.size(), b.d.events.size());
-    for (size_t i = 0; i < a.d.events.size(); ++i)
-      ASSERT_TRUE(test::same_event(a.d.events[i], b.d.events[i]))
-          << "event " << i << ": " << test::describe(a.d.events[i]) << " vs " << test::describe(b.d.events[i]);
-    ASSERT_EQ(a.d.batches.size(), b.d.batches.size());
-    for (size_t i = 0; i < a.d.batches.size(); ++i) {
-      EXPECT_EQ(a.d.batches[i].events.size(), b.d.batches[i].events.size()) << "batch " << i;
-      EXPECT_EQ(a.d.batches[i].watermark, b.d.batches[i].watermark) << "batch " << i;
-      EXPECT_EQ(a.d.batches[i].final, b.d.batches[i].final) << "batch " << i;
-      EXPECT_EQ(a.d.batches[i].seq, b.d.batches[i].seq) << "batch " << i;
+  const Replayed a = replay(path, false, batch);
+  const Fetch variants[] = {{0, 16384}, {2, 16384}, {2, 5}, {3, 64}};
+  for (bool thread : {true, false})
+    for (const Fetch& fetch : variants) {
+      SCOPED_TRACE(path + " batch " + std::to_string(batch) + (thread ? " reader thread" : " inline") +
+                   " fetch threads " + std::to_string(fetch.threads) + " chunk " + std::to_string(fetch.chunk_rows));
+      const Replayed b = replay(path, true, batch, size_t{1} << 20, thread, fetch);
+      ASSERT_EQ(a.d.events.size(), b.d.events.size());
+      for (size_t i = 0; i < a.d.events.size(); ++i)
+        ASSERT_TRUE(test::same_event(a.d.events[i], b.d.events[i]))
+            << "event " << i << ": " << test::describe(a.d.events[i]) << " vs " << test::describe(b.d.events[i]);
+      ASSERT_EQ(a.d.batches.size(), b.d.batches.size());
+      for (size_t i = 0; i < a.d.batches.size(); ++i) {
+        EXPECT_EQ(a.d.batches[i].events.size(), b.d.batches[i].events.size()) << "batch " << i;
+        EXPECT_EQ(a.d.batches[i].watermark, b.d.batches[i].watermark) << "batch " << i;
+        EXPECT_EQ(a.d.batches[i].final, b.d.batches[i].final) << "batch " << i;
+        EXPECT_EQ(a.d.batches[i].seq, b.d.batches[i].seq) << "batch " << i;
+      }
+      EXPECT_EQ(a.meta.first_ts, b.meta.first_ts);
+      EXPECT_EQ(a.meta.last_ts, b.meta.last_ts);
+      EXPECT_EQ(a.meta.health.rows_read, b.meta.health.rows_read);
+      EXPECT_EQ(a.meta.health.rows_skipped, b.meta.health.rows_skipped);
+      EXPECT_EQ(a.meta.health.reasons, b.meta.health.reasons);
+      EXPECT_EQ(a.meta.health.dropped_events, b.meta.health.dropped_events);
+      EXPECT_EQ(a.meta.format, b.meta.format);
+      EXPECT_EQ(a.meta.nodes, b.meta.nodes);
+      EXPECT_EQ(a.meta.process_names, b.meta.process_names);
+      EXPECT_EQ(a.meta.stacks.size(), b.meta.stacks.size());
     }
-    EXPECT_EQ(a.meta.first_ts, b.meta.first_ts);
-    EXPECT_EQ(a.meta.last_ts, b.meta.last_ts);
-    EXPECT_EQ(a.meta.health.rows_read, b.meta.health.rows_read);
-    EXPECT_EQ(a.meta.health.rows_skipped, b.meta.health.rows_skipped);
-    EXPECT_EQ(a.meta.health.reasons, b.meta.health.reasons);
-    EXPECT_EQ(a.meta.health.dropped_events, b.meta.health.dropped_events);
-    EXPECT_EQ(a.meta.format, b.meta.format);
-    EXPECT_EQ(a.meta.nodes, b.meta.nodes);
-    EXPECT_EQ(a.meta.process_names, b.meta.process_names);
-    EXPECT_EQ(a.meta.stacks.size(), b.meta.stacks.size());
-  }
 }
 
 TEST(SqliteStream, EqualsLoadAndSortOnEverySharedTrace) {
@@ -136,6 +152,35 @@ TEST(SqliteStream, EqualsLoadAndSortOnGeneratedEdgeCases) {
         ++k;
         for (size_t batch : {size_t{1}, size_t{64}, size_t{4096}}) expect_same(p, batch);
       }
+}
+
+// Fetch threads cut the timestamp index into ranges; the rows a range query could miss or
+// misplace must come out exactly where one walk of the index puts them: NULL timestamps first,
+// negative and REAL ones among the integers, TEXT and BLOB ones last, runs of equal timestamps
+// longer than a chunk, the largest int64.
+TEST(SqliteStream, FetchThreadsKeepIndexOrderForOddTimestamps) {
+  TempDir dir;
+  const std::string p = dir.file("odd.db");
+  std::ostringstream sql;
+  sql << "CREATE TABLE events (id INTEGER PRIMARY KEY, timestamp, pid INTEGER, tid INTEGER, source INTEGER,"
+         " op INTEGER, duration INTEGER); BEGIN;";
+  std::mt19937_64 rng(42);
+  const char* odd[] = {"NULL", "-5", "0", "1.5e18", "'1700000000000000000'", "x'00'", "9223372036854775807", "2.5"};
+  uint64_t t = 1'700'000'000'000'000'000ull;
+  for (int i = 0; i < 4000; ++i) {
+    if (rng() % 3) t += rng() % 1000;                             // runs of ties
+    if (i >= 1000 && i < 1100) t = 1'700'000'000'000'500'000ull;  // a run longer than any chunk
+    const bool sched = rng() % 5 == 0;
+    const std::string ts = rng() % 40 == 0 ? odd[rng() % 8] : std::to_string(t);
+    sql << "INSERT INTO events(timestamp,pid,tid,source,op,duration) VALUES(" << ts << ",10,100," << (sched ? 3 : 1)
+        << "," << (sched ? static_cast<int>(op::kSchedSwitch) : 1) << "," << rng() % 3'000'000 << ");";
+  }
+  sql << "COMMIT; CREATE INDEX idx_events_timestamp ON events(timestamp);";
+  ASSERT_EQ(test::run_sql(p, sql.str()), "");
+  // Fetch threads need a file opened immutable: nothing beside it.
+  ASSERT_FALSE(std::filesystem::exists(p + "-wal"));
+  ASSERT_FALSE(std::filesystem::exists(p + "-journal"));
+  for (size_t batch : {size_t{1}, size_t{100}, size_t{4096}}) expect_same(p, batch);
 }
 
 TEST(SqliteStream, AKilledWritersTraceWithoutIndexesStreams) {
