@@ -23,6 +23,9 @@
 #     --accept-findings REGEX  with --update-manifest: record units matching REGEX (grep -E on the
 #                        relative path) even with findings, marked "known-findings=N" (a debt list
 #                        for code someone else is changing; the gate skips them until they change)
+#     --mark-unverified REGEX  with --update-manifest: units matching REGEX that this run did not
+#                        record get an "unverified <path>" entry: --stale and --gate skip them and
+#                        list them (for units no one has verified yet; the list should be empty)
 #     --manifest FILE    default SRC/cmake/tidy_clean.txt
 #     --src DIR          the source tree (default: the folder above this script)
 #   Prints every distinct finding, then a count by check and by file. Exit 0 with no finding,
@@ -31,7 +34,7 @@
 #   $CLANG_TIDY. Logs stay in BUILD_DIR/tidy/ (BUILD_DIR/tidy-gate/ under --gate, so the gate and a
 #   hand run never share logs).
 set -uo pipefail
-jobs=2; checks=""; exclude=""; changed=""; stale=0; gate=0; update=0; accept=""; manifest=""; src=""
+jobs=2; checks=""; exclude=""; changed=""; stale=0; gate=0; update=0; accept=""; unverified=""; manifest=""; src=""
 usage="usage: run_tidy.sh [-j N] [--exclude REGEX] [--checks LIST] [--changed REF] [--stale] [--gate] [--update-manifest [--accept-findings REGEX]] [--manifest FILE] [--src DIR] BUILD_DIR [FILE_REGEX]"
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -48,6 +51,8 @@ while [[ $# -gt 0 ]]; do
     --update-manifest) update=1; shift ;;
     --accept-findings) accept="$2"; shift 2 ;;
     --accept-findings=*) accept="${1#--accept-findings=}"; shift ;;
+    --mark-unverified) unverified="$2"; shift 2 ;;
+    --mark-unverified=*) unverified="${1#--mark-unverified=}"; shift ;;
     --manifest) manifest="$2"; shift 2 ;;
     --manifest=*) manifest="${1#--manifest=}"; shift ;;
     --src) src="$2"; shift 2 ;;
@@ -100,13 +105,27 @@ fi
 total=${#files[@]}
 if (( stale )) && (( ${#files[@]} > 0 )); then
   # Keep the units whose current key has no manifest entry (new, changed, or never verified).
-  mapfile -t files < <(printf '%s\n' "$keys" | awk -v src="$src" '
-    NR == FNR { if ($0 !~ /^#/ && NF >= 2) known[$1 " " $2] = 1; next }
-    !(($1 " " $2) in known) { print src "/" $2 }' "${manifest}" - 2>/dev/null)
+  # Units with an "unverified" entry are skipped and listed.
+  mapfile -t files < <(printf '%s\n' "$keys" | awk -v src="$src" -v unv="$logs/unverified.txt" '
+    NR == FNR { if ($0 !~ /^#/ && NF >= 2) { if ($1 == "unverified") skip[$2] = 1; else known[$1 " " $2] = 1 }; next }
+    (($1 " " $2) in known) { next }
+    ($2 in skip) { print $2 > unv; next }
+    { print src "/" $2 }' "${manifest}" - 2>/dev/null)
   [[ -f "$manifest" ]] || mapfile -t files < <(printf '%s\n' "$keys" | awk -v src="$src" '{print src "/" $2}')
-  echo "run_tidy: $(( total - ${#files[@]} )) of $total translation units unchanged since verified ($(basename "$manifest")), ${#files[@]} to check"
+  nunv=0; [[ -f "$logs/unverified.txt" ]] && nunv=$(wc -l < "$logs/unverified.txt")
+  echo "run_tidy: $(( total - ${#files[@]} - nunv )) of $total translation units unchanged since verified ($(basename "$manifest")), ${#files[@]} to check"
+  if (( nunv > 0 )); then
+    echo "run_tidy: NOT CHECKED: $nunv unit(s) marked unverified in the manifest (never verified; to do):"
+    tr '\n' ' ' < "$logs/unverified.txt" | fold -s -w 100 | sed 's/^/  /'; echo
+  fi
 fi
 
+mark_unverified() {
+  # --mark-unverified: an "unverified" entry for each matching unit that this run did not record.
+  [[ -n "$unverified" ]] || return 0
+  printf '%s\n' "${all[@]}" | sed "s#^$src/##" | grep -E -- "$unverified" |
+    awk 'NR == FNR { done[$2] = 1; next } !($1 in done) { print "unverified " $1 }' "$logs/new.entries" - >> "$logs/new.entries"
+}
 write_manifest() {
   # $1: current keys of the selected units; $2: entries from this run; $3: units this run checked.
   # Header, then one line per unit: "<key> <path>" or "<key> <path> known-findings=N", by path.
@@ -119,10 +138,11 @@ write_manifest() {
     echo "# with N findings by --accept-findings, to fix (docs/contributing.md, \"Static checks\")."
     # Old entries: kept for units this database does not build (or FILE_REGEX left out); for the
     # others, kept when still current and not re-checked by this run (this run's verdict wins).
+    # "unverified" entries stay until the unit is recorded (a key sorts before "unverified").
     { [[ -f "$manifest" ]] && grep -v '^#' "$manifest" | awk -v cur="$1" -v ran="$3" '
         BEGIN { while ((getline l < cur) > 0) { split(l, f, " "); built[f[2]] = 1; key[f[2] " " f[1]] = 1 }
                 while ((getline l < ran) > 0) checked[l] = 1 }
-        NF >= 2 && (!($2 in built) || ((($2 " " $1) in key) && !($2 in checked)))'
+        NF >= 2 && ($1 == "unverified" || !($2 in built) || ((($2 " " $1) in key) && !($2 in checked)))'
       cat "$2"; } | sort -k2,2 -k1,1 | awk '!seen[$2]++'
   } > "$tmp" && mv "$tmp" "$manifest"
 }
@@ -131,6 +151,7 @@ if (( ${#files[@]} == 0 )); then
   echo "run_tidy: no translation unit to check"
   if (( update )); then
     printf '%s\n' "$keys" | grep -v '^$' > "$logs/current.keys"; : > "$logs/new.entries"; : > "$logs/ran.units"
+    mark_unverified
     write_manifest "$logs/current.keys" "$logs/new.entries" "$logs/ran.units"
     echo "run_tidy: manifest $manifest: $(grep -vc '^#' "$manifest") entries"
   fi
@@ -215,6 +236,7 @@ if (( update )); then
       echo "$key $rel known-findings=$nf" >> "$logs/new.entries"
     else skipped=$((skipped + 1)); echo "run_tidy: not recorded (findings or errors): $rel"; fi
   done < "$logs/current.keys"
+  mark_unverified
   write_manifest "$logs/current.keys" "$logs/new.entries" "$logs/ran.units"
   echo "run_tidy: manifest $manifest: $(grep -vc '^#' "$manifest") entries, $(grep -v '^#' "$manifest" | grep -c ' known-findings=') with known findings, $skipped unit(s) of this run not recorded"
 fi

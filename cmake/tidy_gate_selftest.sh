@@ -2,7 +2,8 @@
 # tidy_gate_selftest.sh - proves the tidy gate (run_tidy.sh --gate, ctest tidy_check) works:
 # it skips verified units, catches a new finding in a changed header through the unit that owns
 # it, accepts an inline NOLINT, treats a unit missing from the manifest as changed, records a
-# known finding with --accept-findings, and charges a header's finding to the header's owner only.
+# known finding with --accept-findings, charges a header's finding to the header's owner only, and
+# skips (and lists) a unit marked unverified.
 #
 # Contract: cmake/tidy_gate_selftest.sh   (ctest tidy_check_selftest). Builds a three-file tree in
 # a temporary folder with the repository's .clang-tidy and its own compile_commands.json, so it
@@ -79,4 +80,11 @@ grep -q ' cli/c.cpp$' "$manifest" || fail "cli/c.cpp should be recorded clean (t
 printf '#include "model/calc.h"\nint c() { return twice(4); }\n' > "$src/cli/c.cpp"
 rc=$(gate --gate); [[ $rc == 0 ]] || fail "a unit including a header with a known finding owned elsewhere: exit $rc, want 0"
 grep -q '2 of 3 translation units unchanged' "$t/out" || fail "only cli/c.cpp should be re-checked"
-echo "tidy_gate_selftest: passed (7 steps)"
+# 8. A unit no one has verified yet, marked "unverified", is skipped by the gate and listed.
+printf 'int d() { int* q = 0; return q ? 1 : 4; }\n' > "$src/cli/d.cpp"
+compdb cli/a.cpp cli/b.cpp cli/c.cpp cli/d.cpp > "$build/compile_commands.json"
+gate --stale --update-manifest --exclude '/cli/d\.cpp$' --mark-unverified 'cli/d\.cpp' > /dev/null
+grep -qx 'unverified cli/d.cpp' "$manifest" || fail "cli/d.cpp should be marked unverified"
+rc=$(gate --gate); [[ $rc == 0 ]] || fail "an unverified unit must be skipped: exit $rc, want 0"
+grep -q 'NOT CHECKED: 1 unit' "$t/out" || fail "the unverified unit must be listed"
+echo "tidy_gate_selftest: passed (8 steps)"
