@@ -10,7 +10,7 @@
 #   are checked, not generated ones in build directories; FILE_REGEX (grep -E, on the absolute
 #   path) narrows them. Options:
 #     -j N               parallel clang-tidy processes (default 2)
-#     --exclude REGEX    leave out the units whose absolute path matches (grep -E)
+#     --exclude REGEX    leave out the units whose path relative to SRC matches (grep -E)
 #     --checks LIST      override the check list (clang-tidy -checks syntax, on top of .clang-tidy)
 #     --changed REF      only the .cpp/.c files that differ from git REF (needs git history)
 #     --stale            only the units whose key (cmake/tidy_keys.sh: the unit, the project headers
@@ -83,7 +83,8 @@ fi
 # Source files of the database that live in the source tree, outside any build*/ directory.
 mapfile -t all < <(sed -n 's/^ *"file": "\(.*\)",\{0,1\}$/\1/p' "$db" | sort -u |
   grep "^$src/" | grep -v "^$src/build[^/]*/")
-mapfile -t files < <(printf '%s\n' "${all[@]}" | grep -E -- "$regex" | grep -vE -- "${exclude:-^$}")
+mapfile -t files < <(printf '%s\n' "${all[@]}" | grep -E -- "$regex" | sed "s#^$src/##" |
+  grep -vE -- "${exclude:-^$}" | sed "s#^#$src/#")
 if [[ -n "$changed" ]]; then
   mapfile -t diff < <(cd "$src" && git diff --name-only "$changed" -- '*.cpp' '*.c' | sed "s#^#$src/#")
   mapfile -t files < <(comm -12 <(printf '%s\n' "${files[@]}" | sort) <(printf '%s\n' "${diff[@]}" | sort) | grep -v '^$')
