@@ -253,11 +253,11 @@ tidy_check: FAILED: clang-tidy found $n finding(s) in the translation units abov
 since they were last verified ($manifest). Fix each one, or, where the
 code is right, suppress it on its line with the reason: // NOLINT(check-name): why
 (docs/contributing.md, "Static checks"). Then record the clean units in the same commit:
-  cmake/run_tidy.sh --update-manifest --stale $build
+  cmake --build $build --target tidy_manifest   (writes cmake/tidy_clean.txt)
 EOF
 fi
 if (( gate && n == 0 && ${#files[@]} > 0 && ! update )); then
   echo "tidy_check: passed; ${#files[@]} changed unit(s) are clean but not recorded yet (faster next time):"
-  echo "  cmake/run_tidy.sh --update-manifest --stale $build"
+  echo "  cmake --build $build --target tidy_manifest"
 fi
 (( n == 0 ))
