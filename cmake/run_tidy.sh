@@ -135,7 +135,7 @@ write_manifest() {
     echo "# Translation units that clang-tidy (.clang-tidy) verified in exactly this state. Written by"
     echo "# cmake/run_tidy.sh --update-manifest; read by ctest tidy_check (run_tidy.sh --gate), which"
     echo "# re-checks only the units whose key is not listed here. Key: cmake/tidy_keys.sh (the unit, the"
-    echo "# project headers it includes, .clang-tidy, the clang-tidy version). \"known-findings=N\": recorded"
+    echo "# headers it owns, .clang-tidy, the clang-tidy version). \"known-findings=N\": recorded"
     echo "# with N findings by --accept-findings, to fix (docs/contributing.md, \"Static checks\")."
     # Old entries: kept for units this database does not build (or FILE_REGEX left out); for the
     # others, kept when still current and not re-checked by this run (this run's verdict wins).
