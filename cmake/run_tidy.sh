@@ -26,6 +26,8 @@
 #     --mark-unverified REGEX  with --update-manifest: units matching REGEX that this run did not
 #                        record get an "unverified <path>" entry: --stale and --gate skip them and
 #                        list them (for units no one has verified yet; the list should be empty)
+#     --no-check         with --update-manifest: run no clang-tidy; only drop the entries that are
+#                        no longer current (and mark, with --mark-unverified)
 #     --manifest FILE    default SRC/cmake/tidy_clean.txt
 #     --src DIR          the source tree (default: the folder above this script)
 #   Prints every distinct finding, then a count by check and by file. Exit 0 with no finding,
@@ -34,7 +36,7 @@
 #   $CLANG_TIDY. Logs stay in BUILD_DIR/tidy/ (BUILD_DIR/tidy-gate/ under --gate, so the gate and a
 #   hand run never share logs).
 set -uo pipefail
-jobs=2; checks=""; exclude=""; changed=""; stale=0; gate=0; update=0; accept=""; unverified=""; manifest=""; src=""
+jobs=2; checks=""; exclude=""; changed=""; stale=0; gate=0; update=0; nocheck=0; accept=""; unverified=""; manifest=""; src=""
 usage="usage: run_tidy.sh [-j N] [--exclude REGEX] [--checks LIST] [--changed REF] [--stale] [--gate] [--update-manifest [--accept-findings REGEX]] [--manifest FILE] [--src DIR] BUILD_DIR [FILE_REGEX]"
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -51,6 +53,7 @@ while [[ $# -gt 0 ]]; do
     --update-manifest) update=1; shift ;;
     --accept-findings) accept="$2"; shift 2 ;;
     --accept-findings=*) accept="${1#--accept-findings=}"; shift ;;
+    --no-check) nocheck=1; shift ;;
     --mark-unverified) unverified="$2"; shift 2 ;;
     --mark-unverified=*) unverified="${1#--mark-unverified=}"; shift ;;
     --manifest) manifest="$2"; shift 2 ;;
@@ -148,7 +151,8 @@ write_manifest() {
   } > "$tmp" && mv "$tmp" "$manifest"
 }
 
-if (( ${#files[@]} == 0 )); then
+if (( nocheck && ! update )); then echo "run_tidy: --no-check needs --update-manifest" >&2; exit 2; fi
+if (( ${#files[@]} == 0 || nocheck )); then
   echo "run_tidy: no translation unit to check"
   if (( update )); then
     printf '%s\n' "$keys" | grep -v '^$' > "$logs/current.keys"; : > "$logs/new.entries"; : > "$logs/ran.units"
