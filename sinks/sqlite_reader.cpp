@@ -180,6 +180,7 @@ class Reader {
     }
     columns_ = sqlite_detail::table_columns(db_, "events");
     node_col_ = has(columns_, "node");
+    id_rowid_ = id_is_rowid();
     int_cols_.clear();
     for (int c = kTs; c < kNumCols; ++c)
       if (c != kNode && has(columns_, kCols[c].name)) int_cols_.push_back(c);
@@ -211,11 +212,29 @@ class Reader {
     std::string sql = "SELECT ";
     for (int c = 0; c < kNumCols; ++c) {
       if (c) sql += ", ";
-      sql += has(columns_, kCols[c].name) ? std::string("\"") + kCols[c].name + "\"" : std::string(kCols[c].fallback);
+      if (c == kId && id_rowid_) sql += "NULL";  // fetch() takes the rowid
+      else
+        sql += has(columns_, kCols[c].name) ? std::string("\"") + kCols[c].name + "\"" : std::string(kCols[c].fallback);
     }
     return sql + ", rowid FROM events" + tail;
   }
   bool node_col() const { return node_col_; }
+
+  // True when events.id is the rowid itself (Ingero 0.8's INTEGER PRIMARY KEY): SQLite compiles
+  // reading it to a Rowid opcode, not a Column one. fetch() then takes the rowid it reads anyway
+  // instead of one more column per row (decode numbers id-less rows by rowid: the same value).
+  bool id_is_rowid() {
+    if (!has(columns_, "id")) return false;
+    Stmt s(db_, "EXPLAIN SELECT \"id\" FROM events NOT INDEXED");
+    if (!s.ok()) return false;
+    bool rowid = false;
+    while (s.step() == SQLITE_ROW) {
+      const std::string op = s.text(1);
+      if (op == "Column") return false;
+      if (op == "Rowid") rowid = true;
+    }
+    return rowid;
+  }
 
   // Counts a string cut to its bound (reported once per kind, with the count).
   void count_cut(const char* what) { ++cuts_[what]; }
@@ -342,9 +361,14 @@ class Reader {
       r.type[c] = static_cast<uint8_t>(t);
       r.v[c] = t == SQLITE_INTEGER ? sqlite3_value_int64(val) : 0;
     }
-    sqlite3_value* id_val = sqlite3_column_value(st, kId);
-    r.type[kId] = static_cast<uint8_t>(sqlite3_value_type(id_val));
-    r.v[kId] = r.type[kId] == SQLITE_INTEGER ? sqlite3_value_int64(id_val) : 0;
+    if (id_rowid_) {
+      r.type[kId] = SQLITE_NULL;  // SELECTed as NULL: decode() takes the rowid
+      r.v[kId] = 0;
+    } else {
+      sqlite3_value* id_val = sqlite3_column_value(st, kId);
+      r.type[kId] = static_cast<uint8_t>(sqlite3_value_type(id_val));
+      r.v[kId] = r.type[kId] == SQLITE_INTEGER ? sqlite3_value_int64(id_val) : 0;
+    }
     r.rowid = sqlite3_column_int64(st, kNumCols);
     r.id_cut = false;
     r.id_text.clear();
@@ -632,6 +656,7 @@ class Reader {
   std::string last_node_name_;  // node_for()'s last answer
   int last_node_ = -1;
   bool node_col_ = false;  // `events` has a node column (0.9, ours)
+  bool id_rowid_ = false;  // events.id is the rowid (id_is_rowid())
   std::map<std::string, std::string> interned_;
   std::map<std::string, uint64_t> cuts_;
   size_t names_ = 0, stack_bytes_ = 0;
