@@ -67,12 +67,13 @@ ChainAnnotator::ChainAnnotator(AnnotateOptions o) : opt_(o) {
 
 namespace {
 
-void put_varint(std::vector<uint8_t>& out, uint64_t v) {
+uint8_t* put_varint(uint8_t* p, uint64_t v) {
   while (v >= 0x80) {
-    out.push_back(static_cast<uint8_t>(v | 0x80u));
+    *p++ = static_cast<uint8_t>(v | 0x80u);
     v >>= 7;
   }
-  out.push_back(static_cast<uint8_t>(v));
+  *p++ = static_cast<uint8_t>(v);
+  return p;
 }
 
 uint64_t tuple_hash(uint64_t stack, Source source, uint8_t op, OffCpuState state) {
@@ -85,26 +86,39 @@ uint64_t tuple_hash(uint64_t stack, Source source, uint8_t op, OffCpuState state
 }  // namespace
 
 void ChainRecordSeries::encode(std::vector<uint8_t>& out, uint64_t& prev_ts, const ChainRecord& r) {
-  put_varint(out, r.ts - prev_ts);
+  uint8_t buf[48];  // three varints (<= 10 bytes each), then at most 3 bytes and a varint inline
+  uint8_t* p = put_varint(buf, r.ts - prev_ts);
   prev_ts = r.ts;
-  put_varint(out, r.dur);
-  const uint64_t h = tuple_hash(r.stack, r.source, r.op, r.state);
+  p = put_varint(p, r.dur);
+  auto same = [&r](const Tuple& t) {
+    return t.stack == r.stack && t.source == r.source && t.op == r.op && t.state == r.state;
+  };
+  // Consecutive records mostly share their tuple: the last code used (by any series on this
+  // thread) is tried first, and only used when this table holds that very tuple under it.
+  static thread_local uint32_t last_code = 0;
   uint32_t code = 0;
-  if (auto it = tuple_index_.find(h); it != tuple_index_.end()) {
-    const Tuple& t = tuples_[it->second - 1];
-    if (t.stack == r.stack && t.source == r.source && t.op == r.op && t.state == r.state) code = it->second;
-  } else if (tuples_.size() < kMaxTuples) {
-    tuples_.push_back({r.stack, r.source, r.op, r.state});
-    code = static_cast<uint32_t>(tuples_.size());
-    tuple_index_.emplace(h, code);
+  if (last_code && last_code <= tuples_.size() && same(tuples_[last_code - 1])) {
+    code = last_code;
+  } else {
+    const uint64_t h = tuple_hash(r.stack, r.source, r.op, r.state);
+    if (auto it = tuple_index_.find(h); it != tuple_index_.end()) {
+      if (same(tuples_[it->second - 1])) code = it->second;
+    } else if (tuples_.size() < kMaxTuples) {
+      tuples_.push_back({r.stack, r.source, r.op, r.state});
+      code = static_cast<uint32_t>(tuples_.size());
+      tuple_index_.emplace(h, code);
+    }
+    if (code) last_code = code;
   }
-  put_varint(out, code);
-  if (code) return;
-  // Table full or a hash collision: the tuple inline.
-  out.push_back(static_cast<uint8_t>(r.source));
-  out.push_back(r.op);
-  out.push_back(static_cast<uint8_t>(r.state));
-  put_varint(out, r.stack);
+  p = put_varint(p, code);
+  if (!code) {
+    // Table full or a hash collision: the tuple inline.
+    *p++ = static_cast<uint8_t>(r.source);
+    *p++ = r.op;
+    *p++ = static_cast<uint8_t>(r.state);
+    p = put_varint(p, r.stack);
+  }
+  out.insert(out.end(), buf, p);
 }
 
 ChainRecordSeries::Block ChainRecordSeries::make_block(const ChainRecord* first, size_t n) {

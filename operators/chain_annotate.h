@@ -9,7 +9,7 @@
 //   LiveChainAnnotator below, which annotates each chain as the engine emits it and keeps only the
 //   recent horizon (`retention_ns` behind the newest event, past a floor of `min_records`, under a
 //   hard cap), so memory is bounded by event rate x horizon, never by trace length. Kept per thread,
-//   compactly (ChainRecordSeries below, ~6-8 bytes an event):
+//   compactly (ChainRecordSeries below, ~7 bytes an event):
 //   probed GPU API calls (CUDA/DRIVER/GRAPH/NCCL), off-CPU spans (HOST sched_switch with a
 //   duration; unpaired live halves are ignored) and on-CPU samples (HOST cpu_sample). Every other
 //   event is counted and dropped.
@@ -133,7 +133,7 @@ struct ChainRecord {
 // 2 x kBlock records as they are, older ones sealed in blocks of kBlock records of three varints
 // each - ts delta from the previous record, duration, and an index into the series' table of
 // (source, op, state, stack) tuples (0 = the tuple follows inline, when the table is full) -
-// about 6 bytes a record instead of 32. Answers what a deque of ChainRecord would: insert, front,
+// about 7 bytes a record instead of 32. Answers what a deque of ChainRecord would: insert, front,
 // pop_front and the records starting in [start, end) in order. A late record that falls inside a
 // sealed block re-encodes that block (counted by the caller as out of order). Never throws except
 // std::bad_alloc.
