@@ -7,6 +7,11 @@ namespace ingero {
 namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
+// read_field without a call for the field aggregates read most (the same value).
+double field_of(const Event& e, Field f) {
+  return f == Field::kDuration ? static_cast<double>(e.dur_ns) : read_field(e, f);
+}
+
 int index_of(std::vector<Field>& v, Field f) {
   auto it = std::find(v.begin(), v.end(), f);
   if (it != v.end()) return static_cast<int>(it - v.begin());
@@ -41,14 +46,14 @@ void AggregateState::add(const Event& e) {
   if (!layout_) return;
   const auto& fields = layout_->fields();
   for (size_t i = 0; i < fields.size(); ++i) {
-    const double v = read_field(e, fields[i]);
+    const double v = field_of(e, fields[i]);
     sum_[i] += v;
     if (!(min_[i] <= v)) min_[i] = v;
     if (!(max_[i] >= v)) max_[i] = v;
   }
   const auto& qf = layout_->quantile_fields();
   for (size_t i = 0; i < qf.size(); ++i) {
-    const double v = read_field(e, qf[i]);
+    const double v = field_of(e, qf[i]);
     quantiles_[i].add(v > 0 ? static_cast<uint64_t>(v) : 0);
   }
 }
