@@ -766,6 +766,17 @@ struct Shard::Impl {
   };
   static constexpr size_t kWinCache = 256;  // a power of two
   std::vector<std::vector<WinCacheEntry>> win_cache;
+  // Per window group, what feed_group needs, gathered once: the key as masks over
+  // KeyBy::full_key, the aggregate layout, whether it buffers calls, its window size.
+  struct GroupFeed {
+    uint64_t hi_mask = 0, lo_mask = 0;
+    bool site_key = false, needs_calls = false, whole = false;
+    uint64_t size = 1;
+    const AggregateLayout* layout = nullptr;
+  };
+  std::vector<GroupFeed> feeds;
+  // Per routed window group, the events of this batch its stream keeps (Routes), in batch order.
+  std::vector<std::vector<const Event*>> group_events;
   uint16_t site_key_of(uint64_t stack_id) {
     if (stack_id == 0) return 0;
     if (const auto it = site_memo.find(stack_id); it != site_memo.end()) return it->second;
@@ -823,6 +834,14 @@ struct Shard::Impl {
     for (size_t g = 0; g < plan.groups.size(); ++g)
       if (plan.groups[g].global == global)
         windows[g] = std::make_unique<WindowStore<WinState>>(plan.groups[g].window, plan.groups[g].window.lateness_ns);
+    feeds.resize(plan.groups.size());
+    for (size_t g = 0; g < plan.groups.size(); ++g) {
+      const auto& first = plan.pipes[plan.groups[g].pipes.front()];
+      const WindowAssigner assigner(plan.groups[g].window);
+      feeds[g] = {first.keys.hi_mask(), first.keys.lo_mask(), first.site_key,    plan.groups[g].needs_calls,
+                  assigner.whole(),     assigner.size(),      first.layout.get()};
+    }
+    group_events.resize(plan.groups.size());
     win_cache.resize(plan.groups.size());
     for (size_t g = 0; g < plan.groups.size(); ++g)
       if (windows[g] && plan.groups[g].window.kind != WindowKind::kSliding) win_cache[g].resize(kWinCache);
@@ -904,25 +923,24 @@ struct Shard::Impl {
     for (const Event* e : owned ? owned_out[i] : foreign_out[i]) fn(e);
   }
 
-  // Feeds one event its group's stream kept to the group's window state for its key.
-  void feed_group(size_t g, const Event& e) {
-    const auto& group = plan.groups[g];
-    const auto& first = plan.pipes[group.pipes.front()];
-    Key key = first.keys.key_of(e);
-    if (first.site_key) key.lo |= site_key_of(e.stack_id);
+  // Feeds one event its group's stream kept to the group's window state for its key. `full` is
+  // KeyBy::full_key(e), packed once per event for every group.
+  void feed_group(size_t g, const Event& e, const Key& full) {
+    const GroupFeed& gf = feeds[g];
+    Key key{full.hi & gf.hi_mask, full.lo & gf.lo_mask};
+    if (gf.site_key) key.lo |= site_key_of(e.stack_id);
     auto feed = [&](WinState& w) {
       if (!w.ready) {
-        w.agg = AggregateState(first.layout.get());
+        w.agg = AggregateState(gf.layout);
         w.ready = true;
       }
       w.agg.add(e);
-      if (group.needs_calls) w.calls.add({e.ts_ns, e.dur_ns, e.id, e.pid, e.tid});
+      if (gf.needs_calls) w.calls.add({e.ts_ns, e.dur_ns, e.id, e.pid, e.tid});
     };
     auto& cache = win_cache[g];
     if (!cache.empty()) {
       // Tumbling or whole: exactly one window, index ts / size (0 for whole).
-      const WindowAssigner& assigner = windows[g]->assigner();
-      const uint64_t k = assigner.whole() ? 0 : e.ts_ns / assigner.size();
+      const uint64_t k = gf.whole ? 0 : e.ts_ns / gf.size;
       auto& ce = cache[KeyHash{}(key) & (kWinCache - 1)];
       if (ce.state && ce.k == k && ce.key == key) {
         feed(*ce.state);
@@ -956,10 +974,12 @@ struct Shard::Impl {
     last_ts = std::max(last_ts, in.trace_end);
     if (in.process_names) names = in.process_names;
     computed.assign(plan.streams.size(), 0);
+    for (auto& list : group_events) list.clear();
     if (in.owned) {
-      // One pass over the batch: trace end, exits, per-op statistics and every routed window
-      // group (Routes). Groups are independent until they close (below), so feeding them event
-      // by event gives each the same events in the same order as a pass per group would.
+      // One pass over the batch: trace end, exits, per-op statistics, and the events of every
+      // routed window group (Routes), listed per group in batch order and fed group by group
+      // below (feeding each event to all its groups at once measured slower: more branch
+      // misses and a larger working set per event).
       counters.events_in += in.indexed ? in.owned_at.size() : in.owned->size();
       const Routes& routes = plan.routes[global ? 1 : 0];
       const uint32_t* begin = routes.begin.data();
@@ -973,7 +993,7 @@ struct Shard::Impl {
           bool keep = true;
           for (uint32_t c = rt.checks_begin; c < rt.checks_end && keep; ++c)
             keep = truthy(eval(*routes.checks[c], &e, nullptr, &stack_matcher));
-          if (keep) feed_group(rt.group, e);
+          if (keep) group_events[rt.group].push_back(&e);
         }
       });
     }
@@ -997,10 +1017,13 @@ struct Shard::Impl {
     }
     for (size_t g = 0; g < plan.groups.size(); ++g) {
       if (!windows[g]) continue;
-      if (!plan.routed[g]) {
+      // A tight loop per group (its state stays in cache, its branches predictable).
+      if (plan.routed[g]) {
+        for (const Event* e : group_events[g]) feed_group(g, *e, KeyBy::full_key(*e));
+      } else {
         const auto stream = static_cast<size_t>(plan.groups[g].stream);
         compute(stream, in);
-        for (const Event* e : owned_out[stream]) feed_group(g, *e);
+        for (const Event* e : owned_out[stream]) feed_group(g, *e, KeyBy::full_key(*e));
       }
       const uint64_t closed_before = counters.windows_closed;
       close_group(g, wm, out);

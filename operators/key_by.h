@@ -42,6 +42,19 @@ class KeyBy {
   bool has(Field f) const;
   // Value of a key field as a row slot would hold it.
   static double field_value(const Key& k, Field f);
+  // Every key field of `e` packed as key_of packs it, and the bits of that this KeyBy keeps:
+  // key_of(e) == Key{full_key(e).hi & hi_mask(), full_key(e).lo & lo_mask()}. The engine packs
+  // an event once and masks it for each window group that keys it.
+  static Key full_key(const Event& e) {
+    return {static_cast<uint64_t>(e.pid) << 32 | e.tid,
+            static_cast<uint64_t>(e.source) << 56 | static_cast<uint64_t>(e.op) << 48 |
+                static_cast<uint64_t>(e.node) << 32 | static_cast<uint64_t>(static_cast<uint16_t>(e.rank)) << 16};
+  }
+  uint64_t hi_mask() const { return (pid_ ? 0xFFFFFFFF00000000ull : 0) | (tid_ ? 0xFFFFFFFFull : 0); }
+  uint64_t lo_mask() const {
+    return (source_ ? 0xFFull << 56 : 0) | (op_ ? 0xFFull << 48 : 0) | (node_ ? 0xFFFFull << 32 : 0) |
+           (rank_ ? 0xFFFFull << 16 : 0);
+  }
 
  private:
   bool pid_ = false, tid_ = false, source_ = false, op_ = false, node_ = false, rank_ = false;
