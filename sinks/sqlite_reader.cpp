@@ -114,7 +114,7 @@ std::map<std::string, std::string> read_kv(sqlite3* db, const char* table) {
   if (!s.ok()) return kv;
   bool cut = false;
   for (int n = 0; n < 10000 && s.step() == SQLITE_ROW; ++n)
-    kv[capped_text(s, 0, kMaxTextBytes, cut)] = capped_text(s, 1, 64 * 1024, cut);
+    kv[capped_text(s, 0, kMaxTextBytes, cut)] = capped_text(s, 1, size_t{64} * 1024, cut);
   return kv;
 }
 
@@ -186,7 +186,7 @@ class Reader {
       if (c != kNode && has(columns_, kCols[c].name)) int_cols_.push_back(c);
     std::vector<std::string> missing;
     for (const auto& c : kCols)
-      if (!c.fallback && !has(columns_, c.name)) missing.push_back(c.name);
+      if (!c.fallback && !has(columns_, c.name)) missing.emplace_back(c.name);
     if (!missing.empty()) {
       error = "table `events` lacks required column" + std::string(missing.size() > 1 ? "s " : " ") + join(missing) +
               " (a trace needs timestamp, pid, tid, source, op, duration)";
@@ -687,11 +687,17 @@ class ChunkFeed {
       auto w = std::make_unique<Worker>();
       w->db = std::move(db);
       sqlite3* raw = w->db.get();
-      w->rows[kNulls] = Stmt(raw, events_sql(by + "WHERE \"timestamp\" IS NULL" + order));
-      w->rows[kAll] = Stmt(raw, events_sql(by + "WHERE \"timestamp\" IS NOT NULL" + order));
-      w->rows[kBelow] = Stmt(raw, events_sql(by + "WHERE \"timestamp\" < ?2" + order));
-      w->rows[kRange] = Stmt(raw, events_sql(by + "WHERE \"timestamp\" >= ?1 AND \"timestamp\" < ?2" + order));
-      w->rows[kFrom] = Stmt(raw, events_sql(by + "WHERE \"timestamp\" >= ?1" + order));
+      const auto rows = [&](const char* where) {
+        std::string tail = by;
+        tail += where;
+        tail += order;
+        return Stmt(raw, events_sql(tail));
+      };
+      w->rows[kNulls] = rows("WHERE \"timestamp\" IS NULL");
+      w->rows[kAll] = rows("WHERE \"timestamp\" IS NOT NULL");
+      w->rows[kBelow] = rows("WHERE \"timestamp\" < ?2");
+      w->rows[kRange] = rows("WHERE \"timestamp\" >= ?1 AND \"timestamp\" < ?2");
+      w->rows[kFrom] = rows("WHERE \"timestamp\" >= ?1");
       w->first_entry = Stmt(raw, "SELECT \"timestamp\" FROM events" + by + "ORDER BY \"timestamp\" LIMIT 1");
       w->first_bound = Stmt(raw, "SELECT \"timestamp\" FROM events" + by +
                                      "WHERE \"timestamp\" IS NOT NULL ORDER BY \"timestamp\" LIMIT 1 OFFSET ?1");

@@ -113,9 +113,9 @@ std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::str
 // report whole). Longer values are cut to the bound and counted in meta().health.reasons.
 // Values larger than kSqliteMaxValueBytes are not even loaded: the reader's connection refuses
 // them (SQLITE_LIMIT_LENGTH), the row or side table is reported unreadable instead.
-inline constexpr size_t kMaxNameBytes = 256;              // process/thread/node names (kernel: 16)
-inline constexpr size_t kMaxStackJsonBytes = 256 * 1024;  // stack_traces.ips / frames
-inline constexpr size_t kMaxTextBytes = 4096;             // other text columns (sessions, ids)
+inline constexpr size_t kMaxNameBytes = 256;                      // process/thread/node names (kernel: 16)
+inline constexpr size_t kMaxStackJsonBytes = size_t{256} * 1024;  // stack_traces.ips / frames
+inline constexpr size_t kMaxTextBytes = 4096;                     // other text columns (sessions, ids)
 inline constexpr int kSqliteMaxValueBytes = 16 * 1024 * 1024;
 
 // True when `path` is a regular file starting with the 16-byte SQLite magic: lets the CLI pick a

@@ -182,7 +182,7 @@ std::string one_line(std::string_view msg) {
 
 std::string describe_sqlite_error(sqlite3* db, int rc) {
   const int primary = rc & 0xff;
-  const std::string msg = one_line(db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+  std::string msg = one_line(db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
   switch (primary) {
     case SQLITE_CORRUPT: return "corrupt database (" + msg + ")";
     case SQLITE_NOTADB: return "not a SQLite database (" + msg + ")";
