@@ -208,7 +208,7 @@ class LibraryDiscovery {
     ::closedir(d);
     std::sort(names.begin(), names.end());
     for (const auto& n : names)
-      if (auto kind = classify_library(n)) remember({*kind, dir + "/" + n, how}, out);
+      if (auto kind = classify_library(n)) remember({*kind, std::string(dir).append("/").append(n), how}, out);
   }
 
   void scan_all_maps(std::vector<CudaLibrary>& out) {
@@ -283,8 +283,9 @@ class LibraryDiscovery {
       // parent/python3.X/{site,dist}-packages/nvidia/<pkg>/lib
       for (const auto& py : list_dir(parent, "python3"))
         for (const char* sp : {"/site-packages", "/dist-packages"}) {
-          const std::string nv = parent + "/" + py + sp + "/nvidia";
-          for (const auto& pkg : list_dir(nv, "")) dirs.push_back(nv + "/" + pkg + "/lib");
+          const std::string nv = std::string(parent).append("/").append(py).append(sp).append("/nvidia");
+          for (const auto& pkg : list_dir(nv, ""))
+            dirs.push_back(std::string(nv).append("/").append(pkg).append("/lib"));
         }
     }
     return dirs;

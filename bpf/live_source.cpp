@@ -133,7 +133,7 @@ std::unique_ptr<LiveSource> LiveSource::start(const LiveOptions& opts, std::stri
   si.os_release = read_first_line("/etc/debian_version");
   si.cpu_cores = static_cast<uint32_t>(::sysconf(_SC_NPROCESSORS_ONLN));
   struct sysinfo sinfo {};
-  if (::sysinfo(&sinfo) == 0) si.mem_total_mb = sinfo.totalram * sinfo.mem_unit / (1024 * 1024);
+  if (::sysinfo(&sinfo) == 0) si.mem_total_mb = sinfo.totalram * sinfo.mem_unit / (1024UL * 1024UL);
   si.tool_ver = "ingero-pipeline 0.1.0";
   switch (opts.probes.filter) {
     case FilterMode::kAllCuda: si.pid_filter = "all CUDA processes"; break;

@@ -267,9 +267,10 @@ bool BpfProbes::load(const ProbeOptions& opts, std::string& error) {
     const std::string name = bpf_program__name(prog);
     if (name.rfind("sys_", 0) != 0) continue;
     bool on = opts.families.net;
-    if (on && (tracefs.empty() || ::access((tracefs + "/events/syscalls/" + name).c_str(), R_OK) != 0)) {
+    if (on && (tracefs.empty() ||
+               ::access(std::string(tracefs).append("/events/syscalls/").append(name).c_str(), R_OK) != 0)) {
       if (name == net_progs[0])
-        warnings_.push_back(
+        warnings_.emplace_back(
             "socket send/recv: syscall tracepoints not available "
             "(kernel without CONFIG_FTRACE_SYSCALLS or tracefs not mounted); "
             "not traced");
@@ -335,7 +336,7 @@ bool BpfProbes::load(const ProbeOptions& opts, std::string& error) {
   if (!exit_syscalls.empty()) {
     if (exit_syscalls_attached_ > 0) tps_.emplace_back("sys_exit", "classic");
     else
-      warnings_.push_back(
+      warnings_.emplace_back(
           "off-CPU stacks: no syscall exit tracepoint attached; long blocked "
           "spans keep their switch-out stacks (no Python frames)");
   }
@@ -564,7 +565,7 @@ void scan_map(const bpf_map* m, F&& visit) {
   constexpr uint32_t kChunk = 256;
   const int fd = bpf_map__fd(m);
   const size_t value_size = bpf_map__value_size(m);
-  std::vector<uint8_t> keys(kChunk * bpf_map__key_size(m));
+  std::vector<uint8_t> keys(static_cast<size_t>(kChunk) * bpf_map__key_size(m));
   std::vector<uint8_t> vals(kChunk * value_size);
   uint32_t in_batch = 0, out_batch = 0;
   bool first = true;

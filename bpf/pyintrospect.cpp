@@ -472,7 +472,7 @@ std::optional<PyProcess> inspect_python(uint32_t pid, std::string& why) {
   const ssize_t el = readlink(exe_link.c_str(), exe, sizeof exe - 1);
   if (el > 0) {
     exe[el] = '\0';
-    candidates.push_back(exe);
+    candidates.emplace_back(exe);
   }
   for (const std::string& path : candidates) {
     bool ft = false;

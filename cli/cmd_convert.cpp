@@ -105,7 +105,7 @@ int run_convert(const ConvertArgs& a) {
     const auto& h = src->meta().health;
     std::printf("converted %s (%s) -> %s (%s): %llu events, %zu chains in %.2f s (%.0f events/s)\n", a.in.c_str(),
                 in_fmt.c_str(), a.out.c_str(), fmt.c_str(), static_cast<unsigned long long>(events), chains.size(),
-                secs, secs > 0 ? events / secs : 0.0);
+                secs, secs > 0 ? static_cast<double>(events) / secs : 0.0);
     if (h.rows_skipped)
       std::printf("skipped %llu unreadable input rows (see `ingero-pipeline stats`)\n",
                   static_cast<unsigned long long>(h.rows_skipped));

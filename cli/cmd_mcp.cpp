@@ -1,8 +1,8 @@
 // `ingero-pipeline mcp`: an MCP server over one recorded trace, for AI agents (docs/mcp.md).
 // stdio by default (stdout carries protocol only; everything else goes to stderr); --http serves
 // Streamable HTTP on 127.0.0.1 with a bearer token.
+#include <csignal>
 #include <fcntl.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>

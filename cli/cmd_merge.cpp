@@ -57,8 +57,8 @@ int run_merge(const MergeArgs& a) {
               static_cast<unsigned long long>(r.events_out), r.seconds);
   for (const auto& n : r.nodes) {
     std::printf("  %-20s %10llu events  offset %+.3f ms", n.node.c_str(), static_cast<unsigned long long>(n.events),
-                n.offset_ns / 1e6);
-    if (n.uncertainty_ns >= 0) std::printf(" +- %.3f ms", n.uncertainty_ns / 1e6);
+                static_cast<double>(n.offset_ns) / 1e6);
+    if (n.uncertainty_ns >= 0) std::printf(" +- %.3f ms", static_cast<double>(n.uncertainty_ns) / 1e6);
     else std::printf(" +- unknown");
     std::printf("  [%s%s]\n", n.method.c_str(),
                 n.pairs ? (", " + std::to_string(n.pairs) + " collectives").c_str() : "");
@@ -69,7 +69,7 @@ int run_merge(const MergeArgs& a) {
           "      entered last at %llu of %llu matched collectives, by more than the clock "
           "uncertainty (lead up to %.3f ms)\n",
           static_cast<unsigned long long>(n.last_arrivals), static_cast<unsigned long long>(n.arrivals_compared),
-          n.max_lead_ns / 1e6);
+          static_cast<double>(n.max_lead_ns) / 1e6);
     if (n.last_arrivals_unresolved)
       std::printf("      latest at %llu collectives only within the clock uncertainty: no order claimed\n",
                   static_cast<unsigned long long>(n.last_arrivals_unresolved));

@@ -30,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <ranges>
 #include <set>
 #include <sstream>
 #include <string>
@@ -270,9 +271,9 @@ int run_stacks(const StacksArgs& a) {
     for (const auto& [id, u] : stack_totals) {
       const ParsedStack* st = stack_of(id);
       std::string line;
-      for (auto it = st->frames.rbegin(); it != st->frames.rend(); ++it) {
+      for (const auto& frame : std::views::reverse(st->frames)) {
         if (!line.empty()) line += ';';
-        line += folded_frame(*it);
+        line += folded_frame(frame);
       }
       lines[line] += u.total;
     }

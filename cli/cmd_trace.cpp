@@ -4,7 +4,7 @@
 //
 // Stops cleanly at --duration or on Ctrl-C/SIGTERM: the rings are drained, every open window is
 // closed by the final watermark, the database is committed; exit status 0.
-#include <signal.h>
+#include <csignal>
 #include <unistd.h>
 
 #include <atomic>

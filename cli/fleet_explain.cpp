@@ -52,7 +52,7 @@ int run_fleet_explain(const FleetExplainArgs& a) {
     for (const auto& c : chains) {
       std::string where = c.value("from", "");
       if (c.contains("node") && c["node"].is_string() && !c["node"].get<std::string>().empty())
-        where = c["node"].get<std::string>() + " (" + where + ")";
+        where = c["node"].get<std::string>().append(" (").append(where).append(")");
       std::printf("[%s] %s  %s\n  %s\n", c.value("severity", "?").c_str(), c.value("category", "?").c_str(),
                   where.c_str(), c.value("summary", "").c_str());
     }

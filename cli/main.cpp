@@ -12,7 +12,10 @@ std::vector<CommandEntry>& command_registry() {
 }
 }  // namespace ingero::cli
 
-int main(int argc, char** argv) {
+namespace {
+// The whole command line: set up the subcommands, parse, run. Errors from parsing and from the
+// commands are handled here; main() only catches what escapes set-up itself.
+int run_cli(int argc, char** argv) {
   using namespace ingero::cli;
   CLI::App app{
       "ingero-pipeline - explains why GPU workloads stall.\n\n"
@@ -40,4 +43,16 @@ int main(int argc, char** argv) {
     return kExitRuntime;
   }
   return exit_code;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run_cli(argc, argv);
+  } catch (const std::exception& e) {  // set-up failed (a CLI11 construction error, bad_alloc)
+    std::fprintf(stderr, "ingero-pipeline: error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "ingero-pipeline: error: unknown exception\n");
+  }
+  return ingero::cli::kExitRuntime;
 }

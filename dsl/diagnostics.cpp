@@ -52,7 +52,7 @@ std::string render_diagnostics(const std::vector<Diagnostic>& diags) {
     const std::string pad(num.size() + 1, ' ');
     std::string line = d.source_line;
     std::replace(line.begin(), line.end(), '\t', ' ');
-    out += " " + num + " | " + line + "\n";
+    out.append(" ").append(num).append(" | ").append(line).append("\n");
     // Underline the span on this line; a span running past the line is underlined to its end.
     const size_t start = static_cast<size_t>(std::max(d.col, 1) - 1);
     size_t stop = d.end_line == d.line ? static_cast<size_t>(std::max(d.end_col, 1) - 1) : line.size();

@@ -190,8 +190,8 @@ struct fix_clause_raw_class;
 const x3::rule<fix_clause_raw_class, ast::FixClause> fix_clause_raw = "fix_clause";
 struct evidence_clause_raw_class;
 const x3::rule<evidence_clause_raw_class, ast::EvidenceClause> evidence_clause_raw = "evidence_clause";
-struct import__raw_class;
-const x3::rule<import__raw_class, ast::Import> import__raw = "import_";
+struct import_raw_class;
+const x3::rule<import_raw_class, ast::Import> import_raw = "import_";
 
 // ---- definitions -------------------------------------------------------------------------
 inline const auto identchar = ascii_alnum | x3::lit('_');
@@ -263,7 +263,7 @@ const auto clause_def = from_clause | window_clause | let_clause | require_claus
                         peer_clause | severity_clause | category_clause | text_clause | fix_clause | evidence_clause |
                         test_clause;
 
-const auto import__raw_def = (IP_KW("import") > string_lit)[assign_to<&ast::Import::path>{}];
+const auto import_raw_def = (IP_KW("import") > string_lit)[assign_to<&ast::Import::path>{}];
 const auto param_def = IP_KW("param") > ident > IP_TOKEN("=", "`=`") > expr;
 const auto list_decl_def = IP_KW("list") > ident > IP_TOKEN("=", "`=`") > list;
 const auto def_def = IP_KW("def") > ident > IP_TOKEN("=", "`=`") > expr;
@@ -280,10 +280,10 @@ const auto severity_clause_def = severity_clause_raw;
 const auto category_clause_def = category_clause_raw;
 const auto fix_clause_def = fix_clause_raw;
 const auto evidence_clause_def = evidence_clause_raw;
-const auto import__def = import__raw;
+const auto import__def = import_raw;
 
 BOOST_SPIRIT_DEFINE(ident_raw, string_lit_raw, list_raw, from_clause_raw, let_clause_raw, require_clause_raw,
-                    severity_clause_raw, category_clause_raw, fix_clause_raw, evidence_clause_raw, import__raw)
+                    severity_clause_raw, category_clause_raw, fix_clause_raw, evidence_clause_raw, import_raw)
 BOOST_SPIRIT_DEFINE(ident_str, ident, number, string_body, string_lit, atom, atom_list, list, args, call, path, primary,
                     unop, unary, binop, operation, expr, stream, option_key, option, from_clause, window_clause,
                     binding, let_clause, require_clause, join_clause, trend_clause, peer_clause, sev_case,

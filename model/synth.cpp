@@ -207,7 +207,7 @@ SynthTrace dataloader(bool fault, uint64_t seed) {
     t += rng.range(20 * kUs, 40 * kUs);
     for (int k = 0; k < 10; ++k) {
       const uint64_t d = rng.jitter(15 * kUs, 0.5);
-      b.cuda(op::kCudaLaunchKernel, kPid, kPid, t, d, 0x7f0000002000ull + k * 0x40);
+      b.cuda(op::kCudaLaunchKernel, kPid, kPid, t, d, 0x7f0000002000ull + static_cast<uint64_t>(k) * 0x40);
       t += d + rng.range(20 * kUs, 40 * kUs);
     }
     const uint64_t sync = rng.jitter(35 * kMs, 0.1);
@@ -256,7 +256,7 @@ SynthTrace checkpoint_io(bool fault, uint64_t seed) {
     t += d + rng.range(30 * kUs, 60 * kUs);
     for (int k = 0; k < 8; ++k) {
       const uint64_t l = rng.jitter(15 * kUs, 0.5);
-      b.cuda(op::kCudaLaunchKernel, kPid, kPid, t, l, 0x7f0000003000ull + k * 0x40);
+      b.cuda(op::kCudaLaunchKernel, kPid, kPid, t, l, 0x7f0000003000ull + static_cast<uint64_t>(k) * 0x40);
       t += l + rng.range(20 * kUs, 40 * kUs);
     }
     const uint64_t sync = rng.jitter(15 * kMs, 0.1);
@@ -286,7 +286,7 @@ SynthTrace tcp_retransmit(bool fault, uint64_t seed) {
   while (t < end - 450 * kMs) {
     for (int k = 0; k < 8; ++k) {
       const uint64_t l = rng.jitter(15 * kUs, 0.5);
-      b.cuda(op::kCudaLaunchKernel, kPid, kPid, t, l, 0x7f0000004000ull + k * 0x40);
+      b.cuda(op::kCudaLaunchKernel, kPid, kPid, t, l, 0x7f0000004000ull + static_cast<uint64_t>(k) * 0x40);
       t += l + rng.range(20 * kUs, 40 * kUs);
     }
     const uint64_t ar = rng.range(20 * kUs, 40 * kUs);
@@ -331,7 +331,7 @@ SynthTrace allocator(bool fault, uint64_t seed) {
       t += d + rng.range(20 * kUs, 40 * kUs);
       for (int k = 0; k < 10; ++k) {
         const uint64_t l = rng.jitter(15 * kUs, 0.5);
-        b.cuda(op::kCudaLaunchKernel, kPid, kPid, t, l, 0x7f0000005000ull + k * 0x40);
+        b.cuda(op::kCudaLaunchKernel, kPid, kPid, t, l, 0x7f0000005000ull + static_cast<uint64_t>(k) * 0x40);
         t += l + rng.range(20 * kUs, 40 * kUs);
       }
       b.cuda(op::kCudaFree, kPid, kPid, t, rng.jitter(8 * kUs, 0.5));
@@ -392,7 +392,7 @@ SynthTrace straggler(bool fault, uint64_t seed) {
       uint64_t x = t;
       for (int k = 0; k < 20; ++k) {
         const uint64_t l = rng.jitter(15 * kUs, 0.5);
-        Event& e = b.cuda(op::kCudaLaunchKernel, pid, pid, x, l, 0x7f0000007000ull + k * 0x40);
+        Event& e = b.cuda(op::kCudaLaunchKernel, pid, pid, x, l, 0x7f0000007000ull + static_cast<uint64_t>(k) * 0x40);
         e.rank = static_cast<int16_t>(r);
         e.gpu_id = static_cast<uint8_t>(r);
         x += l + rng.range(10 * kUs, 20 * kUs);
@@ -563,7 +563,7 @@ LargeTraceGenerator::LargeTraceGenerator(uint64_t n_events, uint64_t seed) : imp
     add(Actor::kLauncher, pid, pid, r, 100 * kUs + static_cast<uint64_t>(r) * 37 * kUs);
     for (uint32_t w = 1; w <= 2; ++w) {
       names[pid + w] = "pt_data_worker";
-      add(Actor::kWorker, pid + w, pid + w, -1, w * 211 * kUs);
+      add(Actor::kWorker, pid + w, pid + w, -1, static_cast<uint64_t>(w) * 211 * kUs);
     }
   }
   names[150] = "kworker/u16:2";

@@ -136,7 +136,8 @@ OffsetEstimate estimate_offset(const std::vector<SyncPoint>& reference, const st
   }
   best.ok = true;
   best.offset_ns = pick->median;
-  best.uncertainty_ns = std::max<int64_t>(static_cast<int64_t>(std::llround(1.4826 * pick->mad)), 1'000);
+  best.uncertainty_ns = std::max<int64_t>(static_cast<int64_t>(std::llround(1.4826 * static_cast<double>(pick->mad))),
+                                          1'000);
   best.ordinal_shift = pick->shift;
   best.pairs = pick->pairs;
   return best;

@@ -1,8 +1,8 @@
 #include "sinks/clock_anchors.h"
 
+#include <ctime>
 #include <sqlite3.h>
 #include <sys/timex.h>
-#include <time.h>
 
 namespace ingero {
 namespace {

@@ -41,9 +41,9 @@ std::string script_json(const nlohmann::json& j) {
   std::string s = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::string o;
   o.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '<') o += "\\u003c";  // no "</script>" or "<!--" can appear
-    else o += s[i];
+  for (const char c : s) {
+    if (c == '<') o += "\\u003c";  // no "</script>" or "<!--" can appear
+    else o += c;
   }
   return o;
 }
@@ -202,7 +202,7 @@ bool write_html_report(const std::string& path, const AnalysisResult& r, const H
   // --- data for the charts
   nlohmann::json data;
   std::vector<std::pair<uint64_t, std::pair<int, int>>> by_count;
-  for (const auto& [key, s] : d.ops) by_count.push_back({s.count, key});
+  for (const auto& [key, s] : d.ops) by_count.emplace_back(s.count, key);
   std::sort(by_count.rbegin(), by_count.rend());
   if (by_count.size() > o.max_histograms) by_count.resize(o.max_histograms);
   data["hist"] = nlohmann::json::array();

@@ -47,7 +47,7 @@ uint64_t checksum(const void* data, size_t bytes) {
   uint64_t h[4] = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull, 0xA4093822299F31D0ull, 0x082EFA98EC4E6C89ull};
   size_t i = 0;
   for (; i + 32 <= bytes; i += 32) {
-    for (int l = 0; l < 4; ++l) {
+    for (size_t l = 0; l < 4; ++l) {
       uint64_t w;
       std::memcpy(&w, p + i + 8 * l, 8);
       h[l] = (h[l] ^ w) * 0x9E3779B97F4A7C15ull;
@@ -190,7 +190,7 @@ T jget(const json& j, const char* key, T fallback) {
 // Metadata from our own file: tolerant (a field of the wrong type is left at its default).
 void meta_from_json(const json& j, TraceMeta& m) {
   m.nodes = jget<std::vector<std::string>>(j, "nodes", {""});
-  if (m.nodes.empty()) m.nodes.push_back("");
+  if (m.nodes.empty()) m.nodes.emplace_back("");
   if (auto it = j.find("process_names"); it != j.end() && it->is_object())
     for (const auto& [k, v] : it->items())
       if (v.is_string())
@@ -329,7 +329,7 @@ Chain chain_from_json(const json& j) {
   c.p99_ns = jget<uint64_t>(j, "p99_ns", 0);
   c.tail_ratio = jget<double>(j, "tail_ratio", 0);
   c.dropped_events = jget<uint64_t>(j, "dropped_events", 0);
-  auto field = [&j](const char* k, json fallback) {
+  auto field = [&j](const char* k, const json& fallback) {
     auto it = j.find(k);
     return it != j.end() ? *it : fallback;
   };
@@ -524,7 +524,7 @@ class LmdbSource final : public EventSource {
   // Drops decoded pages of the read-only map from this process (they stay in the page cache), so
   // RSS stays at a few chunks however long the trace is.
   void release(const MDB_val& v) {
-    if (!opts_.release_pages || v.mv_size < 64 * 1024) return;
+    if (!opts_.release_pages || v.mv_size < 64UL * 1024) return;
     const auto a = reinterpret_cast<uintptr_t>(v.mv_data);
     lo_ = std::min(lo_, a & ~(page_size_ - 1));
     hi_ = std::max(hi_, (a + v.mv_size) & ~(page_size_ - 1));

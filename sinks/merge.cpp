@@ -490,9 +490,9 @@ bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& opt
     // multi-node input's (already merged) node tables are not reachable through TraceMeta.
     std::string owner;
     size_t owned = 0;
-    for (size_t j = 0; j < input_nodes[i].size(); ++j)
-      if (input_nodes[i][j] != SIZE_MAX) {
-        owner = nodes[input_nodes[i][j]].name;
+    for (const size_t node_index : input_nodes[i])
+      if (node_index != SIZE_MAX) {
+        owner = nodes[node_index].name;
         ++owned;
       }
     for (const auto& [id, st] : m.stacks) merged.stacks.emplace(id, st);

@@ -281,7 +281,8 @@ struct PerfettoWriter::Impl {
     if (kind == kChainTrack) return name_track(meta, jp, kChainsTid + lane, pid, tid, kind, lane, lane);
     const int64_t base_tid = map_id(tid_map, node, tid);
     const int64_t jt = base_tid + (static_cast<int64_t>(kind * kMaxLanes + lane) << kLaneShift);
-    return name_track(meta, jp, jt, pid, tid, kind, lane, base_tid * 32 + kind * kMaxLanes + lane);
+    return name_track(meta, jp, jt, pid, tid, kind, lane,
+                      base_tid * 32 + static_cast<int64_t>(kind) * kMaxLanes + lane);
   }
   int64_t name_track(const TraceMeta& meta, int64_t jp, int64_t jt, uint32_t pid, uint32_t tid, int kind, int lane,
                      int64_t sort_index) {

@@ -236,7 +236,8 @@ bool load_or_create_node_id(const std::string& state_dir, std::string& id, bool&
     // existing file, so of two first runs racing, one wins and the other reads its id.
     const std::string fresh = random_node_id();
     // Unique per process and attempt (threads share a pid): never another writer's file.
-    const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + fresh;
+    std::string tmp = path;
+    tmp.append(".tmp.").append(std::to_string(::getpid())).append(".").append(fresh);
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
       error = tmp + ": " + std::strerror(errno) + " (set INGERO_STATE_DIR, or name the node with --node)";

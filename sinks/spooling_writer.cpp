@@ -2,8 +2,8 @@
 // See sinks/spooling_writer.h for the contract and docs/storage.md for the figures.
 #include "sinks/spooling_writer.h"
 
+#include <cstdlib>
 #include <fcntl.h>
-#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 

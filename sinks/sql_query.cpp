@@ -601,7 +601,8 @@ std::string render_sql_table(const SqlResult& r, size_t max_width) {
   };
   emit(r.columns);
   std::vector<std::string> rule;
-  for (size_t w : widths) rule.push_back(std::string(w, '-'));
+  rule.reserve(widths.size());
+  for (size_t w : widths) rule.emplace_back(w, '-');
   emit(rule);
   for (const auto& line : cells) emit(line);
   out += "(" + std::to_string(r.rows.size()) + (r.rows.size() == 1 ? " row" : " rows");

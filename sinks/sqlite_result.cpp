@@ -21,7 +21,7 @@ Severity parse_severity(const std::string& s) {
   return Severity::kMedium;
 }
 
-json parse_json(const std::string& text, json fallback) {
+json parse_json(const std::string& text, const json& fallback) {
   auto j = json::parse(text, nullptr, false);
   return j.is_discarded() ? fallback : j;
 }

@@ -433,7 +433,7 @@ TExpr Resolver::name(const ast::Path& p) {
   }
   if (const OpInfo* info = find_op(head)) {
     t.ty = Ty::kOp;
-    t.ops.push_back({info->source, info->op});
+    t.ops.emplace_back(info->source, info->op);
     t.value = info->op;
     return t;
   }

@@ -47,7 +47,7 @@ std::string expand(Module& m, RuleSema& r, const ast::String& str) {
       ok = false;
     } else {
       ast::Expr e;
-      if (!parse_expression_at(f.src, static_cast<size_t>(i + 1), static_cast<size_t>(j), e, m.diags)) {
+      if (!parse_expression_at(f.src, static_cast<size_t>(i) + 1, static_cast<size_t>(j), e, m.diags)) {
         ok = false;
       } else {
         std::set<std::string> slots;

@@ -131,6 +131,7 @@ void pass_tests(Module& m) {
           auto need = [&](bool cond, const std::string& what, const std::string& hint = {}) {
             if (!cond) {
               m.error_at(f, a, v.ty == Ty::kNumber && what.find("duration") != std::string::npos ? "E0302" : "E0802",
+                         // NOLINTNEXTLINE(performance-inefficient-string-concatenation): error text, once per error
                          "`" + k + "` needs " + what + ", found " + ty_name(v.ty), hint);
               ok = false;
             }

@@ -84,7 +84,7 @@ bool read_request(int fd, std::string& buffer, size_t max_body, HttpRequest& req
   status = 0;
   size_t head_end;
   while ((head_end = buffer.find("\r\n\r\n")) == std::string::npos) {
-    if (buffer.size() > 64 * 1024) {
+    if (buffer.size() > 64UL * 1024) {
       status = 431;
       return false;
     }
@@ -145,8 +145,7 @@ bool loopback_origin(const std::string& origin) {
     if (origin.rfind(scheme, 0) != 0) continue;
     std::string host = origin.substr(std::strlen(scheme));
     if (host.rfind("[::1]", 0) == 0) host = host.substr(5);
-    else if (host.rfind("127.0.0.1", 0) == 0) host = host.substr(9);
-    else if (host.rfind("localhost", 0) == 0) host = host.substr(9);
+    else if (host.rfind("127.0.0.1", 0) == 0 || host.rfind("localhost", 0) == 0) host = host.substr(9);
     else return false;
     return host.empty() || host[0] == ':' || host[0] == '/';
   }

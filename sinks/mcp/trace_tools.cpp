@@ -124,7 +124,7 @@ void check_args(const ToolSpec& spec, const Json& args) {
         const auto& s = v.get_ref<const std::string&>();
         if (!a.choices.empty() && std::find(a.choices.begin(), a.choices.end(), s) == a.choices.end()) {
           std::string c;
-          for (const auto& x : a.choices) c += (c.empty() ? "" : ", ") + x;
+          for (const auto& x : a.choices) c.append(c.empty() ? "" : ", ").append(x);
           throw ToolFailure{where + "must be one of: " + c};
         }
         break;
@@ -805,8 +805,8 @@ Json TraceTools::explain_chain(const Json& a, RequestContext* ctx) {
     std::vector<Json> params;
     std::string in;
     for (uint64_t eid : ids) {
-      params.push_back(static_cast<int64_t>(eid));
-      params.push_back(node + ":" + std::to_string(eid));
+      params.emplace_back(static_cast<int64_t>(eid));
+      params.emplace_back(node + ":" + std::to_string(eid));
       in += std::string(in.empty() ? "" : ",") + "?" + std::to_string(params.size() - 1) + ",?" +
             std::to_string(params.size());
     }
@@ -858,14 +858,14 @@ Json TraceTools::get_stacks(const Json& a, RequestContext* ctx) {
   std::vector<Json> params = {static_cast<int>(op->source), static_cast<int>(op->op)};
   std::string pid_clause;
   if (a.contains("pid") && a["pid"].is_number()) {
-    params.push_back(a["pid"].get<int64_t>());
+    params.emplace_back(a["pid"].get<int64_t>());
     pid_clause = " AND e.pid = ?3";
   }
   auto totals = sql(
       "SELECT count(*), coalesce(sum(e.stack_hash = 0), 0) FROM events e WHERE e.source = ?1 AND e.op = ?2" +
           pid_clause,
       params, ctx, 1);
-  params.push_back(static_cast<int64_t>(limit));
+  params.emplace_back(static_cast<int64_t>(limit));
   const std::string lim = "?" + std::to_string(params.size());
   auto rows = sql(
       "SELECT e.stack_hash, count(*) AS calls, sum(e.duration), max(e.duration), "
@@ -968,7 +968,7 @@ Json TraceTools::check_rule(const Json& a) {
   const std::string file = arg_or<std::string>(a, "file_name", "agent.rules");
 #ifdef INGERO_MCP_HAVE_DSL
   dsl::CompileOptions co;
-  co.limits.max_bytes = 256 * 1024;
+  co.limits.max_bytes = size_t{256} * 1024;
   // Imports resolve against the embedded pack only: an agent's text never reads the filesystem.
   co.read_file = [](const std::string& path, std::string& out) {
     const std::string base = path.substr(path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/') + 1);

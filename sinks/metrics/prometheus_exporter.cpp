@@ -57,7 +57,7 @@ std::string MetricsState::rank_label(int16_t rank) {
   if (rank < 0) return "";
   auto it = ranks_.find(rank);
   if (it != ranks_.end()) return it->second;
-  const std::string l = ranks_.size() < kMaxRanks ? std::to_string(rank) : "other";
+  std::string l = ranks_.size() < kMaxRanks ? std::to_string(rank) : "other";
   ranks_.emplace(rank, l);
   return l;
 }
