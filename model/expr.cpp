@@ -363,7 +363,7 @@ ExprPtr fold_source_op(const ExprPtr& e, Source source, uint8_t op) {
 
 ExprPtr simplify_truth(const ExprPtr& e) {
   if (!e || (e->op != ExprOp::kAnd && e->op != ExprOp::kOr) || e->args.size() != 2) return e;
-  const ExprPtr a = simplify_truth(e->args[0]), b = simplify_truth(e->args[1]);
+  ExprPtr a = simplify_truth(e->args[0]), b = simplify_truth(e->args[1]);
   // The operand that cannot decide: TRUE in an `and`, FALSE in an `or`.
   const bool neutral = e->op == ExprOp::kAnd;
   if (a && a->op == ExprOp::kConst && truthy(a->value) == neutral) return b;
