@@ -157,7 +157,7 @@ class Driver {
       if (!at_any(it, kClauseKeywords)) {
         std::vector<std::string> cands = kClauseKeywords;
         cands.insert(cands.end(), kOptionKeywords.begin(), kOptionKeywords.end());
-        cands.push_back("end");
+        cands.emplace_back("end");
         std::string hint = did_you_mean(word_at(it), cands);
         if (hint.empty() && *it == '=') hint = "compare with `==`";
         error("E0002", it, it + token_len(it), "expected a clause or `end`, found " + token_at(it), hint);

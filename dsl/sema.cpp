@@ -82,7 +82,7 @@ bool parse_unit_suffix(const std::string& suffix, double& scale, Ty& ty, Unit& u
 const std::vector<std::string>& unit_suffixes() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v;
-    for (const auto& u : kUnits) v.push_back(u.suffix);
+    for (const auto& u : kUnits) v.emplace_back(u.suffix);
     return v;
   }();
   return names;
@@ -136,7 +136,7 @@ bool find_event_field(const std::string& name, Field& f, Ty& ty) {
 
 std::vector<std::string> event_field_names() {
   std::vector<std::string> v = {"bytes", "state"};
-  for (int i = 0; i <= static_cast<int>(Field::kGpuId); ++i) v.push_back(field_name(static_cast<Field>(i)));
+  for (int i = 0; i <= static_cast<int>(Field::kGpuId); ++i) v.emplace_back(field_name(static_cast<Field>(i)));
   return v;
 }
 

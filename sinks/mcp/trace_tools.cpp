@@ -125,7 +125,7 @@ void check_args(const ToolSpec& spec, const Json& args) {
         if (!a.choices.empty() && std::find(a.choices.begin(), a.choices.end(), s) == a.choices.end()) {
           std::string c;
           for (const auto& x : a.choices) c.append(c.empty() ? "" : ", ").append(x);
-          throw ToolFailure{where + "must be one of: " + c};
+          throw ToolFailure{std::string(where).append("must be one of: ").append(c)};
         }
         break;
       }
