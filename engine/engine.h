@@ -4,9 +4,10 @@
 // - threads == 1: everything runs on the calling thread (read a batch, run the pid shard and the
 //   global shard on it, next batch); no routing, no TBB.
 // - threads >= 2: the calling thread is the source thread: it reads batches, routes each one by
-//   index (an owner mark per event and a counting sort of positions) and hands the shared batch
-//   to every shard node. `threads` oneTBB workers run the nodes. No event is copied after the
-//   source: a pid shard reads the batch through its list of positions (ShardInput::indexed).
+//   index (an owner mark per event and a counting sort of positions: no event is copied there)
+//   and hands the shared batch to every shard node. `threads` oneTBB workers run the nodes; a
+//   pid shard gathers its own events on whichever worker runs it (compact events make its
+//   several passes over them cheaper than reading the shared batch through positions).
 //   There are more pid shards than threads (2 per thread, at most 16, at least one per thread),
 //   so a few busy processes hashed together do not pin one thread while another idles, and not
 //   more, since each shard costs a little per batch whatever its share. The source runs at most

@@ -1,7 +1,7 @@
-// The parallel engine's routing (engine.cpp, threads >= 2): pid shards read the shared batch
-// through position lists (ShardInput::indexed) instead of gathered copies, and the whole result
-// of the rule pack (explain's JSON: chains, per-op statistics, rule outcomes, counters) is the
-// one-thread result at any thread count and batch size.
+// The parallel engine's routing (engine.cpp, threads >= 2): the whole result of the rule pack
+// (explain's JSON: chains, per-op statistics, rule outcomes, counters) is the one-thread result at
+// any thread count and batch size; and the runtime's routing by index (ShardInput::indexed, which
+// the runtime's passes support though the engine gathers copies) gives what gathered copies give.
 #include <gtest/gtest.h>
 
 #include <algorithm>
