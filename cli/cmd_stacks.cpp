@@ -30,7 +30,6 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <ranges>
 #include <set>
 #include <sstream>
 #include <string>
@@ -271,9 +270,10 @@ int run_stacks(const StacksArgs& a) {
     for (const auto& [id, u] : stack_totals) {
       const ParsedStack* st = stack_of(id);
       std::string line;
-      for (const auto& frame : std::views::reverse(st->frames)) {
+      // NOLINTNEXTLINE(modernize-loop-convert): clang 14 cannot compile std::views::reverse here
+      for (auto it = st->frames.rbegin(); it != st->frames.rend(); ++it) {
         if (!line.empty()) line += ';';
-        line += folded_frame(frame);
+        line += folded_frame(*it);
       }
       lines[line] += u.total;
     }
