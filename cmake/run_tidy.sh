@@ -128,7 +128,7 @@ mark_unverified() {
   # --mark-unverified: an "unverified" entry for each matching unit that this run did not record.
   [[ -n "$unverified" ]] || return 0
   printf '%s\n' "${all[@]}" | sed "s#^$src/##" | grep -E -- "$unverified" |
-    awk 'NR == FNR { done[$2] = 1; next } !($1 in done) { print "unverified " $1 }' "$logs/new.entries" - >> "$logs/new.entries"
+    awk 'FILENAME != "-" { done[$2] = 1; next } !($1 in done) { print "unverified " $1 }' "$logs/new.entries" - >> "$logs/new.entries"
 }
 write_manifest() {
   # $1: current keys of the selected units; $2: entries from this run; $3: units this run checked.
