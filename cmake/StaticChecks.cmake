@@ -47,18 +47,29 @@ endif()
 
 # clang-tidy. A whole-tree run costs far more than the test suite's time budget on 2 cores (see
 # docs/contributing.md), so CI runs the gate: only the units whose content key (the unit, the
-# project headers it includes, .clang-tidy, the clang-tidy version) is not in the committed
-# manifest cmake/tidy_clean.txt. On an unchanged tree it checks nothing; a change re-checks the
-# units it reaches. Without clang-tidy the two tests skip (exit 77) with the reason; CI installs it.
+# project headers it owns, .clang-tidy, the clang-tidy version; cmake/tidy_keys.sh) is not in the
+# committed manifest cmake/tidy_clean.txt. On an unchanged tree it checks nothing; a change
+# re-checks the units that own the changed files. Without clang-tidy the two tests skip (exit 77)
+# with the reason; CI installs it.
 set(INGERO_TIDY_JOBS 2 CACHE STRING "Parallel clang-tidy processes for the tidy target and tidy_check")
 find_program(INGERO_CLANG_TIDY NAMES clang-tidy-14 clang-tidy)
 set(_tidy_env)
 if(INGERO_CLANG_TIDY)
   set(_tidy_env ENVIRONMENT "CLANG_TIDY=${INGERO_CLANG_TIDY}")
 endif()
+# Scope: the product sources; tests/ and bench/ are left out until their findings are fixed
+# (docs/contributing.md, "The tidy gate"). OFF until the manifest covers every product unit
+# (INGERO_TIDY_GATE=ON to run it now); then the default flips to ON and CI runs it.
+option(INGERO_TIDY_GATE "Add the tidy_check test (clang-tidy on units changed since verified)" OFF)
+if(INGERO_TIDY_GATE)
+  add_test(NAME tidy_check
+           COMMAND bash ${CMAKE_SOURCE_DIR}/cmake/run_tidy.sh --gate -j ${INGERO_TIDY_JOBS}
+                   --exclude "^(tests|bench)/" ${CMAKE_BINARY_DIR})
+  set_tests_properties(tidy_check PROPERTIES LABELS "unit;static" TIMEOUT 3600 SKIP_RETURN_CODE 77 ${_tidy_env})
+endif()
 add_test(NAME tidy_check_selftest COMMAND bash ${CMAKE_SOURCE_DIR}/cmake/tidy_gate_selftest.sh)
 # tidy_check's time grows with the change: nothing on an unchanged tree, about 11 CPU s per unit
-# re-checked, so a header that every unit includes (or a .clang-tidy edit) re-checks the whole tree.
+# re-checked; a .clang-tidy edit re-checks the whole tree (about 1,650 CPU s).
 set_tests_properties(tidy_check_selftest PROPERTIES LABELS "unit;static" TIMEOUT 120 SKIP_RETURN_CODE 77 ${_tidy_env})
 if(INGERO_CLANG_TIDY)
   set(_tidy_deps)
@@ -73,7 +84,8 @@ if(INGERO_CLANG_TIDY)
     COMMENT "clang-tidy (.clang-tidy) over ${CMAKE_BINARY_DIR}/compile_commands.json" VERBATIM USES_TERMINAL)
   add_custom_target(tidy_manifest
     COMMAND ${CMAKE_COMMAND} -E env CLANG_TIDY=${INGERO_CLANG_TIDY}
-            bash ${CMAKE_SOURCE_DIR}/cmake/run_tidy.sh --stale --update-manifest -j ${INGERO_TIDY_JOBS} ${CMAKE_BINARY_DIR}
+            bash ${CMAKE_SOURCE_DIR}/cmake/run_tidy.sh --stale --update-manifest -j ${INGERO_TIDY_JOBS}
+                 --exclude "^(tests|bench)/" ${CMAKE_BINARY_DIR}
     DEPENDS ${_tidy_deps}
     WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
     COMMENT "clang-tidy over the changed units; the clean ones go to cmake/tidy_clean.txt" VERBATIM USES_TERMINAL)
