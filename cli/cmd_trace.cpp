@@ -104,7 +104,7 @@ class LiveHistogram {
     for (size_t b = 0; b < buckets_.size(); ++b) {
       seen += buckets_[b];
       if (seen >= std::max<uint64_t>(rank, 1))
-        return std::min<uint64_t>(max_, static_cast<uint64_t>(std::exp((b + 0.5) * kLogBase)));
+        return std::min<uint64_t>(max_, static_cast<uint64_t>(std::exp((static_cast<double>(b) + 0.5) * kLogBase)));
     }
     return max_;
   }
@@ -120,9 +120,9 @@ class LiveHistogram {
 std::string fmt_ns(uint64_t ns) {
   char buf[32];
   if (ns < 10'000) std::snprintf(buf, sizeof(buf), "%lluns", static_cast<unsigned long long>(ns));
-  else if (ns < 10'000'000) std::snprintf(buf, sizeof(buf), "%.1fus", ns / 1e3);
-  else if (ns < 10'000'000'000ull) std::snprintf(buf, sizeof(buf), "%.1fms", ns / 1e6);
-  else std::snprintf(buf, sizeof(buf), "%.1fs", ns / 1e9);
+  else if (ns < 10'000'000) std::snprintf(buf, sizeof(buf), "%.1fus", static_cast<double>(ns) / 1e3);
+  else if (ns < 10'000'000'000ull) std::snprintf(buf, sizeof(buf), "%.1fms", static_cast<double>(ns) / 1e6);
+  else std::snprintf(buf, sizeof(buf), "%.1fs", static_cast<double>(ns) / 1e9);
   return buf;
 }
 
@@ -178,7 +178,7 @@ void render(ViewState& v, const bpf::LiveSource& src, const SpoolingWriter* writ
                 "ingero-pipeline trace  %.0fs  events %llu (%.0f/s)  drops gpu=%llu host=%llu "
                 "queue=%llu  late=%llu  libs=%zu uprobes=%zu\n",
                 elapsed_s, static_cast<unsigned long long>(st.delivered),
-                elapsed_s > 0 ? st.delivered / elapsed_s : 0.0,
+                elapsed_s > 0 ? static_cast<double>(st.delivered) / elapsed_s : 0.0,
                 static_cast<unsigned long long>(st.dropped[IP_RING_GPU]),
                 static_cast<unsigned long long>(st.dropped[IP_RING_HOST]),
                 static_cast<unsigned long long>(st.queue_dropped), static_cast<unsigned long long>(st.late),

@@ -113,6 +113,7 @@ std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
 
 std::string backtick_list(const std::vector<std::string>& v) {
   std::vector<std::string> q;
+  q.reserve(v.size());
   for (const auto& x : v) q.push_back("`" + x + "`");
   return join(q);
 }
@@ -640,7 +641,7 @@ void check_graph(Checker& c, PipelineConfig& cfg, const YNode& root) {
   if (cfg.sources.empty())
     c.error(root, "C0404", "the config has no sources: nothing to run", "add a `sources:` list, e.g. a sqlite replay");
   std::vector<std::string> all_nodes = source_names;
-  if (cfg.analysis.enabled) all_nodes.push_back("analysis");
+  if (cfg.analysis.enabled) all_nodes.emplace_back("analysis");
   for (const auto& e : cfg.analysis.from)
     if (std::find(source_names.begin(), source_names.end(), e.node) == source_names.end())
       c.error(e.pos.line, e.pos.col, static_cast<int>(e.node.size()), "C0401",

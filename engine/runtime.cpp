@@ -385,7 +385,13 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
       pipe.stages.push_back(std::move(st));
       if (emitted) break;
     }
-    for (const auto& m : missing) errors.push_back(where + "unknown name '" + m + "' in a rule expression");
+    for (const auto& m : missing) {
+      std::string msg = where;
+      msg += "unknown name '";
+      msg += m;
+      msg += "' in a rule expression";
+      errors.push_back(std::move(msg));
+    }
     if (!emitted) {
       errors.push_back(where + "window path does not end in an emit");
       continue;
@@ -1320,7 +1326,7 @@ struct Shard::Impl {
     c.pid = row.key.pid();
     c.tid = row.key.tid();
     c.node = row.key.node();
-    c.rank = def.keys.has(Field::kRank) ? row.key.rank() : -1;
+    c.rank = def.keys.has(Field::kRank) ? row.key.rank() : int16_t{-1};
     c.window_start = row.start;
     c.window_end = row.end == kFinal ? last_ts : row.end;
     c.summary = expand_template(em.summary, plan, def, row.key, v, names.get());
