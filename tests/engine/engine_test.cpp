@@ -372,7 +372,7 @@ std::vector<Event> many_process_trace() {
   return ev;
 }
 
-// Several pid shards per thread (up to 16 shards at 4+ threads, one per thread beyond): the
+// Several pid shards per thread (two per thread, up to 16 shards at 8+ threads): the
 // result is the one-thread result for every thread count and batch size, every event is counted
 // once, and the chains found are not an empty match.
 TEST(Engine, ManyShardsPerThreadGiveTheOneThreadResult) {
