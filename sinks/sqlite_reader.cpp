@@ -662,6 +662,33 @@ class Reader {
   size_t names_ = 0, stack_bytes_ = 0;
 };
 
+// A FIFO of at most `capacity` elements in storage allocated once by init(): pushing and
+// popping never allocate. Callers check full() before push_back() and empty() before front().
+template <class T>
+class FixedRing {
+ public:
+  void init(size_t capacity) {
+    buf_.assign(std::max<size_t>(1, capacity), T{});
+    head_ = size_ = 0;
+  }
+  bool empty() const { return size_ == 0; }
+  bool full() const { return size_ == buf_.size(); }
+  T& front() { return buf_[head_]; }
+  void push_back(T v) {
+    buf_[(head_ + size_) % buf_.size()] = std::move(v);
+    ++size_;
+  }
+  void pop_front() {
+    head_ = (head_ + 1) % buf_.size();
+    --size_;
+  }
+  void clear() { head_ = size_ = 0; }
+
+ private:
+  std::vector<T> buf_;
+  size_t head_ = 0, size_ = 0;
+};
+
 // Fetches `events` in the order of one walk of the timestamp index (`timestamp`, then rowid) on
 // threads of their own, one read-only connection each. The index is cut into chunks by
 // timestamp range, in index order: the rows whose timestamp is NULL, then integer ranges
@@ -669,18 +696,43 @@ class Reader {
 // further on, found by a walk of the index alone; a run of equal timestamps is one chunk), then
 // everything from the last bound on (the rest of the numbers, then TEXT and BLOB, as the index
 // sorts them). Threads take chunks in turn; next() hands out the chunks' rows in chunk order, so
-// the sequence is exactly the single walk's. A chunk waits for its turn with its rows fetched;
-// at most `threads + 1` chunks exist at a time, so memory stays bounded by chunk_rows.
-// Only for databases opened immutable: every connection then sees the same rows.
-// An SQLite error ends the sequence where it happened (next() returns false with the reason),
-// as it would end a single walk there.
+// the sequence is exactly the single walk's. Only for databases opened immutable: every
+// connection then sees the same rows.
+//
+// Memory is bounded and allocated while the feed warms up, never per chunk afterwards: at most
+// `threads + 1` chunks are in flight, each in one of as many reused slots whose queue holds at
+// most chunk_rows / kBlockRows + 2 blocks of kBlockRows rows (a chunk waits for its turn with
+// its rows fetched; a run of equal timestamps longer than that waits for the reader). Blocks
+// come from a pool that never holds more than the slots can queue plus one being filled per
+// thread and one being read, and go back to it once read.
+//
+// Failures:
+// - An SQLite error ends the sequence where it happened (next() says kSqliteError with the
+//   reason), as it would end a single walk there.
+// - An exception in a fetch thread (std::bad_alloc, ...) never leaves it: the thread marks its
+//   chunk failed and nothing more is planned. next() still hands out every row fetched before
+//   that point, then says kFailed; resume_point() then tells where a single walk of the index
+//   continues the exact same sequence.
 class ChunkFeed {
  public:
+  // Why next() returned null.
+  enum class End { kDone, kSqliteError, kFailed };
+  // Where a single walk continues a failed feed: from the first index entry with timestamp >= lo
+  // (from_lo) or from the first entry, skipping `skip` rows next() already handed out.
+  struct ResumePoint {
+    bool from_lo = false;
+    int64_t lo = 0;
+    uint64_t skip = 0;
+  };
+
   // `index` is the timestamp index's name (quoted by the caller's check); `events_sql` makes the
-  // SELECT Reader::fetch expects from a tail.
+  // SELECT Reader::fetch expects from a tail. `fault_hook` (tests only, may be empty) is called
+  // by the fetch threads before planning a chunk ("plan") and before taking a block ("block");
+  // it may throw to simulate an allocation failure there.
   ChunkFeed(const Reader& reader, std::vector<sqlite_detail::Db> conns, const std::string& index,
-            const std::function<std::string(const std::string&)>& events_sql, size_t chunk_rows)
-      : reader_(reader), chunk_rows_(std::max<size_t>(1, chunk_rows)) {
+            const std::function<std::string(const std::string&)>& events_sql, size_t chunk_rows,
+            std::function<void(const char*)> fault_hook)
+      : reader_(reader), chunk_rows_(std::max<size_t>(1, chunk_rows)), fault_hook_(std::move(fault_hook)) {
     const std::string by = " INDEXED BY \"" + index + "\" ";
     const std::string order = " ORDER BY \"timestamp\", rowid";
     for (auto& db : conns) {
@@ -712,6 +764,12 @@ class ChunkFeed {
       workers_.push_back(std::move(w));
     }
     if (workers_.empty() && error_.empty()) error_ = "no connection";
+    slots_.resize(workers_.size() + 1);
+    const size_t per_slot = chunk_rows_ / kBlockRows + 2;
+    for (auto& s : slots_) s.blocks.init(per_slot);
+    max_blocks_ = slots_.size() * per_slot + workers_.size() + 1;
+    blocks_.reserve(max_blocks_);
+    free_.reserve(max_blocks_);
   }
   ~ChunkFeed() { stop(); }
   ChunkFeed(const ChunkFeed&) = delete;
@@ -727,7 +785,7 @@ class ChunkFeed {
     }
   }
 
-  // Stops and joins the threads (idempotent); next() returns false afterwards.
+  // Stops and joins the threads (idempotent); next() returns null afterwards.
   void stop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -739,38 +797,64 @@ class ChunkFeed {
       if (w->thread.joinable()) w->thread.join();
   }
 
-  // The next row, valid until the next call; null at the end, with `rc` set (and `what`
-  // describing it) when an SQLite error ended the sequence.
-  const RawRow* next(int& rc, std::string& what) {
-    while (pos_ == cur_.n) {
+  // The next row, valid until the next call; null when the sequence stops, `end` saying why
+  // (kSqliteError: `rc` set and `what` describing it).
+  const RawRow* next(End& end, int& rc, std::string& what) {
+    while (pos_ == cur_n_) {
       std::unique_lock<std::mutex> lock(mu_);
-      if (!cur_.rows.empty()) free_.push_back(std::move(cur_));
-      cur_ = {};
-      pos_ = 0;
+      if (cur_) free_.push_back(cur_);  // capacity reserved for every block: no allocation
+      cur_ = nullptr;
+      pos_ = cur_n_ = 0;
       data_.wait(lock, [&] {
-        return stop_ || (!slots_.empty() && (!slots_.front()->blocks.empty() || slots_.front()->done)) ||
-               (slots_.empty() && planned_all_);
+        if (stop_) return true;
+        if (consumed_ == planned_) return planned_all_;
+        Slot& head = slot(consumed_);
+        return !head.blocks.empty() || head.done;
       });
-      if (stop_ || slots_.empty()) return nullptr;
-      Slot& head = *slots_.front();
+      end = End::kDone;
+      if (stop_) return nullptr;
+      if (consumed_ == planned_) {
+        if (failed_) end = End::kFailed;  // a chunk was lost while being planned
+        return nullptr;
+      }
+      Slot& head = slot(consumed_);
       if (!head.blocks.empty()) {
-        cur_ = std::move(head.blocks.front());
+        cur_ = head.blocks.front();
         head.blocks.pop_front();
+        cur_n_ = cur_->n;
         lock.unlock();
         space_.notify_all();
         continue;
       }
+      if (head.failed) {
+        end = End::kFailed;
+        return nullptr;
+      }
       if (head.rc != SQLITE_OK) {
+        end = End::kSqliteError;
         rc = head.rc;
         what = head.what;
         return nullptr;
       }
-      slots_.pop_front();
+      // The chunk is complete: a single walk would continue at its upper bound.
+      if (head.kind == kBelow || head.kind == kRange) resume_ = ResumePoint{true, head.hi, 0};
+      ++consumed_;
       lock.unlock();
       space_.notify_all();
     }
-    return &cur_.rows[pos_++];
+    ++resume_.skip;
+    return &cur_->rows[pos_++];
   }
+
+  // After next() said kFailed: where a single walk continues the sequence.
+  ResumePoint resume_point() const { return resume_; }
+
+  // Blocks allocated so far (each kBlockRows rows) and the pool's bound (tests, docs).
+  size_t blocks_allocated() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return blocks_.size();
+  }
+  size_t max_blocks() const { return max_blocks_; }
 
  private:
   enum Kind { kNulls, kAll, kBelow, kRange, kFrom, kNumKinds };
@@ -792,13 +876,28 @@ class ChunkFeed {
     std::vector<RawRow> rows;
     size_t n = 0;
   };
+  // One chunk in flight: what it covers and its fetched blocks, in order. Reused (start()).
   struct Slot {
-    std::deque<Block> blocks;
-    bool done = false;
+    Kind kind = kNulls;
+    int64_t lo = 0, hi = 0;
+    FixedRing<Block*> blocks;
+    bool done = false, failed = false;
     int rc = SQLITE_OK;
     std::string what;
+    void start(const Chunk& c) {
+      kind = c.kind;
+      lo = c.lo;
+      hi = c.hi;
+      blocks.clear();
+      done = failed = false;
+      rc = SQLITE_OK;
+      what.clear();
+    }
   };
-  static constexpr size_t kBlockRows = 512;
+  static constexpr size_t kBlockRows = 256;
+
+  // The slot of chunk number `n` (chunks in flight are consecutive numbers, fewer than slots).
+  Slot& slot(uint64_t n) { return slots_[n % slots_.size()]; }
 
   // The chunk after the last one planned (under plan_mu_). `last` is set for the final chunk.
   Chunk plan(Worker& w, bool& last) {
@@ -868,27 +967,51 @@ class ChunkFeed {
   void work(Worker& w) {
     for (;;) {
       Chunk c;
-      std::shared_ptr<Slot> slot;
+      Slot* s = nullptr;
       {
-        std::unique_lock<std::mutex> plan_lock(plan_mu_);
+        std::lock_guard<std::mutex> plan_lock(plan_mu_);
         {
           std::unique_lock<std::mutex> lock(mu_);
-          space_.wait(lock, [&] { return stop_ || planned_all_ || slots_.size() <= workers_.size(); });
+          space_.wait(lock, [&] { return stop_ || planned_all_ || planned_ - consumed_ < slots_.size(); });
           if (stop_ || planned_all_) return;
         }
-        bool last = false;
-        c = plan(w, last);
-        slot = std::make_shared<Slot>();
-        std::lock_guard<std::mutex> lock(mu_);
-        slots_.push_back(slot);
-        if (last) planned_all_ = true;
+        try {
+          if (fault_hook_) fault_hook_("plan");
+          bool last = false;
+          c = plan(w, last);
+          std::lock_guard<std::mutex> lock(mu_);
+          s = &slot(planned_);
+          s->start(c);
+          ++planned_;
+          if (last) planned_all_ = true;
+        } catch (...) {
+          fail(nullptr);  // still under plan_mu_: no chunk gets planned after the lost one
+          return;
+        }
       }
-      if (c.rc != SQLITE_OK) {
-        finish(*slot, c.rc, c.what);
+      try {
+        if (c.rc != SQLITE_OK) {
+          finish(*s, c.rc, c.what);
+          return;
+        }
+        if (!fetch_chunk(w, c, *s)) return;
+      } catch (...) {
+        fail(s);
         return;
       }
-      if (!fetch_chunk(w, c, *slot)) return;
     }
+  }
+
+  // A fetch thread caught an exception: the sequence stops at chunk `s` (or, when the chunk was
+  // lost while being planned, after the last chunk planned) and nothing more is planned.
+  void fail(Slot* s) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      failed_ = planned_all_ = true;
+      if (s) s->failed = s->done = true;
+    }
+    space_.notify_all();
+    data_.notify_all();
   }
 
   // Fetches one chunk's rows into `slot`; false when stopped or failed (no more chunks then).
@@ -897,19 +1020,25 @@ class ChunkFeed {
     s.reset();
     if (c.kind == kRange || c.kind == kFrom) s.bind(1, c.lo);
     if (c.kind == kRange || c.kind == kBelow) s.bind(2, c.hi);
-    Block block = take_block();
+    Block* block = take_block();
+    if (!block) return false;
     int rc;
     while ((rc = s.step()) == SQLITE_ROW) {
-      if (block.n == block.rows.size()) {
-        if (!push(slot, std::move(block))) return false;
+      if (block->n == kBlockRows) {
+        if (!push(slot, block)) return false;
         block = take_block();
+        if (!block) return false;
       }
-      reader_.fetch(s.get(), block.rows[block.n++]);
+      reader_.fetch(s.get(), block->rows[block->n++]);
     }
     std::string what;
     if (rc != SQLITE_DONE) what = sqlite_detail::describe_sqlite_error(w.db.get(), rc);
     s.reset();
-    if (block.n && !push(slot, std::move(block))) return false;
+    if (block->n) {
+      if (!push(slot, block)) return false;
+    } else {
+      give_back(block);
+    }
     finish(slot, rc == SQLITE_DONE ? SQLITE_OK : rc, what);
     if (rc != SQLITE_DONE) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -919,28 +1048,42 @@ class ChunkFeed {
     return true;
   }
 
-  Block take_block() {
-    Block b;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!free_.empty()) {
-        b = std::move(free_.back());
-        free_.pop_back();
-      }
+  // An empty block from the pool (allocated while the pool is below its bound); null when
+  // stopped.
+  Block* take_block() {
+    if (fault_hook_) fault_hook_("block");
+    std::unique_lock<std::mutex> lock(mu_);
+    if (free_.empty() && blocks_.size() < max_blocks_) {
+      auto b = std::make_unique<Block>();
+      b->rows.resize(kBlockRows);
+      blocks_.push_back(std::move(b));  // capacity reserved
+      return blocks_.back().get();
     }
-    b.n = 0;
-    b.rows.resize(kBlockRows);
+    // The bound covers every block that can be held at once, so this does not wait; kept so
+    // that a wrong bound costs a wait, never memory.
+    space_.wait(lock, [&] { return stop_ || !free_.empty(); });
+    if (stop_) return nullptr;
+    Block* b = free_.back();
+    free_.pop_back();
+    b->n = 0;
     return b;
   }
 
-  // Queues a full block; waits while the chunk already holds a whole chunk's worth (a run of
-  // equal timestamps can be longer than chunk_rows). False when stopped.
-  bool push(Slot& slot, Block block) {
+  void give_back(Block* block) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      free_.push_back(block);  // capacity reserved
+    }
+    space_.notify_all();
+  }
+
+  // Queues a full block; waits while the chunk's queue is full (the reader is behind, or a run
+  // of equal timestamps is longer than a chunk). False when stopped.
+  bool push(Slot& slot, Block* block) {
     std::unique_lock<std::mutex> lock(mu_);
-    const size_t cap = chunk_rows_ / kBlockRows + 2;
-    space_.wait(lock, [&] { return stop_ || slot.blocks.size() < cap; });
+    space_.wait(lock, [&] { return stop_ || !slot.blocks.full(); });
     if (stop_) return false;
-    slot.blocks.push_back(std::move(block));
+    slot.blocks.push_back(block);
     lock.unlock();
     data_.notify_all();
     return true;
@@ -949,30 +1092,36 @@ class ChunkFeed {
   void finish(Slot& slot, int rc, const std::string& what) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      slot.done = true;
+      slot.what = what;  // first: if it throws, the slot is not done yet (fail() marks it)
       slot.rc = rc;
-      slot.what = what;
+      slot.done = true;
     }
     data_.notify_all();
   }
 
   const Reader& reader_;
   const size_t chunk_rows_;
+  const std::function<void(const char*)> fault_hook_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::string error_;
   // Planner state (plan_mu_): chunks are planned one at a time, in index order.
   std::mutex plan_mu_;
   enum { kPlanNulls, kPlanFirst, kPlanMore } stage_ = kPlanNulls;
   int64_t next_lo_ = 0;
-  // Shared state (mu_): chunks in order, each with its fetched blocks; spare blocks.
-  std::mutex mu_;
+  // Shared state (mu_): chunks planned_ and consumed_ (those between are in flight, each in
+  // slot(number)); the block pool (every block, the free ones).
+  mutable std::mutex mu_;
   std::condition_variable space_, data_;
-  std::deque<std::shared_ptr<Slot>> slots_;
-  std::vector<Block> free_;
-  bool planned_all_ = false, stop_ = false;
-  // The consumer's current block.
-  Block cur_;
-  size_t pos_ = 0;
+  std::vector<Slot> slots_;
+  uint64_t planned_ = 0, consumed_ = 0;
+  std::vector<std::unique_ptr<Block>> blocks_;
+  std::vector<Block*> free_;
+  size_t max_blocks_ = 0;
+  bool planned_all_ = false, stop_ = false, failed_ = false;
+  // The consumer's current block and where a single walk would continue after it.
+  Block* cur_ = nullptr;
+  size_t pos_ = 0, cur_n_ = 0;
+  ResumePoint resume_;
 };
 
 // Streaming replay (contract: SqliteReadOptions in sinks/sqlite_store.h). Rows are decoded by the
@@ -1001,13 +1150,20 @@ class StreamSource final : public EventSource {
     std::string tail;
     if (!index.empty()) {
       indexed_ = true;
+      index_ = index;
       start_feed(index);
       slack_ = max_sched_switch_duration();  // while the feed's threads fetch the first chunks
       tail = " INDEXED BY \"" + index + "\" ORDER BY \"timestamp\", rowid";
     } else {
       slack_ = rowid_order_disorder();
     }
-    if (!feed_) {
+    // The walk of `events` (this one's, or the one that takes over from failed fetch threads)
+    // needs few pages; with fetch threads the reader's connection is idle from here on: it gives
+    // back the pages the side tables and the slack query cached.
+    small_page_cache(db_.get());
+    if (feed_) {
+      sqlite3_db_release_memory(db_.get());
+    } else {
       stmt_ = Stmt(db_.get(), reader_.events_sql(tail));
       if (!stmt_.ok()) {
         error = "cannot read `events`: " + stmt_.error();
@@ -1030,8 +1186,59 @@ class StreamSource final : public EventSource {
     return true;
   }
 
+  // Never throws: an exception while reading (std::bad_alloc past what the fetch threads absorb)
+  // ends the replay with what was read, reported in meta().health like an unreadable table.
   bool next(Batch& out) override {
     if (finished_) return false;
+    try {
+      return next_batch(out);
+    } catch (const std::exception& e) {
+      return stop_on_exception(out, e.what());
+    } catch (...) {
+      return stop_on_exception(out, "unknown exception");
+    }
+  }
+
+  TraceMeta& meta() override { return meta_; }
+
+  // What streaming learnt (health, first/last ts) goes into meta() here, on the consumer's
+  // thread: by next() itself at the final batch, or by ReaderThreadSource when it hands the
+  // final batch over, so meta() is never written while the consumer may read it.
+  void publish_on_final(bool v) { publish_on_final_ = v; }
+  void publish_meta() {
+    meta_.health.rows_read = health_.rows_read;
+    for (const auto& [why, n] : health_.reasons) meta_.health.skip(why, n);
+    reader_.flush_cuts();
+    meta_.first_ts = first_ts_;
+    meta_.last_ts = last_ts_;
+  }
+  uint64_t slack_ns() const { return slack_; }
+  bool indexed() const { return indexed_; }
+  uint64_t fetch_fallbacks() const { return fetch_fallbacks_; }
+
+  // The replay cannot go on (`what` threw): `out` becomes the final batch with the events it
+  // already holds (sorted, released in order), the rows still held or unread are reported lost.
+  bool stop_on_exception(Batch& out, const char* what) {
+    threw_ = true;
+    try {
+      failed_what_ = what;
+    } catch (...) {
+      failed_what_.clear();  // no memory even for the message: finish() reports the row count
+    }
+    out.seq = seq_++;
+    out.final = true;
+    out.watermark = std::numeric_limits<uint64_t>::max();
+    try {
+      finish();
+      if (publish_on_final_) publish_meta();
+    } catch (...) {
+      finished_ = true;  // the health line could not be written; the stream still ends
+    }
+    return true;
+  }
+
+ private:
+  bool next_batch(Batch& out) {
     out.events.clear();
     // Rows that arrived behind the released watermark (only past max_reorder_events) go first.
     if (!late_.empty()) {
@@ -1064,23 +1271,6 @@ class StreamSource final : public EventSource {
     return true;
   }
 
-  TraceMeta& meta() override { return meta_; }
-
-  // What streaming learnt (health, first/last ts) goes into meta() here, on the consumer's
-  // thread: by next() itself at the final batch, or by ReaderThreadSource when it hands the
-  // final batch over, so meta() is never written while the consumer may read it.
-  void publish_on_final(bool v) { publish_on_final_ = v; }
-  void publish_meta() {
-    meta_.health.rows_read = health_.rows_read;
-    for (const auto& [why, n] : health_.reasons) meta_.health.skip(why, n);
-    reader_.flush_cuts();
-    meta_.first_ts = first_ts_;
-    meta_.last_ts = last_ts_;
-  }
-  uint64_t slack_ns() const { return slack_; }
-  bool indexed() const { return indexed_; }
-
- private:
   struct Held {
     Event e;
     int64_t rowid;
@@ -1173,36 +1363,58 @@ class StreamSource final : public EventSource {
 
   // Fetch threads (ChunkFeed) when the options ask for them, the index is a plain ascending
   // one, the file is immutable (all connections see the same rows) and the table is large
-  // enough to pay for them; otherwise feed_ stays null and stmt_ walks the index.
+  // enough to pay for them; otherwise feed_ stays null and stmt_ walks the index. Setting the
+  // feed up is best-effort: any failure (an exception included) leaves the single walk.
   void start_feed(const std::string& index) {
     if (options_.fetch_threads < 2 || !immutable_) return;
-    Stmt coll(db_.get(), "SELECT coll FROM pragma_index_xinfo(?1) WHERE seqno = 0");
-    if (!coll.ok()) return;
-    coll.bind(1, index);
-    if (coll.step() != SQLITE_ROW || coll.text(0) != "BINARY") return;
-    Stmt rows(db_.get(), "SELECT max(rowid) FROM events");
-    if (!rows.ok() || rows.step() != SQLITE_ROW || rows.i64(0) < static_cast<int64_t>(options_.fetch_min_rows)) return;
-    std::vector<sqlite_detail::Db> conns;
-    for (size_t i = 0; i < options_.fetch_threads; ++i) {
-      std::string why;
-      auto db = sqlite_detail::open_readonly(meta_.path, probe_, why);
-      if (!db) return;
-      sqlite3_limit(db.get(), SQLITE_LIMIT_LENGTH, kSqliteMaxValueBytes);
-      conns.push_back(std::move(db));
+    try {
+      Stmt coll(db_.get(), "SELECT coll FROM pragma_index_xinfo(?1) WHERE seqno = 0");
+      if (!coll.ok()) return;
+      coll.bind(1, index);
+      if (coll.step() != SQLITE_ROW || coll.text(0) != "BINARY") return;
+      Stmt rows(db_.get(), "SELECT max(rowid) FROM events");
+      if (!rows.ok() || rows.step() != SQLITE_ROW || rows.i64(0) < static_cast<int64_t>(options_.fetch_min_rows))
+        return;
+      std::vector<sqlite_detail::Db> conns;
+      for (size_t i = 0; i < options_.fetch_threads; ++i) {
+        std::string why;
+        auto db = sqlite_detail::open_readonly(meta_.path, probe_, why);
+        if (!db) return;
+        sqlite3_limit(db.get(), SQLITE_LIMIT_LENGTH, kSqliteMaxValueBytes);
+        small_page_cache(db.get());
+        conns.push_back(std::move(db));
+      }
+      const Reader& reader = reader_;
+      auto feed = std::make_unique<ChunkFeed>(
+          reader, std::move(conns), index, [&reader](const std::string& tail) { return reader.events_sql(tail); },
+          options_.fetch_chunk_rows, options_.fetch_fault_hook);
+      if (!feed->error().empty()) return;
+      feed->start();  // a thread that cannot start: `feed` stops and joins the others on the way out
+      feed_ = std::move(feed);
+    } catch (const std::exception&) {
+      feed_.reset();
     }
-    const Reader& reader = reader_;
-    auto feed = std::make_unique<ChunkFeed>(
-        reader, std::move(conns), index, [&reader](const std::string& tail) { return reader.events_sql(tail); },
-        options_.fetch_chunk_rows);
-    if (!feed->error().empty()) return;
-    feed_ = std::move(feed);
-    feed_->start();
+  }
+
+  // Each connection's page cache defaults to 2,000 KiB, filled to the brim by a long walk of
+  // `events` (about 2.3 MB with SQLite's per-page headers, on each of up to three connections).
+  // The walk is sequential: index leaves in order, table leaves in about the same order (rows
+  // are written in time order), so 64 pages hold every page it comes back to (the B-tree paths,
+  // a few interleaved writers). Best-effort: a failure keeps the default.
+  static void small_page_cache(sqlite3* db) {
+    std::string ignored;
+    sqlite_detail::exec(db, "PRAGMA cache_size = 64", ignored);  // pages
   }
 
   // The next row in read order (valid until the next call); null at the end of the table, or
   // on an error (failed_rc_ and failed_what_ set).
   const RawRow* next_raw() {
-    if (feed_) return feed_->next(failed_rc_, failed_what_);
+    if (feed_) {
+      ChunkFeed::End end = ChunkFeed::End::kDone;
+      if (const RawRow* r = feed_->next(end, failed_rc_, failed_what_)) return r;
+      if (end != ChunkFeed::End::kFailed) return nullptr;
+      if (!resume_single_walk()) return nullptr;
+    }
     const int rc = stmt_.step();
     if (rc == SQLITE_ROW) {
       reader_.fetch(stmt_.get(), raw_);
@@ -1213,6 +1425,36 @@ class StreamSource final : public EventSource {
       failed_what_ = sqlite_detail::describe_sqlite_error(db_.get(), rc);
     }
     return nullptr;
+  }
+
+  // A fetch thread failed (an exception, e.g. std::bad_alloc): stop the feed and continue with
+  // one walk of the index on the reader's own connection, exactly where the feed's rows end
+  // (the feed's sequence is the walk's). False with failed_rc_/failed_what_ set when the walk
+  // cannot continue (then the rest is reported lost, as for an SQLite error).
+  bool resume_single_walk() {
+    const ChunkFeed::ResumePoint at = feed_->resume_point();
+    feed_.reset();  // joins the threads, frees the blocks and connections
+    ++fetch_fallbacks_;
+    if (options_.fetch_fault_hook) options_.fetch_fault_hook("resume");
+    std::string tail = " INDEXED BY \"" + index_ + "\" ";
+    if (at.from_lo) tail += "WHERE \"timestamp\" >= ?1 ";
+    tail += "ORDER BY \"timestamp\", rowid";
+    stmt_ = Stmt(db_.get(), reader_.events_sql(tail));
+    if (!stmt_.ok()) {
+      failed_rc_ = SQLITE_ERROR;
+      failed_what_ = "fetch threads failed and the single walk cannot start (" + stmt_.error() + ")";
+      return false;
+    }
+    if (at.from_lo) stmt_.bind(1, at.lo);
+    for (uint64_t i = 0; i < at.skip; ++i) {
+      const int rc = stmt_.step();
+      if (rc == SQLITE_ROW) continue;
+      failed_rc_ = rc == SQLITE_DONE ? SQLITE_CORRUPT : rc;
+      failed_what_ = rc == SQLITE_DONE ? std::string("fewer rows than the fetch threads read (file changed?)")
+                                       : sqlite_detail::describe_sqlite_error(db_.get(), rc);
+      return false;
+    }
+    return true;
   }
 
   void read_row() {
@@ -1304,7 +1546,10 @@ class StreamSource final : public EventSource {
       std::fflush(stderr);
     }
     health_.rows_read = row_;
-    if (failed_rc_ != SQLITE_OK)
+    if (threw_)
+      health_.skip("replay stopped after row " + std::to_string(row_) + ": " + failed_what_ +
+                   "; the rows not yet delivered are lost");
+    else if (failed_rc_ != SQLITE_OK)
       health_.skip("events table unreadable after row " + std::to_string(row_) + ": " + failed_what_ +
                    "; the remaining rows are lost");
     if (late_count_)
@@ -1337,6 +1582,9 @@ class StreamSource final : public EventSource {
   std::chrono::steady_clock::time_point progress_start_, progress_next_;
   sqlite_detail::ProbeResult probe_;  // how the file was opened: fetch threads open it the same way
   bool immutable_ = false;
+  bool threw_ = false;               // next() caught an exception (stop_on_exception)
+  std::string index_;                // the timestamp index walked (empty: rowid order)
+  uint64_t fetch_fallbacks_ = 0;     // fetch threads that failed and left the single walk to go on
   std::unique_ptr<ChunkFeed> feed_;  // last: its threads stop before the reader they use goes
 };
 
@@ -1348,10 +1596,13 @@ class StreamSource final : public EventSource {
 // column) are still appended to meta().nodes by the reader: read nodes after the final batch.
 class ReaderThreadSource final : public EventSource {
  public:
-  // The thread starts at the first next(): until then the consumer owns meta() alone.
+  // The thread starts at the first next(): until then the consumer owns meta() alone. The
+  // hand-over queues are sized here, so passing batches never allocates (and never throws).
   ReaderThreadSource(std::unique_ptr<StreamSource> inner, size_t depth)
       : inner_(std::move(inner)), depth_(depth ? depth : 1) {
     inner_->publish_on_final(false);
+    ready_.init(depth_);
+    out_spare_.reserve(depth_);
   }
   ~ReaderThreadSource() override {
     {
@@ -1363,9 +1614,19 @@ class ReaderThreadSource final : public EventSource {
   }
 
   bool next(Batch& out) override {
-    if (!worker_.joinable() && !started_) {
+    if (inline_) {
+      const bool got = inner_->next(out);
+      if (got && out.final) inner_->publish_meta();
+      return got;
+    }
+    if (!started_) {
       started_ = true;
-      worker_ = std::thread([this] { produce(); });
+      try {
+        worker_ = std::thread([this] { produce(); });
+      } catch (const std::exception&) {
+        inline_ = true;  // no thread to be had: read on the consumer's thread instead
+        return next(out);
+      }
     }
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !ready_.empty() || done_; });
@@ -1384,12 +1645,13 @@ class ReaderThreadSource final : public EventSource {
   TraceMeta& meta() override { return inner_->meta(); }
 
  private:
+  // StreamSource::next() never throws and the queues never allocate: nothing here can throw.
   void produce() {
     for (;;) {
       Batch b;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return ready_.size() < depth_ || stop_; });
+        cv_.wait(lock, [&] { return !ready_.full() || stop_; });
         if (stop_) break;
         if (!out_spare_.empty()) {
           b = std::move(out_spare_.back());
@@ -1411,11 +1673,11 @@ class ReaderThreadSource final : public EventSource {
 
   std::unique_ptr<StreamSource> inner_;
   size_t depth_;
-  bool started_ = false;
+  bool started_ = false, inline_ = false;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Batch> ready_;
-  std::vector<Batch> out_spare_;
+  FixedRing<Batch> ready_;        // at most depth_ batches
+  std::vector<Batch> out_spare_;  // capacity depth_
   bool stop_ = false, done_ = false;
   std::thread worker_;
 };

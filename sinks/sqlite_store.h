@@ -101,6 +101,14 @@ struct SqliteReadOptions {
   size_t fetch_threads = 2;
   size_t fetch_chunk_rows = 8192;
   size_t fetch_min_rows = 262144;
+  // Test-only fault injection: when set, fetch threads call it before planning each chunk
+  // (where = "plan") and before taking each block of rows (where = "block"), from their own
+  // threads (it must be thread-safe). It may throw (std::bad_alloc...) to simulate an allocation
+  // failure there: the reader must then neither abort nor lose or reorder a row (it continues
+  // with one walk of the index from where the fetched rows end). The reading thread calls it
+  // once more (where = "resume") as that walk starts: a throw there ends the replay with the
+  // rows delivered so far, reported in meta().health. Leave empty outside tests.
+  std::function<void(const char* where)> fetch_fault_hook;
   // Long replays show progress on stderr when it is a terminal (nothing otherwise): rows read of
   // the table's rows, rows/s and time left, refreshed twice a second from the second second on,
   // the line erased at the end. The batch_size overload turns it on unless INGERO_QUIET is set.
