@@ -567,6 +567,7 @@ struct Slower {
 };
 class CallBuffer {
  public:
+  explicit CallBuffer(size_t cap = kMaxTailCalls) : top_(cap) {}
   void add(const Call& c) {
     top_.add(c);
     sorted_ = false;
@@ -575,7 +576,7 @@ class CallBuffer {
   // time order).
   const std::vector<Call>& calls() {
     auto& v = top_.items();
-    if (top_.seen() >= kMaxTailCalls && !sorted_) {
+    if (top_.seen() >= top_.k() && !sorted_) {
       std::sort(v.begin(), v.end(), [](const Call& a, const Call& b) {
         return a.ts != b.ts ? a.ts < b.ts : a.id != b.id ? a.id < b.id : a.tid < b.tid;
       });
@@ -583,11 +584,18 @@ class CallBuffer {
     }
     return v;
   }
+  // Calls fn(call) for every call the buffer holds, in no particular order (compacting first,
+  // which does not change which calls are kept): a superset of what calls() will return later.
+  template <class Fn>
+  void for_each_held(Fn&& fn) {
+    for (const auto& c : top_.items()) fn(c);
+  }
   uint64_t seen() const { return top_.seen(); }
   bool capped() const { return top_.capped(); }
+  size_t cap() const { return top_.k(); }
 
  private:
-  TopK<Call, Slower> top_{kMaxTailCalls};
+  TopK<Call, Slower> top_;
   bool sorted_ = false;
 };
 
@@ -595,12 +603,17 @@ struct WinState {
   bool ready = false;  // the aggregate is bound to its layout on the first event
   AggregateState agg;
   CallBuffer calls;
+  // Index in the shard's list of its group's open call-buffering windows (Impl::open_calls).
+  uint32_t open_index = std::numeric_limits<uint32_t>::max();
 };
 
 struct PipeState {
   bool active = false;                               // runs in this shard's tier
   std::vector<std::unique_ptr<IntervalJoin>> joins;  // per stage (null for non-join stages)
   std::vector<std::unique_ptr<TrendOp>> trends;
+  // Per join stage: prune once the join holds this many spans (ShardTuning); 0: never prunes
+  // (its windows may receive calls late).
+  std::vector<size_t> prune_at;
 };
 
 struct Row {
@@ -725,6 +738,12 @@ struct Shard::Impl {
   const CompiledPlan& plan;
   bool global;
   bool compute_stats;
+  ShardTuning tuning;
+  // Per window group that buffers calls for joins: its open windows' states (pointers into the
+  // WindowStore are stable while the window is open), so a join prune can see every call that
+  // may still be probed. A state is listed at its first event and unlisted when it closes.
+  std::vector<std::vector<WinState*>> open_calls;
+  std::vector<size_t> group_of_pipe;
   std::vector<std::unique_ptr<OffCpuSpanBuilder>> builders;     // per stream (null unless off-CPU)
   std::vector<PipeState> pipes;                                 // per plan pipe (inactive if not ours)
   std::vector<std::unique_ptr<WindowStore<WinState>>> windows;  // per window group (null if not ours)
@@ -793,7 +812,9 @@ struct Shard::Impl {
     return idx;
   }
 
-  Impl(const CompiledPlan& p, bool g, bool cs) : plan(p), global(g), compute_stats(cs), stack_matcher(p.stacks.get()) {
+  Impl(const CompiledPlan& p, bool g, bool cs, const ShardTuning& t)
+      : plan(p), global(g), compute_stats(cs), tuning(t), stack_matcher(p.stacks.get()) {
+    if (tuning.max_tail_calls == 0) tuning.max_tail_calls = 1;
     for (const auto& grp : plan.groups)
       exit_horizon = std::max(exit_horizon, grp.window.size_ns + grp.window.lateness_ns);
     builders.resize(plan.streams.size());
@@ -813,6 +834,27 @@ struct Shard::Impl {
           ps.joins[s] = std::make_unique<IntervalJoin>(st.join->kind, st.join->within_ns);
         if (st.kind == StageKind::kTrend) ps.trends[s] = std::make_unique<TrendOp>(*st.trend);
       }
+    }
+    open_calls.resize(plan.groups.size());
+    group_of_pipe.assign(plan.pipes.size(), 0);
+    for (size_t gi = 0; gi < plan.groups.size(); ++gi)
+      for (size_t pi : plan.groups[gi].pipes) group_of_pipe[pi] = gi;
+    // Joins may prune only when every call their windows can receive is on time: the group's
+    // stream is a filter chain over the scan (Routes) that keeps GPU API calls only (model/trace.h:
+    // events delivered behind the watermark, flagged kLate, are never GPU API calls).
+    std::vector<char> on_time(plan.groups.size(), 0);
+    for (size_t gi = 0; gi < plan.groups.size(); ++gi) on_time[gi] = plan.routed[gi];
+    const Routes& tier = plan.routes[global ? 1 : 0];
+    for (uint32_t code = 0; code + 1 < tier.begin.size(); ++code)
+      for (uint32_t t = tier.begin[code]; t < tier.begin[code + 1]; ++t)
+        if (!is_gpu_api(static_cast<Source>(code >> 8))) on_time[tier.targets[t].group] = 0;
+    for (size_t i = 0; i < plan.pipes.size(); ++i) {
+      auto& ps = pipes[i];
+      if (!ps.active) continue;
+      ps.prune_at.assign(plan.pipes[i].stages.size(), 0);
+      if (!tuning.prune_spans || !on_time[group_of_pipe[i]]) continue;
+      for (size_t s = 0; s < ps.prune_at.size(); ++s)
+        if (ps.joins[s]) ps.prune_at[s] = std::max<size_t>(tuning.prune_min_spans, 1);
     }
     tail_cuts.resize(plan.pipes.size());
     join_ids.resize(plan.pipes.size());
@@ -939,6 +981,11 @@ struct Shard::Impl {
       if (!w.ready) {
         w.agg = AggregateState(gf.layout);
         w.ready = true;
+        if (gf.needs_calls) {
+          if (tuning.max_tail_calls != kMaxTailCalls) w.calls = CallBuffer(tuning.max_tail_calls);
+          w.open_index = static_cast<uint32_t>(open_calls[g].size());
+          open_calls[g].push_back(&w);
+        }
       }
       w.agg.add(e);
       if (gf.needs_calls) w.calls.add({e.ts_ns, e.dur_ns, e.id, e.pid, e.tid});
@@ -1042,16 +1089,57 @@ struct Shard::Impl {
         if (pipes[p].active && pipes[p].joins[s]) pipes[p].joins[s]->evict(wm, def.stages[s].retain_ns);
     }
 
+    if (!in.final) prune_joins(wm);
+
     if (in.final) {
       for (auto& ps : pipes)
         for (auto& j : ps.joins)
-          if (j) counters.evicted_spans += j->evicted();
+          if (j) {
+            counters.evicted_spans += j->evicted();
+            out.pruned_spans += j->pruned();
+          }
       out.stats = std::move(stats);
       out.outcomes = outcomes;
       out.counters = counters;
       out.global = global;
     }
     return out;
+  }
+
+  // Prunes the joins that are due (ShardTuning, IntervalJoin::prune): every call to come starts
+  // at or after `watermark` (the batch contract; these joins' windows take on-time calls only),
+  // and the candidates are every call held by an open window of the join's group.
+  void prune_joins(uint64_t watermark) {
+    for (size_t p = 0; p < plan.pipes.size(); ++p) {
+      auto& ps = pipes[p];
+      if (!ps.active) continue;
+      const auto& def = plan.pipes[p];
+      for (size_t s = 0; s < def.stages.size(); ++s) {
+        if (!ps.joins[s] || !ps.prune_at[s]) continue;
+        IntervalJoin& join = *ps.joins[s];
+        if (!tuning.prune_every_batch && join.buffered() < ps.prune_at[s]) continue;
+        // Two passes over the held calls: count per join key, then fill vectors of exact size
+        // (the candidates are the prune's transient memory: 16 bytes per held call).
+        std::unordered_map<uint64_t, std::vector<IntervalJoin::CallRange>> candidates;
+        std::unordered_map<uint64_t, size_t> per_key;
+        size_t held = 0;
+        const JoinKey key = def.stages[s].join->key;
+        const auto& states = open_calls[group_of_pipe[p]];
+        for (WinState* w : states)
+          w->calls.for_each_held([&](const Call& c) {
+            ++per_key[join_key(key, c.pid, c.tid)];
+            ++held;
+          });
+        for (const auto& [k, n] : per_key) candidates[k].reserve(n);
+        for (WinState* w : states)
+          w->calls.for_each_held([&](const Call& c) {
+            candidates[join_key(key, c.pid, c.tid)].push_back({c.ts, c.ts + c.dur});
+          });
+        join.prune(watermark, candidates);
+        const size_t left = join.buffered();
+        ps.prune_at[s] = std::max({tuning.prune_min_spans, 2 * left, left + held / 4, size_t{1}});
+      }
+    }
   }
 
   // Closes the group's windows due at `watermark`; each closed (window, key) becomes one row per
@@ -1077,6 +1165,13 @@ struct Shard::Impl {
     auto on_close = [&](uint64_t k, uint64_t start, uint64_t end, const Key& key, WinState& w) {
       ++counters.windows_closed;
       join_cache.clear();
+      if (w.open_index < open_calls[g].size()) {
+        auto& list = open_calls[g];
+        list[w.open_index] = list.back();
+        list[w.open_index]->open_index = w.open_index;
+        list.pop_back();
+        w.open_index = std::numeric_limits<uint32_t>::max();
+      }
       for (size_t i = 0; i < group.pipes.size(); ++i) {
         const size_t p = group.pipes[i];
         const auto& def = plan.pipes[p];
@@ -1282,7 +1377,7 @@ struct Shard::Impl {
     if (jo.sum_arg0 && st.join->name.find("mem") != std::string::npos)
       ev.detail += ", " + format_bytes(static_cast<double>(jo.sum_arg0));
     if (w && w->calls.capped())
-      ev.detail += "; judged on the " + format_value(static_cast<double>(kMaxTailCalls), Unit::kCount) +
+      ev.detail += "; judged on the " + format_value(static_cast<double>(w->calls.cap()), Unit::kCount) +
                    " slowest of the window's " + format_value(static_cast<double>(w->calls.seen()), Unit::kCount) +
                    " calls";
     for (const auto& e : jo.exemplars) {
@@ -1362,8 +1457,8 @@ struct Shard::Impl {
   }
 };
 
-Shard::Shard(const CompiledPlan& plan, bool global, bool compute_stats)
-    : impl_(std::make_unique<Impl>(plan, global, compute_stats)) {}
+Shard::Shard(const CompiledPlan& plan, bool global, bool compute_stats, const ShardTuning& tuning)
+    : impl_(std::make_unique<Impl>(plan, global, compute_stats, tuning)) {}
 Shard::~Shard() = default;
 ShardOutput Shard::process(const ShardInput& in) { return impl_->process(in); }
 

@@ -14,7 +14,8 @@
 // Shard (mutable, one per flow-graph node, single-threaded):
 // - process(input): computes the streams of the batch, feeds windows (events the shard owns) and
 //   join buffers (owned + broadcast host-wide events), then closes windows at the watermark and
-//   runs their rows through the stages. finish() closes everything at the final watermark.
+//   runs their rows through the stages, then evicts and prunes join spans (ShardTuning).
+//   finish() closes everything at the final watermark.
 #pragma once
 
 #include <cstdint>
@@ -38,8 +39,8 @@
 namespace ingero {
 
 // Calls a join window keeps for its tail (per window and key; 32 bytes each): every call up to
-// this many, then the slowest this many. Joins are exact while a window's tail (its slow calls)
-// has at most this many calls; a busier window is judged on its slowest calls and says so.
+// this many, then the slowest this many (ShardTuning::max_tail_calls, for tests). Joins are exact while a window's tail
+// (its slow calls) has at most this many calls; a busier window is judged on its slowest calls and says so.
 inline constexpr size_t kMaxTailCalls = 16384;
 
 struct Slot {
@@ -190,11 +191,33 @@ struct ShardOutput {
   std::vector<RuleOutcome> outcomes;          // final only
   EngineCounters counters;                    // final only
   bool global = false;                        // from the global shard (sees every event again)
+  // Join spans dropped by pruning (ShardTuning), final only. Not an EngineCounters field: results
+  // and their printed counters do not depend on pruning.
+  uint64_t pruned_spans = 0;
+};
+
+// Knobs of a shard's bounded memory; the defaults are what the engine runs with, tests change
+// them to exercise the paths on small inputs.
+//
+// Join span pruning: a join whose windows' calls are never delivered late (model/trace.h: only
+// context intervals, never probed GPU API calls, may be) drops, after a batch, the spans that
+// no call can touch any more (IntervalJoin::prune): those ending before the batch watermark
+// (minus the join's `within`; every later call starts at or after it) that no call still held
+// in an open window's call buffer, mapped to the join key, touches. Call buffers only lose
+// calls, so a dropped span is never needed again: results are identical with or without it.
+// A join prunes when it holds at least prune_min_spans spans and has grown past both twice what
+// its last prune left and that many plus a quarter of the calls that prune had to look at
+// (amortised: each prune's cost, O(calls log calls + spans), is paid for by the spans added).
+struct ShardTuning {
+  size_t max_tail_calls = kMaxTailCalls;  // CallBuffer's cap
+  bool prune_spans = true;
+  size_t prune_min_spans = size_t{1} << 16;
+  bool prune_every_batch = false;  // tests: prune after every batch, whatever the counts
 };
 
 class Shard {
  public:
-  Shard(const CompiledPlan& plan, bool global, bool compute_stats);
+  Shard(const CompiledPlan& plan, bool global, bool compute_stats, const ShardTuning& tuning = {});
   ~Shard();
   ShardOutput process(const ShardInput& in);
 

@@ -1,6 +1,7 @@
 #include "operators/interval_join.h"
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
 
 namespace ingero {
@@ -15,6 +16,7 @@ void IntervalJoin::add_right(uint64_t key, const Event& e) {
                                [](uint64_t ts, const SpanRef& x) { return ts < x.ts; });
     buf.spans.insert(it, s);
   }
+  ++buffered_;
   buf.max_dur = std::max(buf.max_dur, s.end - s.ts);
 }
 
@@ -67,11 +69,22 @@ void IntervalJoin::evict(uint64_t watermark, uint64_t retain) {
   if (watermark == std::numeric_limits<uint64_t>::max()) return;  // final: windows close first
   for (auto it = buffers_.begin(); it != buffers_.end();) {
     auto& spans = it->second.spans;
-    while (!spans.empty() && spans.front().end + retain < watermark) {
-      spans.pop_front();
+    auto& ghosts = it->second.ghosts;
+    // Pops the front of the spans and ghosts merged in their one order (ghosts first on equal
+    // starts: see prune), while it has ended retain before the watermark.
+    for (;;) {
+      const bool ghost = !ghosts.empty() && (spans.empty() || ghosts.front().ts <= spans.front().ts);
+      if (ghost) {
+        if (ghosts.front().end + retain >= watermark) break;
+        ghosts.pop_front();
+      } else {
+        if (spans.empty() || spans.front().end + retain >= watermark) break;
+        spans.pop_front();
+        --buffered_;
+      }
       ++evicted_;
     }
-    if (spans.empty()) {
+    if (spans.empty() && ghosts.empty()) {
       it = buffers_.erase(it);
     } else {
       ++it;
@@ -79,10 +92,72 @@ void IntervalJoin::evict(uint64_t watermark, uint64_t retain) {
   }
 }
 
-size_t IntervalJoin::buffered() const {
-  size_t n = 0;
-  for (const auto& [k, b] : buffers_) n += b.spans.size();
-  return n;
+void IntervalJoin::prune(uint64_t floor, std::unordered_map<uint64_t, std::vector<CallRange>>& candidates) {
+  const uint64_t reach = kind_ == JoinKind::kWithin ? within_ : 0;
+  if (floor <= reach) return;
+  const uint64_t below = floor - reach;  // (a): spans ending before this are out of future reach
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  // The candidates' closed ranges widened by reach, merged: disjoint, sorted, as [ts, end].
+  std::vector<CallRange> merged;
+  std::vector<char> drop;
+  for (auto& [key, buf] : buffers_) {
+    auto& spans = buf.spans;
+    if (spans.empty() || spans.front().ts >= below) continue;  // every span starts (so ends) past it
+    merged.clear();
+    if (auto c = candidates.find(key); c != candidates.end()) {
+      auto& calls = c->second;
+      std::sort(calls.begin(), calls.end(), [](const CallRange& a, const CallRange& b) { return a.ts < b.ts; });
+      for (const auto& call : calls) {
+        const uint64_t lo = call.ts > reach ? call.ts - reach : 0;
+        const uint64_t hi = call.end > kMax - reach ? kMax : call.end + reach;
+        if (!merged.empty() && lo <= merged.back().end) merged.back().end = std::max(merged.back().end, hi);
+        else merged.push_back({lo, hi});
+      }
+    }
+    // Spans come in start order, so the first merged range not wholly before a span's start only
+    // moves forward.
+    drop.assign(spans.size(), 0);
+    size_t m = 0, dropped = 0;
+    for (size_t i = 0; i < spans.size(); ++i) {
+      const SpanRef& s = spans[i];
+      if (s.end >= below) continue;
+      while (m < merged.size() && merged[m].end < s.ts) ++m;
+      if (m < merged.size() && merged[m].ts <= s.end) continue;
+      drop[i] = 1;
+      ++dropped;
+    }
+    // Spans with one start are dropped all or none, so ghosts never share a start with a kept
+    // span: a ghost then precedes, in the buffer's order, every span with its start.
+    for (size_t i = 0, j = 0; i < spans.size(); i = j) {
+      bool all = true;
+      for (j = i; j < spans.size() && spans[j].ts == spans[i].ts; ++j) all = all && drop[j];
+      if (all) continue;
+      for (size_t x = i; x < j; ++x) {
+        dropped -= drop[x];
+        drop[x] = 0;
+      }
+    }
+    if (!dropped) continue;
+    // Dropped spans become ghosts, in order, and the kept ones close up in place.
+    std::deque<Ghost> fresh;
+    size_t w = 0;
+    for (size_t i = 0; i < spans.size(); ++i) {
+      if (drop[i]) fresh.push_back({spans[i].ts, spans[i].end});
+      else spans[w++] = spans[i];
+    }
+    spans.erase(spans.begin() + static_cast<std::ptrdiff_t>(w), spans.end());
+    auto& ghosts = buf.ghosts;
+    if (ghosts.empty() || ghosts.back().ts <= fresh.front().ts) {
+      ghosts.insert(ghosts.end(), fresh.begin(), fresh.end());
+    } else {
+      std::deque<Ghost> all;
+      std::merge(ghosts.begin(), ghosts.end(), fresh.begin(), fresh.end(), std::back_inserter(all),
+                 [](const Ghost& a, const Ghost& b) { return a.ts < b.ts; });
+      ghosts.swap(all);
+    }
+    pruned_ += dropped;
+    buffered_ -= dropped;
+  }
 }
 
 void JoinOutcome::add(uint64_t call_id, uint64_t call_dur, const ProbeResult& r, uint32_t max_exemplars) {

@@ -15,6 +15,22 @@
 // - evict(watermark, retain): drops right spans whose end + retain < watermark. `retain` must be
 //   at least the window size + lateness of every window probing the buffer, so no open window
 //   loses a span it needs; memory is then bounded by the rate of right spans x retain.
+// - prune(floor, candidates): drops right spans that no call can touch any more, whatever the
+//   window size (a one-window trace never evicts). The caller vouches for two things:
+//   (a) every call still to come has start >= `floor` (engine/runtime.cpp: the batch watermark,
+//       for windows whose calls are never delivered late), so a span with end + reach < floor
+//       (reach = `within` for kWithin, 0 for kOverlap) is out of every future call's range;
+//   (b) `candidates` holds, per key, every call already buffered that may still be probed
+//       ([ts, end), any order; sorted here).
+//   A span is dropped only when (a) holds and no candidate's closed range [ts - reach, end +
+//   reach] meets the span's closed range [ts, end]: a superset of probe()'s hit rule (instants
+//   included), so a dropped span can never be a hit. Spans with the same start are dropped all or
+//   none. Kept spans keep their order; max_dur is not lowered (it only bounds probe()'s search).
+//   Costs O(spans + candidates log candidates).
+//   A dropped span leaves a 16-byte ghost (start, end) that evict() pops in the same merged order
+//   as the spans (a ghost before the spans with its start: none was kept, later ones go after it),
+//   so evicted() counts exactly what it counts without pruning (EngineCounters::evicted_spans is
+//   a printed counter). Ghosts cost half a span, and only until evicted.
 // - Never pairs 1:1 and never keeps a span past its horizon (unlike a key-matching join).
 // - Single-threaded; one per (shard, join node).
 #pragma once
@@ -47,18 +63,31 @@ class IntervalJoin {
   void add_right(uint64_t key, const Event& e);
   ProbeResult probe(uint64_t key, uint64_t call_ts, uint64_t call_end) const;
   void evict(uint64_t watermark, uint64_t retain);
-  size_t buffered() const;
+  // A call a prune must not break: [ts, end) on the join key it is probed with.
+  struct CallRange {
+    uint64_t ts = 0, end = 0;
+  };
+  void prune(uint64_t floor, std::unordered_map<uint64_t, std::vector<CallRange>>& candidates);
+  size_t buffered() const { return buffered_; }
   uint64_t evicted() const { return evicted_; }
+  uint64_t pruned() const { return pruned_; }  // spans dropped by prune() (not in evicted())
 
  private:
+  // A pruned span as evict() still counts it: pruning must not change evicted() (EngineCounters).
+  struct Ghost {
+    uint64_t ts = 0, end = 0;
+  };
   struct Buffer {
     std::deque<SpanRef> spans;  // sorted by ts
+    std::deque<Ghost> ghosts;   // pruned spans not evicted yet, sorted by ts
     uint64_t max_dur = 0;
   };
   JoinKind kind_;
   uint64_t within_;
   std::unordered_map<uint64_t, Buffer> buffers_;
+  size_t buffered_ = 0;  // spans in all buffers
   uint64_t evicted_ = 0;
+  uint64_t pruned_ = 0;
 };
 
 struct JoinOutcome {

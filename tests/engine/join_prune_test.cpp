@@ -1,0 +1,313 @@
+// Join span pruning (ShardTuning, IntervalJoin::prune) never changes a result: random traces run
+// through plans with interval joins (overlap and within; on tid, pid and host; instants, long
+// spans, zero-length calls; one window and tumbling windows; a small call-buffer cap so calls are
+// displaced) give the same chains, evidence and outcomes with pruning after every batch as with
+// pruning off, and pruning does drop spans on them. Plus IntervalJoin::prune's own contract on
+// hand-made cases.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/runtime.h"
+#include "model/ops.h"
+#include "operators/interval_join.h"
+
+namespace ingero {
+namespace {
+
+using namespace ex;
+
+constexpr uint64_t kT0 = 1'700'000'000'000'000'000ull;  // 10 s aligned
+constexpr uint64_t kUs = 1000;
+
+struct Shape {
+  bool whole = false;       // one window over the trace, else tumbling windows
+  uint64_t window_ns = 0;   // tumbling size
+  bool by_op_only = false;  // keyed by (source, op): runs in the global shard
+  uint64_t horizon_ns = 0;  // joins' horizon (windows' lateness follows)
+  uint64_t within_ns = 0;   // the kWithin joins' reach
+  int tail = 0;             // 0: every call, 1: duration >= p50, 2: a condition evaluated per call
+  size_t cap = 0;           // call-buffer cap (ShardTuning::max_tail_calls)
+};
+
+int add_join(Plan& p, int left, int right, const std::string& name, JoinKind kind, JoinKey key, const Shape& s) {
+  JoinNode j;
+  j.kind = kind;
+  j.key = key;
+  j.name = name;
+  j.within_ns = kind == JoinKind::kWithin ? s.within_ns : 0;
+  j.horizon_ns = s.horizon_ns;
+  j.max_exemplars = 3;
+  switch (s.tail) {
+    case 0: j.tail = ge(field(Field::kDuration), num(0)); break;
+    case 1: j.tail = ge(field(Field::kDuration), ref("p50")); break;
+    default: j.tail = lor(ge(field(Field::kDuration), ref("p50")), eq(field(Field::kTid), num(2))); break;
+  }
+  return p.add(j, {left, right});
+}
+
+Plan join_plan(const Shape& s) {
+  Plan p;
+  const int scan = p.add(ScanNode{});
+  const int calls = p.add(FilterNode{in(field(Field::kSource), {static_cast<double>(Source::kCuda)})}, {scan});
+  const int offcpu = p.add(OffCpuNode{0, {}}, {scan});
+  const int io = p.add(FilterNode{eq(field(Field::kSource), num(static_cast<double>(Source::kIo)))}, {scan});
+  const int mem = p.add(FilterNode{land(eq(field(Field::kSource), num(static_cast<double>(Source::kHost))),
+                                        eq(field(Field::kOp), num(op::kPageAlloc)))},
+                        {scan});
+  WindowNode w;
+  w.kind = s.whole ? WindowKind::kWhole : WindowKind::kTumbling;
+  w.size_ns = w.slide_ns = s.whole ? 10'000'000'000ull : s.window_ns;
+  w.keys = s.by_op_only ? std::vector<Field>{Field::kSource, Field::kOp}
+                        : std::vector<Field>{Field::kPid, Field::kSource, Field::kOp};
+  int id = p.add(w, {calls});
+  AggregateNode agg;
+  agg.aggs = {{"n", AggKind::kCount, Field::kDuration, 0}, {"p50", AggKind::kQuantile, Field::kDuration, 0.5}};
+  id = p.add(agg, {id});
+  id = add_join(p, id, offcpu, "off_tid", JoinKind::kOverlap, JoinKey::kTid, s);
+  id = add_join(p, id, offcpu, "off_pid", JoinKind::kOverlap, JoinKey::kPid, s);
+  id = add_join(p, id, io, "io_host", JoinKind::kOverlap, JoinKey::kNone, s);
+  id = add_join(p, id, io, "io_within", JoinKind::kWithin, JoinKey::kPid, s);
+  id = add_join(p, id, mem, "mem_within", JoinKind::kWithin, JoinKey::kNone, s);
+  id = add_join(p, id, offcpu, "off_within", JoinKind::kWithin, JoinKey::kTid, s);
+  EmitNode e;
+  e.rule = "joins";
+  e.category = "test";
+  e.summary = "{key}";
+  p.add(e, {id});
+  return p;
+}
+
+// A random trace on a coarse time grid (so calls and spans often start or end at the same
+// nanosecond): CUDA calls of 2 processes x 2 threads (some zero-length, some long), off-CPU
+// spans (some very long), block I/O requests and instants, page-allocation instants.
+std::vector<Event> random_trace(std::mt19937_64& rng, size_t n, uint64_t span_ns, uint64_t grid = 50) {
+  auto pick = [&](uint64_t lo, uint64_t hi) { return std::uniform_int_distribution<uint64_t>(lo, hi)(rng); };
+  std::vector<Event> ev;
+  for (size_t i = 0; i < n; ++i) {
+    Event e;
+    e.ts_ns = kT0 + pick(0, span_ns / grid) * grid;
+    e.tid = static_cast<uint32_t>(pick(1, 4));
+    e.pid = e.tid <= 2 ? 1 : 2;
+    const uint64_t r = pick(0, 99);
+    if (r < 55) {
+      e.source = Source::kCuda;
+      e.op = pick(0, 2) ? op::kCudaLaunchKernel : op::kCudaStreamSync;
+      const uint64_t k = pick(0, 19);
+      e.dur_ns = k == 0 ? 0 : k < 16 ? pick(1, 20) * grid : pick(20, 400) * grid;
+    } else if (r < 80) {
+      e.source = Source::kHost;
+      e.op = op::kSchedSwitch;
+      e.prev_state = OffCpuState::kPreempted;
+      const uint64_t k = pick(0, 29);
+      e.dur_ns = k == 0 ? pick(1000, 4000) * grid : pick(1, 40) * grid;
+    } else if (r < 93) {
+      e.source = Source::kIo;
+      e.op = 1;
+      e.dur_ns = pick(0, 2) == 0 ? 0 : pick(1, 60) * grid;
+    } else {
+      e.source = Source::kHost;
+      e.op = op::kPageAlloc;
+      e.dur_ns = 0;
+      e.arg0 = pick(1, 1000) * 4096;
+    }
+    ev.push_back(e);
+  }
+  std::sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+  for (size_t i = 0; i < ev.size(); ++i) ev[i].id = i + 1;
+  return ev;
+}
+
+std::string num_text(double v) {
+  if (std::isnan(v)) return "nan";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+// Everything a shard reports, as text: chains with every slot and evidence item (ids included),
+// outcomes with their closest miss.
+std::string fingerprint(const std::vector<ShardOutput>& outs) {
+  std::string s;
+  for (const auto& out : outs) {
+    for (const auto& c : out.chains) {
+      s += c.id + " " + c.summary + "\n";
+      for (const auto& [name, v] : c.values) s += " " + name + "=" + num_text(v);
+      s += "\n";
+      for (const auto& e : c.evidence) {
+        s += " ev " + e.kind + " " + num_text(e.value) + " " + e.detail + " ids";
+        for (uint64_t id : e.event_ids) s += " " + std::to_string(id);
+        s += "\n";
+      }
+    }
+    for (const auto& o : out.outcomes) {
+      s += "outcome " + o.rule + " " + std::to_string(o.windows) + " " + std::to_string(o.chains) + " " + o.miss_key +
+           "\n";
+    }
+    s += "windows " + std::to_string(out.counters.windows_closed) + " late " +
+         std::to_string(out.counters.late_events) + " capped " + std::to_string(out.counters.tail_windows_capped) +
+         " evicted " + std::to_string(out.counters.evicted_spans) + "\n";
+  }
+  return s;
+}
+
+struct RunResult {
+  std::string text;
+  uint64_t pruned = 0;
+};
+
+// Runs the trace through one shard of the plan's tier in batches of `batch` events, watermark =
+// the batch's last start (the Batch contract), like a replay source.
+RunResult run(const CompiledPlan& cp, bool global, const std::vector<Event>& ev, size_t batch,
+              const ShardTuning& tuning) {
+  Shard shard(cp, global, false, tuning);
+  std::vector<ShardOutput> outs;
+  RunResult r;
+  for (size_t at = 0;; at += batch) {
+    const size_t end = std::min(ev.size(), at + batch);
+    ShardInput in;
+    in.owned = std::make_shared<const std::vector<Event>>(ev.begin() + static_cast<ptrdiff_t>(at),
+                                                          ev.begin() + static_cast<ptrdiff_t>(end));
+    in.final = end == ev.size();
+    in.watermark = in.owned->empty() ? 0 : in.owned->back().ts_ns;
+    in.trace_end = ev.back().end_ns();
+    auto out = shard.process(in);
+    r.pruned += out.pruned_spans;
+    outs.push_back(std::move(out));
+    if (in.final) break;
+  }
+  r.text = fingerprint(outs);
+  return r;
+}
+
+TEST(JoinPrune, RandomPlansGiveIdenticalResultsWithAndWithoutPruning) {
+  std::mt19937_64 rng(20261123);
+  uint64_t pruned_total = 0, chains_seen = 0;
+  for (int round = 0; round < 48; ++round) {
+    Shape s;
+    s.whole = round % 3 == 0;
+    s.window_ns = (50 + rng() % 400) * kUs;
+    s.by_op_only = round % 4 == 1;
+    s.horizon_ns = (rng() % 4) * 20 * kUs;
+    s.within_ns = (rng() % 3) * 5 * kUs;
+    s.tail = static_cast<int>(rng() % 3);
+    s.cap = round % 2 ? 4 + rng() % 12 : 64;
+    const size_t n = 400 + rng() % 1600;
+    // A coarse grid in some rounds: many events share a start, also across batch boundaries (a
+    // call in the next batch may start exactly at this batch's watermark).
+    const uint64_t grid = round % 3 == 2 ? 5000 : 50;
+    const auto ev = random_trace(rng, n, (200 + rng() % 3000) * kUs, grid);
+    std::vector<std::string> errors;
+    const auto cp = compile_plan(join_plan(s), errors);
+    ASSERT_TRUE(cp) << errors.front();
+    const size_t batch = 1 + rng() % 64;
+    SCOPED_TRACE("round " + std::to_string(round) + " events " + std::to_string(n) + " batch " + std::to_string(batch) +
+                 " cap " + std::to_string(s.cap) + (s.whole ? " whole" : " tumbling"));
+    ShardTuning off, every;
+    off.max_tail_calls = every.max_tail_calls = s.cap;
+    off.prune_spans = false;
+    every.prune_every_batch = true;
+    every.prune_min_spans = 0;
+    const auto a = run(*cp, s.by_op_only, ev, batch, off);
+    const auto b = run(*cp, s.by_op_only, ev, batch, every);
+    EXPECT_EQ(a.pruned, 0u);
+    ASSERT_EQ(a.text, b.text);
+    pruned_total += b.pruned;
+    chains_seen += static_cast<uint64_t>(std::count(a.text.begin(), a.text.end(), '\n'));
+  }
+  // Not vacuous: pruning dropped spans, and the runs produced chains to compare.
+  EXPECT_GT(pruned_total, 1000u);
+  EXPECT_GT(chains_seen, 100u);
+}
+
+// The default policy (prune once a join holds prune_min_spans, amortised) on a longer trace in one
+// window, with the engine's real call-buffer cap: identical results, and spans do get pruned.
+TEST(JoinPrune, DefaultPolicyGivesIdenticalResults) {
+  std::mt19937_64 rng(7);
+  Shape s;
+  s.whole = true;
+  s.horizon_ns = 100'000 * kUs;  // longer than the trace: eviction never drops a span
+  s.within_ns = 10 * kUs;
+  s.tail = 1;
+  const auto ev = random_trace(rng, 60'000, 40'000 * kUs);
+  std::vector<std::string> errors;
+  const auto cp = compile_plan(join_plan(s), errors);
+  ASSERT_TRUE(cp) << errors.front();
+  ShardTuning off, def;
+  off.prune_spans = false;
+  def.prune_min_spans = 1024;
+  const auto a = run(*cp, false, ev, 4096, off);
+  const auto b = run(*cp, false, ev, 4096, def);
+  ASSERT_EQ(a.text, b.text);
+  EXPECT_GT(b.pruned, 0u);
+}
+
+Event span(uint64_t ts, uint64_t dur, uint64_t id) {
+  Event e;
+  e.ts_ns = ts;
+  e.dur_ns = dur;
+  e.id = id;
+  return e;
+}
+
+std::vector<uint64_t> ids_after_prune(JoinKind kind, uint64_t within, const std::vector<Event>& spans, uint64_t floor,
+                                      std::vector<IntervalJoin::CallRange> calls) {
+  IntervalJoin j(kind, within);
+  for (const auto& e : spans) j.add_right(7, e);
+  std::unordered_map<uint64_t, std::vector<IntervalJoin::CallRange>> cand;
+  if (!calls.empty()) cand[7] = std::move(calls);
+  j.prune(floor, cand);
+  EXPECT_EQ(j.pruned() + j.buffered(), spans.size());
+  return j.probe(7, 0, 1'000'000).right_ids;
+}
+
+TEST(JoinPrune, KeepsSpansACandidateOrAFutureCallCanTouch) {
+  // Spans (ids): 1 [10,20), 2 [30,30] instant, 3 [40,50), 4 [95,120) ends past the floor,
+  // 5 [60,70), 6 [70,70] instant at the candidate's end.
+  const std::vector<Event> spans = {span(10, 10, 1), span(30, 0, 2), span(40, 10, 3),
+                                    span(60, 10, 5), span(70, 0, 6), span(95, 25, 4)};
+  // Candidate call [50, 70): touches 3 (closed ranges meet at 50), 5, 6; floor 100 keeps 4.
+  EXPECT_EQ(ids_after_prune(JoinKind::kOverlap, 0, spans, 100, {{50, 70}}), (std::vector<uint64_t>{3, 5, 6, 4}));
+  // No candidates: only what a call starting at or after the floor can reach.
+  EXPECT_EQ(ids_after_prune(JoinKind::kOverlap, 0, spans, 100, {}), (std::vector<uint64_t>{4}));
+  // An instant exactly at the floor stays (a call may start there).
+  EXPECT_EQ(ids_after_prune(JoinKind::kOverlap, 0, {span(50, 10, 8), span(100, 0, 9)}, 100, {}),
+            (std::vector<uint64_t>{9}));
+  // Spans with one start go all or none: 12 is touched, so 11 (same start) stays too.
+  EXPECT_EQ(ids_after_prune(JoinKind::kOverlap, 0, {span(20, 5, 11), span(20, 40, 12)}, 100, {{50, 55}}),
+            (std::vector<uint64_t>{11, 12}));
+  // kWithin widens both: a future call at 100 reaches back to 100 - 35 = 65 (keeps 5, 6, 4), and
+  // the candidate [20, 22) reaches [0, 57] (keeps 1, 2, 3).
+  EXPECT_EQ(ids_after_prune(JoinKind::kWithin, 35, spans, 100, {{20, 22}}), (std::vector<uint64_t>{1, 2, 3, 5, 6, 4}));
+  EXPECT_EQ(ids_after_prune(JoinKind::kWithin, 35, spans, 100, {}), (std::vector<uint64_t>{5, 6, 4}));
+  // A floor within reach of zero prunes nothing.
+  EXPECT_EQ(ids_after_prune(JoinKind::kWithin, 200, spans, 100, {}).size(), spans.size());
+}
+
+// Pruned spans still count in evicted() exactly as they would have unpruned, in the buffer's
+// order: a ghost goes before a later span with the same start, and a live front blocks the rest.
+TEST(JoinPrune, EvictedCountIsUnchangedByPruning) {
+  auto evicted_with = [](bool prune) {
+    IntervalJoin j(JoinKind::kOverlap, 0);
+    std::unordered_map<uint64_t, std::vector<IntervalJoin::CallRange>> none;
+    j.add_right(7, span(10, 10, 1));
+    j.add_right(7, span(12, 2, 2));
+    if (prune) j.prune(30, none);
+    EXPECT_EQ(j.pruned(), prune ? 2u : 0u);
+    j.add_right(7, span(10, 90, 3));  // same start as ghost 1, after it; live until 100
+    j.add_right(7, span(5, 10, 4));   // before everything; dead at 50
+    j.evict(50, 0);                   // pops 4 and 1, then 3 blocks 2
+    const uint64_t first = j.evicted();
+    j.evict(101, 0);  // pops 3, then 2
+    return std::make_pair(first, j.evicted());
+  };
+  EXPECT_EQ(evicted_with(false), std::make_pair(uint64_t{2}, uint64_t{4}));
+  EXPECT_EQ(evicted_with(true), std::make_pair(uint64_t{2}, uint64_t{4}));
+}
+
+}  // namespace
+}  // namespace ingero
