@@ -25,45 +25,46 @@ AggregateLayout::AggregateLayout(const AggregateNode& node) : node_(node) {
     const bool uses_field = spec.kind != AggKind::kCount && spec.kind != AggKind::kRate;
     field_slot_.push_back(uses_field && spec.kind != AggKind::kQuantile ? index_of(fields_, spec.field) : -1);
     quantile_slot_.push_back(spec.kind == AggKind::kQuantile ? index_of(quantile_fields_, spec.field) : -1);
+    has_rate_ = has_rate_ || spec.kind == AggKind::kRate;
   }
+  // Fields are deduplicated, so "duration only" means at most one of each.
+  const bool dur_stats = fields_.size() == 1 && fields_[0] == Field::kDuration;
+  const bool dur_quantile = quantile_fields_.size() == 1 && quantile_fields_[0] == Field::kDuration;
+  const bool no_stats = fields_.empty(), no_quantile = quantile_fields_.empty();
+  if (no_stats && no_quantile) shape_ = Shape::kCount;
+  else if (dur_stats && no_quantile) shape_ = Shape::kDurStats;
+  else if (no_stats && dur_quantile) shape_ = Shape::kDurQuantile;
+  else if (dur_stats && dur_quantile) shape_ = Shape::kDurBoth;
+  else shape_ = Shape::kGeneral;
 }
 
 AggregateState::AggregateState(const AggregateLayout* layout) : layout_(layout) { init(); }
 
 void AggregateState::init() {
-  if (!layout_) return;
-  const size_t nf = layout_->fields().size();
-  sum_.assign(nf, 0.0);
-  min_.assign(nf, kNaN);
-  max_.assign(nf, kNaN);
+  if (!layout_) return;  // counts events only
+  shape_ = layout_->shape();
+  track_span_ = layout_->has_rate();
+  acc_.assign(layout_->fields().size(), FieldAcc{0.0, kNaN, kNaN});
   quantiles_.clear();
   for (size_t i = 0; i < layout_->quantile_fields().size(); ++i)
     quantiles_.emplace_back(layout_->node().exact_limit, layout_->node().sketch_alpha);
 }
 
-void AggregateState::add(const Event& e) {
-  count_.add(e.ts_ns, e.end_ns());
-  if (!layout_) return;
+void AggregateState::add_general(const Event& e) {
   const auto& fields = layout_->fields();
-  for (size_t i = 0; i < fields.size(); ++i) {
-    const double v = field_of(e, fields[i]);
-    sum_[i] += v;
-    if (!(min_[i] <= v)) min_[i] = v;
-    if (!(max_[i] >= v)) max_[i] = v;
-  }
+  for (size_t i = 0; i < fields.size(); ++i) fold(acc_[i], field_of(e, fields[i]));
   const auto& qf = layout_->quantile_fields();
-  for (size_t i = 0; i < qf.size(); ++i) {
-    const double v = field_of(e, qf[i]);
-    quantiles_[i].add(v > 0 ? static_cast<uint64_t>(v) : 0);
-  }
+  for (size_t i = 0; i < qf.size(); ++i) quantiles_[i].add(quantile_input(field_of(e, qf[i])));
 }
 
 void AggregateState::merge(const AggregateState& o) {
   count_.merge(o.count_);
-  for (size_t i = 0; i < sum_.size() && i < o.sum_.size(); ++i) {
-    sum_[i] += o.sum_[i];
-    if (!(min_[i] <= o.min_[i])) min_[i] = o.min_[i] == o.min_[i] ? o.min_[i] : min_[i];
-    if (!(max_[i] >= o.max_[i])) max_[i] = o.max_[i] == o.max_[i] ? o.max_[i] : max_[i];
+  for (size_t i = 0; i < acc_.size() && i < o.acc_.size(); ++i) {
+    FieldAcc& a = acc_[i];
+    const FieldAcc& b = o.acc_[i];
+    a.sum += b.sum;
+    if (!(a.min <= b.min)) a.min = b.min == b.min ? b.min : a.min;
+    if (!(a.max >= b.max)) a.max = b.max == b.max ? b.max : a.max;
   }
   for (size_t i = 0; i < quantiles_.size() && i < o.quantiles_.size(); ++i) quantiles_[i].merge(o.quantiles_[i]);
 }
@@ -78,10 +79,10 @@ void AggregateState::values(uint64_t window_ns, double* out) const {
     switch (specs[i].kind) {
       case AggKind::kCount: out[i] = n; break;
       case AggKind::kRate: out[i] = count_.rate(window_ns); break;
-      case AggKind::kSum: out[i] = sum_[static_cast<size_t>(f)]; break;
-      case AggKind::kMin: out[i] = min_[static_cast<size_t>(f)]; break;
-      case AggKind::kMax: out[i] = max_[static_cast<size_t>(f)]; break;
-      case AggKind::kMean: out[i] = n > 0 ? sum_[static_cast<size_t>(f)] / n : kNaN; break;
+      case AggKind::kSum: out[i] = acc_[static_cast<size_t>(f)].sum; break;
+      case AggKind::kMin: out[i] = acc_[static_cast<size_t>(f)].min; break;
+      case AggKind::kMax: out[i] = acc_[static_cast<size_t>(f)].max; break;
+      case AggKind::kMean: out[i] = n > 0 ? acc_[static_cast<size_t>(f)].sum / n : kNaN; break;
       case AggKind::kQuantile: {
         const auto& qs = quantiles_[static_cast<size_t>(q)];
         out[i] = qs.count() ? static_cast<double>(qs.quantile(specs[i].q)) : kNaN;

@@ -19,6 +19,11 @@ struct CountRate {
 
   void add(uint64_t ts, uint64_t end) {
     if (count != std::numeric_limits<uint64_t>::max()) ++count;
+    add_span(ts, end);
+  }
+  // The span part of add() alone, for a caller that counts by itself and needs the span only
+  // for rate() over a whole-trace window (AggregateState skips it when it has no rate).
+  void add_span(uint64_t ts, uint64_t end) {
     first_ts = std::min(first_ts, ts);
     last_end = std::max(last_end, end);
   }

@@ -1,20 +1,9 @@
 #include "operators/op_stats.h"
 
-#include "operators/count_rate.h"
-
 namespace ingero {
 
-OpStatsAccumulator::PerOp& OpStatsAccumulator::slot(Source s, uint8_t op) {
-  auto& p = ops_[static_cast<size_t>(s) << 8 | op];
-  if (!p) p = std::make_unique<PerOp>(PerOp{QuantileState(exact_limit_, alpha_), 0, 0});
-  return *p;
-}
-
-void OpStatsAccumulator::add(const Event& e) {
-  auto& p = slot(e.source, e.op);
-  p.q.add(e.dur_ns);
-  p.total = sat_add(p.total, e.dur_ns);
-  if (e.ret != 0) ++p.errors;
+std::unique_ptr<OpStatsAccumulator::PerOp> OpStatsAccumulator::make_op() const {
+  return std::make_unique<PerOp>(PerOp{QuantileState(exact_limit_, alpha_), 0, 0});
 }
 
 void OpStatsAccumulator::merge(const OpStatsAccumulator& other) {

@@ -4,7 +4,8 @@
 // statistics). Quantiles are nearest-rank, exact up to `exact_limit` samples per op, then DDSketch
 // (quantile.h) - OpStats::exact says which. merge() folds in another accumulator (another shard):
 // the merged result equals what one accumulator over all the events would give, so statistics do
-// not depend on the number of shards. Single-threaded per instance.
+// not depend on the number of shards. Single-threaded per instance. add() is inline (one table
+// lookup, the quantile state's inline add, two counters); merge() and results() are not.
 #pragma once
 
 #include <memory>
@@ -12,6 +13,7 @@
 
 #include "model/event.h"
 #include "model/result.h"
+#include "operators/count_rate.h"
 #include "operators/quantile.h"
 
 namespace ingero {
@@ -20,7 +22,12 @@ class OpStatsAccumulator {
  public:
   explicit OpStatsAccumulator(uint32_t exact_limit = 1u << 16, double alpha = 0.01)
       : exact_limit_(exact_limit), alpha_(alpha) {}
-  void add(const Event& e);
+  void add(const Event& e) {  // inline: runs on every event
+    PerOp& p = slot(e.source, e.op);
+    p.q.add(e.dur_ns);
+    p.total = sat_add(p.total, e.dur_ns);
+    p.errors += e.ret != 0 ? 1 : 0;
+  }
   void merge(const OpStatsAccumulator& other);
   std::vector<OpStats> results() const;  // sorted by (source, op)
 
@@ -29,7 +36,12 @@ class OpStatsAccumulator {
     QuantileState q;
     uint64_t total = 0, errors = 0;
   };
-  PerOp& slot(Source s, uint8_t op);
+  PerOp& slot(Source s, uint8_t op) {
+    auto& p = ops_[static_cast<size_t>(s) << 8 | op];
+    if (!p) p = make_op();
+    return *p;
+  }
+  std::unique_ptr<PerOp> make_op() const;
   uint32_t exact_limit_;
   double alpha_;
   // Indexed by source << 8 | op: a lookup per event without hashing; iterates in (source, op) order.

@@ -49,20 +49,89 @@ const SketchIndex& SketchIndex::for_alpha(double alpha) {
 
 QuantileState::QuantileState(uint32_t exact_limit, double alpha)
     : exact_limit_(exact_limit),
+      index_(&SketchIndex::for_alpha(alpha > 0 && alpha < 1 ? alpha : 0.01)),
       alpha_(alpha > 0 && alpha < 1 ? alpha : 0.01),
-      log_gamma_(std::log((1 + alpha_) / (1 - alpha_))),
-      index_(&SketchIndex::for_alpha(alpha_)) {}
+      log_gamma_(std::log((1 + alpha_) / (1 - alpha_))) {}
 
-void QuantileState::clear() {
+QuantileState::QuantileState(const QuantileState& o)
+    : size_(o.size_),
+      cap_(o.cap_),
+      narrow_(o.cap_ ? std::make_unique_for_overwrite<uint32_t[]>(o.cap_) : nullptr),
+      count_(o.count_),
+      min_(o.min_),
+      max_(o.max_),
+      mode_(o.mode_),
+      sorted_(o.sorted_),
+      exact_limit_(o.exact_limit_),
+      index_(o.index_),
+      counts_(o.counts_),
+      lowest_(o.lowest_),
+      zeros_(o.zeros_),
+      wide_(o.wide_),
+      alpha_(o.alpha_),
+      log_gamma_(o.log_gamma_) {
+  if (size_) std::copy(o.narrow_.get(), o.narrow_.get() + size_, narrow_.get());
+}
+
+QuantileState& QuantileState::operator=(const QuantileState& o) {
+  if (this != &o) *this = QuantileState(o);
+  return *this;
+}
+
+QuantileState::QuantileState(QuantileState&& o) noexcept
+    : size_(o.size_),
+      cap_(o.cap_),
+      narrow_(std::move(o.narrow_)),
+      count_(o.count_),
+      min_(o.min_),
+      max_(o.max_),
+      mode_(o.mode_),
+      sorted_(o.sorted_),
+      exact_limit_(o.exact_limit_),
+      index_(o.index_),
+      counts_(std::move(o.counts_)),
+      lowest_(o.lowest_),
+      zeros_(o.zeros_),
+      wide_(std::move(o.wide_)),
+      alpha_(o.alpha_),
+      log_gamma_(o.log_gamma_) {
+  o.clear();
+}
+
+QuantileState& QuantileState::operator=(QuantileState&& o) noexcept {
+  if (this == &o) return *this;
+  size_ = o.size_;
+  cap_ = o.cap_;
+  narrow_ = std::move(o.narrow_);
+  count_ = o.count_;
+  min_ = o.min_;
+  max_ = o.max_;
+  mode_ = o.mode_;
+  sorted_ = o.sorted_;
+  exact_limit_ = o.exact_limit_;
+  index_ = o.index_;
+  counts_ = std::move(o.counts_);
+  lowest_ = o.lowest_;
+  zeros_ = o.zeros_;
+  wide_ = std::move(o.wide_);
+  alpha_ = o.alpha_;
+  log_gamma_ = o.log_gamma_;
+  o.clear();
+  return *this;
+}
+
+void QuantileState::clear() noexcept {
+  size_ = cap_ = 0;
+  narrow_.reset();
   count_ = 0;
   min_ = UINT64_MAX;
   max_ = 0;
-  values_.clear();
+  mode_ = Mode::kNarrow;
   sorted_ = true;
-  sketch_ = false;
-  zeros_ = 0;
   counts_.clear();
   lowest_ = 0;
+  zeros_ = 0;
+  std::vector<uint64_t>().swap(wide_);
 }
 
 uint64_t QuantileState::bucket_value(int b) const {
@@ -79,7 +148,7 @@ void QuantileState::bucket_add(int b, uint64_t n) {
     // Grow downwards with some slack (empty buckets never change a quantile).
     const size_t grow = static_cast<size_t>(lowest_ - b) + 16;
     counts_.insert(counts_.begin(), grow, 0);
-    lowest_ -= static_cast<int>(grow);
+    lowest_ -= static_cast<int64_t>(grow);
   } else if (static_cast<size_t>(b - lowest_) >= counts_.size()) {
     counts_.resize(static_cast<size_t>(b - lowest_) + 16, 0);
   }
@@ -91,44 +160,104 @@ void QuantileState::sketch_add(uint64_t v, uint64_t n) {
   else bucket_add((*index_)(v), n);
 }
 
-void QuantileState::to_sketch() {
-  sketch_ = true;
-  for (uint64_t v : values_) sketch_add(v, 1);
-  values_.clear();
-  values_.shrink_to_fit();
+void QuantileState::grow_narrow() {
+  // Doubling from 4 values, never past exact_limit_ (the buffer never holds more).
+  const uint32_t cap = static_cast<uint32_t>(
+      std::min<uint64_t>(std::max<uint64_t>(uint64_t{cap_} * 2, 4), exact_limit_));
+  auto grown = std::make_unique_for_overwrite<uint32_t[]>(cap);
+  std::copy(narrow_.get(), narrow_.get() + size_, grown.get());
+  narrow_ = std::move(grown);
+  cap_ = cap;
 }
 
-void QuantileState::add(uint64_t v) {
-  ++count_;
-  min_ = std::min(min_, v);
-  max_ = std::max(max_, v);
-  if (sketch_) {
+void QuantileState::widen() {
+  wide_.reserve(std::max<size_t>(cap_, size_ + 1));
+  wide_.assign(narrow_.get(), narrow_.get() + size_);
+  narrow_.reset();
+  size_ = cap_ = 0;
+  mode_ = Mode::kWide;
+}
+
+void QuantileState::to_sketch() {
+  // The buffer's values, counted into buckets sized once for its smallest non-zero value and
+  // its largest (max_ covers every buffered value), then one increment per value.
+  auto fill = [this](const auto* values, size_t n) {
+    if (max_ == 0) {  // only zeros (or nothing)
+      zeros_ += n;
+      return;
+    }
+    uint64_t lo = UINT64_MAX;  // the smallest non-zero value (there is one: max_ > 0)
+    for (size_t i = 0; i < n; ++i) lo = values[i] && values[i] < lo ? values[i] : lo;
+    const SketchIndex& index = *index_;
+    bucket_add(index(lo), 0);
+    bucket_add(index(max_), 0);
+    uint64_t* counts = counts_.data();
+    const int64_t lowest = lowest_;
+    uint64_t zeros = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t v = values[i];
+      if (v == 0) ++zeros;
+      else ++counts[index(v) - lowest];
+    }
+    zeros_ += zeros;
+  };
+  if (mode_ == Mode::kWide) fill(wide_.data(), wide_.size());
+  else fill(narrow_.get(), size_);
+  mode_ = Mode::kSketch;
+  narrow_.reset();
+  size_ = cap_ = 0;
+  std::vector<uint64_t>().swap(wide_);
+}
+
+void QuantileState::add_slow(uint64_t v) {
+  // v is not counted yet (count_, min_, max_ are the state before it).
+  if (mode_ == Mode::kSketch) {  // a zero, a value for the formula, or a bucket outside the array
     sketch_add(v, 1);
     return;
   }
-  if (!values_.empty() && v < values_.back()) sorted_ = false;
-  values_.push_back(v);
-  if (values_.size() > exact_limit_) to_sketch();
+  if (exact_size() >= exact_limit_) {  // v would be value exact_limit + 1: the buffer becomes a sketch
+    to_sketch();
+    sketch_add(v, 1);
+    return;
+  }
+  sorted_ = sorted_ && v >= max_;
+  if (mode_ == Mode::kNarrow && v <= UINT32_MAX) {  // the buffer is full: grow it
+    grow_narrow();
+    narrow_[size_++] = static_cast<uint32_t>(v);
+    return;
+  }
+  if (mode_ == Mode::kNarrow) widen();  // the first value >= 2^32
+  wide_.push_back(v);
 }
 
 void QuantileState::merge(const QuantileState& other) {
   if (other.count_ == 0) return;
+  if (exact() && other.exact() && exact_size() + other.exact_size() <= exact_limit_) {
+    if (mode_ == Mode::kNarrow && other.mode_ == Mode::kWide) widen();
+    if (mode_ == Mode::kWide) {
+      if (other.mode_ == Mode::kWide) wide_.insert(wide_.end(), other.wide_.begin(), other.wide_.end());
+      else wide_.insert(wide_.end(), other.narrow_.get(), other.narrow_.get() + other.size_);
+    } else {
+      while (cap_ - size_ < other.size_) grow_narrow();  // fits: size_ + other.size_ <= exact_limit_
+      std::copy(other.narrow_.get(), other.narrow_.get() + other.size_, narrow_.get() + size_);
+      size_ += other.size_;
+    }
+    sorted_ = false;
+  } else {
+    if (exact()) to_sketch();
+    if (!other.exact()) {
+      zeros_ += other.zeros_;
+      for (size_t i = 0; i < other.counts_.size(); ++i)
+        if (other.counts_[i]) bucket_add(static_cast<int>(other.lowest_ + static_cast<int64_t>(i)), other.counts_[i]);
+    } else if (other.mode_ == Mode::kWide) {
+      for (uint64_t v : other.wide_) sketch_add(v, 1);
+    } else {
+      for (size_t i = 0; i < other.size_; ++i) sketch_add(other.narrow_[i], 1);
+    }
+  }
   count_ += other.count_;
   min_ = std::min(min_, other.min_);
   max_ = std::max(max_, other.max_);
-  if (!sketch_ && !other.sketch_ && values_.size() + other.values_.size() <= exact_limit_) {
-    values_.insert(values_.end(), other.values_.begin(), other.values_.end());
-    sorted_ = false;
-    return;
-  }
-  if (!sketch_) to_sketch();
-  if (other.sketch_) {
-    zeros_ += other.zeros_;
-    for (size_t i = 0; i < other.counts_.size(); ++i)
-      if (other.counts_[i]) bucket_add(other.lowest_ + static_cast<int>(i), other.counts_[i]);
-  } else {
-    for (uint64_t v : other.values_) sketch_add(v, 1);
-  }
 }
 
 uint64_t QuantileState::quantile(double q) const {
@@ -140,19 +269,22 @@ uint64_t QuantileState::quantile(double q) const {
   const double exact_k = q * static_cast<double>(count_);
   if (std::fabs(exact_k - std::round(exact_k)) < 1e-9) k = static_cast<uint64_t>(std::llround(exact_k));
   k = std::clamp<uint64_t>(k, 1, count_);
-  if (!sketch_) {
-    if (!sorted_) {
-      std::sort(values_.begin(), values_.end());
-      sorted_ = true;
-    }
-    return values_[k - 1];
+  if (mode_ == Mode::kWide) {
+    if (!sorted_) std::sort(wide_.begin(), wide_.end());
+    sorted_ = true;
+    return wide_[k - 1];
+  }
+  if (mode_ == Mode::kNarrow) {
+    if (!sorted_) std::sort(narrow_.get(), narrow_.get() + size_);
+    sorted_ = true;
+    return narrow_[k - 1];
   }
   if (k <= zeros_) return 0;
   uint64_t seen = zeros_;
   for (size_t i = 0; i < counts_.size(); ++i) {
     if (!counts_[i]) continue;
     seen += counts_[i];
-    if (seen >= k) return std::clamp(bucket_value(lowest_ + static_cast<int>(i)), min_, max_);
+    if (seen >= k) return std::clamp(bucket_value(static_cast<int>(lowest_ + static_cast<int64_t>(i))), min_, max_);
   }
   return max_;
 }

@@ -2,17 +2,23 @@
 //
 // Contract:
 // - Input: non-negative values (durations in ns), any order.
-// - Exact mode keeps every value up to `exact_limit` in a flat vector (sorted lazily, at query
+// - Exact mode keeps every value up to `exact_limit` in a flat buffer (sorted lazily, at query
 //   time); quantile(q) is the value at index ceil(q*n)-1 of the sorted sample (nearest rank),
 //   which is what Ingero reports, so replayed numbers match Ingero's and SQL over the stored events.
+//   The buffer holds 32-bit values while every value fits (durations below 2^32 ns, about 4.29 s:
+//   the common case, half the memory and half the sort) and widens itself to 64-bit on the first
+//   larger value; the width is invisible in every result.
 // - Past `exact_limit` values the state converts itself to a DDSketch (logarithmic buckets with
 //   gamma = (1+alpha)/(1-alpha), bucket index ceil(ln(v)/ln(gamma))): every quantile it returns is
 //   within relative error `alpha` of the true nearest-rank value. Memory is then
-//   O(log(max/min)/alpha) buckets, not O(n).
+//   O(log(max/min)/alpha) buckets, not O(n). The value that would exceed the limit converts the
+//   buffer first, so the buffer never grows past `exact_limit` values.
 // - Buckets are a dense array of counts over [lowest, highest] index (one add = one increment),
 //   and the index of a value comes from a per-alpha table (SketchIndex) that returns exactly
 //   ceil(ln(v)/ln(gamma)) as the formula computes it: outputs are identical to a std::map of
 //   buckets fed by the formula (tests/operators/quantile_dense_test.cpp compares both).
+// - add() is inline: the exact-mode append and the sketch increment inside the known buckets
+//   are the per-event path; growing, widening and converting are out of line.
 // - merge() is exact when both sides are exact and fit the limit; otherwise sketch + sketch.
 // - Zero values are counted apart (a log bucket cannot hold 0), so p50 = 0 is reported as 0.
 // - Single-threaded; one instance per key/window. SketchIndex tables are shared, immutable and
@@ -21,6 +27,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace ingero {
@@ -40,13 +47,23 @@ class SketchIndex {
   explicit SketchIndex(double log_gamma);
   static int formula(uint64_t v, double log_gamma);  // the reference definition
   int operator()(uint64_t v) const {
-    if (v < kDirect) return direct_[v];
+    int b = 0;
+    return lookup(v, b) ? b : formula(v, log_gamma_);
+  }
+  // The table part alone: sets b and returns true when a table answers for v, false when only
+  // the formula does (v >= 2^43, or an alpha below 0.008). Keeps callers' fast paths call-free.
+  bool lookup(uint64_t v, int& b) const {
+    if (v < kDirect) {
+      b = direct_[v];
+      return true;
+    }
     if (v < kCellEnd && cells_ok_) {
       const int e = 63 - __builtin_clzll(v);
       const Cell& c = cells_[static_cast<size_t>(e - kDirectBits) * kCellsPerPow2 + ((v >> (e - 6)) & 63)];
-      return v >= c.next ? c.bucket + 1 : c.bucket;
+      b = v >= c.next ? c.bucket + 1 : c.bucket;
+      return true;
     }
-    return formula(v, log_gamma_);
+    return false;
   }
   double log_gamma() const { return log_gamma_; }
 
@@ -69,36 +86,67 @@ class SketchIndex {
 class QuantileState {
  public:
   explicit QuantileState(uint32_t exact_limit = 65536, double alpha = 0.01);
+  QuantileState(const QuantileState& o);
+  QuantileState& operator=(const QuantileState& o);
+  QuantileState(QuantileState&& o) noexcept;  // leaves o empty (as after clear())
+  QuantileState& operator=(QuantileState&& o) noexcept;
+  ~QuantileState() = default;
 
-  void add(uint64_t v);
+  void add(uint64_t v) {
+    int b = 0;
+    if (v <= UINT32_MAX && size_ < cap_) {  // exact, 32-bit, room left (cap_ is 0 in other modes)
+      sorted_ = sorted_ && v >= max_;       // in order iff no value is below the largest before it
+      narrow_[size_++] = static_cast<uint32_t>(v);
+    } else if (mode_ == Mode::kSketch && v != 0 && index_->lookup(v, b) &&
+               static_cast<uint64_t>(b - lowest_) < counts_.size()) {  // below lowest_ wraps: false
+      ++counts_[static_cast<size_t>(b - lowest_)];
+    } else {
+      add_slow(v);
+    }
+    ++count_;
+    min_ = v < min_ ? v : min_;
+    max_ = v > max_ ? v : max_;
+  }
   void merge(const QuantileState& other);
   // Nearest-rank quantile, q in (0, 1]; 0 for an empty state.
   uint64_t quantile(double q) const;
   uint64_t count() const { return count_; }
   uint64_t min() const { return count_ ? min_ : 0; }
   uint64_t max() const { return max_; }
-  bool exact() const { return !sketch_; }
+  bool exact() const { return mode_ != Mode::kSketch; }
+  // Exact mode with 64-bit values (a value of 2^32 or more was seen); for tests and memory figures.
+  bool wide() const { return mode_ == Mode::kWide; }
   double alpha() const { return alpha_; }
-  void clear();
+  void clear() noexcept;
 
  private:
+  // kNarrow: exact, values in narrow_[0, size_); kWide: exact, values in wide_;
+  // kSketch: zeros_ + counts_.
+  enum class Mode : uint8_t { kNarrow, kWide, kSketch };
+  void add_slow(uint64_t v);  // every case add() does not take inline (before v is counted)
+  void grow_narrow();
+  void widen();
   void to_sketch();
   void sketch_add(uint64_t v, uint64_t n);
   void bucket_add(int b, uint64_t n);
   uint64_t bucket_value(int b) const;
+  size_t exact_size() const { return mode_ == Mode::kWide ? wide_.size() : size_; }
 
-  uint32_t exact_limit_;
-  double alpha_;
-  double log_gamma_;
-  const SketchIndex* index_;
+  // Hot members first: add()'s narrow path reads only the first 40 bytes.
+  uint32_t size_ = 0, cap_ = 0;         // narrow_'s values and capacity (cap_ <= exact_limit_; 0 unless kNarrow)
+  std::unique_ptr<uint32_t[]> narrow_;  // exact mode while every value < 2^32; sorted lazily
   uint64_t count_ = 0, min_ = UINT64_MAX, max_ = 0;
-  mutable std::vector<uint64_t> values_;  // exact mode; sorted lazily
-  mutable bool sorted_ = true;
-  bool sketch_ = false;
-  uint64_t zeros_ = 0;
+  Mode mode_ = Mode::kNarrow;
+  mutable bool sorted_ = true;  // exact mode: the buffer is in ascending order
+  uint32_t exact_limit_;
+  const SketchIndex* index_;
   // Sketch mode: counts_[i] = values in bucket lowest_ + i (dense over the buckets seen).
   std::vector<uint64_t> counts_;
-  int lowest_ = 0;
+  int64_t lowest_ = 0;
+  uint64_t zeros_ = 0;
+  mutable std::vector<uint64_t> wide_;  // exact mode after a value >= 2^32; sorted lazily
+  double alpha_;
+  double log_gamma_;
 };
 
 }  // namespace ingero

@@ -1,7 +1,13 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
 
+#include "model/expr.h"
 #include "operators/aggregate.h"
 #include "operators/count_rate.h"
 
@@ -66,6 +72,143 @@ TEST(Aggregate, MergeOfPartials) {
   a.values(10, x);
   all.values(10, y);
   for (int i = 0; i < 8; ++i) EXPECT_EQ(x[i], y[i]) << i;
+}
+
+// Randomized: every layout shape (count only, duration stats, duration quantiles, both, and the
+// general loop over mixed fields) against a straightforward reference computed here from the
+// events, and merge() of random partitions against one state over all the events.
+double reference_value(const AggSpec& spec, const std::vector<Event>& ev, uint64_t window_ns) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  if (spec.kind == AggKind::kCount) return static_cast<double>(ev.size());
+  if (spec.kind == AggKind::kRate) {
+    uint64_t first = UINT64_MAX, last = 0;
+    for (const auto& e : ev) first = std::min(first, e.ts_ns), last = std::max(last, e.end_ns());
+    const uint64_t span = window_ns ? window_ns : (last > first ? last - first : 0);
+    return span ? static_cast<double>(ev.size()) * 1e9 / static_cast<double>(span) : nan;
+  }
+  if (ev.empty()) return spec.kind == AggKind::kSum ? 0 : nan;
+  std::vector<double> v;
+  for (const auto& e : ev) v.push_back(read_field(e, spec.field));
+  double sum = 0;
+  for (double x : v) sum += x;
+  switch (spec.kind) {
+    case AggKind::kSum: return sum;
+    case AggKind::kMin: return *std::min_element(v.begin(), v.end());
+    case AggKind::kMax: return *std::max_element(v.begin(), v.end());
+    case AggKind::kMean: return sum / static_cast<double>(v.size());
+    case AggKind::kQuantile: {
+      std::vector<uint64_t> u;
+      for (double x : v) u.push_back(x > 0 ? (x < 18446744073709551616.0 ? static_cast<uint64_t>(x) : UINT64_MAX) : 0);
+      std::sort(u.begin(), u.end());
+      const double ek = spec.q * static_cast<double>(u.size());
+      auto k = static_cast<size_t>(std::ceil(ek));
+      if (std::fabs(ek - std::round(ek)) < 1e-9) k = static_cast<size_t>(std::llround(ek));
+      k = std::clamp<size_t>(k, 1, u.size());
+      return static_cast<double>(u[k - 1]);
+    }
+    default: return nan;
+  }
+}
+
+Event random_event(std::mt19937_64& rng) {
+  Event e;
+  e.ts_ns = 1'000'000'000 + rng() % 5'000'000'000;
+  switch (rng() % 8) {
+    case 0: e.dur_ns = 0; break;
+    case 1: e.dur_ns = (uint64_t{1} << 32) - 2 + rng() % 4; break;  // around 2^32
+    case 2: e.dur_ns = (uint64_t{1} << 53) + rng() % 5; break;      // where a double rounds
+    case 3: e.dur_ns = rng() % 2 ? UINT64_MAX : uint64_t{1} << 63; break;
+    default: e.dur_ns = 2000 + rng() % 100000; break;
+  }
+  e.arg0 = rng() % 4 ? rng() % 1'000'000 : rng();
+  e.ret = static_cast<int32_t>(rng() % 5) - 2;  // negative values go to a quantile as 0
+  e.pid = static_cast<uint32_t>(rng() % 100);
+  return e;
+}
+
+void expect_row(const double* got, const double* want, size_t n, const std::string& what) {
+  for (size_t i = 0; i < n; ++i) {
+    if (std::isnan(want[i])) EXPECT_TRUE(std::isnan(got[i])) << what << " spec " << i;
+    else EXPECT_EQ(got[i], want[i]) << what << " spec " << i;
+  }
+}
+
+TEST(Aggregate, RandomEventsEveryShapeAgainstReference) {
+  using S = AggregateLayout::Shape;
+  const auto spec = [](AggKind k, Field f = Field::kDuration, double q = 0.5) { return AggSpec{"x", k, f, q}; };
+  struct Case {
+    S shape;
+    std::vector<AggSpec> aggs;
+  };
+  const std::vector<Case> cases = {
+      {S::kCount, {spec(AggKind::kCount)}},
+      {S::kCount, {spec(AggKind::kCount), spec(AggKind::kRate)}},
+      {S::kDurStats, {spec(AggKind::kSum), spec(AggKind::kMax), spec(AggKind::kMean), spec(AggKind::kMin)}},
+      {S::kDurQuantile, {spec(AggKind::kQuantile, Field::kDuration, 0.99), spec(AggKind::kCount)}},
+      {S::kDurBoth,
+       {spec(AggKind::kCount), spec(AggKind::kSum), spec(AggKind::kQuantile, Field::kDuration, 0.5),
+        spec(AggKind::kQuantile, Field::kDuration, 0.95), spec(AggKind::kMax), spec(AggKind::kRate)}},
+      {S::kGeneral,
+       {spec(AggKind::kSum, Field::kArg0), spec(AggKind::kQuantile, Field::kDuration, 0.99),
+        spec(AggKind::kMin, Field::kRet), spec(AggKind::kMax, Field::kDuration)}},
+      {S::kGeneral,
+       {spec(AggKind::kQuantile, Field::kRet, 0.5), spec(AggKind::kQuantile, Field::kArg0, 0.9),
+        spec(AggKind::kMean, Field::kPid), spec(AggKind::kRate)}},
+  };
+  std::mt19937_64 rng(2024);
+  for (size_t c = 0; c < cases.size(); ++c) {
+    for (int trial = 0; trial < 20; ++trial) {
+      AggregateNode node;
+      node.aggs = cases[c].aggs;
+      node.exact_limit = 1u << 20;  // exact: the reference is nearest rank over the sorted values
+      AggregateLayout layout(node);
+      ASSERT_EQ(layout.shape(), cases[c].shape) << "case " << c;
+      AggregateState all(&layout), a(&layout), b(&layout);
+      std::vector<Event> ev;
+      const int n = trial == 0 ? 0 : static_cast<int>(rng() % 3000);
+      for (int i = 0; i < n; ++i) {
+        ev.push_back(random_event(rng));
+        all.add(ev.back());
+        (rng() % 3 ? a : b).add(ev.back());
+      }
+      const size_t k = node.aggs.size();
+      const std::string what = "case " + std::to_string(c) + " trial " + std::to_string(trial);
+      for (uint64_t window : {uint64_t{0}, uint64_t{10'000'000'000}}) {
+        std::vector<double> got(k), want(k), merged(k);
+        for (size_t i = 0; i < k; ++i) want[i] = reference_value(node.aggs[i], ev, window);
+        all.values(window, got.data());
+        expect_row(got.data(), want.data(), k, what);
+        AggregateState m = a;
+        m.merge(b);
+        m.values(window, merged.data());
+        // Merged sums add partial sums (another rounding order): compare with the single state
+        // only where the partition cannot matter.
+        for (size_t i = 0; i < k; ++i)
+          if (node.aggs[i].kind == AggKind::kSum || node.aggs[i].kind == AggKind::kMean) merged[i] = got[i];
+        expect_row(merged.data(), got.data(), k, what + " merged");
+      }
+    }
+  }
+}
+
+TEST(Aggregate, SketchModeQuantileEqualsAQuantileStateFedTheSameValues) {
+  AggregateNode node;
+  node.aggs = {{"p99", AggKind::kQuantile, Field::kDuration, 0.99}, {"p50", AggKind::kQuantile, Field::kDuration, 0.5}};
+  node.exact_limit = 100;
+  AggregateLayout layout(node);
+  AggregateState s(&layout);
+  QuantileState q(100, node.sketch_alpha);
+  std::mt19937_64 rng(8);
+  for (int i = 0; i < 5000; ++i) {
+    const Event e = random_event(rng);
+    s.add(e);
+    q.add(AggregateState::quantile_input(static_cast<double>(e.dur_ns)));
+  }
+  ASSERT_FALSE(q.exact());
+  double v[2];
+  s.values(0, v);
+  EXPECT_EQ(v[0], static_cast<double>(q.quantile(0.99)));
+  EXPECT_EQ(v[1], static_cast<double>(q.quantile(0.5)));
 }
 
 TEST(CountRate, SaturatesAndHandlesZeroSpan) {
