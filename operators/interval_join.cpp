@@ -8,13 +8,21 @@ namespace ingero {
 
 void IntervalJoin::add_right(uint64_t key, const Event& e) {
   auto& buf = buffers_[key];
-  const SpanRef s{e.ts_ns, e.end_ns(), e.id, e.arg0};
+  const SpanRef s{e.ts_ns, e.end_ns(), e.id};
+  if (e.arg0 && !buf.has_arg0) {  // from now on, kept for every span
+    buf.arg0.assign(buf.spans.size(), 0);
+    buf.has_arg0 = true;
+  }
+  const bool with_arg0 = buf.has_arg0;
   if (buf.spans.empty() || buf.spans.back().ts <= s.ts) {
     buf.spans.push_back(s);
+    if (with_arg0) buf.arg0.push_back(e.arg0);
   } else {
     auto it = std::upper_bound(buf.spans.begin(), buf.spans.end(), s.ts,
                                [](uint64_t ts, const SpanRef& x) { return ts < x.ts; });
+    const auto at = it - buf.spans.begin();
     buf.spans.insert(it, s);
+    if (with_arg0) buf.arg0.insert(buf.arg0.begin() + at, e.arg0);
   }
   ++buffered_;
   buf.max_dur = std::max(buf.max_dur, s.end - s.ts);
@@ -38,7 +46,7 @@ ProbeResult IntervalJoin::probe(uint64_t key, uint64_t call_ts, uint64_t call_en
     if (!hit) continue;
     r.right_ids.push_back(s->id);
     r.right_ns += s->end - s->ts;
-    r.sum_arg0 += s->arg0;
+    if (buf.has_arg0) r.sum_arg0 += buf.arg0[static_cast<size_t>(s - buf.spans.begin())];
     if (kind_ == JoinKind::kOverlap) {
       const uint64_t a = std::max(s->ts, call_ts), b = std::min(s->end, call_end);
       if (b > a) pieces.emplace_back(a, b);
@@ -80,6 +88,7 @@ void IntervalJoin::evict(uint64_t watermark, uint64_t retain) {
       } else {
         if (spans.empty() || spans.front().end + retain >= watermark) break;
         spans.pop_front();
+        if (it->second.has_arg0) it->second.arg0.pop_front();
         --buffered_;
       }
       ++evicted_;
@@ -141,11 +150,17 @@ void IntervalJoin::prune(uint64_t floor, std::unordered_map<uint64_t, std::vecto
     // Dropped spans become ghosts, in order, and the kept ones close up in place.
     std::deque<Ghost> fresh;
     size_t w = 0;
+    auto& arg0 = buf.arg0;
     for (size_t i = 0; i < spans.size(); ++i) {
-      if (drop[i]) fresh.push_back({spans[i].ts, spans[i].end});
-      else spans[w++] = spans[i];
+      if (drop[i]) {
+        fresh.push_back({spans[i].ts, spans[i].end});
+      } else {
+        if (buf.has_arg0) arg0[w] = arg0[i];
+        spans[w++] = spans[i];
+      }
     }
     spans.erase(spans.begin() + static_cast<std::ptrdiff_t>(w), spans.end());
+    if (buf.has_arg0) arg0.erase(arg0.begin() + static_cast<std::ptrdiff_t>(w), arg0.end());
     auto& ghosts = buf.ghosts;
     if (ghosts.empty() || ghosts.back().ts <= fresh.front().ts) {
       ghosts.insert(ghosts.end(), fresh.begin(), fresh.end());

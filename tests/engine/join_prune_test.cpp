@@ -84,7 +84,8 @@ Plan join_plan(const Shape& s) {
 
 // A random trace on a coarse time grid (so calls and spans often start or end at the same
 // nanosecond): CUDA calls of 2 processes x 2 threads (some zero-length, some long), off-CPU
-// spans (some very long), block I/O requests and instants, page-allocation instants.
+// spans (some very long), block I/O requests and instants (some with bytes in arg0, so a join
+// buffer starts keeping arg0 midway), page-allocation instants.
 std::vector<Event> random_trace(std::mt19937_64& rng, size_t n, uint64_t span_ns, uint64_t grid = 50) {
   auto pick = [&](uint64_t lo, uint64_t hi) { return std::uniform_int_distribution<uint64_t>(lo, hi)(rng); };
   std::vector<Event> ev;
@@ -109,6 +110,7 @@ std::vector<Event> random_trace(std::mt19937_64& rng, size_t n, uint64_t span_ns
       e.source = Source::kIo;
       e.op = 1;
       e.dur_ns = pick(0, 2) == 0 ? 0 : pick(1, 60) * grid;
+      if (pick(0, 3) == 0) e.arg0 = pick(1, 64) * 4096;  // bytes, for some requests only
     } else {
       e.source = Source::kHost;
       e.op = op::kPageAlloc;
