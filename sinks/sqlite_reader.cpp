@@ -1144,6 +1144,9 @@ class StreamSource final : public EventSource {
   // Checks the schema, picks the read order and the slack, reads the side tables and the first
   // rows. False with `error` (no path prefix) on a fatal problem.
   bool open(std::string& error) {
+    // Every read here is a walk (side tables, the slack's index range, `events`): see
+    // small_page_cache(). Set first, so no query fills SQLite's default 2,000 KiB.
+    small_page_cache(db_.get());
     if (!reader_.open_schema(error)) return false;
     reader_.read_side_tables();
     const std::string index = timestamp_index();
@@ -1157,10 +1160,8 @@ class StreamSource final : public EventSource {
     } else {
       slack_ = rowid_order_disorder();
     }
-    // The walk of `events` (this one's, or the one that takes over from failed fetch threads)
-    // needs few pages; with fetch threads the reader's connection is idle from here on: it gives
-    // back the pages the side tables and the slack query cached.
-    small_page_cache(db_.get());
+    // With fetch threads the reader's connection is idle from here on (unless they fail): it
+    // gives back the pages the side tables and the slack query cached.
     if (feed_) {
       sqlite3_db_release_memory(db_.get());
     } else {

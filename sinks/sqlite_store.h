@@ -97,9 +97,11 @@ struct SqliteReadOptions {
   // range of about `fetch_chunk_rows` index entries in turn; rows are then decoded and ordered
   // exactly as one walk of the index would give them (same batches). Fetching is most of a
   // replay's cost. Below 2, or when the conditions fail, one walk on the reading thread. Memory:
-  // at most (fetch_threads + 1) chunks of fetched rows (~240 bytes each) are held.
+  // at most (fetch_threads + 1) chunks of fetched rows (~240 bytes each) are held, in blocks
+  // allocated once and reused. 2048 rows a chunk: ~1.5 MB in all (8192 took ~6 MB) for 0.06 %
+  // more instructions (docs/storage.md).
   size_t fetch_threads = 2;
-  size_t fetch_chunk_rows = 8192;
+  size_t fetch_chunk_rows = 2048;
   size_t fetch_min_rows = 262144;
   // Test-only fault injection: when set, fetch threads call it before planning each chunk
   // (where = "plan") and before taking each block of rows (where = "block"), from their own
