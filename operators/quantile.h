@@ -57,9 +57,10 @@ class SketchIndex {
       b = direct_[v];
       return true;
     }
-    if (v < kCellEnd && cells_ok_) {
+    if (v < cell_end_) {
       const int e = 63 - __builtin_clzll(v);
-      const Cell& c = cells_[static_cast<size_t>(e - kDirectBits) * kCellsPerPow2 + ((v >> (e - 6)) & 63)];
+      // Cell (e - kDirectBits) * 64 + the 6 bits below the top one; v >> (e - 6) is 64 + those bits.
+      const Cell& c = cells_[static_cast<size_t>(e - kDirectBits - 1) * kCellsPerPow2 + (v >> (e - 6))];
       b = v >= c.next ? c.bucket + 1 : c.bucket;
       return true;
     }
@@ -79,6 +80,7 @@ class SketchIndex {
   };
   double log_gamma_;
   bool cells_ok_ = true;
+  uint64_t cell_end_ = 0;  // kCellEnd once the cells are built and valid, else 0 (no cell lookups)
   std::vector<int> direct_;
   std::vector<Cell> cells_;
 };
@@ -92,20 +94,15 @@ class QuantileState {
   QuantileState& operator=(QuantileState&& o) noexcept;
   ~QuantileState() = default;
 
+  // Inline: the exact 32-bit append (the small-window path); every other case is one call.
   void add(uint64_t v) {
-    int b = 0;
     if (v <= UINT32_MAX && size_ < cap_) {  // exact, 32-bit, room left (cap_ is 0 in other modes)
-      sorted_ = sorted_ && v >= max_;       // in order iff no value is below the largest before it
+      sorted_ = sorted_ & (v >= max_);      // in order iff no value is below the largest before it
       narrow_[size_++] = static_cast<uint32_t>(v);
-    } else if (mode_ == Mode::kSketch && v != 0 && index_->lookup(v, b) &&
-               static_cast<uint64_t>(b - lowest_) < counts_.size()) {  // below lowest_ wraps: false
-      ++counts_[static_cast<size_t>(b - lowest_)];
+      tally(v);
     } else {
-      add_slow(v);
+      add_rest(v);
     }
-    ++count_;
-    min_ = v < min_ ? v : min_;
-    max_ = v > max_ ? v : max_;
   }
   void merge(const QuantileState& other);
   // Nearest-rank quantile, q in (0, 1]; 0 for an empty state.
@@ -123,7 +120,13 @@ class QuantileState {
   // kNarrow: exact, values in narrow_[0, size_); kWide: exact, values in wide_;
   // kSketch: zeros_ + counts_.
   enum class Mode : uint8_t { kNarrow, kWide, kSketch };
-  void add_slow(uint64_t v);  // every case add() does not take inline (before v is counted)
+  void tally(uint64_t v) {  // count_, min_ and max_ take v in (after the buffer or sketch did)
+    ++count_;
+    min_ = v < min_ ? v : min_;
+    max_ = v > max_ ? v : max_;
+  }
+  void add_rest(uint64_t v);  // add() past the inline case: the sketch's increment, or add_slow
+  void add_slow(uint64_t v);  // grow, widen, convert, or a sketch bucket outside the array
   void grow_narrow();
   void widen();
   void to_sketch();
