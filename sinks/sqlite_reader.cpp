@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -686,6 +685,37 @@ class FixedRing {
 
  private:
   std::vector<T> buf_;
+  size_t head_ = 0, size_ = 0;
+};
+
+// A FIFO whose storage only grows (doubling, a power of two) and is kept: once it has held its
+// largest backlog, pushing and popping never allocate (std::deque allocates and frees a node
+// every few elements: a million times for a 5 M-row replay).
+template <class T>
+class GrowRing {
+ public:
+  bool empty() const { return size_ == 0; }
+  size_t size() const { return size_; }
+  const T& front() const { return buf_[head_]; }
+  const T& back() const { return buf_[(head_ + size_ - 1) & (buf_.size() - 1)]; }
+  void push_back(const T& v) {
+    if (size_ == buf_.size()) grow();
+    buf_[(head_ + size_) & (buf_.size() - 1)] = v;
+    ++size_;
+  }
+  void pop_front() {
+    head_ = (head_ + 1) & (buf_.size() - 1);
+    --size_;
+  }
+
+ private:
+  void grow() {
+    std::vector<T> bigger(buf_.empty() ? 64 : buf_.size() * 2);
+    for (size_t i = 0; i < size_; ++i) bigger[i] = buf_[(head_ + i) & (buf_.size() - 1)];
+    buf_.swap(bigger);
+    head_ = 0;
+  }
+  std::vector<T> buf_;  // size 0 or a power of two
   size_t head_ = 0, size_ = 0;
 };
 
@@ -1574,7 +1604,7 @@ class StreamSource final : public EventSource {
   std::string failed_what_;  // failed_rc_ described
   uint64_t slack_ = 0, front_ = 0, released_ = 0, row_ = 0, seq_ = 0, late_count_ = 0;
   std::vector<Held> heap_, late_;
-  std::deque<Held> in_order_;
+  GrowRing<Held> in_order_;
   InputHealth health_;  // published into meta_ by publish_meta()
   uint64_t first_ts_ = 0, last_ts_ = 0;
   bool publish_on_final_ = true;
