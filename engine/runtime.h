@@ -38,7 +38,8 @@
 
 namespace ingero {
 
-// Calls a join window keeps for its tail (per window and key; 32 bytes each): every call up to
+// Calls a join window keeps for its tail (per window and key; 24 bytes each while they share a
+// pid and last under 4.29 s, else 32): every call up to
 // this many, then the slowest this many (ShardTuning::max_tail_calls, for tests). Joins are exact while a window's tail
 // (its slow calls) has at most this many calls; a busier window is judged on its slowest calls and says so.
 inline constexpr size_t kMaxTailCalls = 16384;
@@ -210,6 +211,7 @@ struct ShardOutput {
 // (amortised: each prune's cost, O(calls log calls + spans), is paid for by the spans added).
 struct ShardTuning {
   size_t max_tail_calls = kMaxTailCalls;  // CallBuffer's cap
+  bool narrow_calls = true;               // false: every call buffer in its full 32-byte form
   bool prune_spans = true;
   size_t prune_min_spans = size_t{1} << 16;
   bool prune_every_batch = false;  // tests: prune after every batch, whatever the counts

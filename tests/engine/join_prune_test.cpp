@@ -2,8 +2,9 @@
 // through plans with interval joins (overlap and within; on tid, pid and host; instants, long
 // spans, zero-length calls; one window and tumbling windows; a small call-buffer cap so calls are
 // displaced) give the same chains, evidence and outcomes with pruning after every batch as with
-// pruning off, and pruning does drop spans on them. Plus IntervalJoin::prune's own contract on
-// hand-made cases.
+// pruning off, and pruning does drop spans on them. The same runs with full-size call buffers
+// (ShardTuning::narrow_calls off; calls of two pids in one window, calls past 2^32 ns) give the
+// same results as the narrow ones. Plus IntervalJoin::prune's own contract on hand-made cases.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -98,8 +99,12 @@ std::vector<Event> random_trace(std::mt19937_64& rng, size_t n, uint64_t span_ns
     if (r < 55) {
       e.source = Source::kCuda;
       e.op = pick(0, 2) ? op::kCudaLaunchKernel : op::kCudaStreamSync;
-      const uint64_t k = pick(0, 19);
-      e.dur_ns = k == 0 ? 0 : k < 16 ? pick(1, 20) * grid : pick(20, 400) * grid;
+      const uint64_t k = pick(0, 199);
+      // A few calls last longer than 2^32 ns (the call buffer then keeps full-size calls).
+      e.dur_ns = k == 0    ? 5'000'000'000ull + pick(0, 9)
+                 : k < 10  ? 0
+                 : k < 160 ? pick(1, 20) * grid
+                           : pick(20, 400) * grid;
     } else if (r < 80) {
       e.source = Source::kHost;
       e.op = op::kSchedSwitch;
@@ -214,10 +219,13 @@ TEST(JoinPrune, RandomPlansGiveIdenticalResultsWithAndWithoutPruning) {
     off.prune_spans = false;
     every.prune_every_batch = true;
     every.prune_min_spans = 0;
+    ShardTuning wide = off;  // call buffers in full form from the start (no narrow calls)
+    wide.narrow_calls = false;
     const auto a = run(*cp, s.by_op_only, ev, batch, off);
     const auto b = run(*cp, s.by_op_only, ev, batch, every);
     EXPECT_EQ(a.pruned, 0u);
     ASSERT_EQ(a.text, b.text);
+    ASSERT_EQ(run(*cp, s.by_op_only, ev, batch, wide).text, a.text);
     pruned_total += b.pruned;
     chains_seen += static_cast<uint64_t>(std::count(a.text.begin(), a.text.end(), '\n'));
   }
