@@ -1,5 +1,6 @@
-// Operators in isolation, per event: quantile state (exact and sketch), keying, off-CPU span
-// building and the interval join, over the large synthetic workload (model/synth.h).
+// Operators in isolation, per event: quantile state (exact and sketch), the rule pack's aggregate
+// shape, an exact window's quantile query, keying, off-CPU span building and the interval join,
+// over the large synthetic workload (model/synth.h).
 // Run: ./build/ingero-bench --benchmark_filter='BM_Op'
 #include <benchmark/benchmark.h>
 
@@ -7,6 +8,7 @@
 
 #include "model/ops.h"
 #include "model/synth.h"
+#include "operators/aggregate.h"
 #include "operators/interval_join.h"
 #include "operators/key_by.h"
 #include "operators/offcpu_spans.h"
@@ -32,6 +34,44 @@ void BM_OpQuantileAdd(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * ev.size()));
 }
 BENCHMARK(BM_OpQuantileAdd)->Arg(65536)->Arg(1 << 22)->Unit(benchmark::kMillisecond);
+
+// The rule pack's aggregate shape (count, sum, max, p50, p99 of duration) per event: exact up to
+// the limit, then DDSketch; the per-event path AggregateState::add inlines into the engine.
+void BM_OpAggregateAdd(benchmark::State& state) {
+  const auto& ev = trace();
+  AggregateNode node;
+  node.aggs = {{"n", AggKind::kCount, Field::kDuration, 0},
+               {"sum", AggKind::kSum, Field::kDuration, 0},
+               {"max", AggKind::kMax, Field::kDuration, 0},
+               {"p50", AggKind::kQuantile, Field::kDuration, 0.5},
+               {"p99", AggKind::kQuantile, Field::kDuration, 0.99}};
+  node.exact_limit = static_cast<uint32_t>(state.range(0));
+  const AggregateLayout layout(node);
+  double row[5];
+  for (auto _ : state) {
+    AggregateState s(&layout);
+    for (const auto& e : ev) s.add(e);
+    s.values(0, row);
+    benchmark::DoNotOptimize(row[4]);
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * ev.size()));
+}
+BENCHMARK(BM_OpAggregateAdd)->Arg(65536)->Arg(1 << 22)->Unit(benchmark::kMillisecond);
+
+// Closing an exact window: p50/p95/p99 of a full 65,536-value buffer (the sort dominates).
+void BM_OpQuantileQueryExact(benchmark::State& state) {
+  const auto& ev = trace();
+  QuantileState filled(65536, 0.01);
+  for (size_t i = 0; i < 65536 && i < ev.size(); ++i) filled.add(ev[i].dur_ns);
+  for (auto _ : state) {
+    state.PauseTiming();
+    QuantileState q(filled);  // unsorted again
+    state.ResumeTiming();
+    benchmark::DoNotOptimize(q.quantile(0.5) + q.quantile(0.95) + q.quantile(0.99));
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * 65536));
+}
+BENCHMARK(BM_OpQuantileQueryExact)->Unit(benchmark::kMicrosecond);
 
 void BM_OpKeyBy(benchmark::State& state) {
   const auto& ev = trace();

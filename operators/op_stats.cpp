@@ -2,8 +2,11 @@
 
 namespace ingero {
 
-std::unique_ptr<OpStatsAccumulator::PerOp> OpStatsAccumulator::make_op() const {
-  return std::make_unique<PerOp>(PerOp{QuantileState(exact_limit_, alpha_), 0, 0});
+OpStatsAccumulator::PerOp& OpStatsAccumulator::make_slot(size_t i) {
+  if (i >= ops_.size()) ops_.resize((i | 0xff) + 1);  // whole sources
+  auto& p = ops_[i];
+  if (!p) p = std::make_unique<PerOp>(PerOp{QuantileState(exact_limit_, alpha_), 0, 0});
+  return *p;
 }
 
 void OpStatsAccumulator::merge(const OpStatsAccumulator& other) {

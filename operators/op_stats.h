@@ -37,15 +37,16 @@ class OpStatsAccumulator {
     uint64_t total = 0, errors = 0;
   };
   PerOp& slot(Source s, uint8_t op) {
-    auto& p = ops_[static_cast<size_t>(s) << 8 | op];
-    if (!p) p = make_op();
-    return *p;
+    const size_t i = static_cast<size_t>(s) << 8 | op;
+    if (i < ops_.size() && ops_[i]) return *ops_[i];
+    return make_slot(i);
   }
-  std::unique_ptr<PerOp> make_op() const;
+  PerOp& make_slot(size_t i);  // grows ops_ to cover index i, creates its PerOp
   uint32_t exact_limit_;
   double alpha_;
   // Indexed by source << 8 | op: a lookup per event without hashing; iterates in (source, op) order.
-  std::vector<std::unique_ptr<PerOp>> ops_ = std::vector<std::unique_ptr<PerOp>>(1u << 16);
+  // Sized up to the highest source seen (256 entries per source), not all 65,536 up front.
+  std::vector<std::unique_ptr<PerOp>> ops_;
 };
 
 }  // namespace ingero

@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <map>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "operators/op_stats.h"
 #include "operators/quantile.h"
@@ -124,6 +128,55 @@ TEST(OpStats, MergeAcrossShardsEqualsOneAccumulator) {
     EXPECT_EQ(a[i].p99_ns, b[i].p99_ns);
     EXPECT_EQ(a[i].total_ns, b[i].total_ns);
     EXPECT_EQ(a[i].errors, b[i].errors);
+  }
+}
+
+TEST(OpStats, RandomEventsAgainstReferenceAndShardMerges) {
+  // Any source byte (the table grows to the highest one seen), exact quantiles against a sorted
+  // vector per (source, op), totals, errors, and three shards merged in either order.
+  std::mt19937_64 rng(31);
+  const uint8_t sources[] = {1, 3, 4, 9, 0, 200, 255};
+  struct Ref {
+    std::vector<uint64_t> d;
+    uint64_t total = 0, errors = 0;
+  };
+  std::map<std::pair<int, int>, Ref> ref;
+  OpStatsAccumulator one(1u << 20),
+      s[3] = {OpStatsAccumulator(1u << 20), OpStatsAccumulator(1u << 20), OpStatsAccumulator(1u << 20)};
+  for (int i = 0; i < 20000; ++i) {
+    Event e;
+    e.source = static_cast<Source>(sources[rng() % std::size(sources)]);
+    e.op = static_cast<uint8_t>(rng() % 4 == 0 ? 255 : rng() % 5);
+    e.dur_ns = rng() % 50 == 0 ? (uint64_t{1} << 32) + rng() % 3 : rng() % 100000;
+    e.ret = rng() % 10 == 0 ? -1 : 0;
+    one.add(e);
+    s[rng() % 3].add(e);
+    auto& r = ref[{static_cast<int>(e.source), e.op}];
+    r.d.push_back(e.dur_ns);
+    r.total += e.dur_ns;
+    r.errors += e.ret != 0;
+  }
+  OpStatsAccumulator merged_a(1u << 20), merged_b(1u << 20);
+  for (int i : {0, 1, 2}) merged_a.merge(s[i]);
+  for (int i : {2, 0, 1}) merged_b.merge(s[i]);
+  for (const auto* acc : {&one, &merged_a, &merged_b}) {
+    const auto res = acc->results();
+    ASSERT_EQ(res.size(), ref.size());
+    size_t i = 0;
+    for (const auto& [key, r] : ref) {  // std::map order = (source, op) order
+      const OpStats& st = res[i++];
+      ASSERT_EQ(static_cast<int>(st.source), key.first);
+      ASSERT_EQ(st.op, key.second);
+      EXPECT_EQ(st.count, r.d.size());
+      EXPECT_EQ(st.p50_ns, nearest_rank(r.d, 0.50));
+      EXPECT_EQ(st.p95_ns, nearest_rank(r.d, 0.95));
+      EXPECT_EQ(st.p99_ns, nearest_rank(r.d, 0.99));
+      EXPECT_EQ(st.min_ns, *std::min_element(r.d.begin(), r.d.end()));
+      EXPECT_EQ(st.max_ns, *std::max_element(r.d.begin(), r.d.end()));
+      EXPECT_EQ(st.total_ns, r.total);
+      EXPECT_EQ(st.errors, r.errors);
+      EXPECT_TRUE(st.exact);
+    }
   }
 }
 
