@@ -879,13 +879,6 @@ class ChunkFeed {
   // After next() said kFailed: where a single walk continues the sequence.
   ResumePoint resume_point() const { return resume_; }
 
-  // Blocks allocated so far (each kBlockRows rows) and the pool's bound (tests, docs).
-  size_t blocks_allocated() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return blocks_.size();
-  }
-  size_t max_blocks() const { return max_blocks_; }
-
  private:
   enum Kind { kNulls, kAll, kBelow, kRange, kFrom, kNumKinds };
   struct Chunk {
@@ -1140,7 +1133,7 @@ class ChunkFeed {
   int64_t next_lo_ = 0;
   // Shared state (mu_): chunks planned_ and consumed_ (those between are in flight, each in
   // slot(number)); the block pool (every block, the free ones).
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable space_, data_;
   std::vector<Slot> slots_;
   uint64_t planned_ = 0, consumed_ = 0;
@@ -1245,7 +1238,6 @@ class StreamSource final : public EventSource {
   }
   uint64_t slack_ns() const { return slack_; }
   bool indexed() const { return indexed_; }
-  uint64_t fetch_fallbacks() const { return fetch_fallbacks_; }
 
   // The replay cannot go on (`what` threw): `out` becomes the final batch with the events it
   // already holds (sorted, released in order), the rows still held or unread are reported lost.
@@ -1465,7 +1457,6 @@ class StreamSource final : public EventSource {
   bool resume_single_walk() {
     const ChunkFeed::ResumePoint at = feed_->resume_point();
     feed_.reset();  // joins the threads, frees the blocks and connections
-    ++fetch_fallbacks_;
     if (options_.fetch_fault_hook) options_.fetch_fault_hook("resume");
     std::string tail = " INDEXED BY \"" + index_ + "\" ";
     if (at.from_lo) tail += "WHERE \"timestamp\" >= ?1 ";
@@ -1615,7 +1606,6 @@ class StreamSource final : public EventSource {
   bool immutable_ = false;
   bool threw_ = false;               // next() caught an exception (stop_on_exception)
   std::string index_;                // the timestamp index walked (empty: rowid order)
-  uint64_t fetch_fallbacks_ = 0;     // fetch threads that failed and left the single walk to go on
   std::unique_ptr<ChunkFeed> feed_;  // last: its threads stop before the reader they use goes
 };
 
