@@ -626,6 +626,7 @@ class CallBuffer {
   }
   uint64_t seen() const { return seen_; }
   bool capped() const { return seen_ > cap_; }
+  size_t kept() const { return static_cast<size_t>(std::min<uint64_t>(seen_, cap_)); }  // once compacted
   size_t cap() const { return cap_; }
 
  private:
@@ -1171,19 +1172,21 @@ struct Shard::Impl {
       for (size_t s = 0; s < def.stages.size(); ++s) {
         if (!ps.joins[s] || !ps.prune_at[s]) continue;
         IntervalJoin& join = *ps.joins[s];
-        if (!tuning.prune_every_batch && join.buffered() < ps.prune_at[s]) continue;
+        const auto& states = open_calls[group_of_pipe[p]];
+        if (!tuning.prune_every_batch) {
+          if (join.buffered() < ps.prune_at[s]) continue;
+          // A prune costs O(held calls log + spans): only once the spans outnumber the calls.
+          size_t held = 0;
+          for (const WinState* w : states) held += w->calls.kept();
+          if (join.buffered() < held) continue;
+        }
         // Two passes over the held calls: count per join key, then fill vectors of exact size
         // (the candidates are the prune's transient memory: 16 bytes per held call).
         std::unordered_map<uint64_t, std::vector<IntervalJoin::CallRange>> candidates;
         std::unordered_map<uint64_t, size_t> per_key;
-        size_t held = 0;
         const JoinKey key = def.stages[s].join->key;
-        const auto& states = open_calls[group_of_pipe[p]];
         for (WinState* w : states)
-          w->calls.for_each_held([&](const Call& c) {
-            ++per_key[join_key(key, c.pid, c.tid)];
-            ++held;
-          });
+          w->calls.for_each_held([&](const Call& c) { ++per_key[join_key(key, c.pid, c.tid)]; });
         for (const auto& [k, n] : per_key) candidates[k].reserve(n);
         for (WinState* w : states)
           w->calls.for_each_held([&](const Call& c) {
@@ -1191,7 +1194,7 @@ struct Shard::Impl {
           });
         join.prune(watermark, candidates);
         const size_t left = join.buffered();
-        ps.prune_at[s] = std::max({tuning.prune_min_spans, 2 * left, left + held / 4, size_t{1}});
+        ps.prune_at[s] = std::max({tuning.prune_min_spans, 2 * left, size_t{1}});
       }
     }
   }

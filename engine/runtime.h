@@ -206,9 +206,10 @@ struct ShardOutput {
 // (minus the join's `within`; every later call starts at or after it) that no call still held
 // in an open window's call buffer, mapped to the join key, touches. Call buffers only lose
 // calls, so a dropped span is never needed again: results are identical with or without it.
-// A join prunes when it holds at least prune_min_spans spans and has grown past both twice what
-// its last prune left and that many plus a quarter of the calls that prune had to look at
-// (amortised: each prune's cost, O(calls log calls + spans), is paid for by the spans added).
+// A join prunes when it holds at least prune_min_spans spans, twice what its last prune left, and
+// more spans than its windows hold calls: a prune costs O(calls log calls + spans), so it is
+// paid for by the spans, and memory stays within max(prune_min_spans, 2 x what no prune can drop,
+// the calls held), flat in trace length.
 struct ShardTuning {
   size_t max_tail_calls = kMaxTailCalls;  // CallBuffer's cap
   bool narrow_calls = true;               // false: every call buffer in its full 32-byte form
