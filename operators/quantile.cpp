@@ -50,10 +50,11 @@ void sort_u32(uint32_t* v, size_t n) {
   }
   constexpr int kBits[3] = {11, 11, 10};
   constexpr int kShift[3] = {0, 11, 22};
-  std::vector<uint32_t> hist(3 * 2048, 0);
+  constexpr size_t kRadix = 2048;  // digit values per pass (the 10-bit pass uses half)
+  std::vector<uint32_t> hist(3 * kRadix, 0);
   uint32_t* h0 = hist.data();
-  uint32_t* h1 = h0 + 2048;
-  uint32_t* h2 = h1 + 2048;
+  uint32_t* h1 = h0 + kRadix;
+  uint32_t* h2 = h1 + kRadix;
   for (size_t i = 0; i < n; ++i) {
     const uint32_t x = v[i];
     ++h0[x & 0x7ff];
@@ -64,12 +65,12 @@ void sort_u32(uint32_t* v, size_t n) {
   uint32_t* src = v;
   uint32_t* dst = scratch.get();
   for (int pass = 0; pass < 3; ++pass) {
-    uint32_t* h = h0 + static_cast<size_t>(pass) * 2048;
+    uint32_t* h = h0 + static_cast<size_t>(pass) * kRadix;
     const int shift = kShift[pass];
     const uint32_t mask = (uint32_t{1} << kBits[pass]) - 1;
     if (h[(src[0] >> shift) & mask] == n) continue;  // one digit value: already in order for it
     uint32_t offset = 0;
-    for (size_t d = 0; d < 2048; ++d) {
+    for (size_t d = 0; d < kRadix; ++d) {
       const uint32_t c = h[d];
       h[d] = offset;
       offset += c;

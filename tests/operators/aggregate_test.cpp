@@ -88,6 +88,7 @@ double reference_value(const AggSpec& spec, const std::vector<Event>& ev, uint64
   }
   if (ev.empty()) return spec.kind == AggKind::kSum ? 0 : nan;
   std::vector<double> v;
+  v.reserve(ev.size());
   for (const auto& e : ev) v.push_back(read_field(e, spec.field));
   double sum = 0;
   for (double x : v) sum += x;
@@ -98,6 +99,7 @@ double reference_value(const AggSpec& spec, const std::vector<Event>& ev, uint64
     case AggKind::kMean: return sum / static_cast<double>(v.size());
     case AggKind::kQuantile: {
       std::vector<uint64_t> u;
+      u.reserve(v.size());
       for (double x : v) u.push_back(x > 0 ? (x < 18446744073709551616.0 ? static_cast<uint64_t>(x) : UINT64_MAX) : 0);
       std::sort(u.begin(), u.end());
       const double ek = spec.q * static_cast<double>(u.size());
