@@ -584,38 +584,38 @@ struct Slower {
 // narrow ones, which are the slowest so far, so it keeps the same set a full buffer would have.
 class CallBuffer {
  public:
-  explicit CallBuffer(size_t cap = kMaxTailCalls, bool narrow = true) : cap_(cap ? cap : 1), narrow_(cap_) {
+  // `pid`: the pid narrow calls have (the window's first call's); `narrow` false: full calls only.
+  explicit CallBuffer(size_t cap = kMaxTailCalls, bool narrow = true, uint32_t pid = 0)
+      : cap_(cap ? cap : 1), pid_(pid), narrow_(cap_) {
     if (!narrow) widen();
   }
-  void add(const Call& c) {
+  void add(const Event& e) {
     ++seen_;
     sorted_ = false;
-    if (!wide_) {
-      if (seen_ == 1) pid_ = c.pid;
-      if (c.pid == pid_ && c.dur <= std::numeric_limits<uint32_t>::max()) {
-        narrow_.add({c.ts, c.id, static_cast<uint32_t>(c.dur), c.tid});
-        return;
-      }
-      widen();
+    if (!wide_ && e.pid == pid_ && e.dur_ns <= std::numeric_limits<uint32_t>::max()) {
+      narrow_.add({e.ts_ns, e.id, static_cast<uint32_t>(e.dur_ns), e.tid});
+      return;
     }
-    wide_->add(c);
+    if (!wide_) widen();
+    wide_->add({e.ts_ns, e.dur_ns, e.id, e.pid, e.tid});
   }
-  // Calls fn(call) for the kept calls in time order (arrival order while under the cap: events
-  // reach a window in time order).
-  template <class Fn>
-  void for_each_call(Fn&& fn) {
+  // Calls visit(items, as_call) once: the kept calls in time order (arrival order while under the
+  // cap: events reach a window in time order), full or narrow, and a function that makes a Call
+  // of one. The caller's loop over them is compiled once per form, with nothing called per call.
+  template <class Visit>
+  void visit_calls(Visit&& visit) {
     if (wide_) {
       auto& v = wide_->items();
       sort_if_full(v);
-      for (const auto& c : v) fn(c);
+      visit(v, [](const Call& c) { return c; });
       return;
     }
     auto& v = narrow_.items();
     sort_if_full(v);
-    for (const auto& n : v) fn(wide_of(n));
+    visit(v, [this](const NarrowCall& n) { return wide_of(n); });
   }
   // Calls fn(call) for every call the buffer holds, in no particular order (compacting first,
-  // which does not change which calls are kept): a superset of what for_each_call gives later.
+  // which does not change which calls are kept): a superset of what visit_calls gives later.
   template <class Fn>
   void for_each_held(Fn&& fn) {
     if (wide_) {
@@ -1036,14 +1036,13 @@ struct Shard::Impl {
         w.agg = AggregateState(gf.layout);
         w.ready = true;
         if (gf.needs_calls) {
-          if (tuning.max_tail_calls != kMaxTailCalls || !tuning.narrow_calls)
-            w.calls = CallBuffer(tuning.max_tail_calls, tuning.narrow_calls);
+          w.calls = CallBuffer(tuning.max_tail_calls, tuning.narrow_calls, e.pid);
           w.open_index = static_cast<uint32_t>(open_calls[g].size());
           open_calls[g].push_back(&w);
         }
       }
       w.agg.add(e);
-      if (gf.needs_calls) w.calls.add({e.ts_ns, e.dur_ns, e.id, e.pid, e.tid});
+      if (gf.needs_calls) w.calls.add(e);
     };
     auto& cache = win_cache[g];
     if (!cache.empty()) {
@@ -1394,21 +1393,25 @@ struct Shard::Impl {
     } else if (w) {
       Event probe{};
       if (w->calls.capped()) ++counters.tail_windows_capped;
-      w->calls.for_each_call([&](const Call& c) {
-        if (cut.fast) {
-          // The comparison eval() makes for `duration >= bound` (or `>`); NaN selects nothing.
-          const double d = static_cast<double>(c.dur);
-          if (!(cut.strict ? d > bound : d >= bound)) return;
-        } else {
-          probe.ts_ns = c.ts;
-          probe.dur_ns = c.dur;
-          probe.id = c.id;
-          probe.pid = c.pid;
-          probe.tid = c.tid;
-          if (!truthy(eval(*st.tail, &probe, v))) return;
+      w->calls.visit_calls([&](const auto& calls, auto as_call) {
+        for (const auto& item : calls) {
+          if (cut.fast) {
+            // The comparison eval() makes for `duration >= bound` (or `>`); NaN selects nothing.
+            const double d = static_cast<double>(item.dur);
+            if (!(cut.strict ? d > bound : d >= bound)) continue;
+          }
+          const Call c = as_call(item);
+          if (!cut.fast) {
+            probe.ts_ns = c.ts;
+            probe.dur_ns = c.dur;
+            probe.id = c.id;
+            probe.pid = c.pid;
+            probe.tid = c.tid;
+            if (!truthy(eval(*st.tail, &probe, v))) continue;
+          }
+          const auto r = ps.joins[s]->probe(join_key(st.join->key, c.pid, c.tid), c.ts, c.ts + c.dur);
+          jo.add(c.id, c.dur, r, st.join->max_exemplars);
         }
-        const auto r = ps.joins[s]->probe(join_key(st.join->key, c.pid, c.tid), c.ts, c.ts + c.dur);
-        jo.add(c.id, c.dur, r, st.join->max_exemplars);
       });
       if (id >= 0) join_cache.push_back({id, bound, jo});
     }
