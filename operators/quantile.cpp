@@ -236,13 +236,21 @@ void QuantileState::to_sketch() {
       zeros_ += n;
       return;
     }
-    uint64_t lo = UINT64_MAX;  // the smallest non-zero value (there is one: max_ > 0)
-    for (size_t i = 0; i < n; ++i) lo = values[i] && values[i] < lo ? values[i] : lo;
+    // The smallest non-zero value (there is one: max_ > 0); min_ itself unless a zero was seen.
+    uint64_t lo = min_;
+    if (lo == 0) {
+      lo = UINT64_MAX;
+      for (size_t i = 0; i < n; ++i) lo = values[i] && values[i] < lo ? values[i] : lo;
+    }
     const SketchIndex& index = *index_;
     bucket_add(index(lo), 0);
     bucket_add(index(max_), 0);
     uint64_t* counts = counts_.data();
     const int64_t lowest = lowest_;
+    if (min_ > 0) {  // no zero to set apart
+      for (size_t i = 0; i < n; ++i) ++counts[index(values[i]) - lowest];
+      return;
+    }
     uint64_t zeros = 0;
     for (size_t i = 0; i < n; ++i) {
       const uint64_t v = values[i];
