@@ -6,8 +6,9 @@
 //   time); quantile(q) is the value at index ceil(q*n)-1 of the sorted sample (nearest rank),
 //   which is what Ingero reports, so replayed numbers match Ingero's and SQL over the stored events.
 //   The buffer holds 32-bit values while every value fits (durations below 2^32 ns, about 4.29 s:
-//   the common case, half the memory and half the sort) and widens itself to 64-bit on the first
-//   larger value; the width is invisible in every result.
+//   the common case, half the memory) and widens itself to 64-bit on the first larger value; the
+//   width is invisible in every result. A 32-bit buffer is sorted by a radix sort (same order as
+//   std::sort, fewer instructions); it grows by doubling, never past `exact_limit` values.
 // - Past `exact_limit` values the state converts itself to a DDSketch (logarithmic buckets with
 //   gamma = (1+alpha)/(1-alpha), bucket index ceil(ln(v)/ln(gamma))): every quantile it returns is
 //   within relative error `alpha` of the true nearest-rank value. Memory is then
@@ -17,8 +18,10 @@
 //   and the index of a value comes from a per-alpha table (SketchIndex) that returns exactly
 //   ceil(ln(v)/ln(gamma)) as the formula computes it: outputs are identical to a std::map of
 //   buckets fed by the formula (tests/operators/quantile_dense_test.cpp compares both).
-// - add() is inline: the exact-mode append and the sketch increment inside the known buckets
-//   are the per-event path; growing, widening and converting are out of line.
+// - add() inlines the exact 32-bit append (the small-window path). The sketch's increment inside
+//   the known buckets is one out-of-line call that saves no registers; growing, widening,
+//   converting, zeros and buckets outside the array go on to a second, cold one.
+// - Copies are deep; a moved-from state is empty (as after clear()).
 // - merge() is exact when both sides are exact and fit the limit; otherwise sketch + sketch.
 // - Zero values are counted apart (a log bucket cannot hold 0), so p50 = 0 is reported as 0.
 // - Single-threaded; one instance per key/window. SketchIndex tables are shared, immutable and
