@@ -245,17 +245,21 @@ void QuantileState::to_sketch() {
     const SketchIndex& index = *index_;
     bucket_add(index(lo), 0);
     bucket_add(index(max_), 0);
-    uint64_t* counts = counts_.data();
-    const int64_t lowest = lowest_;
+    // index() is non-decreasing, so every value's bucket lies in [index(lo), index(max_)]; the
+    // bound check only keeps a broken index from writing outside the array (it adds instead).
+    auto count_one = [this, &index](uint64_t v) {
+      const auto i = static_cast<uint64_t>(index(v) - lowest_);
+      if (i < counts_.size()) ++counts_[i];
+      else bucket_add(index(v), 1);
+    };
     if (min_ > 0) {  // no zero to set apart
-      for (size_t i = 0; i < n; ++i) ++counts[index(values[i]) - lowest];
+      for (size_t i = 0; i < n; ++i) count_one(values[i]);
       return;
     }
     uint64_t zeros = 0;
     for (size_t i = 0; i < n; ++i) {
-      const uint64_t v = values[i];
-      if (v == 0) ++zeros;
-      else ++counts[index(v) - lowest];
+      if (values[i] == 0) ++zeros;
+      else count_one(values[i]);
     }
     zeros_ += zeros;
   };
