@@ -76,24 +76,14 @@ ProbeResult IntervalJoin::probe(uint64_t key, uint64_t call_ts, uint64_t call_en
 void IntervalJoin::evict(uint64_t watermark, uint64_t retain) {
   if (watermark == std::numeric_limits<uint64_t>::max()) return;  // final: windows close first
   for (auto it = buffers_.begin(); it != buffers_.end();) {
-    auto& spans = it->second.spans;
-    auto& ghosts = it->second.ghosts;
-    // Pops the front of the spans and ghosts merged in their one order (ghosts first on equal
-    // starts: see prune), while it has ended retain before the watermark.
-    for (;;) {
-      const bool ghost = !ghosts.empty() && (spans.empty() || ghosts.front().ts <= spans.front().ts);
-      if (ghost) {
-        if (ghosts.front().end + retain >= watermark) break;
-        ghosts.pop_front();
-      } else {
-        if (spans.empty() || spans.front().end + retain >= watermark) break;
-        spans.pop_front();
-        if (it->second.has_arg0) it->second.arg0.pop_front();
-        --buffered_;
-      }
+    auto& buf = it->second;
+    while (!buf.spans.empty() && buf.spans.front().end + retain < watermark) {
+      buf.spans.pop_front();
+      if (buf.has_arg0) buf.arg0.pop_front();
+      --buffered_;
       ++evicted_;
     }
-    if (spans.empty() && ghosts.empty()) {
+    if (buf.spans.empty()) {
       it = buffers_.erase(it);
     } else {
       ++it;
@@ -135,8 +125,7 @@ void IntervalJoin::prune(uint64_t floor, std::unordered_map<uint64_t, std::vecto
       drop[i] = 1;
       ++dropped;
     }
-    // Spans with one start are dropped all or none, so ghosts never share a start with a kept
-    // span: a ghost then precedes, in the buffer's order, every span with its start.
+    // Spans with one start are dropped all or none (kept spans stay a run per start).
     for (size_t i = 0, j = 0; i < spans.size(); i = j) {
       bool all = true;
       for (j = i; j < spans.size() && spans[j].ts == spans[i].ts; ++j) all = all && drop[j];
@@ -147,29 +136,16 @@ void IntervalJoin::prune(uint64_t floor, std::unordered_map<uint64_t, std::vecto
       }
     }
     if (!dropped) continue;
-    // Dropped spans become ghosts, in order, and the kept ones close up in place.
-    std::deque<Ghost> fresh;
+    // The kept spans close up in place, in order.
     size_t w = 0;
     auto& arg0 = buf.arg0;
     for (size_t i = 0; i < spans.size(); ++i) {
-      if (drop[i]) {
-        fresh.push_back({spans[i].ts, spans[i].end});
-      } else {
-        if (buf.has_arg0) arg0[w] = arg0[i];
-        spans[w++] = spans[i];
-      }
+      if (drop[i]) continue;
+      if (buf.has_arg0) arg0[w] = arg0[i];
+      spans[w++] = spans[i];
     }
     spans.erase(spans.begin() + static_cast<std::ptrdiff_t>(w), spans.end());
     if (buf.has_arg0) arg0.erase(arg0.begin() + static_cast<std::ptrdiff_t>(w), arg0.end());
-    auto& ghosts = buf.ghosts;
-    if (ghosts.empty() || ghosts.back().ts <= fresh.front().ts) {
-      ghosts.insert(ghosts.end(), fresh.begin(), fresh.end());
-    } else {
-      std::deque<Ghost> all;
-      std::merge(ghosts.begin(), ghosts.end(), fresh.begin(), fresh.end(), std::back_inserter(all),
-                 [](const Ghost& a, const Ghost& b) { return a.ts < b.ts; });
-      ghosts.swap(all);
-    }
     pruned_ += dropped;
     buffered_ -= dropped;
   }

@@ -27,10 +27,12 @@
 //   included), so a dropped span can never be a hit. Spans with the same start are dropped all or
 //   none. Kept spans keep their order; max_dur is not lowered (it only bounds probe()'s search).
 //   Costs O(spans + candidates log candidates).
-//   A dropped span leaves a 16-byte ghost (start, end) that evict() pops in the same merged order
-//   as the spans (a ghost before the spans with its start: none was kept, later ones go after it),
-//   so evicted() counts exactly what it counts without pruning (EngineCounters::evicted_spans is
-//   a printed counter). Ghosts cost half a span, and only until evicted.
+//   A dropped span counts in evicted() at once (and in pruned()): evicted() is every span the
+//   join let go of before the end of the trace, at the horizon or by a prune. It is therefore
+//   larger with pruning than without (a pruned span may never have reached the horizon); results
+//   do not depend on it. (An exact horizon-only count needs a 16-byte record of every pruned span
+//   until the horizon passes it, which in a one-window trace is forever: memory linear in trace
+//   length, the thing pruning exists to avoid.)
 // - Never pairs 1:1 and never keeps a span past its horizon (unlike a key-matching join).
 // - Single-threaded; one per (shard, join node).
 #pragma once
@@ -71,21 +73,16 @@ class IntervalJoin {
   };
   void prune(uint64_t floor, std::unordered_map<uint64_t, std::vector<CallRange>>& candidates);
   size_t buffered() const { return buffered_; }
-  uint64_t evicted() const { return evicted_; }
-  uint64_t pruned() const { return pruned_; }  // spans dropped by prune() (not in evicted())
+  uint64_t evicted() const { return evicted_ + pruned_; }  // dropped at the horizon or pruned
+  uint64_t pruned() const { return pruned_; }              // of which dropped by prune()
 
  private:
-  // A pruned span as evict() still counts it: pruning must not change evicted() (EngineCounters).
-  struct Ghost {
-    uint64_t ts = 0, end = 0;
-  };
   struct Buffer {
     std::deque<SpanRef> spans;  // sorted by ts
     // The spans' arg0, parallel to `spans` once the buffer was given a non-zero one (has_arg0);
     // until then every arg0 is 0 and none is stored (off-CPU spans: a quarter less memory).
     std::deque<uint64_t> arg0;
     bool has_arg0 = false;
-    std::deque<Ghost> ghosts;  // pruned spans not evicted yet, sorted by ts
     uint64_t max_dur = 0;
   };
   JoinKind kind_;
