@@ -13,6 +13,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string_view>
 #include <thread>
 #include <unordered_map>
@@ -738,7 +739,8 @@ class GrowRing {
 //
 // Failures:
 // - An SQLite error ends the sequence where it happened (next() says kSqliteError with the
-//   reason), as it would end a single walk there.
+//   reason), as it would end a single walk there; but SQLITE_NOMEM is an allocation failure,
+//   handled as the next point says.
 // - An exception in a fetch thread (std::bad_alloc, ...) never leaves it: the thread marks its
 //   chunk failed and nothing more is planned. next() still hands out every row fetched before
 //   that point, then says kFailed; resume_point() then tells where a single walk of the index
@@ -935,6 +937,7 @@ class ChunkFeed {
       const int rc = f.step();
       const bool nulls = rc == SQLITE_ROW && f.type(0) == SQLITE_NULL;
       f.reset();
+      if (rc != SQLITE_ROW && rc != SQLITE_DONE) return failed_query(w, rc, last);
       if (nulls) {
         c.kind = kNulls;
         return c;
@@ -950,11 +953,8 @@ class ChunkFeed {
     }
     const int rc = s.step();
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
-      c.rc = rc;
-      c.what = sqlite_detail::describe_sqlite_error(w.db.get(), rc);
-      last = true;
       s.reset();
-      return c;
+      return failed_query(w, rc, last);
     }
     const bool bound = rc == SQLITE_ROW && s.type(0) == SQLITE_INTEGER;
     int64_t v = bound ? s.i64(0) : 0;
@@ -984,6 +984,18 @@ class ChunkFeed {
     }
     c.kind = kRange;
     c.hi = next_lo_ = v;
+    return c;
+  }
+
+  // A planning query failed with `rc`: the last chunk, ending the sequence with that error. Out
+  // of memory is an allocation failure like any other: thrown, so that the reader falls back to
+  // one walk instead of losing the rest.
+  static Chunk failed_query(Worker& w, int rc, bool& last) {
+    if ((rc & 0xff) == SQLITE_NOMEM) throw std::bad_alloc();
+    Chunk c;
+    c.rc = rc;
+    c.what = sqlite_detail::describe_sqlite_error(w.db.get(), rc);
+    last = true;
     return c;
   }
 
@@ -1054,6 +1066,8 @@ class ChunkFeed {
       }
       reader_.fetch(s.get(), block->rows[block->n++]);
     }
+    // SQLite ran out of memory: an allocation failure, handled as one (work() falls back).
+    if ((rc & 0xff) == SQLITE_NOMEM) throw std::bad_alloc();
     std::string what;
     if (rc != SQLITE_DONE) what = sqlite_detail::describe_sqlite_error(w.db.get(), rc);
     s.reset();
