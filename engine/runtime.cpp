@@ -845,7 +845,7 @@ struct Shard::Impl {
   };
   static constexpr size_t kWinCache = 256;  // a power of two
   std::vector<std::vector<WinCacheEntry>> win_cache;
-  // Per window group, what feed_group needs, gathered once: the key as masks over
+  // Per window group, what feed_events needs, gathered once: the key as masks over
   // KeyBy::full_key, the aggregate layout, whether it buffers calls, its window size.
   struct GroupFeed {
     uint64_t hi_mask = 0, lo_mask = 0;
@@ -1025,45 +1025,93 @@ struct Shard::Impl {
     for (const Event* e : owned ? owned_out[i] : foreign_out[i]) fn(e);
   }
 
-  // Feeds one event its group's stream kept to the group's window state for its key. `full` is
-  // KeyBy::full_key(e), packed once per event for every group.
-  void feed_group(size_t g, const Event& e, const Key& full) {
+  // Binds a window state to the group's aggregate (and call buffer) at its first event `e`.
+  [[gnu::noinline]] void init_state(size_t g, WinState& w, const Event& e) {
     const GroupFeed& gf = feeds[g];
-    Key key{full.hi & gf.hi_mask, full.lo & gf.lo_mask};
-    if (gf.site_key) key.lo |= site_key_of(e.stack_id);
-    auto feed = [&](WinState& w) {
-      if (!w.ready) {
-        w.agg = AggregateState(gf.layout);
-        w.ready = true;
-        if (gf.needs_calls) {
-          w.calls = CallBuffer(tuning.max_tail_calls, tuning.narrow_calls, e.pid);
-          w.open_index = static_cast<uint32_t>(open_calls[g].size());
-          open_calls[g].push_back(&w);
-        }
-      }
-      w.agg.add(e);
-      if (gf.needs_calls) w.calls.add(e);
+    w.agg = AggregateState(gf.layout);
+    w.ready = true;
+    if (gf.needs_calls) {
+      w.calls = CallBuffer(tuning.max_tail_calls, tuning.narrow_calls, e.pid);
+      w.open_index = static_cast<uint32_t>(open_calls[g].size());
+      open_calls[g].push_back(&w);
+    }
+  }
+  // Adds one event to a window state of group g (kCalls: the group buffers calls for a join).
+  template <bool kCalls>
+  [[gnu::always_inline]] inline void feed_state(size_t g, WinState& w, const Event& e) {
+    if (!w.ready) [[unlikely]]
+      init_state(g, w, e);
+    w.agg.add(e);
+    if constexpr (kCalls) w.calls.add(e);
+  }
+
+  // Feeds the events group g's stream kept this batch (in batch order) to the group's window
+  // states, by key. One loop per group with what is fixed per group hoisted out of it: the key
+  // masks, whether it buffers calls or keys by site (template arguments: no branch per event),
+  // and, for tumbling and whole windows, the direct-mapped cache of states (WinCacheEntry),
+  // probed first at the entry the previous event used (keys come in runs) and with the window
+  // index recomputed only when an event leaves the previous event's window (no division per
+  // event). Sliding windows go to the WindowStore for every event.
+  template <bool kCalls, bool kSite>
+  void feed_events(size_t g, const std::vector<const Event*>& events) {
+    const GroupFeed& gf = feeds[g];
+    const uint64_t hi_mask = gf.hi_mask, lo_mask = gf.lo_mask;
+    WindowStore<WinState>& store = *windows[g];
+    auto key_of = [&](const Event& e) {
+      const Key full = KeyBy::full_key(e);
+      Key key{full.hi & hi_mask, full.lo & lo_mask};
+      if constexpr (kSite) key.lo |= site_key_of(e.stack_id);
+      return key;
     };
-    auto& cache = win_cache[g];
-    if (!cache.empty()) {
-      // Tumbling or whole: exactly one window, index ts / size (0 for whole).
-      const uint64_t k = gf.whole ? 0 : e.ts_ns / gf.size;
-      auto& ce = cache[KeyHash{}(key) & (kWinCache - 1)];
+    if (win_cache[g].empty()) {
+      for (const Event* e : events) {
+        const bool ok = store.add(e->ts_ns, key_of(*e), [&](uint64_t, WinState& w) { feed_state<kCalls>(g, w, *e); });
+        if (!ok) ++counters.late_events;
+      }
+      return;
+    }
+    // Tumbling or whole: exactly one window per event, index ts / size (0 for whole).
+    WinCacheEntry* cache = win_cache[g].data();
+    const bool whole = gf.whole;
+    const uint64_t size = gf.size;
+    uint64_t k = 0, k_start = 0, k_len = 0;  // the previous event's window: index, [k_start, +k_len)
+    WinCacheEntry* last = cache;
+    for (const Event* ep : events) {
+      const Event& e = *ep;
+      const Key key = key_of(e);
+      if (!whole && e.ts_ns - k_start >= k_len) [[unlikely]] {  // outside the previous event's window
+        k = e.ts_ns / size;
+        k_start = k * size;
+        k_len = size;
+      }
+      if (last->state && last->key == key && last->k == k) {
+        feed_state<kCalls>(g, *last->state, e);
+        continue;
+      }
+      WinCacheEntry& ce = cache[KeyHash{}(key) & (kWinCache - 1)];
+      last = &ce;
       if (ce.state && ce.k == k && ce.key == key) {
-        feed(*ce.state);
-        return;
+        feed_state<kCalls>(g, *ce.state, e);
+        continue;
       }
       WinState* got = nullptr;
-      const bool ok = windows[g]->add(e.ts_ns, key, [&](uint64_t, WinState& w) {
-        feed(w);
+      const bool ok = store.add(e.ts_ns, key, [&](uint64_t, WinState& w) {
+        feed_state<kCalls>(g, w, e);
         got = &w;
       });
       if (!ok) ++counters.late_events;
       if (got) ce = {key, k, got};
-      return;
     }
-    const bool ok = windows[g]->add(e.ts_ns, key, [&](uint64_t, WinState& w) { feed(w); });
-    if (!ok) ++counters.late_events;
+  }
+  void feed_events(size_t g, const std::vector<const Event*>& events) {
+    const GroupFeed& gf = feeds[g];
+    if (gf.needs_calls) {
+      if (gf.site_key) feed_events<true, true>(g, events);
+      else feed_events<true, false>(g, events);
+    } else {
+      if (gf.site_key) feed_events<false, true>(g, events);
+      else feed_events<false, false>(g, events);
+    }
   }
 
   static uint64_t join_key(JoinKey k, uint32_t pid, uint32_t tid) {
@@ -1126,11 +1174,11 @@ struct Shard::Impl {
       if (!windows[g]) continue;
       // A tight loop per group (its state stays in cache, its branches predictable).
       if (plan.routed[g]) {
-        for (const Event* e : group_events[g]) feed_group(g, *e, KeyBy::full_key(*e));
+        feed_events(g, group_events[g]);
       } else {
         const auto stream = static_cast<size_t>(plan.groups[g].stream);
         compute(stream, in);
-        for (const Event* e : owned_out[stream]) feed_group(g, *e, KeyBy::full_key(*e));
+        feed_events(g, owned_out[stream]);
       }
       const uint64_t closed_before = counters.windows_closed;
       close_group(g, wm, out);
