@@ -1084,23 +1084,19 @@ struct Shard::Impl {
         k_start = k * size;
         k_len = size;
       }
-      if (last->state && last->key == key && last->k == k) {
-        feed_state<kCalls>(g, *last->state, e);
-        continue;
+      WinState* st = last->state;
+      if (!st || last->key != key || last->k != k) {
+        WinCacheEntry& ce = cache[KeyHash{}(key) & (kWinCache - 1)];
+        last = &ce;
+        st = ce.state;
+        if (!st || ce.k != k || ce.key != key) {
+          st = nullptr;
+          if (!store.add(e.ts_ns, key, [&](uint64_t, WinState& w) { st = &w; })) ++counters.late_events;
+          if (!st) continue;
+          ce = {key, k, st};
+        }
       }
-      WinCacheEntry& ce = cache[KeyHash{}(key) & (kWinCache - 1)];
-      last = &ce;
-      if (ce.state && ce.k == k && ce.key == key) {
-        feed_state<kCalls>(g, *ce.state, e);
-        continue;
-      }
-      WinState* got = nullptr;
-      const bool ok = store.add(e.ts_ns, key, [&](uint64_t, WinState& w) {
-        feed_state<kCalls>(g, w, e);
-        got = &w;
-      });
-      if (!ok) ++counters.late_events;
-      if (got) ce = {key, k, got};
+      feed_state<kCalls>(g, *st, e);
     }
   }
   void feed_events(size_t g, const std::vector<const Event*>& events) {
