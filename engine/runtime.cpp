@@ -854,8 +854,12 @@ struct Shard::Impl {
     const AggregateLayout* layout = nullptr;
   };
   std::vector<GroupFeed> feeds;
-  // Per routed window group, the events of this batch its stream keeps (Routes), in batch order.
+  // Per routed window group, the events of this batch its stream keeps (Routes), in batch order:
+  // the first group_sizes[g] entries of group_events[g]. The routing pass writes through a cursor
+  // per group into lists sized for the whole batch up front (no capacity check per event).
   std::vector<std::vector<const Event*>> group_events;
+  std::vector<size_t> group_sizes;
+  std::vector<const Event**> group_cursor;
   uint16_t site_key_of(uint64_t stack_id) {
     if (stack_id == 0) return 0;
     if (const auto it = site_memo.find(stack_id); it != site_memo.end()) return it->second;
@@ -944,6 +948,8 @@ struct Shard::Impl {
                   assigner.whole(),     assigner.size(),      first.layout.get()};
     }
     group_events.resize(plan.groups.size());
+    group_sizes.assign(plan.groups.size(), 0);
+    group_cursor.assign(plan.groups.size(), nullptr);
     win_cache.resize(plan.groups.size());
     for (size_t g = 0; g < plan.groups.size(); ++g)
       if (windows[g] && plan.groups[g].window.kind != WindowKind::kSliding) win_cache[g].resize(kWinCache);
@@ -1053,7 +1059,7 @@ struct Shard::Impl {
   // index recomputed only when an event leaves the previous event's window (no division per
   // event). Sliding windows go to the WindowStore for every event.
   template <bool kCalls, bool kSite>
-  void feed_events(size_t g, const std::vector<const Event*>& events) {
+  void feed_events(size_t g, std::span<const Event* const> events) {
     const GroupFeed& gf = feeds[g];
     const uint64_t hi_mask = gf.hi_mask, lo_mask = gf.lo_mask;
     WindowStore<WinState>& store = *windows[g];
@@ -1099,7 +1105,7 @@ struct Shard::Impl {
       feed_state<kCalls>(g, *st, e);
     }
   }
-  void feed_events(size_t g, const std::vector<const Event*>& events) {
+  void feed_events(size_t g, std::span<const Event* const> events) {
     const GroupFeed& gf = feeds[g];
     if (gf.needs_calls) {
       if (gf.site_key) feed_events<true, true>(g, events);
@@ -1125,7 +1131,7 @@ struct Shard::Impl {
     last_ts = std::max(last_ts, in.trace_end);
     if (in.process_names) names = in.process_names;
     computed.assign(plan.streams.size(), 0);
-    for (auto& list : group_events) list.clear();
+    std::fill(group_sizes.begin(), group_sizes.end(), size_t{0});
     if (in.owned) {
       // One pass over the batch: trace end, exits, per-op statistics, and the events of every
       // routed window group (Routes), listed per group in batch order and fed group by group
@@ -1134,6 +1140,15 @@ struct Shard::Impl {
       counters.events_in += in.indexed ? in.owned_at.size() : in.owned->size();
       const Routes& routes = plan.routes[global ? 1 : 0];
       const uint32_t* begin = routes.begin.data();
+      // Every routed group of this tier gets room for the whole batch (at most once per group
+      // growth: the lists keep their size between batches).
+      const size_t n = in.indexed ? in.owned_at.size() : in.owned->size();
+      for (size_t g = 0; g < group_events.size(); ++g) {
+        group_cursor[g] = nullptr;
+        if (!windows[g] || !plan.routed[g]) continue;
+        if (group_events[g].size() < n) group_events[g].resize(n);
+        group_cursor[g] = group_events[g].data();
+      }
       for_each_selected(*in.owned, in.indexed, in.owned_at, [&](const Event& e) {
         last_ts = std::max(last_ts, e.end_ns());
         if (e.source == Source::kHost && e.op == op::kProcessExit) exited[e.pid] = e.ts_ns;
@@ -1144,9 +1159,11 @@ struct Shard::Impl {
           bool keep = true;
           for (uint32_t c = rt.checks_begin; c < rt.checks_end && keep; ++c)
             keep = truthy(eval(*routes.checks[c], &e, nullptr, &stack_matcher));
-          if (keep) group_events[rt.group].push_back(&e);
+          if (keep) *group_cursor[rt.group]++ = &e;
         }
       });
+      for (size_t g = 0; g < group_events.size(); ++g)
+        if (group_cursor[g]) group_sizes[g] = static_cast<size_t>(group_cursor[g] - group_events[g].data());
     }
 
     const uint64_t wm = in.final ? kFinal : in.watermark;
@@ -1170,7 +1187,7 @@ struct Shard::Impl {
       if (!windows[g]) continue;
       // A tight loop per group (its state stays in cache, its branches predictable).
       if (plan.routed[g]) {
-        feed_events(g, group_events[g]);
+        feed_events(g, std::span<const Event* const>(group_events[g].data(), group_sizes[g]));
       } else {
         const auto stream = static_cast<size_t>(plan.groups[g].stream);
         compute(stream, in);
