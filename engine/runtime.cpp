@@ -589,7 +589,7 @@ class CallBuffer {
       : cap_(cap ? cap : 1), pid_(pid), narrow_(cap_) {
     if (!narrow) widen();
   }
-  void add(const Event& e) {
+  [[gnu::always_inline]] void add(const Event& e) {
     ++seen_;
     sorted_ = false;
     if (!wide_ && e.pid == pid_ && e.dur_ns <= std::numeric_limits<uint32_t>::max()) {

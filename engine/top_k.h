@@ -31,12 +31,8 @@ class TopK {
       items_.push_back(item);
       return;
     }
-    // Past k it never holds more than k + k/2 + 1 items: one exact reservation instead of the
-    // vector's doubling (2k slots), a quarter less memory for a capped buffer.
-    if (seen_ == k_ + 1) items_.reserve(k_ + k_ / 2 + 1);
-    if (has_threshold_ ? !greater_(item, threshold_) : false) return;
-    items_.push_back(item);
-    if (items_.size() >= k_ + k_ / 2 + 1) compact();
+    if (has_threshold_ && !greater_(item, threshold_)) return;  // the common case once capped
+    append(item);
   }
 
   // The kept items: all of them (arrival order) up to k added, else exactly the k greatest.
@@ -49,6 +45,16 @@ class TopK {
   size_t k() const { return k_; }
 
  private:
+  // add() past the first k items of one that beats the threshold (or comes before the first
+  // compaction): out of line, so add() stays small where it is inlined.
+  [[gnu::noinline]] void append(const T& item) {
+    // Past k it never holds more than k + k/2 + 1 items: one exact reservation instead of the
+    // vector's doubling (2k slots), a quarter less memory for a capped buffer. (No threshold
+    // exists yet at the (k + 1)-th item: the first compaction comes later.)
+    if (seen_ == k_ + 1) items_.reserve(k_ + k_ / 2 + 1);
+    items_.push_back(item);
+    if (items_.size() >= k_ + k_ / 2 + 1) compact();
+  }
   void compact() {
     auto kth = items_.begin() + static_cast<std::ptrdiff_t>(k_ - 1);
     std::nth_element(items_.begin(), kth, items_.end(), greater_);
