@@ -472,6 +472,10 @@ long rss_kib() {
 }
 
 TEST(Perfetto, StreamsWithBoundedMemory) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "RSS is no measure of the writer's memory under AddressSanitizer: its quarantine keeps freed "
+                  "blocks resident (374 MB for this test); the Release build runs it";
+#endif
   const std::string path = tmp_path("big.json");
   std::string error;
   auto w = PerfettoWriter::create(path, {}, error);
