@@ -72,23 +72,7 @@ Replayed replay(const std::string& path, bool stream, size_t batch, bool reader_
   return r;
 }
 
-void expect_equal(const Replayed& a, const Replayed& b) {
-  ASSERT_EQ(a.d.events.size(), b.d.events.size());
-  for (size_t i = 0; i < a.d.events.size(); ++i)
-    ASSERT_TRUE(test::same_event(a.d.events[i], b.d.events[i]))
-        << "event " << i << ": " << test::describe(a.d.events[i]) << " vs " << test::describe(b.d.events[i]);
-  ASSERT_EQ(a.d.batches.size(), b.d.batches.size());
-  for (size_t i = 0; i < a.d.batches.size(); ++i) {
-    EXPECT_EQ(a.d.batches[i].events.size(), b.d.batches[i].events.size()) << "batch " << i;
-    EXPECT_EQ(a.d.batches[i].watermark, b.d.batches[i].watermark) << "batch " << i;
-    EXPECT_EQ(a.d.batches[i].final, b.d.batches[i].final) << "batch " << i;
-  }
-  EXPECT_EQ(a.meta.first_ts, b.meta.first_ts);
-  EXPECT_EQ(a.meta.last_ts, b.meta.last_ts);
-  EXPECT_EQ(a.meta.health.rows_read, b.meta.health.rows_read);
-  EXPECT_EQ(a.meta.health.rows_skipped, b.meta.health.rows_skipped);
-  EXPECT_EQ(a.meta.health.reasons, b.meta.health.reasons);
-}
+void expect_equal(const Replayed& a, const Replayed& b) { test::expect_same_replay(a.d, a.meta, b.d, b.meta, false); }
 
 // Ingero 0.8 rows in time order with ties, 20 % of them inserted out of order, sched_switch
 // spans up to 3 ms (they move back from where the index puts them), a timestamp index.

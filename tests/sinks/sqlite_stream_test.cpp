@@ -66,27 +66,7 @@ void expect_same(const std::string& path, size_t batch) {
       SCOPED_TRACE(path + " batch " + std::to_string(batch) + (thread ? " reader thread" : " inline") +
                    " fetch threads " + std::to_string(fetch.threads) + " chunk " + std::to_string(fetch.chunk_rows));
       const Replayed b = replay(path, true, batch, size_t{1} << 20, thread, fetch);
-      ASSERT_EQ(a.d.events.size(), b.d.events.size());
-      for (size_t i = 0; i < a.d.events.size(); ++i)
-        ASSERT_TRUE(test::same_event(a.d.events[i], b.d.events[i]))
-            << "event " << i << ": " << test::describe(a.d.events[i]) << " vs " << test::describe(b.d.events[i]);
-      ASSERT_EQ(a.d.batches.size(), b.d.batches.size());
-      for (size_t i = 0; i < a.d.batches.size(); ++i) {
-        EXPECT_EQ(a.d.batches[i].events.size(), b.d.batches[i].events.size()) << "batch " << i;
-        EXPECT_EQ(a.d.batches[i].watermark, b.d.batches[i].watermark) << "batch " << i;
-        EXPECT_EQ(a.d.batches[i].final, b.d.batches[i].final) << "batch " << i;
-        EXPECT_EQ(a.d.batches[i].seq, b.d.batches[i].seq) << "batch " << i;
-      }
-      EXPECT_EQ(a.meta.first_ts, b.meta.first_ts);
-      EXPECT_EQ(a.meta.last_ts, b.meta.last_ts);
-      EXPECT_EQ(a.meta.health.rows_read, b.meta.health.rows_read);
-      EXPECT_EQ(a.meta.health.rows_skipped, b.meta.health.rows_skipped);
-      EXPECT_EQ(a.meta.health.reasons, b.meta.health.reasons);
-      EXPECT_EQ(a.meta.health.dropped_events, b.meta.health.dropped_events);
-      EXPECT_EQ(a.meta.format, b.meta.format);
-      EXPECT_EQ(a.meta.nodes, b.meta.nodes);
-      EXPECT_EQ(a.meta.process_names, b.meta.process_names);
-      EXPECT_EQ(a.meta.stacks.size(), b.meta.stacks.size());
+      ASSERT_NO_FATAL_FAILURE(test::expect_same_replay(a.d, a.meta, b.d, b.meta, true));
     }
 }
 

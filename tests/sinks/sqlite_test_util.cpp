@@ -1,5 +1,7 @@
 #include "tests/sinks/sqlite_test_util.h"
 
+#include <gtest/gtest.h>
+
 #include <sqlite3.h>
 #include <unistd.h>
 
@@ -108,6 +110,31 @@ std::string describe(const Event& e) {
     << " node=" << e.node << " rank=" << e.rank << " src=" << int(e.source) << " op=" << int(e.op)
     << " state=" << int(e.prev_state) << " gpu=" << int(e.gpu_id) << " flags=" << int(e.flags) << "}";
   return s.str();
+}
+
+void expect_same_replay(const Drained& a, const TraceMeta& ma, const Drained& b, const TraceMeta& mb, bool everything) {
+  ASSERT_EQ(a.events.size(), b.events.size());
+  for (size_t i = 0; i < a.events.size(); ++i)
+    ASSERT_TRUE(same_event(a.events[i], b.events[i]))
+        << "event " << i << ": " << describe(a.events[i]) << " vs " << describe(b.events[i]);
+  ASSERT_EQ(a.batches.size(), b.batches.size());
+  for (size_t i = 0; i < a.batches.size(); ++i) {
+    EXPECT_EQ(a.batches[i].events.size(), b.batches[i].events.size()) << "batch " << i;
+    EXPECT_EQ(a.batches[i].watermark, b.batches[i].watermark) << "batch " << i;
+    EXPECT_EQ(a.batches[i].final, b.batches[i].final) << "batch " << i;
+    if (everything) EXPECT_EQ(a.batches[i].seq, b.batches[i].seq) << "batch " << i;
+  }
+  EXPECT_EQ(ma.first_ts, mb.first_ts);
+  EXPECT_EQ(ma.last_ts, mb.last_ts);
+  EXPECT_EQ(ma.health.rows_read, mb.health.rows_read);
+  EXPECT_EQ(ma.health.rows_skipped, mb.health.rows_skipped);
+  EXPECT_EQ(ma.health.reasons, mb.health.reasons);
+  if (!everything) return;
+  EXPECT_EQ(ma.health.dropped_events, mb.health.dropped_events);
+  EXPECT_EQ(ma.format, mb.format);
+  EXPECT_EQ(ma.nodes, mb.nodes);
+  EXPECT_EQ(ma.process_names, mb.process_names);
+  EXPECT_EQ(ma.stacks.size(), mb.stacks.size());
 }
 
 }  // namespace ingero::test

@@ -40,6 +40,10 @@ struct Drained {
 Drained drain(EventSource& source);
 
 bool same_event(const Event& a, const Event& b);
+// gtest expectations that two replays of one trace delivered the same events, batches (sizes,
+// watermarks, final) and trace health. `everything` also compares batch seq, dropped events,
+// format, nodes, process names and the stack count. Wrap in ASSERT_NO_FATAL_FAILURE to stop there.
+void expect_same_replay(const Drained& a, const TraceMeta& ma, const Drained& b, const TraceMeta& mb, bool everything);
 std::string describe(const Event& e);
 
 }  // namespace ingero::test
