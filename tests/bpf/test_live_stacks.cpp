@@ -456,7 +456,11 @@ TEST(LiveStacks, CpuSamplesNameTheBusyPythonFunction) {
     const auto pf = python_frames(stack_of(r, e));
     if (!pf.empty() && pf[0].function == "spin") {
       ++in_spin;
-      EXPECT_EQ(pf[0].line, lines.at("spin"));
+      // On the loop's line, or (rarely: a sample while the frame is being entered, before its
+      // first instruction ran) on the `def spin` line, which CPython reports for a new frame.
+      const uint32_t def_line = lines.at("spin") - 3;
+      EXPECT_TRUE(pf[0].line == lines.at("spin") || pf[0].line == def_line)
+          << "line " << pf[0].line << ", expected " << lines.at("spin") << " (or " << def_line << ")";
       ASSERT_GE(pf.size(), 2u);
       EXPECT_EQ(pf[1].function, "run");
       EXPECT_EQ(pf[1].line, lines.at("busy"));
