@@ -1,31 +1,223 @@
 #include "operators/interval_join.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <iterator>
 #include <limits>
 
 namespace ingero {
 
+namespace {
+constexpr uint32_t kLongDur = std::numeric_limits<uint32_t>::max();
+constexpr uint64_t kMaxOff = std::numeric_limits<uint32_t>::max();
+}  // namespace
+
+// ---- Block: one run of a key's spans, 12 bytes each (the header's "Storage").
+
+IntervalJoin::Block IntervalJoin::Block::start(const Span& s, bool reserve_full) {
+  Block b;
+  b.base_ts = s.ts;
+  b.base_id = s.id;
+  if (reserve_full) b.spans.reserve(kBlockSpans);  // a long run of spans: skip the growth steps
+  b.insert(0, s);
+  return b;
+}
+
+uint64_t IntervalJoin::Block::end_at(size_t i) const {
+  const Packed& p = spans[i];
+  return p.dur == kLongDur ? longs[p.id_off].end : base_ts + p.ts_off + p.dur;
+}
+
+IntervalJoin::Span IntervalJoin::Block::at(size_t i) const {
+  const Packed& p = spans[i];
+  Span s;
+  s.ts = base_ts + p.ts_off;
+  if (p.dur == kLongDur) {
+    s.end = longs[p.id_off].end;
+    s.id = longs[p.id_off].id;
+  } else {
+    s.end = s.ts + p.dur;
+    s.id = base_id + static_cast<uint64_t>(static_cast<int64_t>(static_cast<int32_t>(p.id_off)));
+  }
+  s.arg0 = arg0.empty() ? 0 : arg0[i];
+  return s;
+}
+
+bool IntervalJoin::Block::fits(uint64_t ts, uint64_t id) const {
+  if (ts < base_ts || ts - base_ts > kMaxOff) return false;
+  // id - base_id as a signed 64-bit number lies in [-2^31, 2^31) exactly when this sum, modulo
+  // 2^64, lies in [0, 2^32).
+  return (id - base_id) + (uint64_t{1} << 31) <= kMaxOff;
+}
+
+size_t IntervalJoin::Block::lower_bound(uint64_t ts) const {
+  if (ts <= base_ts) return 0;
+  if (ts - base_ts > kMaxOff) return spans.size();
+  const auto off = static_cast<uint32_t>(ts - base_ts);
+  return static_cast<size_t>(
+      std::lower_bound(spans.begin(), spans.end(), off, [](const Packed& p, uint32_t o) { return p.ts_off < o; }) -
+      spans.begin());
+}
+
+size_t IntervalJoin::Block::upper_bound(uint64_t ts) const {
+  if (ts < base_ts) return 0;
+  if (ts - base_ts > kMaxOff) return spans.size();
+  const auto off = static_cast<uint32_t>(ts - base_ts);
+  return static_cast<size_t>(
+      std::upper_bound(spans.begin(), spans.end(), off, [](uint32_t o, const Packed& p) { return o < p.ts_off; }) -
+      spans.begin());
+}
+
+void IntervalJoin::Block::insert(size_t i, const Span& s) {
+  Packed p;
+  p.ts_off = static_cast<uint32_t>(s.ts - base_ts);
+  const uint64_t dur = s.end - s.ts;
+  if (dur >= kLongDur) {
+    p.dur = kLongDur;
+    p.id_off = static_cast<uint32_t>(longs.size());
+    longs.push_back({s.end, s.id});
+  } else {
+    p.dur = static_cast<uint32_t>(dur);
+    p.id_off = static_cast<uint32_t>(s.id - base_id);
+  }
+  const auto at = static_cast<std::ptrdiff_t>(i);
+  if (s.arg0 || !arg0.empty()) {
+    if (arg0.empty()) arg0.assign(spans.size(), 0);  // the first non-zero: from now on, kept for every span
+    arg0.insert(arg0.begin() + at, s.arg0);
+  }
+  spans.insert(spans.begin() + at, p);
+}
+
+bool IntervalJoin::Block::try_prepend(const Span& s) {
+  if (spans.size() >= kBlockSpans || s.ts > base_ts || ts_at(spans.size() - 1) - s.ts > kMaxOff) return false;
+  const uint64_t old_base = base_ts;
+  base_ts = s.ts;
+  if (!fits(s.ts, s.id)) {
+    base_ts = old_base;
+    return false;
+  }
+  const auto delta = static_cast<uint32_t>(old_base - s.ts);  // <= the last offset after the move
+  for (Packed& p : spans) p.ts_off += delta;
+  insert(0, s);
+  return true;
+}
+
+void IntervalJoin::Block::drop_front(size_t k) {
+  const auto n = static_cast<std::ptrdiff_t>(k);
+  spans.erase(spans.begin(), spans.begin() + n);
+  if (!arg0.empty()) arg0.erase(arg0.begin(), arg0.begin() + n);
+  if (!longs.empty()) compact_longs();
+  rebase();
+}
+
+IntervalJoin::Span IntervalJoin::Block::pop_back() {
+  const Span s = at(spans.size() - 1);
+  const bool was_long = spans.back().dur == kLongDur;
+  spans.pop_back();
+  if (!arg0.empty()) arg0.pop_back();
+  if (was_long) compact_longs();
+  return s;
+}
+
+IntervalJoin::Block IntervalJoin::Block::take_tail(size_t p) {
+  Block tail;
+  tail.base_ts = ts_at(p);
+  tail.base_id = base_id;  // every id here fits it
+  tail.spans.reserve(spans.size() - p);
+  for (size_t i = p; i < spans.size(); ++i) tail.insert(tail.spans.size(), at(i));
+  const auto n = static_cast<std::ptrdiff_t>(p);
+  spans.erase(spans.begin() + n, spans.end());
+  if (!arg0.empty()) arg0.erase(arg0.begin() + n, arg0.end());
+  if (!longs.empty()) compact_longs();
+  return tail;
+}
+
+void IntervalJoin::Block::rebase() {
+  const uint32_t delta = spans.front().ts_off;
+  if (delta == 0) return;
+  for (Packed& p : spans) p.ts_off -= delta;
+  base_ts += delta;
+}
+
+void IntervalJoin::Block::compact_longs() {
+  std::vector<Long> kept;
+  for (Packed& p : spans) {
+    if (p.dur != kLongDur) continue;
+    kept.push_back(longs[p.id_off]);
+    p.id_off = static_cast<uint32_t>(kept.size() - 1);
+  }
+  longs.swap(kept);
+}
+
+size_t IntervalJoin::Block::bytes() const {
+  return spans.capacity() * sizeof(Packed) + arg0.capacity() * sizeof(uint64_t) + longs.capacity() * sizeof(Long);
+}
+
+// ---- IntervalJoin
+
+// Appends s, which starts at or after every span of `blocks`.
+void IntervalJoin::append(std::vector<Block>& blocks, const Span& s) {
+  if (!blocks.empty()) {
+    Block& last = blocks.back();
+    if (last.size() < kBlockSpans && last.fits(s.ts, s.id)) {
+      last.insert(last.size(), s);
+      return;
+    }
+  }
+  blocks.push_back(Block::start(s, !blocks.empty() && blocks.back().size() == kBlockSpans));
+}
+
+// Puts s after every span that starts at or before it (as an upper_bound insert into one sorted
+// sequence would).
+void IntervalJoin::place(std::vector<Block>& blocks, const Span& s) {
+  if (blocks.empty() || blocks.back().ts_at(blocks.back().size() - 1) <= s.ts) {
+    append(blocks, s);  // in order: the common case
+    return;
+  }
+  // The last block starting at or before s; every later block starts after it.
+  const auto it = std::upper_bound(blocks.begin(), blocks.end(), s.ts,
+                                   [](uint64_t ts, const Block& b) { return ts < b.base_ts; });
+  if (it == blocks.begin()) {  // before every span
+    if (!blocks.front().try_prepend(s)) blocks.insert(blocks.begin(), Block::start(s, false));
+    return;
+  }
+  const auto b = static_cast<size_t>(it - blocks.begin()) - 1;
+  const size_t p = blocks[b].upper_bound(s.ts);  // > 0: spans[0] starts at base_ts <= s.ts
+  const auto next = static_cast<std::ptrdiff_t>(b + 1);
+  if (blocks[b].fits(s.ts, s.id) && (p < blocks[b].size() || blocks[b].size() < kBlockSpans)) {
+    if (blocks[b].size() == kBlockSpans) {
+      // Full: its last span moves to the front of the next block, or into a block of its own.
+      const Span last = blocks[b].pop_back();
+      if (b + 1 == blocks.size() || !blocks[b + 1].try_prepend(last)) {
+        blocks.insert(blocks.begin() + next, Block::start(last, false));
+      }
+    }
+    blocks[b].insert(p, s);
+    return;
+  }
+  // s cannot go into block b at p (it is full and s goes last, or s is too far from its bases):
+  // the spans after p move to a block of their own, and s goes between.
+  if (p < blocks[b].size()) blocks.insert(blocks.begin() + next, blocks[b].take_tail(p));
+  if (b + 1 == blocks.size() || !blocks[b + 1].try_prepend(s)) {
+    blocks.insert(blocks.begin() + next, Block::start(s, false));
+  }
+}
+
 void IntervalJoin::add_right(uint64_t key, const Event& e) {
   auto& buf = buffers_[key];
-  const SpanRef s{e.ts_ns, e.end_ns(), e.id};
-  if (e.arg0 && !buf.has_arg0) {  // from now on, kept for every span
-    buf.arg0.assign(buf.spans.size(), 0);
-    buf.has_arg0 = true;
-  }
-  const bool with_arg0 = buf.has_arg0;
-  if (buf.spans.empty() || buf.spans.back().ts <= s.ts) {
-    buf.spans.push_back(s);
-    if (with_arg0) buf.arg0.push_back(e.arg0);
-  } else {
-    auto it = std::upper_bound(buf.spans.begin(), buf.spans.end(), s.ts,
-                               [](uint64_t ts, const SpanRef& x) { return ts < x.ts; });
-    const auto at = it - buf.spans.begin();
-    buf.spans.insert(it, s);
-    if (with_arg0) buf.arg0.insert(buf.arg0.begin() + at, e.arg0);
-  }
+  const Span s{e.ts_ns, e.end_ns(), e.id, e.arg0};
+  place(buf.blocks, s);
   ++buffered_;
   buf.max_dur = std::max(buf.max_dur, s.end - s.ts);
+}
+
+size_t IntervalJoin::span_bytes() const {
+  size_t n = 0;
+  for (const auto& [key, buf] : buffers_) {
+    n += buf.blocks.capacity() * sizeof(Block);
+    for (const Block& b : buf.blocks) n += b.bytes();
+  }
+  return n;
 }
 
 ProbeResult IntervalJoin::probe(uint64_t key, uint64_t call_ts, uint64_t call_end) const {
@@ -33,24 +225,53 @@ ProbeResult IntervalJoin::probe(uint64_t key, uint64_t call_ts, uint64_t call_en
   auto it = buffers_.find(key);
   if (it == buffers_.end()) return r;
   const auto& buf = it->second;
+  const auto& blocks = buf.blocks;
   const uint64_t lo = kind_ == JoinKind::kWithin ? (call_ts > within_ ? call_ts - within_ : 0) : call_ts;
   const uint64_t hi = kind_ == JoinKind::kWithin ? call_end + within_ : call_end;
-  // Only spans starting at or after lo - max_dur can reach lo.
+  // Only spans starting at or after lo - max_dur can reach lo. The first of them is in the block
+  // before the first block starting at or after `from`, or is that block's first.
   const uint64_t from = lo > buf.max_dur ? lo - buf.max_dur : 0;
-  auto first = std::lower_bound(buf.spans.begin(), buf.spans.end(), from,
-                                [](const SpanRef& x, uint64_t ts) { return x.ts < ts; });
-  std::vector<std::pair<uint64_t, uint64_t>> pieces;
-  for (auto s = first; s != buf.spans.end() && s->ts <= hi; ++s) {
-    const bool instant = s->end == s->ts;
-    const bool hit = instant ? (s->ts >= lo && s->ts <= hi) : (s->ts < hi && s->end > lo);
-    if (!hit) continue;
-    r.right_ids.push_back(s->id);
-    r.right_ns += s->end - s->ts;
-    if (buf.has_arg0) r.sum_arg0 += buf.arg0[static_cast<size_t>(s - buf.spans.begin())];
-    if (kind_ == JoinKind::kOverlap) {
-      const uint64_t a = std::max(s->ts, call_ts), b = std::min(s->end, call_end);
-      if (b > a) pieces.emplace_back(a, b);
+  auto b = static_cast<size_t>(
+      std::lower_bound(blocks.begin(), blocks.end(), from, [](const Block& x, uint64_t ts) { return x.base_ts < ts; }) -
+      blocks.begin());
+  size_t i = 0;
+  if (b > 0) {
+    const size_t j = blocks[b - 1].lower_bound(from);
+    if (j < blocks[b - 1].size()) {
+      --b;
+      i = j;
     }
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> pieces;
+  for (; b < blocks.size(); ++b, i = 0) {
+    const Block& blk = blocks[b];
+    if (blk.base_ts > hi) break;
+    const bool with_arg0 = !blk.arg0.empty();
+    const size_t n = blk.spans.size();
+    for (; i < n; ++i) {
+      const Packed& p = blk.spans[i];
+      const uint64_t ts = blk.base_ts + p.ts_off;
+      if (ts > hi) break;
+      uint64_t end = 0, id = 0;
+      if (p.dur != kLongDur) {
+        end = ts + p.dur;
+        id = blk.base_id + static_cast<uint64_t>(static_cast<int64_t>(static_cast<int32_t>(p.id_off)));
+      } else {
+        end = blk.longs[p.id_off].end;
+        id = blk.longs[p.id_off].id;
+      }
+      const bool instant = end == ts;
+      const bool hit = instant ? (ts >= lo && ts <= hi) : (ts < hi && end > lo);
+      if (!hit) continue;
+      r.right_ids.push_back(id);
+      r.right_ns += end - ts;
+      if (with_arg0) r.sum_arg0 += blk.arg0[i];
+      if (kind_ == JoinKind::kOverlap) {
+        const uint64_t x = std::max(ts, call_ts), y = std::min(end, call_end);
+        if (y > x) pieces.emplace_back(x, y);
+      }
+    }
+    if (i < n) break;  // a span past hi: every later one starts after it
   }
   if (kind_ == JoinKind::kWithin) {
     r.overlap_ns = r.right_ids.empty() ? 0 : call_end - call_ts;
@@ -59,14 +280,14 @@ ProbeResult IntervalJoin::probe(uint64_t key, uint64_t call_ts, uint64_t call_en
   std::sort(pieces.begin(), pieces.end());
   uint64_t cur_a = 0, cur_b = 0;
   bool open = false;
-  for (const auto& [a, b] : pieces) {
+  for (const auto& [a, e] : pieces) {
     if (open && a <= cur_b) {
-      cur_b = std::max(cur_b, b);
+      cur_b = std::max(cur_b, e);
       continue;
     }
     if (open) r.overlap_ns += cur_b - cur_a;
     cur_a = a;
-    cur_b = b;
+    cur_b = e;
     open = true;
   }
   if (open) r.overlap_ns += cur_b - cur_a;
@@ -76,14 +297,23 @@ ProbeResult IntervalJoin::probe(uint64_t key, uint64_t call_ts, uint64_t call_en
 void IntervalJoin::evict(uint64_t watermark, uint64_t retain) {
   if (watermark == std::numeric_limits<uint64_t>::max()) return;  // final: windows close first
   for (auto it = buffers_.begin(); it != buffers_.end();) {
-    auto& buf = it->second;
-    while (!buf.spans.empty() && buf.spans.front().end + retain < watermark) {
-      buf.spans.pop_front();
-      if (buf.has_arg0) buf.arg0.pop_front();
-      --buffered_;
-      ++evicted_;
+    auto& blocks = it->second.blocks;
+    // Spans leave from the front while they end before the horizon (the first kept one stops it).
+    size_t whole = 0, gone = 0;
+    for (; whole < blocks.size(); ++whole) {
+      Block& blk = blocks[whole];
+      size_t k = 0;
+      while (k < blk.size() && blk.end_at(k) + retain < watermark) ++k;
+      gone += k;
+      if (k < blk.size()) {
+        if (k) blk.drop_front(k);
+        break;
+      }
     }
-    if (buf.spans.empty()) {
+    blocks.erase(blocks.begin(), blocks.begin() + static_cast<std::ptrdiff_t>(whole));
+    buffered_ -= gone;
+    evicted_ += gone;
+    if (blocks.empty()) {
       it = buffers_.erase(it);
     } else {
       ++it;
@@ -100,8 +330,8 @@ void IntervalJoin::prune(uint64_t floor, std::unordered_map<uint64_t, std::vecto
   std::vector<CallRange> merged;
   std::vector<char> drop;
   for (auto& [key, buf] : buffers_) {
-    auto& spans = buf.spans;
-    if (spans.empty() || spans.front().ts >= below) continue;  // every span starts (so ends) past it
+    auto& blocks = buf.blocks;
+    if (blocks.empty() || blocks.front().base_ts >= below) continue;  // every span starts (so ends) past it
     merged.clear();
     if (auto c = candidates.find(key); c != candidates.end()) {
       auto& calls = c->second;
@@ -113,39 +343,60 @@ void IntervalJoin::prune(uint64_t floor, std::unordered_map<uint64_t, std::vecto
         else merged.push_back({lo, hi});
       }
     }
+    size_t total = 0;
+    for (const Block& blk : blocks) total += blk.size();
     // Spans come in start order, so the first merged range not wholly before a span's start only
     // moves forward.
-    drop.assign(spans.size(), 0);
-    size_t m = 0, dropped = 0;
-    for (size_t i = 0; i < spans.size(); ++i) {
-      const SpanRef& s = spans[i];
-      if (s.end >= below) continue;
-      while (m < merged.size() && merged[m].end < s.ts) ++m;
-      if (m < merged.size() && merged[m].ts <= s.end) continue;
-      drop[i] = 1;
-      ++dropped;
-    }
-    // Spans with one start are dropped all or none (kept spans stay a run per start).
-    for (size_t i = 0, j = 0; i < spans.size(); i = j) {
-      bool all = true;
-      for (j = i; j < spans.size() && spans[j].ts == spans[i].ts; ++j) all = all && drop[j];
-      if (all) continue;
-      for (size_t x = i; x < j; ++x) {
-        dropped -= drop[x];
-        drop[x] = 0;
+    drop.assign(total, 0);
+    size_t m = 0, dropped = 0, x = 0;
+    for (const Block& blk : blocks) {
+      for (size_t i = 0; i < blk.size(); ++i, ++x) {
+        const uint64_t ts = blk.ts_at(i), end = blk.end_at(i);
+        if (end >= below) continue;
+        while (m < merged.size() && merged[m].end < ts) ++m;
+        if (m < merged.size() && merged[m].ts <= end) continue;
+        drop[x] = 1;
+        ++dropped;
       }
     }
     if (!dropped) continue;
-    // The kept spans close up in place, in order.
-    size_t w = 0;
-    auto& arg0 = buf.arg0;
-    for (size_t i = 0; i < spans.size(); ++i) {
-      if (drop[i]) continue;
-      if (buf.has_arg0) arg0[w] = arg0[i];
-      spans[w++] = spans[i];
+    // Spans with one start are dropped all or none (kept spans stay a run per start).
+    size_t run = 0;  // first span of the current run of equal starts
+    bool all = true;
+    uint64_t run_ts = 0;
+    const auto settle = [&](size_t end) {  // the run [run, end) is complete
+      if (all) return;
+      for (size_t y = run; y < end; ++y) {
+        dropped -= drop[y];
+        drop[y] = 0;
+      }
+    };
+    x = 0;
+    for (const Block& blk : blocks) {
+      for (size_t i = 0; i < blk.size(); ++i, ++x) {
+        const uint64_t ts = blk.ts_at(i);
+        if (x == 0 || ts != run_ts) {
+          if (x) settle(x);
+          run = x;
+          run_ts = ts;
+          all = true;
+        }
+        all = all && drop[x];
+      }
     }
-    spans.erase(spans.begin() + static_cast<std::ptrdiff_t>(w), spans.end());
-    if (buf.has_arg0) arg0.erase(arg0.begin() + static_cast<std::ptrdiff_t>(w), arg0.end());
+    settle(x);
+    if (!dropped) continue;
+    // The kept spans, in order, into fresh blocks; each old block is freed once read, so the copy
+    // needs at most one block more than the spans kept.
+    std::vector<Block> kept;
+    x = 0;
+    for (Block& blk : blocks) {
+      for (size_t i = 0; i < blk.size(); ++i, ++x) {
+        if (!drop[x]) append(kept, blk.at(i));
+      }
+      blk = Block();
+    }
+    blocks.swap(kept);
     pruned_ += dropped;
     buffered_ -= dropped;
   }

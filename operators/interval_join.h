@@ -34,11 +34,17 @@
 //   until the horizon passes it, which in a one-window trace is forever: memory linear in trace
 //   length, the thing pruning exists to avoid.)
 // - Never pairs 1:1 and never keeps a span past its horizon (unlike a key-matching join).
+// - Storage (how, not what: results do not depend on it): a key's spans sit in blocks of at most
+//   kBlockSpans, in start order across blocks. A block keeps its first span's start (base_ts) and
+//   an id base; each span is 12 bytes: 32-bit start offset, 32-bit duration, 32-bit signed id
+//   offset. A span too far from a block's bases (start 2^32 ns or more past base_ts, id more than
+//   2^31 away) goes into another block; a span of 2^32 - 1 ns or longer keeps its end and id in
+//   the block's `longs` (its duration field marks it). arg0 is kept per block, only once the block
+//   was given a non-zero one. span_bytes() is what the blocks hold.
 // - Single-threaded; one per (shard, join node).
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <set>
 #include <unordered_map>
 #include <vector>
@@ -47,12 +53,6 @@
 #include "model/plan.h"
 
 namespace ingero {
-
-// A buffered right span (24 bytes; its arg0, when the buffer has any non-zero one, is kept in
-// Buffer::arg0).
-struct SpanRef {
-  uint64_t ts = 0, end = 0, id = 0;
-};
 
 struct ProbeResult {
   uint64_t overlap_ns = 0;
@@ -73,18 +73,55 @@ class IntervalJoin {
   };
   void prune(uint64_t floor, std::unordered_map<uint64_t, std::vector<CallRange>>& candidates);
   size_t buffered() const { return buffered_; }
+  // Heap bytes of the buffered spans' storage (blocks, their spans, arg0 and long spans; by
+  // capacity, without the allocator's own overhead or the per-key map).
+  size_t span_bytes() const;
   uint64_t evicted() const { return evicted_ + pruned_; }  // dropped at the horizon or pruned
   uint64_t pruned() const { return pruned_; }              // of which dropped by prune()
 
  private:
+  static constexpr size_t kBlockSpans = 256;
+  // A span as add_right() saw it (arg0 is 0 where its block keeps none).
+  struct Span {
+    uint64_t ts = 0, end = 0, id = 0, arg0 = 0;
+  };
+  // A span in its block: start = base_ts + ts_off; end = start + dur unless dur == kLongDur, where
+  // end and id are the block's longs[id_off]; else id = base_id + (int32_t)id_off.
+  struct Packed {
+    uint32_t ts_off = 0, dur = 0, id_off = 0;
+  };
+  struct Long {
+    uint64_t end = 0, id = 0;
+  };
+  struct Block {
+    uint64_t base_ts = 0;  // the start of spans[0]
+    uint64_t base_id = 0;
+    std::vector<Packed> spans;   // sorted by start; never empty in a buffer
+    std::vector<uint64_t> arg0;  // empty, or parallel to spans once one is non-zero
+    std::vector<Long> longs;     // exactly the long spans' end and id
+    static Block start(const Span& s, bool reserve_full);
+    size_t size() const { return spans.size(); }
+    uint64_t ts_at(size_t i) const { return base_ts + spans[i].ts_off; }
+    uint64_t end_at(size_t i) const;
+    Span at(size_t i) const;
+    bool fits(uint64_t ts, uint64_t id) const;  // encodable against the bases
+    size_t lower_bound(uint64_t ts) const;      // first span starting at or after ts
+    size_t upper_bound(uint64_t ts) const;      // first span starting after ts
+    void insert(size_t i, const Span& s);       // needs fits() and ts_at(i-1) <= s.ts <= ts_at(i), i > 0
+    bool try_prepend(const Span& s);            // puts s first when it fits, lowering base_ts
+    void drop_front(size_t k);                  // erases spans [0, k), k < size()
+    Span pop_back();
+    Block take_tail(size_t p);  // spans [p, size()) moved to a new block, 0 < p
+    void rebase();              // base_ts = start of spans[0]
+    void compact_longs();       // drops longs no span points at
+    size_t bytes() const;
+  };
   struct Buffer {
-    std::deque<SpanRef> spans;  // sorted by ts
-    // The spans' arg0, parallel to `spans` once the buffer was given a non-zero one (has_arg0);
-    // until then every arg0 is 0 and none is stored (off-CPU spans: a quarter less memory).
-    std::deque<uint64_t> arg0;
-    bool has_arg0 = false;
+    std::vector<Block> blocks;  // in start order: a block's base_ts >= every start before it
     uint64_t max_dur = 0;
   };
+  static void place(std::vector<Block>& blocks, const Span& s);
+  static void append(std::vector<Block>& blocks, const Span& s);
   JoinKind kind_;
   uint64_t within_;
   std::unordered_map<uint64_t, Buffer> buffers_;
