@@ -839,7 +839,7 @@ struct Shard::Impl {
   // the same key and window index, and only while that window is open: the group's cache is
   // emptied whenever the group closes a window (WinState pointers are stable until then).
   struct WinCacheEntry {
-    Key key;
+    Key key;  // the key's identity (feed_events: its raw packing, or the Key by site)
     uint64_t k = 0;
     WinState* state = nullptr;
   };
@@ -849,6 +849,7 @@ struct Shard::Impl {
   // KeyBy::full_key, the aggregate layout, whether it buffers calls, its window size.
   struct GroupFeed {
     uint64_t hi_mask = 0, lo_mask = 0;
+    uint64_t raw_hi_mask = 0, raw_lo_mask = 0;  // the same fields over KeyBy::raw_key
     bool site_key = false, needs_calls = false, whole = false;
     uint64_t size = 1;
     const AggregateLayout* layout = nullptr;
@@ -944,8 +945,9 @@ struct Shard::Impl {
     for (size_t g = 0; g < plan.groups.size(); ++g) {
       const auto& first = plan.pipes[plan.groups[g].pipes.front()];
       const WindowAssigner assigner(plan.groups[g].window);
-      feeds[g] = {first.keys.hi_mask(), first.keys.lo_mask(), first.site_key,    plan.groups[g].needs_calls,
-                  assigner.whole(),     assigner.size(),      first.layout.get()};
+      feeds[g] = {first.keys.hi_mask(),     first.keys.lo_mask(), first.keys.raw_hi_mask(),
+                  first.keys.raw_lo_mask(), first.site_key,       plan.groups[g].needs_calls,
+                  assigner.whole(),         assigner.size(),      first.layout.get()};
     }
     group_events.resize(plan.groups.size());
     group_sizes.assign(plan.groups.size(), 0);
@@ -1042,26 +1044,30 @@ struct Shard::Impl {
       open_calls[g].push_back(&w);
     }
   }
-  // Adds one event to a window state of group g (kCalls: the group buffers calls for a join).
-  template <bool kCalls>
+  // Adds one event to a window state of group g (kCalls: the group buffers calls for a join; S:
+  // the group's aggregate shape, so the aggregate's update is inlined with no dispatch).
+  template <bool kCalls, AggregateLayout::Shape S>
   [[gnu::always_inline]] inline void feed_state(size_t g, WinState& w, const Event& e) {
     if (!w.ready) [[unlikely]]
       init_state(g, w, e);
-    w.agg.add(e);
+    w.agg.add_as<S>(e);
     if constexpr (kCalls) w.calls.add(e);
   }
 
   // Feeds the events group g's stream kept this batch (in batch order) to the group's window
   // states, by key. One loop per group with what is fixed per group hoisted out of it: the key
-  // masks, whether it buffers calls or keys by site (template arguments: no branch per event),
-  // and, for tumbling and whole windows, the direct-mapped cache of states (WinCacheEntry),
-  // probed first at the entry the previous event used (keys come in runs) and with the window
-  // index recomputed only when an event leaves the previous event's window (no division per
-  // event). Sliding windows go to the WindowStore for every event.
-  template <bool kCalls, bool kSite>
+  // masks, whether it buffers calls or keys by site and its aggregate's shape (template
+  // arguments: no branch or dispatch per event), and, for tumbling and whole windows, the
+  // direct-mapped cache of states (WinCacheEntry), probed first at the entry the previous event
+  // used (keys come in runs) and with the window index recomputed only when an event leaves the
+  // previous event's window (no division per event). The cache compares keys in their raw
+  // packing (KeyBy::raw_key: two loads) and packs the real Key only on a miss; a group keyed by
+  // site uses the real Key throughout. Sliding windows go to the WindowStore for every event.
+  template <bool kCalls, bool kSite, AggregateLayout::Shape S>
   void feed_events(size_t g, std::span<const Event* const> events) {
     const GroupFeed& gf = feeds[g];
     const uint64_t hi_mask = gf.hi_mask, lo_mask = gf.lo_mask;
+    const uint64_t raw_hi_mask = gf.raw_hi_mask, raw_lo_mask = gf.raw_lo_mask;
     WindowStore<WinState>& store = *windows[g];
     auto key_of = [&](const Event& e) {
       const Key full = KeyBy::full_key(e);
@@ -1069,9 +1075,19 @@ struct Shard::Impl {
       if constexpr (kSite) key.lo |= site_key_of(e.stack_id);
       return key;
     };
+    // The cache's identity of an event's key: the raw packing, or the key itself by site.
+    auto ident_of = [&](const Event& e) {
+      if constexpr (kSite) {
+        return key_of(e);
+      } else {
+        const Key raw = KeyBy::raw_key(e);
+        return Key{raw.hi & raw_hi_mask, raw.lo & raw_lo_mask};
+      }
+    };
     if (win_cache[g].empty()) {
       for (const Event* e : events) {
-        const bool ok = store.add(e->ts_ns, key_of(*e), [&](uint64_t, WinState& w) { feed_state<kCalls>(g, w, *e); });
+        const bool ok = store.add(e->ts_ns, key_of(*e),
+                                  [&](uint64_t, WinState& w) { feed_state<kCalls, S>(g, w, *e); });
         if (!ok) ++counters.late_events;
       }
       return;
@@ -1084,25 +1100,36 @@ struct Shard::Impl {
     WinCacheEntry* last = cache;
     for (const Event* ep : events) {
       const Event& e = *ep;
-      const Key key = key_of(e);
+      const Key ident = ident_of(e);
       if (!whole && e.ts_ns - k_start >= k_len) [[unlikely]] {  // outside the previous event's window
         k = e.ts_ns / size;
         k_start = k * size;
         k_len = size;
       }
       WinState* st = last->state;
-      if (!st || last->key != key || last->k != k) {
-        WinCacheEntry& ce = cache[KeyHash{}(key) & (kWinCache - 1)];
+      if (!st || last->key != ident || last->k != k) {
+        WinCacheEntry& ce = cache[KeyHash{}(ident) & (kWinCache - 1)];
         last = &ce;
         st = ce.state;
-        if (!st || ce.k != k || ce.key != key) {
+        if (!st || ce.k != k || ce.key != ident) {
           st = nullptr;
-          if (!store.add(e.ts_ns, key, [&](uint64_t, WinState& w) { st = &w; })) ++counters.late_events;
+          if (!store.add(e.ts_ns, key_of(e), [&](uint64_t, WinState& w) { st = &w; })) ++counters.late_events;
           if (!st) continue;
-          ce = {key, k, st};
+          ce = {ident, k, st};
         }
       }
-      feed_state<kCalls>(g, *st, e);
+      feed_state<kCalls, S>(g, *st, e);
+    }
+  }
+  template <bool kCalls, bool kSite>
+  void feed_events(size_t g, std::span<const Event* const> events) {
+    using Shape = AggregateLayout::Shape;
+    switch (feeds[g].layout->shape()) {
+      case Shape::kCount: feed_events<kCalls, kSite, Shape::kCount>(g, events); return;
+      case Shape::kDurStats: feed_events<kCalls, kSite, Shape::kDurStats>(g, events); return;
+      case Shape::kDurQuantile: feed_events<kCalls, kSite, Shape::kDurQuantile>(g, events); return;
+      case Shape::kDurBoth: feed_events<kCalls, kSite, Shape::kDurBoth>(g, events); return;
+      case Shape::kGeneral: feed_events<kCalls, kSite, Shape::kGeneral>(g, events); return;
     }
   }
   void feed_events(size_t g, std::span<const Event* const> events) {

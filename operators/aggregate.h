@@ -52,18 +52,24 @@ class AggregateState {
  public:
   explicit AggregateState(const AggregateLayout* layout = nullptr);
   void add(const Event& e) {
+    switch (shape_) {
+      case Shape::kCount: add_as<Shape::kCount>(e); return;
+      case Shape::kDurStats: add_as<Shape::kDurStats>(e); return;
+      case Shape::kDurQuantile: add_as<Shape::kDurQuantile>(e); return;
+      case Shape::kDurBoth: add_as<Shape::kDurBoth>(e); return;
+      case Shape::kGeneral: add_as<Shape::kGeneral>(e); return;
+    }
+  }
+  // add() for a caller that knows the state's shape S (every state bound to one layout has the
+  // layout's shape: the engine feeds a window group's states in a loop compiled per shape), with
+  // no dispatch. S must be the layout's shape (a state without a layout has kCount).
+  template <AggregateLayout::Shape S>
+  [[gnu::always_inline]] void add_as(const Event& e) {
     if (count_.count != UINT64_MAX) ++count_.count;
     if (track_span_) count_.add_span(e.ts_ns, e.end_ns());
-    switch (shape_) {
-      case Shape::kCount: return;
-      case Shape::kDurStats: fold(acc_[0], static_cast<double>(e.dur_ns)); return;
-      case Shape::kDurQuantile: quantiles_[0].add(duration_value(e.dur_ns)); return;
-      case Shape::kDurBoth:
-        fold(acc_[0], static_cast<double>(e.dur_ns));
-        quantiles_[0].add(duration_value(e.dur_ns));
-        return;
-      case Shape::kGeneral: add_general(e); return;
-    }
+    if constexpr (S == Shape::kDurStats || S == Shape::kDurBoth) fold(acc_[0], static_cast<double>(e.dur_ns));
+    if constexpr (S == Shape::kDurQuantile || S == Shape::kDurBoth) quantiles_[0].add(duration_value(e.dur_ns));
+    if constexpr (S == Shape::kGeneral) add_general(e);
   }
   void merge(const AggregateState& other);
   // Writes one value per spec into out[0..n). window_ns: nominal window length (0 = whole trace).

@@ -6,7 +6,10 @@
 // what per-thread joins need. Stateless.
 #pragma once
 
+#include <bit>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "model/event.h"
@@ -54,6 +57,30 @@ class KeyBy {
   uint64_t lo_mask() const {
     return (source_ ? 0xFFull << 56 : 0) | (op_ ? 0xFFull << 48 : 0) | (node_ ? 0xFFFFull << 32 : 0) |
            (rank_ ? 0xFFFFull << 16 : 0);
+  }
+  // The same fields in the order the event stores them (pid, tid; node, rank, source, op are
+  // adjacent members), so packing is two loads where the layout allows: an identity for a
+  // cache, not a Key (it does not order as keys do). Two events have equal masked raw keys
+  // exactly when they have equal masked full keys (equal key_of).
+  static Key raw_key(const Event& e) {
+    if constexpr (std::endian::native == std::endian::little) {
+      static_assert(offsetof(Event, tid) == offsetof(Event, pid) + 4 &&
+                    offsetof(Event, rank) == offsetof(Event, node) + 2 &&
+                    offsetof(Event, source) == offsetof(Event, node) + 4 &&
+                    offsetof(Event, op) == offsetof(Event, node) + 5 && offsetof(Event, op) + 3 <= sizeof(Event));
+      uint64_t hi = 0, lo = 0;
+      std::memcpy(&hi, &e.pid, sizeof hi);
+      std::memcpy(&lo, &e.node, sizeof lo);  // node, rank, source, op and two more bytes, dropped
+      return {hi, lo & 0xFFFFFFFFFFFFull};
+    }
+    return {static_cast<uint64_t>(e.pid) | static_cast<uint64_t>(e.tid) << 32,
+            static_cast<uint64_t>(e.node) | static_cast<uint64_t>(static_cast<uint16_t>(e.rank)) << 16 |
+                static_cast<uint64_t>(e.source) << 32 | static_cast<uint64_t>(e.op) << 40};
+  }
+  uint64_t raw_hi_mask() const { return (pid_ ? 0xFFFFFFFFull : 0) | (tid_ ? 0xFFFFFFFF00000000ull : 0); }
+  uint64_t raw_lo_mask() const {
+    return (node_ ? 0xFFFFull : 0) | (rank_ ? 0xFFFFull << 16 : 0) | (source_ ? 0xFFull << 32 : 0) |
+           (op_ ? 0xFFull << 40 : 0);
   }
 
  private:
