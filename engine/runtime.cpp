@@ -833,6 +833,14 @@ struct Shard::Impl {
     JoinOutcome outcome;
   };
   std::vector<CachedJoin> join_cache;  // cleared at every (window, key) close
+  // The tail window_tail extracted last: of which state, for which cut. Forgotten (of = null) at
+  // every (window, key) close, with join_cache; the vector keeps its capacity.
+  struct TailCalls {
+    const WinState* of = nullptr;
+    double bound = 0;
+    bool strict = false;
+    std::vector<Call> calls;
+  } tail_;
   // Per window group with tumbling or whole windows: a direct-mapped cache of the states events
   // last went to, by key. Keys interleave in real traces (threads take turns), so WindowStore's
   // one-entry cache misses and each event would pay two map lookups. An entry is used only for
@@ -1309,6 +1317,7 @@ struct Shard::Impl {
     auto on_close = [&](uint64_t k, uint64_t start, uint64_t end, const Key& key, WinState& w) {
       ++counters.windows_closed;
       join_cache.clear();
+      tail_.of = nullptr;
       if (w.open_index < open_calls[g].size()) {
         auto& list = open_calls[g];
         list[w.open_index] = list.back();
@@ -1350,6 +1359,7 @@ struct Shard::Impl {
     if (watermark == kFinal) windows[g]->close_all(on_close);
     else windows[g]->close(watermark, on_close);
     join_cache.clear();
+    tail_.of = nullptr;
     for (size_t i = 0; i < group.pipes.size(); ++i) flush(i);
   }
 
@@ -1462,6 +1472,27 @@ struct Shard::Impl {
     }
   }
 
+  // The calls of window state w a fast tail cut (TailCut) selects, `duration >= bound` (or `>`),
+  // in the order visit_calls gives them (time order). Extracted once per (window, key) close and
+  // cut: the joins of a window group's rules (the rule pack's tail families, one to four joins
+  // each) mostly share one cut, so each probes the tail instead of filtering every call again.
+  const std::vector<Call>& window_tail(WinState& w, double bound, bool strict) {
+    const bool same_bound = tail_.bound == bound || (tail_.bound != tail_.bound && bound != bound);
+    if (tail_.of == &w && same_bound && tail_.strict == strict) return tail_.calls;
+    tail_.of = &w;
+    tail_.bound = bound;
+    tail_.strict = strict;
+    tail_.calls.clear();
+    w.calls.visit_calls([&](const auto& calls, auto as_call) {
+      for (const auto& item : calls) {
+        // The comparison eval() makes for `duration >= bound` (or `>`); NaN selects nothing.
+        const double d = static_cast<double>(item.dur);
+        if (strict ? d > bound : d >= bound) tail_.calls.push_back(as_call(item));
+      }
+    });
+    return tail_.calls;
+  }
+
   void run_join(size_t p, size_t s, Row& row, WinState* w) {
     const PipeDef& def = plan.pipes[p];
     PipeState& ps = pipes[p];
@@ -1479,28 +1510,27 @@ struct Shard::Impl {
       if (w->calls.capped()) ++counters.tail_windows_capped;
       jo = cached->outcome;
     } else if (w) {
-      Event probe{};
       if (w->calls.capped()) ++counters.tail_windows_capped;
-      w->calls.visit_calls([&](const auto& calls, auto as_call) {
-        for (const auto& item : calls) {
-          if (cut.fast) {
-            // The comparison eval() makes for `duration >= bound` (or `>`); NaN selects nothing.
-            const double d = static_cast<double>(item.dur);
-            if (!(cut.strict ? d > bound : d >= bound)) continue;
-          }
-          const Call c = as_call(item);
-          if (!cut.fast) {
+      auto probe_call = [&](const Call& c) {
+        const auto r = ps.joins[s]->probe(join_key(st.join->key, c.pid, c.tid), c.ts, c.ts + c.dur);
+        jo.add(c.id, c.dur, r, st.join->max_exemplars);
+      };
+      if (cut.fast) {
+        for (const Call& c : window_tail(*w, bound, cut.strict)) probe_call(c);
+      } else {
+        Event probe{};
+        w->calls.visit_calls([&](const auto& calls, auto as_call) {
+          for (const auto& item : calls) {
+            const Call c = as_call(item);
             probe.ts_ns = c.ts;
             probe.dur_ns = c.dur;
             probe.id = c.id;
             probe.pid = c.pid;
             probe.tid = c.tid;
-            if (!truthy(eval(*st.tail, &probe, v))) continue;
+            if (truthy(eval(*st.tail, &probe, v))) probe_call(c);
           }
-          const auto r = ps.joins[s]->probe(join_key(st.join->key, c.pid, c.tid), c.ts, c.ts + c.dur);
-          jo.add(c.id, c.dur, r, st.join->max_exemplars);
-        }
-      });
+        });
+      }
       if (id >= 0) join_cache.push_back({id, bound, jo});
     }
     v[st.js.overlap_ns] = static_cast<double>(jo.overlap_ns);
