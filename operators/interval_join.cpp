@@ -19,7 +19,7 @@ IntervalJoin::Block IntervalJoin::Block::start(const Span& s, bool reserve_full)
   b.base_ts = s.ts;
   b.base_id = s.id;
   if (reserve_full) b.spans.reserve(kBlockSpans);  // a long run of spans: skip the growth steps
-  b.insert(0, s);
+  b.push_back(s);
   return b;
 }
 
@@ -68,7 +68,7 @@ size_t IntervalJoin::Block::upper_bound(uint64_t ts) const {
       spans.begin());
 }
 
-void IntervalJoin::Block::insert(size_t i, const Span& s) {
+IntervalJoin::Packed IntervalJoin::Block::encode(const Span& s) {
   Packed p;
   p.ts_off = static_cast<uint32_t>(s.ts - base_ts);
   const uint64_t dur = s.end - s.ts;
@@ -80,12 +80,26 @@ void IntervalJoin::Block::insert(size_t i, const Span& s) {
     p.dur = static_cast<uint32_t>(dur);
     p.id_off = static_cast<uint32_t>(s.id - base_id);
   }
+  return p;
+}
+
+void IntervalJoin::Block::insert(size_t i, const Span& s) {
+  const Packed p = encode(s);
   const auto at = static_cast<std::ptrdiff_t>(i);
   if (s.arg0 || !arg0.empty()) {
     if (arg0.empty()) arg0.assign(spans.size(), 0);  // the first non-zero: from now on, kept for every span
     arg0.insert(arg0.begin() + at, s.arg0);
   }
   spans.insert(spans.begin() + at, p);
+}
+
+void IntervalJoin::Block::push_back(const Span& s) {
+  const Packed p = encode(s);
+  if (s.arg0 || !arg0.empty()) {
+    if (arg0.empty()) arg0.assign(spans.size(), 0);
+    arg0.push_back(s.arg0);
+  }
+  spans.push_back(p);
 }
 
 bool IntervalJoin::Block::try_prepend(const Span& s) {
@@ -124,7 +138,7 @@ IntervalJoin::Block IntervalJoin::Block::take_tail(size_t p) {
   tail.base_ts = ts_at(p);
   tail.base_id = base_id;  // every id here fits it
   tail.spans.reserve(spans.size() - p);
-  for (size_t i = p; i < spans.size(); ++i) tail.insert(tail.spans.size(), at(i));
+  for (size_t i = p; i < spans.size(); ++i) tail.push_back(at(i));
   const auto n = static_cast<std::ptrdiff_t>(p);
   spans.erase(spans.begin() + n, spans.end());
   if (!arg0.empty()) arg0.erase(arg0.begin() + n, arg0.end());
@@ -160,7 +174,7 @@ void IntervalJoin::append(std::vector<Block>& blocks, const Span& s) {
   if (!blocks.empty()) {
     Block& last = blocks.back();
     if (last.size() < kBlockSpans && last.fits(s.ts, s.id)) {
-      last.insert(last.size(), s);
+      last.push_back(s);
       return;
     }
   }
@@ -206,7 +220,16 @@ void IntervalJoin::place(std::vector<Block>& blocks, const Span& s) {
 void IntervalJoin::add_right(uint64_t key, const Event& e) {
   auto& buf = buffers_[key];
   const Span s{e.ts_ns, e.end_ns(), e.id, e.arg0};
-  place(buf.blocks, s);
+  if (!buf.blocks.empty()) {  // in order, into a last block with room: the common case
+    Block& last = buf.blocks.back();
+    if (last.size() < kBlockSpans && last.ts_at(last.size() - 1) <= s.ts && last.fits(s.ts, s.id)) {
+      last.push_back(s);
+    } else {
+      place(buf.blocks, s);
+    }
+  } else {
+    buf.blocks.push_back(Block::start(s, false));
+  }
   ++buffered_;
   buf.max_dur = std::max(buf.max_dur, s.end - s.ts);
 }

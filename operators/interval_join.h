@@ -107,7 +107,9 @@ class IntervalJoin {
     bool fits(uint64_t ts, uint64_t id) const;  // encodable against the bases
     size_t lower_bound(uint64_t ts) const;      // first span starting at or after ts
     size_t upper_bound(uint64_t ts) const;      // first span starting after ts
-    void insert(size_t i, const Span& s);       // needs fits() and ts_at(i-1) <= s.ts <= ts_at(i), i > 0
+    Packed encode(const Span& s);               // needs fits(); a long span's end and id go to longs
+    void insert(size_t i, const Span& s);       // needs fits() and ts_at(i-1) <= s.ts <= ts_at(i)
+    void push_back(const Span& s);              // insert(size(), s)
     bool try_prepend(const Span& s);            // puts s first when it fits, lowering base_ts
     void drop_front(size_t k);                  // erases spans [0, k), k < size()
     Span pop_back();
