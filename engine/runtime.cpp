@@ -863,12 +863,25 @@ struct Shard::Impl {
     const AggregateLayout* layout = nullptr;
   };
   std::vector<GroupFeed> feeds;
-  // Per routed window group, the events of this batch its stream keeps (Routes), in batch order:
-  // the first group_sizes[g] entries of group_events[g]. The routing pass writes through a cursor
+  // Sinks of the routing pass (routes): every routed window group g (sink g), every prerouted
+  // stream s (sink G + s, G = the plan's group count) and the list of sched_switch events the
+  // off-CPU streams over the scan read (sink G + S, S = the stream count).
+  // Per sink, the events of this batch it keeps, in batch order:
+  // the first sink_sizes[g] entries of sink_events[g]. The routing pass writes through a cursor
   // per group into lists sized for the whole batch up front (no capacity check per event).
-  std::vector<std::vector<const Event*>> group_events;
-  std::vector<size_t> group_sizes;
-  std::vector<const Event**> group_cursor;
+  std::vector<std::vector<const Event*>> sink_events;
+  std::vector<size_t> sink_sizes;
+  std::vector<const Event**> sink_cursor;
+  // This shard's routes: its tier's plan routes (window groups) plus, for the same codes, the
+  // streams the routing pass fills itself instead of compute() scanning the batch once per
+  // stream: the right streams of this shard's joins that are chains of source/op-only filters
+  // over the scan (prerouted, keep = the chain's masks combined), and the sched_switch list when
+  // an off-CPU stream over the scan is a join's right side (route_switches).
+  Routes routes_;
+  std::vector<char> prerouted;                  // per stream
+  std::vector<std::vector<uint8_t>> keep_code;  // per prerouted stream: 1 for the codes it keeps
+  bool route_switches = false;
+  size_t switch_sink = 0;
   uint16_t site_key_of(uint64_t stack_id) {
     if (stack_id == 0) return 0;
     if (const auto it = site_memo.find(stack_id); it != site_memo.end()) return it->second;
@@ -957,9 +970,7 @@ struct Shard::Impl {
                   first.keys.raw_lo_mask(), first.site_key,       plan.groups[g].needs_calls,
                   assigner.whole(),         assigner.size(),      first.layout.get()};
     }
-    group_events.resize(plan.groups.size());
-    group_sizes.assign(plan.groups.size(), 0);
-    group_cursor.assign(plan.groups.size(), nullptr);
+    build_routes();
     win_cache.resize(plan.groups.size());
     for (size_t g = 0; g < plan.groups.size(); ++g)
       if (windows[g] && plan.groups[g].window.kind != WindowKind::kSliding) win_cache[g].resize(kWinCache);
@@ -968,6 +979,66 @@ struct Shard::Impl {
     owned_out.resize(plan.streams.size());
     foreign_out.resize(plan.streams.size());
     spans_.resize(plan.streams.size());
+  }
+
+  // The combined keep-mask of stream i when it is a chain of source/op-only filters (masks of
+  // 0/1, no residual) over the scan; empty otherwise.
+  std::vector<uint8_t> chain_mask(size_t i) const {
+    std::vector<uint8_t> keep(size_t{1} << 16, 1);
+    for (int s = static_cast<int>(i); !is_scan(static_cast<size_t>(s));) {
+      const StreamDef& d = plan.streams[static_cast<size_t>(s)];
+      if (d.offcpu || d.source_op_mask.size() != keep.size() || !d.residuals.empty() || d.parent < 0) return {};
+      for (size_t c = 0; c < keep.size(); ++c) keep[c] &= d.source_op_mask[c] == 1 ? 1 : 0;
+      s = d.parent;
+    }
+    return keep;
+  }
+
+  // Sets up routes_ and the sinks (see routes_), once per shard.
+  void build_routes() {
+    const size_t n_groups = plan.groups.size(), n_streams = plan.streams.size();
+    prerouted.assign(n_streams, 0);
+    keep_code.assign(n_streams, {});
+    for (size_t p = 0; p < plan.pipes.size(); ++p) {
+      if (!pipes[p].active) continue;
+      for (const auto& st : plan.pipes[p].stages) {
+        if (st.kind != StageKind::kJoin || st.right_stream < 0) continue;
+        const auto r = static_cast<size_t>(st.right_stream);
+        const StreamDef& d = plan.streams[r];
+        if (d.offcpu && d.parent >= 0 && is_scan(static_cast<size_t>(d.parent))) route_switches = true;
+        if (prerouted[r] || d.offcpu || is_scan(r)) continue;
+        keep_code[r] = chain_mask(r);
+        prerouted[r] = !keep_code[r].empty();
+      }
+    }
+    switch_sink = n_groups + n_streams;
+    const unsigned switch_code = static_cast<unsigned>(Source::kHost) << 8 | op::kSchedSwitch;
+    const Routes& tier = plan.routes[global ? 1 : 0];
+    routes_.checks = tier.checks;
+    routes_.begin.assign(tier.begin.size(), 0);
+    for (size_t code = 0; code + 1 < tier.begin.size(); ++code) {
+      routes_.begin[code] = static_cast<uint32_t>(routes_.targets.size());
+      for (uint32_t t = tier.begin[code]; t < tier.begin[code + 1]; ++t) routes_.targets.push_back(tier.targets[t]);
+      for (size_t r = 0; r < n_streams; ++r)
+        if (prerouted[r] && keep_code[r][code]) routes_.targets.push_back({static_cast<uint32_t>(n_groups + r), 0, 0});
+      if (route_switches && code == switch_code) routes_.targets.push_back({static_cast<uint32_t>(switch_sink), 0, 0});
+    }
+    if (!routes_.begin.empty()) routes_.begin.back() = static_cast<uint32_t>(routes_.targets.size());
+    sink_events.resize(switch_sink + 1);
+    sink_sizes.assign(switch_sink + 1, 0);
+    sink_cursor.assign(switch_sink + 1, nullptr);
+  }
+  // Whether the routing pass fills sink k this shard.
+  bool sink_active(size_t k) const {
+    const size_t n_groups = plan.groups.size();
+    if (k < n_groups) return windows[k] && plan.routed[k];
+    if (k < switch_sink) return prerouted[k - n_groups];
+    return route_switches;
+  }
+  std::span<const Event* const> sink(size_t k) const { return {sink_events[k].data(), sink_sizes[k]}; }
+  // The owned events of stream i this batch (computed already unless it is the scan).
+  std::span<const Event* const> owned_list(size_t i) const {
+    return prerouted[i] ? sink(plan.groups.size() + i) : std::span<const Event* const>(owned_out[i]);
   }
 
   // Computes stream i for this batch (memoised), for owned and foreign events.
@@ -986,18 +1057,32 @@ struct Shard::Impl {
         for_each_selected(*in.foreign, in.indexed, in.foreign_at, [&](const Event& e) { foreign.push_back(&e); });
       return;
     }
+    if (prerouted[i]) {  // the routing pass listed the owned events; the foreign ones by the chain's mask
+      const uint8_t* keep = keep_code[i].data();
+      if (in.foreign)
+        for_each_selected(*in.foreign, in.indexed, in.foreign_at, [&](const Event& e) {
+          if (keep[static_cast<unsigned>(e.source) << 8 | e.op]) foreign.push_back(&e);
+        });
+      return;
+    }
     const auto parent = static_cast<size_t>(s.parent);
-    if (!is_scan(parent)) compute(parent, in);
     if (s.offcpu) {
       auto& spans = spans_[i];
       spans.clear();
-      each_event(parent, in, true, [&](const Event* e) {
+      auto add = [&](const Event* e) {
         if (e->source == Source::kHost && e->op == op::kSchedSwitch) builders[i]->add(*e, spans);
-      });
+      };
+      if (route_switches && is_scan(parent)) {  // the routing pass listed the scan's sched_switch events
+        for (const Event* e : sink(switch_sink)) add(e);
+      } else {
+        if (!is_scan(parent)) compute(parent, in);
+        each_event(parent, in, true, add);
+      }
       if (in.final) builders[i]->finish(last_ts, spans);
       for (const auto& e : spans) own.push_back(&e);
       return;  // off-CPU spans are never host-wide
     }
+    if (!is_scan(parent)) compute(parent, in);
     if (!s.source_op_mask.empty()) {
       const uint8_t* mask = s.source_op_mask.data();
       const ExprPtr* residuals = s.residuals.data();
@@ -1038,7 +1123,7 @@ struct Shard::Impl {
         for_each_selected(*v, in.indexed, owned ? in.owned_at : in.foreign_at, [&](const Event& e) { fn(&e); });
       return;
     }
-    for (const Event* e : owned ? owned_out[i] : foreign_out[i]) fn(e);
+    for (const Event* e : owned ? owned_list(i) : std::span<const Event* const>(foreign_out[i])) fn(e);
   }
 
   // Binds a window state to the group's aggregate (and call buffer) at its first event `e`.
@@ -1166,23 +1251,23 @@ struct Shard::Impl {
     last_ts = std::max(last_ts, in.trace_end);
     if (in.process_names) names = in.process_names;
     computed.assign(plan.streams.size(), 0);
-    std::fill(group_sizes.begin(), group_sizes.end(), size_t{0});
+    std::fill(sink_sizes.begin(), sink_sizes.end(), size_t{0});
     if (in.owned) {
       // One pass over the batch: trace end, exits, per-op statistics, and the events of every
-      // routed window group (Routes), listed per group in batch order and fed group by group
-      // below (feeding each event to all its groups at once measured slower: more branch
-      // misses and a larger working set per event).
+      // sink (routes_: routed window groups, prerouted streams, sched_switch events), listed per
+      // sink in batch order and fed group by group below (feeding each event to all its groups
+      // at once measured slower: more branch misses and a larger working set per event).
       counters.events_in += in.indexed ? in.owned_at.size() : in.owned->size();
-      const Routes& routes = plan.routes[global ? 1 : 0];
+      const Routes& routes = routes_;
       const uint32_t* begin = routes.begin.data();
-      // Every routed group of this tier gets room for the whole batch (at most once per group
-      // growth: the lists keep their size between batches).
+      // Every active sink gets room for the whole batch (at most once per sink growth: the
+      // lists keep their size between batches).
       const size_t n = in.indexed ? in.owned_at.size() : in.owned->size();
-      for (size_t g = 0; g < group_events.size(); ++g) {
-        group_cursor[g] = nullptr;
-        if (!windows[g] || !plan.routed[g]) continue;
-        if (group_events[g].size() < n) group_events[g].resize(n);
-        group_cursor[g] = group_events[g].data();
+      for (size_t g = 0; g < sink_events.size(); ++g) {
+        sink_cursor[g] = nullptr;
+        if (!sink_active(g)) continue;
+        if (sink_events[g].size() < n) sink_events[g].resize(n);
+        sink_cursor[g] = sink_events[g].data();
       }
       for_each_selected(*in.owned, in.indexed, in.owned_at, [&](const Event& e) {
         last_ts = std::max(last_ts, e.end_ns());
@@ -1194,11 +1279,11 @@ struct Shard::Impl {
           bool keep = true;
           for (uint32_t c = rt.checks_begin; c < rt.checks_end && keep; ++c)
             keep = truthy(eval(*routes.checks[c], &e, nullptr, &stack_matcher));
-          if (keep) *group_cursor[rt.group]++ = &e;
+          if (keep) *sink_cursor[rt.group]++ = &e;
         }
       });
-      for (size_t g = 0; g < group_events.size(); ++g)
-        if (group_cursor[g]) group_sizes[g] = static_cast<size_t>(group_cursor[g] - group_events[g].data());
+      for (size_t g = 0; g < sink_events.size(); ++g)
+        if (sink_cursor[g]) sink_sizes[g] = static_cast<size_t>(sink_cursor[g] - sink_events[g].data());
     }
 
     const uint64_t wm = in.final ? kFinal : in.watermark;
@@ -1212,21 +1297,21 @@ struct Shard::Impl {
       for (size_t s = 0; s < def.stages.size(); ++s) {
         const auto& st = def.stages[s];
         if (st.kind != StageKind::kJoin) continue;
-        compute(static_cast<size_t>(st.right_stream), in);
-        for (const auto* list :
-             {&owned_out[static_cast<size_t>(st.right_stream)], &foreign_out[static_cast<size_t>(st.right_stream)]})
-          for (const Event* e : *list) ps.joins[s]->add_right(join_key(st.join->key, e->pid, e->tid), *e);
+        const auto right = static_cast<size_t>(st.right_stream);
+        compute(right, in);
+        for (const auto list : {owned_list(right), std::span<const Event* const>(foreign_out[right])})
+          for (const Event* e : list) ps.joins[s]->add_right(join_key(st.join->key, e->pid, e->tid), *e);
       }
     }
     for (size_t g = 0; g < plan.groups.size(); ++g) {
       if (!windows[g]) continue;
       // A tight loop per group (its state stays in cache, its branches predictable).
       if (plan.routed[g]) {
-        feed_events(g, std::span<const Event* const>(group_events[g].data(), group_sizes[g]));
+        feed_events(g, sink(g));
       } else {
         const auto stream = static_cast<size_t>(plan.groups[g].stream);
         compute(stream, in);
-        feed_events(g, owned_out[stream]);
+        feed_events(g, owned_list(stream));
       }
       const uint64_t closed_before = counters.windows_closed;
       close_group(g, wm, out);
