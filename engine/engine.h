@@ -3,17 +3,18 @@
 // Threading and watermark contract (docs/architecture.md has the picture):
 // - threads == 1: everything runs on the calling thread (read a batch, run the pid shard and the
 //   global shard on it, next batch); no routing, no TBB.
-// - threads >= 2: the calling thread is the source thread: it reads batches, routes each one by
-//   index (an owner mark per event and a counting sort of positions: no event is copied there)
-//   and hands the shared batch to every shard node. `threads` oneTBB workers run the nodes; a
-//   pid shard gathers its own events on whichever worker runs it (compact events make its
-//   several passes over them cheaper than reading the shared batch through positions).
-//   There are more pid shards than threads (2 per thread, at most 16, at least one per thread),
-//   so a few busy processes hashed together do not pin one thread while another idles, and not
-//   more, since each shard costs a little per batch whatever its share. The source runs at most
-//   32 batches ahead of the slowest shard (no barrier between batches), so a node that is busier
-//   than the others (e.g. the global shard) lags behind without holding up the rest, as long as
-//   no single node carries more than 1/threads of the work.
+// - threads >= 2: the calling thread is the source thread: it reads each batch into a pooled work
+//   item, routes it (copies every event, while the batch is in its cache, into the list of the
+//   pid shard that owns it, and host-wide events into one more list) and hands the item to every
+//   shard node. `threads` oneTBB workers run the nodes: a pid shard reads its own compact list
+//   (and the host-wide events of other shards, which it gathers), the global shard the whole
+//   batch in place. There are more pid shards than threads (2 per thread, at most 16, at least
+//   one per thread), so a few busy processes hashed together do not pin one thread while another
+//   idles, and not more, since each shard costs a little per batch whatever its share. The source
+//   runs at most 32 batches ahead of the slowest shard (a ring of 32 work items, each reused with
+//   its buffers once every node is done with it; no barrier between batches), so a node that is
+//   busier than the others (e.g. the global shard) lags behind without holding up the rest, as
+//   long as no single node carries more than 1/threads of the work.
 // - Events are routed to pid shards by pid (every thread of a process lands in one shard, so
 //   per-thread joins never cross shards); host-wide events (block I/O, TCP, page allocations,
 //   OOM kills) also reach every other pid shard, for joins. The global shard sees every event.
