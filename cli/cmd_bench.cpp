@@ -191,13 +191,9 @@ int run_bench(const BenchArgs& a) {
   spec.use_default = !a.no_default;
   spec.builtin = a.builtin;
   spec.rule_files = a.rules;
-  for (const auto& p : a.params) {
-    const auto eq = p.find('=');
-    if (eq == std::string::npos || eq == 0) {
-      print_error("--param expects name=value, got '" + p + "'");
-      return kExitUsage;
-    }
-    spec.params[p.substr(0, eq)] = p.substr(eq + 1);
+  if (std::string error; !parse_param_overrides(a.params, spec.params, error)) {
+    print_error(error);
+    return kExitUsage;
   }
   AnalysisPlan ap;
   const auto tp = Clock::now();
@@ -462,7 +458,7 @@ Registrar reg{
       cmd->add_option("--rules", args->rules, "Rule files, added to the default rules");
       cmd->add_flag("--no-default-rules", args->no_default, "Only the --rules files");
       cmd->add_flag("--builtin", args->builtin, "Default analyses from the built-in plans instead of the rule pack");
-      cmd->add_option("--param", args->params, "Override a rule parameter: name=value (e.g. min_share=60%)");
+      add_param_option(cmd, &args->params);
       cmd->add_option("--threads", args->threads, "Engine threads")->check(CLI::Range(1u, 256u));
       cmd->add_option("--batch", args->batch, "Events per batch")->check(CLI::Range(size_t{64}, size_t{1} << 20));
       cmd->add_flag("--json", args->json,

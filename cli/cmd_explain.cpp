@@ -41,16 +41,12 @@ int run_explain(const ExplainArgs& a) {
   spec.use_default = !a.no_default_rules;
   spec.builtin = a.builtin;
   spec.rule_files = a.rules;
-  for (const auto& p : a.params) {
-    const auto eq = p.find('=');
-    if (eq == std::string::npos || eq == 0) {
-      print_error("--param expects NAME=VALUE, got '" + p + "'");
-      return kExitUsage;
-    }
-    spec.params[p.substr(0, eq)] = p.substr(eq + 1);
+  std::string error;
+  if (!parse_param_overrides(a.params, spec.params, error)) {
+    print_error(error);
+    return kExitUsage;
   }
   AnalysisPlan analysis;
-  std::string error;
   if (!build_analysis(spec, analysis, error)) {
     std::fprintf(stderr, "%s\n", error.c_str());
     return kExitInput;
@@ -169,8 +165,7 @@ Registrar reg{"explain", 20, [](CLI::App& app, int& rc) {
                     ->check(CLI::Range(1u, 256u));
                 cmd->add_option("--rules", args->rules, "Rule files to load (in addition to the default pack)");
                 cmd->add_flag("--no-default-rules", args->no_default_rules, "Use only the --rules files");
-                cmd->add_option("--param", args->params,
-                                "Override a rule-pack param: NAME=VALUE (e.g. min_share=60%, warmup=0s)");
+                add_param_option(cmd, &args->params);
                 cmd->add_flag("--builtin", args->builtin,
                               "Run the hand-built C++ plans instead of the rule pack (for comparison)");
                 cmd->add_option("--why-not", args->why_not,

@@ -39,6 +39,8 @@ struct ExportArgs {
   bool no_chains = false;
   bool quiet = false;
   unsigned threads = 1;
+  std::vector<std::string> rules, params;  // the chains' analysis, as explain's --rules/--param
+  bool no_default_rules = false;
 };
 
 struct Opened {
@@ -122,6 +124,17 @@ int run_export(const ExportArgs& a) {
     print_error("unknown --format '" + a.format + "' (supported: perfetto)");
     return kExitUsage;
   }
+  AnalysisSpec spec;
+  spec.use_default = !a.no_default_rules;
+  spec.rule_files = a.rules;
+  if (std::string error; !parse_param_overrides(a.params, spec.params, error)) {
+    print_error(error);
+    return kExitUsage;
+  }
+  if (a.no_chains && (!a.rules.empty() || !a.params.empty() || a.no_default_rules)) {
+    print_error("--rules/--param/--no-default-rules choose the chains' analysis; --no-chains runs none");
+    return kExitUsage;
+  }
   PerfettoOptions po;
   uint64_t from_off = 0, to_off = UINT64_MAX, max_size = 0;
   if (!a.from.empty() && !parse_duration(a.from, from_off)) {
@@ -200,7 +213,6 @@ int run_export(const ExportArgs& a) {
   TapSource tap(*in1.src, tally);
   AnalysisResult result;
   if (!a.no_chains) {
-    AnalysisSpec spec;
     AnalysisPlan analysis;
     if (!build_analysis(spec, analysis, error)) {
       print_error(error);
@@ -208,8 +220,9 @@ int run_export(const ExportArgs& a) {
     }
     EngineOptions eo;
     eo.threads = a.threads;
-    // As `explain`: chains annotated as the engine emits them, with bounded memory.
-    LiveChainAnnotator annotator(LiveChainAnnotator::replay_defaults());
+    // As `explain`: chains annotated as the engine emits them, with bounded memory; warm-up and
+    // the tail re-judgement follow the pack's params and --param.
+    LiveChainAnnotator annotator(annotate_options(analysis, LiveChainAnnotator::replay_defaults()));
     EventSource& annotated = annotator.tap(tap);
     eo.on_chain = [&annotator](const Chain& c) { annotator.annotate(c); };
     std::vector<std::string> errors;
@@ -338,6 +351,9 @@ Registrar reg{
       cmd->add_option("--counter-window", args->counter_window, "Window of the calls/s and p99 counters")
           ->capture_default_str();
       cmd->add_flag("--no-chains", args->no_chains, "Do not run the analyses (events only, one pass)");
+      cmd->add_option("--rules", args->rules, "Rule files whose chains to draw (in addition to the default pack)");
+      cmd->add_flag("--no-default-rules", args->no_default_rules, "Draw only the --rules files' chains");
+      add_param_option(cmd, &args->params);
       cmd->add_option("--threads", args->threads, "Engine threads (results do not depend on it)")
           ->check(CLI::Range(1u, 256u));
       cmd->add_flag("-q,--quiet", args->quiet, "No summary on stderr");

@@ -14,6 +14,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/pipeline_common.h"
 #include "sinks/mcp/server.h"
 #include "sinks/mcp/transport.h"
 
@@ -22,7 +23,7 @@ namespace {
 
 struct McpArgs {
   std::string db;
-  std::vector<std::string> rules;
+  std::vector<std::string> rules, params;  // --rules, --param NAME=VALUE
   bool no_default = false;
   int http_port = -1;
   std::string token;
@@ -60,12 +61,22 @@ int run_mcp(const McpArgs& a) {
     print_error(opts.db_path + ": cannot read the trace database");
     return kExitInput;
   }
-  std::vector<std::string> errors;
-  // The same analysis as `explain`: the default rule pack (or built-in plans) plus rule files.
-  if (!build_plan(a.rules, a.no_default, opts.plan, errors)) {
-    for (const auto& e : errors) std::cerr << e << "\n";
+  // The same analysis as `explain`: the default rule pack (or built-in plans) plus rule files,
+  // with the --param overrides, which also set the chain annotator's warm-up.
+  AnalysisSpec spec;
+  spec.use_default = !a.no_default;
+  spec.rule_files = a.rules;
+  AnalysisPlan analysis;
+  if (std::string error; !parse_param_overrides(a.params, spec.params, error)) {
+    print_error(error);
+    return kExitUsage;
+  } else if (!build_analysis(spec, analysis, error)) {
+    std::cerr << error << "\n";
     return kExitFindings;
   }
+  opts.plan = std::move(analysis.plan);
+  opts.params = spec.params;
+  opts.annotate = annotate_options(analysis, LiveChainAnnotator::replay_defaults());
   opts.rule_files = a.rules;
   opts.default_pack = !a.no_default;
   opts.engine_threads = a.threads;
@@ -140,6 +151,7 @@ Registrar reg{
       cmd->add_option("--db", args->db, "Trace database (Ingero 0.8/0.9 or ours); default: the embedded sample");
       cmd->add_option("--rules", args->rules, "Rule files (.rules) to run besides the default analyses");
       cmd->add_flag("--no-default", args->no_default, "Run only the --rules files");
+      add_param_option(cmd, &args->params);
       cmd->add_option("--http", args->http_port, "Serve Streamable HTTP on 127.0.0.1:PORT (0 = any free port)")
           ->check(CLI::Range(0, 65535));
       cmd->add_option("--token", args->token,

@@ -20,6 +20,7 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/metrics_cli.h"
+#include "cli/pipeline_common.h"
 #include "engine/engine.h"
 #include "model/format.h"
 #include "model/ops.h"
@@ -42,7 +43,7 @@ struct TraceArgs {
   std::vector<uint32_t> pids;
   std::string cgroup;
   std::string db;
-  std::vector<std::string> rules;
+  std::vector<std::string> rules, params;  // --rules, --param NAME=VALUE
   bool no_default_rules = false;
   std::vector<std::string> cuda_libs;
   std::vector<std::string> disable;
@@ -221,12 +222,19 @@ int run_trace(const TraceArgs& a) {
     print_error("--pid and --cgroup are exclusive: choose one target");
     return kExitUsage;
   }
-  Plan plan;
+  AnalysisSpec spec;
+  spec.use_default = !a.no_default_rules;
+  spec.rule_files = a.rules;
+  AnalysisPlan analysis;
   std::vector<std::string> errors;
-  if (!build_plan(a.rules, a.no_default_rules, plan, errors)) {
-    for (const auto& e : errors) std::fprintf(stderr, "%s\n", e.c_str());
+  if (std::string error; !parse_param_overrides(a.params, spec.params, error)) {
+    print_error(error);
+    return kExitUsage;
+  } else if (!build_analysis(spec, analysis, error)) {
+    std::fprintf(stderr, "%s\n", error.c_str());
     return kExitInput;
   }
+  const Plan& plan = analysis.plan;
 
   bpf::LiveOptions lo;
   if (!apply_disable(a.disable, lo.probes.families)) return kExitUsage;
@@ -357,7 +365,8 @@ int run_trace(const TraceArgs& a) {
   // Threads, stacks, the launching thread's time split and launch_gap chains
   // (operators/chain_annotate.h): each chain annotated as the engine emits it, over the recent
   // horizon the annotator keeps.
-  LiveChainAnnotator annotator;
+  // Warm-up and the tail re-judgement follow the pack's params and --param.
+  LiveChainAnnotator annotator(annotate_options(analysis, LiveChainAnnotator::defaults()));
   EventSource& annotated = annotator.tap(tap);
   EngineOptions eo;
   eo.threads = a.threads;
@@ -479,6 +488,7 @@ Registrar reg{
       cmd->add_option("--db", args->db, "Write the trace, stats and chains to this SQLite database");
       cmd->add_option("--rules", args->rules, "Rule files to load (in addition to the default pack)");
       cmd->add_flag("--no-default-rules", args->no_default_rules, "Use only the --rules files");
+      add_param_option(cmd, &args->params);
       cmd->add_option("--cuda-lib", args->cuda_libs,
                       "A libcudart/libcuda/libnccl file or directory to probe (besides discovery)");
       cmd->add_option("--disable", args->disable,

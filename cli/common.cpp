@@ -88,6 +88,25 @@ bool build_plan(const std::vector<std::string>& rule_files, bool no_default, Pla
   return true;
 }
 
+CLI::Option* add_param_option(CLI::App* cmd, std::vector<std::string>* params) {
+  return cmd->add_option("--param", *params,
+                         "Override a rule-pack or rule-file param: NAME=VALUE, repeatable (e.g. min_share=60%, "
+                         "warmup=0s); the pack's params are at the top of rules/common.rules");
+}
+
+bool parse_param_overrides(const std::vector<std::string>& params, std::map<std::string, std::string>& out,
+                           std::string& error) {
+  for (const auto& p : params) {
+    const auto eq = p.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      error = "--param expects NAME=VALUE, got '" + p + "'";
+      return false;
+    }
+    out[p.substr(0, eq)] = p.substr(eq + 1);
+  }
+  return true;
+}
+
 void keep_large_buffers_out_of_the_heap() { mallopt(M_MMAP_THRESHOLD, 128 * 1024); }
 
 void print_error(const std::string& message) { std::fprintf(stderr, "ingero-pipeline: error: %s\n", message.c_str()); }

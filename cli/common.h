@@ -2,6 +2,7 @@
 // the analysis plan, and printing errors the same way everywhere.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,14 @@ bool build_plan(const std::vector<std::string>& rule_files, bool no_default, Pla
 
 void print_error(const std::string& message);
 bool stdout_is_terminal();
+
+// --param NAME=VALUE (repeatable), the same option on every command that runs the analyses
+// (explain, trace, export, mcp, bench): rule-pack and rule-file params, `warmup` included.
+CLI::Option* add_param_option(CLI::App* cmd, std::vector<std::string>* params);
+// The --param strings as name -> value text. False, with the message in `error`, for one that is
+// not NAME=VALUE (the value is checked later, by the rule compiler or rules::pack_param()).
+bool parse_param_overrides(const std::vector<std::string>& params, std::map<std::string, std::string>& out,
+                           std::string& error);
 
 // For commands that capture live (trace, run with an ebpf source): event batches of up to 1.3 MB
 // are allocated and freed several times a second. glibc raises its mmap threshold after the first

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/plan.h"
+#include "operators/chain_annotate.h"
 #include "sinks/sql_query.h"
 
 namespace ingero::mcp {
@@ -52,7 +54,12 @@ struct ServerOptions {
   // means default_plan(). `rule_files` are the .rules files it came from (rules/pack resource).
   Plan plan;
   std::vector<std::string> rule_files;
-  bool default_pack = true;             // the plan includes the default analyses
+  bool default_pack = true;  // the plan includes the default analyses
+  // The --param overrides the plan was compiled with (shown in the rules/pack resource), and the
+  // chain annotator's options that follow from them (warm-up, the tail re-judgement:
+  // cli/pipeline_common.h annotate_options()).
+  std::map<std::string, std::string> params;
+  AnnotateOptions annotate = LiveChainAnnotator::replay_defaults();
   size_t page_size = 50;                // items per page of tools/prompts/resources lists
   size_t max_message_bytes = 4u << 20;  // larger messages are refused unread
   int max_depth = 64;                   // JSON nesting limit (the parser recurses)

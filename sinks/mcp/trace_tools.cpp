@@ -393,7 +393,7 @@ const AnalysisResult* TraceTools::analysis(std::string& error) {
       eo.threads = options_.engine_threads;
       std::vector<std::string> errors;
       // Threads, stacks, time split and launch_gap chains, computed as chains are emitted.
-      LiveChainAnnotator annotator(LiveChainAnnotator::replay_defaults());
+      LiveChainAnnotator annotator(options_.annotate);
       EventSource& annotated = annotator.tap(*source);
       eo.on_chain = [&annotator](const Chain& c) { annotator.annotate(c); };
       auto result = std::make_unique<AnalysisResult>(run_plan(plan(), annotated, eo, &errors));
@@ -1104,12 +1104,30 @@ Json TraceTools::why_not(const Json& a) {
         }
     }
   }
+  // What the warm-up (`param warmup`) did to the rule's chains, as `explain --why-not` says it: it
+  // never hides a rule's rows from the engine, it re-judges chains that fired (chain_annotate.h).
+  const WarmupEffect w = warmup_effect(r->chains, rule);
+  const uint64_t warmup_ns = options_.annotate.warmup_ns;
+  std::string warmup_text = warmup_why_not_text(w, warmup_ns);
+  while (!warmup_text.empty() && (warmup_text.front() == ' ')) warmup_text.erase(0, 1);
+  if (!warmup_text.empty() && warmup_text.back() == '\n') warmup_text.pop_back();
+  if (w.chains > 0) verdict += " " + warmup_text;
   return {{"rule", rule},
           {"fired", fired},
           {"windows_evaluated", cands.size()},
           {"stopped_at", stopped_at},
           {"closest", closest},
           {"verdict", verdict},
+          {"warmup",
+           {{"param", "warmup"},
+            {"window_ns", warmup_ns},
+            {"chains", w.chains},
+            {"calls", w.calls},
+            {"only_warmup", w.only},
+            {"only_warmup_calls", w.only_calls},
+            {"demoted", w.demoted},
+            {"abnormal", w.abnormal},
+            {"text", warmup_text}}},
           {"note", kUntrustedNote}};
 }
 
@@ -1182,6 +1200,11 @@ Json TraceTools::read_resource(const std::string& uri, RequestContext* ctx) {
       std::ostringstream ss;
       ss << in.rdbuf();
       text += in || !ss.str().empty() ? "# file: " + file + "\n" + ss.str() + "\n" : "# cannot read " + file + "\n";
+    }
+    if (!options_.params.empty()) {
+      text += "# Param overrides (--param), applied to the files above:";
+      for (const auto& [name, value] : options_.params) text += " " + name + "=" + value;
+      text += "\n";
     }
     text += "# The plan the analysis ran (canonical plan IR: built-in analyses";
     text += options_.rule_files.empty() ? ").\n" : " and the rule files above).\n";

@@ -180,6 +180,40 @@ TEST_F(ExportCli, EmptyTraceGivesValidEmptyTimeline) {
   EXPECT_TRUE(doc["traceEvents"].empty()) << doc.dump();
 }
 
+// The chains drawn follow the same analysis as `explain`, --param included: on the embedded
+// DataLoader sample the pack's 10 s warm-up reports some chains as "warm-up:"; `--param
+// warmup=0s` judges every call as steady state, so none is. Bad overrides are refused up front.
+TEST_F(ExportCli, ParamOverridesReachTheChainAnnotator) {
+  auto warm_chains = [](const json& doc) {
+    size_t n = 0;
+    for (const auto& e : doc["traceEvents"])
+      if (e["ph"] == "X" && e["cat"] == "chain" && e["args"].value("summary", "").rfind("warm-up:", 0) == 0) ++n;
+    return n;
+  };
+  CliRun r = run("export -o " + p("warm.json") + " -q");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_GT(warm_chains(json::parse(slurp(p("warm.json")))), 0u);
+  r = run("export -o " + p("steady.json") + " -q --param warmup=0s");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json steady = json::parse(slurp(p("steady.json")));
+  EXPECT_EQ(warm_chains(steady), 0u);
+  size_t chains = 0;
+  for (const auto& e : steady["traceEvents"]) chains += e["ph"] == "X" && e["cat"] == "chain";
+  EXPECT_GT(chains, 0u);
+
+  r = run("export -o " + p("bad.json") + " --param warmup");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("NAME=VALUE"), std::string::npos) << r.err;
+  expect_no_output(p("bad.json"));
+  r = run("export -o " + p("bad.json") + " --param no_such_param=1");
+  EXPECT_EQ(r.status, 3);
+  EXPECT_NE(r.err.find("no_such_param"), std::string::npos) << r.err;
+  expect_no_output(p("bad.json"));
+  r = run("export -o " + p("bad.json") + " --no-chains --param warmup=0s");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--no-chains"), std::string::npos) << r.err;
+}
+
 TEST_F(ExportCli, MissingDatabase) {
   const CliRun r = run("export --db " + p("nope.db") + " -o " + p("x.json"));
   EXPECT_EQ(r.status, 3);

@@ -496,6 +496,42 @@ TEST_F(McpServerTest, RulesListAndWhyNot) {
   EXPECT_NE(error_text("why_not", {{"rule", "no_such_rule"}}).find("unknown rule"), std::string::npos);
 }
 
+// Warm-up follows the server's annotator options (`mcp --param warmup=...` sets them through
+// cli/pipeline_common.h annotate_options()), and why_not says what it did, as `explain --why-not`
+// does: on the DataLoader trace the default 10 s warm-up reports some chains as "warm-up:".
+TEST_F(McpServerTest, WarmupFollowsTheParamAndWhyNotSaysWhatItDid) {
+  open("pytorch-dataloader-starvation.db");
+  initialize();
+  std::string warm_rule;
+  const Json chains = ok("get_causal_chains", {{"limit", 50}});  // named: a range-for over a temporary's member dangles
+  for (const auto& c : chains["chains"])
+    if (c["summary"].get<std::string>().rfind("warm-up:", 0) == 0) warm_rule = c["rule"];
+  ASSERT_FALSE(warm_rule.empty()) << "no warm-up chain on the DataLoader trace with the default param";
+  Json w = ok("why_not", {{"rule", warm_rule}});
+  EXPECT_EQ(w["warmup"]["param"], "warmup");
+  EXPECT_EQ(w["warmup"]["window_ns"].get<uint64_t>(), 10'000'000'000u);
+  EXPECT_GT(w["warmup"]["chains"].get<uint64_t>(), 0u);
+  EXPECT_GT(w["warmup"]["demoted"].get<uint64_t>(), 0u);
+  EXPECT_NE(w["verdict"].get<std::string>().find("param warmup = 10s"), std::string::npos) << w["verdict"];
+
+  ServerOptions off;
+  off.annotate.warmup_ns = 0;
+  off.params = {{"warmup", "0s"}};
+  open("pytorch-dataloader-starvation.db", off);
+  initialize();
+  const Json steady = ok("get_causal_chains", {{"limit", 50}});
+  EXPECT_GT(steady["chains"].size(), 0u);
+  for (const auto& c : steady["chains"])
+    EXPECT_NE(c["summary"].get<std::string>().rfind("warm-up:", 0), 0u) << c["summary"];
+  w = ok("why_not", {{"rule", warm_rule}});
+  EXPECT_EQ(w["warmup"]["window_ns"].get<uint64_t>(), 0u);
+  EXPECT_EQ(w["warmup"]["chains"].get<uint64_t>(), 0u);
+  EXPECT_NE(w["warmup"]["text"].get<std::string>().find("off"), std::string::npos) << w["warmup"]["text"];
+  Json pack = request("resources/read", {{"uri", "ingero://rules/pack"}});
+  EXPECT_NE(pack["result"]["contents"][0]["text"].get<std::string>().find("--param"), std::string::npos);
+  EXPECT_NE(pack["result"]["contents"][0]["text"].get<std::string>().find("warmup=0s"), std::string::npos);
+}
+
 TEST_F(McpServerTest, CheckRuleCompilesWithoutLoadingOrReadingFiles) {
   open("sample-gpu-node-01.db");
   initialize();
