@@ -35,12 +35,16 @@
 //   length, the thing pruning exists to avoid.)
 // - Never pairs 1:1 and never keeps a span past its horizon (unlike a key-matching join).
 // - Storage (how, not what: results do not depend on it): a key's spans sit in blocks of at most
-//   kBlockSpans, in start order across blocks. A block keeps its first span's start (base_ts) and
-//   an id base; each span is 12 bytes: 32-bit start offset, 32-bit duration, 32-bit signed id
-//   offset. A span too far from a block's bases (start 2^32 ns or more past base_ts, id more than
-//   2^31 away) goes into another block; a span of 2^32 - 1 ns or longer keeps its end and id in
-//   the block's `longs` (its duration field marks it). arg0 is kept per block, only once the block
-//   was given a non-zero one. span_bytes() is what the blocks hold.
+//   kBlockSpans (256), in start order across blocks. A block keeps its first span's start
+//   (base_ts) and an id base; each span is 12 bytes: 32-bit start offset, 32-bit duration, 32-bit
+//   signed id offset (24 bytes as three uint64 before; a full block adds ~0.4 byte a span of
+//   header). A span that cannot be encoded against a block's bases (start 2^32 ns or more past
+//   base_ts, id outside [base_id - 2^31, base_id + 2^31)) goes into another block; a span of
+//   2^32 - 1 ns or longer (end - start, modulo 2^64) keeps its end and id in the block's `longs`
+//   (its duration field marks it). In-order spans append to the last block; a span landing inside
+//   a full block pushes that block's last span to the next block (or a new one). A prune repacks
+//   the kept spans into full blocks. arg0 is kept per block, only once the block was given a
+//   non-zero one (8 bytes a span there). span_bytes() is what the blocks hold.
 // - Single-threaded; one per (shard, join node).
 #pragma once
 
