@@ -1028,6 +1028,12 @@ struct Shard::Impl {
     sink_sizes.assign(switch_sink + 1, 0);
     sink_cursor.assign(switch_sink + 1, nullptr);
   }
+  // Whether event e passes the checks of a route target that has some (routes_).
+  [[gnu::noinline]] bool route_checks_hold(const RouteTarget& rt, const Event& e) const {
+    for (uint32_t c = rt.checks_begin; c < rt.checks_end; ++c)
+      if (!truthy(eval(*routes_.checks[c], &e, nullptr, &stack_matcher))) return false;
+    return true;
+  }
   // Whether the routing pass fills sink k this shard.
   bool sink_active(size_t k) const {
     const size_t n_groups = plan.groups.size();
@@ -1269,19 +1275,25 @@ struct Shard::Impl {
         if (sink_events[g].size() < n) sink_events[g].resize(n);
         sink_cursor[g] = sink_events[g].data();
       }
+      // What the loop reads or updates per event, in locals (no member reloads after each store).
+      uint64_t end_max = last_ts;
+      OpStatsAccumulator* const op_stats = stats.get();
+      const RouteTarget* const targets = routes.targets.data();
+      const Event*** const cursors = sink_cursor.data();
       for_each_selected(*in.owned, in.indexed, in.owned_at, [&](const Event& e) {
-        last_ts = std::max(last_ts, e.end_ns());
-        if (e.source == Source::kHost && e.op == op::kProcessExit) exited[e.pid] = e.ts_ns;
-        if (stats) stats->add(e);
+        end_max = std::max(end_max, e.end_ns());
+        if (e.source == Source::kHost && e.op == op::kProcessExit) [[unlikely]]
+          exited[e.pid] = e.ts_ns;
+        if (op_stats) op_stats->add(e);
         const unsigned code = static_cast<unsigned>(e.source) << 8 | e.op;
         for (uint32_t t = begin[code], end = begin[code + 1]; t < end; ++t) {
-          const RouteTarget& rt = routes.targets[t];
-          bool keep = true;
-          for (uint32_t c = rt.checks_begin; c < rt.checks_end && keep; ++c)
-            keep = truthy(eval(*routes.checks[c], &e, nullptr, &stack_matcher));
-          if (keep) *sink_cursor[rt.group]++ = &e;
+          const RouteTarget& rt = targets[t];
+          if (rt.checks_begin != rt.checks_end && !route_checks_hold(rt, e)) [[unlikely]]
+            continue;
+          *cursors[rt.group]++ = &e;
         }
       });
+      last_ts = end_max;
       for (size_t g = 0; g < sink_events.size(); ++g)
         if (sink_cursor[g]) sink_sizes[g] = static_cast<size_t>(sink_cursor[g] - sink_events[g].data());
     }
