@@ -1195,15 +1195,17 @@ struct Shard::Impl {
     WinCacheEntry* cache = win_cache[g].data();
     const bool whole = gf.whole;
     const uint64_t size = gf.size;
-    uint64_t k = 0, k_start = 0, k_len = 0;  // the previous event's window: index, [k_start, +k_len)
+    // The previous event's window: index k, [k_start, k_start + k_len). A whole window is every
+    // instant but the last (k_len = 2^64 - 1), so only an event at ts 2^64 - 1 leaves it.
+    uint64_t k = 0, k_start = 0, k_len = whole ? UINT64_MAX : 0;
     WinCacheEntry* last = cache;
     for (const Event* ep : events) {
       const Event& e = *ep;
       const Key ident = ident_of(e);
-      if (!whole && e.ts_ns - k_start >= k_len) [[unlikely]] {  // outside the previous event's window
-        k = e.ts_ns / size;
-        k_start = k * size;
-        k_len = size;
+      if (e.ts_ns - k_start >= k_len) [[unlikely]] {  // outside the previous event's window
+        k = whole ? 0 : e.ts_ns / size;
+        k_start = whole ? 0 : k * size;
+        k_len = whole ? UINT64_MAX : size;
       }
       WinState* st = last->state;
       if (!st || last->key != ident || last->k != k) {
@@ -1214,10 +1216,15 @@ struct Shard::Impl {
           st = nullptr;
           if (!store.add(e.ts_ns, key_of(e), [&](uint64_t, WinState& w) { st = &w; })) ++counters.late_events;
           if (!st) continue;
+          // Bound here, at its first event: every state in the cache is, so the feed below
+          // needs no first-event check.
+          if (!st->ready) [[unlikely]]
+            init_state(g, *st, e);
           ce = {ident, k, st};
         }
       }
-      feed_state<kCalls, S>(g, *st, e);
+      st->agg.add_as<S>(e);
+      if constexpr (kCalls) st->calls.add(e);
     }
   }
   template <bool kCalls, bool kSite>
