@@ -11,7 +11,7 @@
 //   batch in place. There are more pid shards than threads (2 per thread, at most 16, at least
 //   one per thread), so a few busy processes hashed together do not pin one thread while another
 //   idles, and not more, since each shard costs a little per batch whatever its share. The source
-//   runs at most 32 batches ahead of the slowest shard (a ring of 32 work items, each reused with
+//   runs at most 16 batches ahead of the slowest shard (a ring of 16 work items, each reused with
 //   its buffers once every node is done with it; no barrier between batches), so a node that is
 //   busier than the others (e.g. the global shard) lags behind without holding up the rest, as
 //   long as no single node carries more than 1/threads of the work.

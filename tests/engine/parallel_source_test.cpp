@@ -1,0 +1,125 @@
+// The parallel engine's source side (engine.cpp, threads >= 2): the source thread reads every
+// batch into a work item taken from a small pool and reused, with its buffers, once every shard
+// node is done with it. These tests pin what that reuse must not change:
+// - a source is always handed an empty batch (a source may append to what it is given, as the
+//   serial path allows: its batch is cleared between reads), however many times the pool wraps;
+// - the result (explain's JSON: chains, per-op statistics, rule outcomes, counters) is the
+//   one-thread result for traces much longer than the pool, with batch sizes from 1 event up.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/runtime.h"
+#include "model/synth.h"
+#include "rules/pack.h"
+#include "sinks/report.h"
+
+namespace ingero {
+namespace {
+
+// A source over sorted events that appends each batch to the one it is handed (it never clears
+// it) and counts the reads where that batch was not empty: the engine must hand it empty ones.
+class AppendingSource final : public EventSource {
+ public:
+  AppendingSource(const std::vector<Event>& sorted, size_t batch) : events_(sorted), batch_(batch) {}
+  bool next(Batch& out) override {
+    if (done_) return false;
+    if (!out.events.empty()) ++handed_non_empty_;
+    const size_t n = std::min(batch_, events_.size() - pos_);
+    out.events.insert(out.events.end(), events_.begin() + static_cast<std::ptrdiff_t>(pos_),
+                      events_.begin() + static_cast<std::ptrdiff_t>(pos_ + n));
+    pos_ += n;
+    out.seq = seq_++;
+    out.final = pos_ >= events_.size();
+    out.watermark = out.final ? std::numeric_limits<uint64_t>::max() : (n ? events_[pos_ - 1].ts_ns : 0);
+    done_ = out.final;
+    ++reads_;
+    return true;
+  }
+  TraceMeta& meta() override { return meta_; }
+  size_t handed_non_empty() const { return handed_non_empty_; }
+  size_t reads() const { return reads_; }
+
+ private:
+  const std::vector<Event>& events_;
+  size_t batch_;
+  size_t pos_ = 0;
+  uint64_t seq_ = 0;
+  bool done_ = false;
+  size_t handed_non_empty_ = 0, reads_ = 0;
+  TraceMeta meta_;
+};
+
+// explain --json of a result, with the thread count and the batch count blanked (the fields
+// that may differ with threads and batch size).
+std::string result_text(AnalysisResult r) {
+  r.counters.threads = 0;
+  r.counters.batches = 0;
+  return explain_json(r).dump();
+}
+
+AnalysisResult run_pack(EventSource& src, unsigned threads) {
+  static const Plan plan = rules::default_rule_pack_plan();
+  EngineOptions o;
+  o.threads = threads;
+  std::vector<std::string> errors;
+  auto r = run_plan(plan, src, o, &errors);
+  EXPECT_TRUE(errors.empty()) << errors.front();
+  return r;
+}
+
+// A scenario with host-wide events (block I/O: every pid shard's joins see them) and a chain.
+const synth::SynthTrace& io_trace() {
+  static const synth::SynthTrace t = synth::make_checkpoint_io(true);
+  return t;
+}
+
+TEST(ParallelSource, TraceIsLongerThanThePoolAndHasHostWideEvents) {
+  // The tests below mean something only if the pool wraps many times and joins see
+  // host-wide events.
+  const auto& ev = io_trace().events;
+  EXPECT_GT(std::count_if(ev.begin(), ev.end(), [](const Event& e) { return is_host_wide(e); }), 0);
+  EXPECT_GT(ev.size() / 128, 64u);
+}
+
+TEST(ParallelSource, SourceIsAlwaysHandedAnEmptyBatch) {
+  const auto& ev = io_trace().events;
+  for (unsigned threads : {1u, 2u, 3u}) {
+    AppendingSource src(ev, 128);
+    const auto r = run_pack(src, threads);
+    EXPECT_EQ(src.handed_non_empty(), 0u) << threads << " threads";
+    EXPECT_GT(src.reads(), 64u);
+    // Had a batch kept its old events, they would have been counted twice.
+    EXPECT_EQ(r.counters.events_in, ev.size()) << threads << " threads";
+  }
+}
+
+TEST(ParallelSource, ManySmallBatchesGiveTheOneThreadResult) {
+  // Batch sizes from 1 event (thousands of batches: the pool wraps hundreds of times) up; the
+  // appending source also checks the batches handed out stay empty at every size.
+  const auto& t = io_trace();
+  AppendingSource one_src(t.events, 4096);
+  const auto one = run_pack(one_src, 1);
+  ASSERT_EQ(one.counters.events_in, t.events.size());
+  ASSERT_FALSE(one.chains.empty());
+  ASSERT_TRUE(
+      std::any_of(one.chains.begin(), one.chains.end(), [&](const Chain& c) { return c.category == t.category; }));
+  const std::string base = result_text(one);
+  for (unsigned threads : {2u, 4u})
+    for (size_t batch : {size_t{1}, size_t{5}, size_t{64}, size_t{4096}}) {
+      AppendingSource src(t.events, batch);
+      const auto r = run_pack(src, threads);
+      EXPECT_EQ(src.handed_non_empty(), 0u) << threads << " threads, batch " << batch;
+      EXPECT_EQ(r.counters.node_errors, 0u) << threads << " threads, batch " << batch;
+      EXPECT_EQ(r.counters.threads, threads);
+      // Not EXPECT_EQ on the strings: a mismatch would print two large JSON documents.
+      EXPECT_TRUE(result_text(r) == base) << threads << " threads, batch " << batch << " differs from one thread";
+    }
+}
+
+}  // namespace
+}  // namespace ingero
