@@ -1008,7 +1008,7 @@ struct Shard::Impl {
         if (d.offcpu && d.parent >= 0 && is_scan(static_cast<size_t>(d.parent))) route_switches = true;
         if (prerouted[r] || d.offcpu || is_scan(r)) continue;
         keep_code[r] = chain_mask(r);
-        prerouted[r] = !keep_code[r].empty();
+        prerouted[r] = keep_code[r].empty() ? 0 : 1;
       }
     }
     switch_sink = n_groups + n_streams;
