@@ -1203,7 +1203,7 @@ Json TraceTools::read_resource(const std::string& uri, RequestContext* ctx) {
     }
     if (!options_.params.empty()) {
       text += "# Param overrides (--param), applied to the files above:";
-      for (const auto& [name, value] : options_.params) text += " " + name + "=" + value;
+      for (const auto& [name, value] : options_.params) text.append(" ").append(name).append("=").append(value);
       text += "\n";
     }
     text += "# The plan the analysis ran (canonical plan IR: built-in analyses";
