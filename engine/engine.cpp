@@ -61,9 +61,10 @@ unsigned shard_count(unsigned threads) {
   return std::max(threads, std::min(2 * threads, 16u));
 }
 
-// Maps a pid to its shard as shard_of() does (the same hash and remainder: checked equal for
-// 1-64 shards over a sample of 3.4e8 pids), with the division replaced by multiplications: the
-// router runs this once per event on the source thread, the one serial part of a run.
+// Maps a pid to its shard as shard_of() does (the same hash, and the same remainder computed with
+// multiplications instead of a division: the router runs this once per event on the source
+// thread, the one serial part of a run). Results do not depend on which shard a pid lands in
+// (Engine.ManyShardsPerThreadGiveTheOneThreadResult); this keeps the assignment shard_of()'s.
 class ShardOfPid {
  public:
   explicit ShardOfPid(unsigned shards) : shards_(shards ? shards : 1), magic_(UINT64_MAX / shards_ + 1) {}
@@ -98,8 +99,8 @@ struct Work {
   std::atomic<unsigned> pending{0};  // shard nodes that have not finished with it yet
 };
 
-// Fills w.owned and w.host_wide from w.batch for `shards` pid shards, and raises `trace_end` to
-// the latest event end.
+// Fills w.owned (one list per pid shard of shard_of_pid) and w.host_wide from w.batch, and raises
+// `trace_end` to the latest event end.
 void route(Work& w, const ShardOfPid& shard_of_pid, uint64_t& trace_end) {
   for (auto& v : w.owned) v.clear();
   w.host_wide.clear();
