@@ -798,7 +798,18 @@ struct Shard::Impl {
   // may still be probed. A state is listed at its first event and unlisted when it closes.
   std::vector<std::vector<WinState*>> open_calls;
   std::vector<size_t> group_of_pipe;
-  std::vector<std::unique_ptr<OffCpuSpanBuilder>> builders;     // per stream (null unless off-CPU)
+  // Off-CPU span building, shared by the off-CPU streams with the same parent and minimum
+  // length: their builders would pair the same switches into the same spans in the same order
+  // and differ only in which states they keep (OffCpuSpanBuilder::emit), so one builder with no
+  // state filter builds the spans once per batch and each stream keeps its states' spans
+  // (pointers into the shared list, in its order). builder_of: per stream, its index, or -1.
+  struct SharedSpans {
+    std::unique_ptr<OffCpuSpanBuilder> builder;
+    std::vector<Event> spans;  // this batch's
+    bool built = false;        // this batch
+  };
+  std::vector<SharedSpans> shared_spans;
+  std::vector<int> builder_of;
   std::vector<PipeState> pipes;                                 // per plan pipe (inactive if not ours)
   std::vector<std::unique_ptr<WindowStore<WinState>>> windows;  // per window group (null if not ours)
   std::unique_ptr<OpStatsAccumulator> stats;
@@ -813,9 +824,8 @@ struct Shard::Impl {
   std::unordered_map<uint32_t, uint64_t> exited;
   uint64_t exit_horizon = 0;
   // Per-batch stream outputs, as pointers into the input batch (filters copy nothing) or into
-  // spans_ (off-CPU spans built this batch): owned and foreign events separately.
+  // shared_spans (off-CPU spans built this batch): owned and foreign events separately.
   std::vector<std::vector<const Event*>> owned_out, foreign_out;
-  std::vector<std::vector<Event>> spans_;
   std::vector<char> computed;
   ShardStackMatcher stack_matcher;  // stack predicates of filters
   // Windows keyed by site: stack_id -> site index, remembered per shard (at most 65,536 entries,
@@ -897,9 +907,16 @@ struct Shard::Impl {
     if (tuning.max_tail_calls == 0) tuning.max_tail_calls = 1;
     for (const auto& grp : plan.groups)
       exit_horizon = std::max(exit_horizon, grp.window.size_ns + grp.window.lateness_ns);
-    builders.resize(plan.streams.size());
-    for (size_t i = 0; i < plan.streams.size(); ++i)
-      if (plan.streams[i].offcpu) builders[i] = std::make_unique<OffCpuSpanBuilder>(*plan.streams[i].offcpu);
+    builder_of.assign(plan.streams.size(), -1);
+    std::map<std::pair<int, uint64_t>, int> builder_index;  // (parent, min_ns) -> shared builder
+    for (size_t i = 0; i < plan.streams.size(); ++i) {
+      const OffCpuNode* node = plan.streams[i].offcpu;
+      if (!node) continue;
+      const auto [it, fresh] = builder_index.try_emplace({plan.streams[i].parent, node->min_ns},
+                                                         static_cast<int>(shared_spans.size()));
+      if (fresh) shared_spans.push_back({std::make_unique<OffCpuSpanBuilder>(OffCpuNode{node->min_ns, {}}), {}, false});
+      builder_of[i] = it->second;
+    }
     pipes.resize(plan.pipes.size());
     for (size_t i = 0; i < plan.pipes.size(); ++i) {
       const auto& def = plan.pipes[i];
@@ -978,7 +995,6 @@ struct Shard::Impl {
     outcomes = plan.rules;
     owned_out.resize(plan.streams.size());
     foreign_out.resize(plan.streams.size());
-    spans_.resize(plan.streams.size());
   }
 
   // The combined keep-mask of stream i when it is a chain of source/op-only filters (masks of
@@ -1073,19 +1089,24 @@ struct Shard::Impl {
     }
     const auto parent = static_cast<size_t>(s.parent);
     if (s.offcpu) {
-      auto& spans = spans_[i];
-      spans.clear();
-      auto add = [&](const Event* e) {
-        if (e->source == Source::kHost && e->op == op::kSchedSwitch) builders[i]->add(*e, spans);
-      };
-      if (route_switches && is_scan(parent)) {  // the routing pass listed the scan's sched_switch events
-        for (const Event* e : sink(switch_sink)) add(e);
-      } else {
-        if (!is_scan(parent)) compute(parent, in);
-        each_event(parent, in, true, add);
+      SharedSpans& sh = shared_spans[static_cast<size_t>(builder_of[i])];
+      if (!sh.built) {
+        sh.built = true;
+        sh.spans.clear();
+        auto add = [&](const Event* e) {
+          if (e->source == Source::kHost && e->op == op::kSchedSwitch) sh.builder->add(*e, sh.spans);
+        };
+        if (route_switches && is_scan(parent)) {  // the routing pass listed the scan's sched_switch events
+          for (const Event* e : sink(switch_sink)) add(e);
+        } else {
+          if (!is_scan(parent)) compute(parent, in);
+          each_event(parent, in, true, add);
+        }
+        if (in.final) sh.builder->finish(last_ts, sh.spans);
       }
-      if (in.final) builders[i]->finish(last_ts, spans);
-      for (const auto& e : spans) own.push_back(&e);
+      const auto& states = s.offcpu->states;  // the filter OffCpuSpanBuilder::emit would apply
+      for (const auto& e : sh.spans)
+        if (states.empty() || std::find(states.begin(), states.end(), e.prev_state) != states.end()) own.push_back(&e);
       return;  // off-CPU spans are never host-wide
     }
     if (!is_scan(parent)) compute(parent, in);
@@ -1264,6 +1285,7 @@ struct Shard::Impl {
     last_ts = std::max(last_ts, in.trace_end);
     if (in.process_names) names = in.process_names;
     computed.assign(plan.streams.size(), 0);
+    for (auto& sh : shared_spans) sh.built = false;
     std::fill(sink_sizes.begin(), sink_sizes.end(), size_t{0});
     if (in.owned) {
       // One pass over the batch: trace end, exits, per-op statistics, and the events of every
