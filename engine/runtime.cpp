@@ -1045,9 +1045,17 @@ struct Shard::Impl {
     sink_cursor.assign(switch_sink + 1, nullptr);
   }
   // Whether event e passes the checks of a route target that has some (routes_).
+  // A check that is one stack or site predicate (`site ~ [...]`) is answered as eval() answers
+  // it, without the tree walk: false for an event with no stack, else the shard's matcher.
   [[gnu::noinline]] bool route_checks_hold(const RouteTarget& rt, const Event& e) const {
-    for (uint32_t c = rt.checks_begin; c < rt.checks_end; ++c)
-      if (!truthy(eval(*routes_.checks[c], &e, nullptr, &stack_matcher))) return false;
+    for (uint32_t c = rt.checks_begin; c < rt.checks_end; ++c) {
+      const Expr& check = *routes_.checks[c];
+      if (check.op == ExprOp::kSiteMatch || check.op == ExprOp::kStackMatch) {
+        if (e.stack_id == 0 || !stack_matcher.match(check, e.stack_id)) return false;
+      } else if (!truthy(eval(check, &e, nullptr, &stack_matcher))) {
+        return false;
+      }
+    }
     return true;
   }
   // Whether the routing pass fills sink k this shard.
