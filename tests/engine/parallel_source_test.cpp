@@ -17,9 +17,13 @@
 #include "model/synth.h"
 #include "rules/pack.h"
 #include "sinks/report.h"
+#include "tests/util/pack_run.h"
 
 namespace ingero {
 namespace {
+
+using test::result_text;
+using test::run_pack;
 
 // A source over sorted events that appends each batch to the one it is handed (it never clears
 // it) and counts the reads where that batch was not empty: the engine must hand it empty ones.
@@ -53,24 +57,6 @@ class AppendingSource final : public EventSource {
   size_t handed_non_empty_ = 0, reads_ = 0;
   TraceMeta meta_;
 };
-
-// explain --json of a result, with the thread count and the batch count blanked (the fields
-// that may differ with threads and batch size).
-std::string result_text(AnalysisResult r) {
-  r.counters.threads = 0;
-  r.counters.batches = 0;
-  return explain_json(r).dump();
-}
-
-AnalysisResult run_pack(EventSource& src, unsigned threads) {
-  static const Plan plan = rules::default_rule_pack_plan();
-  EngineOptions o;
-  o.threads = threads;
-  std::vector<std::string> errors;
-  auto r = run_plan(plan, src, o, &errors);
-  EXPECT_TRUE(errors.empty()) << errors.front();
-  return r;
-}
 
 // A scenario with host-wide events (block I/O: every pid shard's joins see them) and a chain.
 const synth::SynthTrace& io_trace() {

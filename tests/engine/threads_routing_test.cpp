@@ -15,27 +15,16 @@
 #include "operators/key_by.h"
 #include "rules/pack.h"
 #include "sinks/report.h"
+#include "tests/util/pack_run.h"
 
 namespace ingero {
 namespace {
 
-// explain --json of a result, with the thread count and the batch count (the fields that may
-// differ with threads and batch size) blanked.
-std::string result_text(AnalysisResult r) {
-  r.counters.threads = 0;
-  r.counters.batches = 0;
-  return explain_json(r).dump();
-}
+using test::result_text;
 
 AnalysisResult run_pack(const std::vector<Event>& ev, unsigned threads, size_t batch) {
-  static const Plan plan = rules::default_rule_pack_plan();
   BorrowedSource src(ev, batch);
-  EngineOptions o;
-  o.threads = threads;
-  std::vector<std::string> errors;
-  auto r = run_plan(plan, src, o, &errors);
-  EXPECT_TRUE(errors.empty()) << errors.front();
-  return r;
+  return test::run_pack(src, threads);
 }
 
 const std::vector<Event>& large_trace() {
