@@ -157,6 +157,10 @@ struct CompiledPlan {
   std::shared_ptr<StackTable> stacks = std::make_shared<StackTable>();
 };
 
+// mask[source << 8 | op] = 1 where `filter`, which reads no field but the event's source and op,
+// keeps events of that source and op (compile_plan's per-stream table; exposed for tests).
+std::vector<uint8_t> filter_source_op_mask(const Expr& filter);
+
 // Compiles a validated plan; returns null and fills errors on failure.
 std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan, std::vector<std::string>& errors);
 
