@@ -11,30 +11,32 @@ int SketchIndex::formula(uint64_t v, double log_gamma) {
   return static_cast<int>(std::ceil(std::log(static_cast<double>(v)) / log_gamma));
 }
 
-SketchIndex::SketchIndex(double log_gamma) : log_gamma_(log_gamma), direct_(kDirect, 0) {
-  for (uint64_t v = 1; v < kDirect; ++v) direct_[v] = formula(v, log_gamma_);
-  cells_.resize(static_cast<size_t>(kTopBits - kDirectBits) * kCellsPerPow2);
-  for (int e = kDirectBits; e < kTopBits && cells_ok_; ++e)
-    for (uint64_t j = 0; j < kCellsPerPow2; ++j) {
-      const uint64_t lo = (kCellsPerPow2 + j) << (e - 6);
-      const uint64_t hi = ((kCellsPerPow2 + j + 1) << (e - 6)) - 1;
-      const int b_lo = formula(lo, log_gamma_), b_hi = formula(hi, log_gamma_);
-      Cell& c = cells_[static_cast<size_t>(e - kDirectBits) * kCellsPerPow2 + j];
-      c.bucket = b_lo;
-      c.next = UINT64_MAX;
-      if (b_hi == b_lo) continue;
-      if (b_hi != b_lo + 1) {
-        cells_ok_ = false;  // alpha too small for two buckets per cell: use the formula
-        break;
+SketchIndex::SketchIndex(double log_gamma) : log_gamma_(log_gamma) {
+  cells_.assign(static_cast<size_t>(kTopBits) * kCellsPerPow2, Cell{0, UINT64_MAX});
+  for (int e = 0; e < kTopBits; ++e)
+    for (uint64_t m = 0; m < kCellsPerPow2; ++m) {
+      // The integers v with floor(log2(v)) = e and the 6 bits below the top one equal to m.
+      uint64_t lo = 0, hi = 0;
+      if (e >= 6) {
+        lo = (kCellsPerPow2 + m) << (e - 6);
+        hi = ((kCellsPerPow2 + m + 1) << (e - 6)) - 1;
+      } else {  // a cell narrower than 1: one integer if (64 + m) / 2^(6-e) is one, else none
+        if ((kCellsPerPow2 + m) % (uint64_t{1} << (6 - e)) != 0) continue;
+        lo = hi = (kCellsPerPow2 + m) >> (6 - e);
       }
-      uint64_t a = lo, b = hi;  // formula(a) == b_lo, formula(b) == b_lo + 1
+      const int b_lo = formula(lo, log_gamma_), b_hi = formula(hi, log_gamma_);
+      Cell& c = cells_[static_cast<size_t>(e) * kCellsPerPow2 + m];
+      c.bucket = b_lo;
+      if (b_hi == b_lo) continue;
+      if (b_hi != b_lo + 1) return;  // alpha too small for two buckets per cell: the formula only
+      uint64_t a = lo, b = hi;       // formula(a) == b_lo, formula(b) == b_lo + 1
       while (b - a > 1) {
-        const uint64_t m = a + (b - a) / 2;
-        (formula(m, log_gamma_) == b_lo ? a : b) = m;
+        const uint64_t mid = a + (b - a) / 2;
+        (formula(mid, log_gamma_) == b_lo ? a : b) = mid;
       }
       c.next = b;
     }
-  if (cells_ok_) cell_end_ = kCellEnd;
+  cell_limit_ = (uint64_t{1} << kTopBits) - 1;
 }
 
 namespace {
@@ -274,7 +276,7 @@ void QuantileState::to_sketch() {
 void QuantileState::add_rest(uint64_t v) {
   // The large-window path: one table lookup and one increment inside the known buckets.
   int b = 0;
-  if (mode_ == Mode::kSketch && v != 0 && index_->lookup(v, b) &&
+  if (mode_ == Mode::kSketch && index_->lookup(v, b) &&       // lookup() is false for 0
       static_cast<uint64_t>(b - lowest_) < counts_.size()) {  // below lowest_ wraps: false
     ++counts_[static_cast<size_t>(b - lowest_)];
     tally(v);

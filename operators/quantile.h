@@ -28,6 +28,7 @@
 //   built once per alpha (thread-safe).
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -37,13 +38,15 @@ namespace ingero {
 
 // v -> ceil(ln(v) / ln(gamma)) for v >= 1, bit-identical to evaluating that formula in double
 // precision, without a log per value for v < 2^43 (about 2.4 hours in ns).
-// - v < 4096: a direct table.
-// - 4096 <= v < 2^43: cells of 1/64 of a power of two; a cell spans at most two buckets when
+// - 1 <= v < 2^43: cells of 1/64 of a power of two, found from the bits of double(v) (exact below
+//   2^53): the exponent and the 6 mantissa bits below the leading one, (bits >> 46) = (1023 + e)
+//   * 64 + those bits, so one conversion and one shift replace a count-leading-zeros and its
+//   arithmetic. Below 64 a cell holds at most one integer. A cell spans at most two buckets when
 //   alpha >= 0.008 (ln(1 + 1/64) < ln(gamma)), so it holds its first bucket and the first value of
 //   the next one, found by binary search over the formula. Exactness rests on the formula being
 //   non-decreasing in integer v there: ln(v+1) - ln(v) ~ 1/v exceeds 30 ulps of ln(v) for
 //   v < 2^43, more than libm's error, and division by ln(gamma) > 0 and ceil are monotone.
-// - Larger values, or an alpha below 0.008 (cells would span more buckets): the formula itself.
+// - Zero, larger values, or an alpha below 0.008 (cells would span more buckets): the formula.
 class SketchIndex {
  public:
   static const SketchIndex& for_alpha(double alpha);  // alpha already sanitised, in (0, 1)
@@ -54,16 +57,13 @@ class SketchIndex {
     return lookup(v, b) ? b : formula(v, log_gamma_);
   }
   // The table part alone: sets b and returns true when a table answers for v, false when only
-  // the formula does (v >= 2^43, or an alpha below 0.008). Keeps callers' fast paths call-free.
+  // the formula does (v = 0, v >= 2^43, or an alpha below 0.008). Keeps callers' fast paths
+  // call-free.
   bool lookup(uint64_t v, int& b) const {
-    if (v < kDirect) {
-      b = direct_[v];
-      return true;
-    }
-    if (v < cell_end_) {
-      const int e = 63 - __builtin_clzll(v);
-      // Cell (e - kDirectBits) * 64 + the 6 bits below the top one; v >> (e - 6) is 64 + those bits.
-      const Cell& c = cells_[static_cast<size_t>(e - kDirectBits - 1) * kCellsPerPow2 + (v >> (e - 6))];
+    if (v - 1 < cell_limit_) {  // 1 <= v < 2^43 (v = 0 wraps), and the cells are valid
+      // v < 2^43 converts exactly through int64_t (no unsigned-conversion fix-up).
+      const uint64_t bits = std::bit_cast<uint64_t>(static_cast<double>(static_cast<int64_t>(v)));
+      const Cell& c = cells_[(bits >> 46) - kFirstCell];
       b = v >= c.next ? c.bucket + 1 : c.bucket;
       return true;
     }
@@ -72,20 +72,16 @@ class SketchIndex {
   double log_gamma() const { return log_gamma_; }
 
  private:
-  static constexpr int kDirectBits = 12;
-  static constexpr uint64_t kDirect = uint64_t{1} << kDirectBits;
   static constexpr int kTopBits = 43;
-  static constexpr uint64_t kCellEnd = uint64_t{1} << kTopBits;
-  static constexpr size_t kCellsPerPow2 = 64;
+  static constexpr uint64_t kCellsPerPow2 = 64;
+  static constexpr uint64_t kFirstCell = uint64_t{1023} * kCellsPerPow2;  // double(1) >> 46
   struct Cell {
     int bucket;     // bucket of the cell's first value
     uint64_t next;  // first value of the cell in bucket + 1 (UINT64_MAX: none)
   };
   double log_gamma_;
-  bool cells_ok_ = true;
-  uint64_t cell_end_ = 0;  // kCellEnd once the cells are built and valid, else 0 (no cell lookups)
-  std::vector<int> direct_;
-  std::vector<Cell> cells_;
+  uint64_t cell_limit_ = 0;  // 2^43 - 1 once the cells are built and valid, else 0 (no lookups)
+  std::vector<Cell> cells_;  // kTopBits * kCellsPerPow2: cell e * 64 + m
 };
 
 class QuantileState {
