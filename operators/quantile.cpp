@@ -112,8 +112,10 @@ QuantileState::QuantileState(const QuantileState& o)
       count_(o.count_),
       min_(o.min_),
       max_(o.max_),
+      scanned_(o.scanned_),
+      sorted_size_(o.sorted_size_),
       mode_(o.mode_),
-      sorted_(o.sorted_),
+      wide_sorted_(o.wide_sorted_),
       exact_limit_(o.exact_limit_),
       index_(o.index_),
       counts_(o.counts_),
@@ -137,8 +139,10 @@ QuantileState::QuantileState(QuantileState&& o) noexcept
       count_(o.count_),
       min_(o.min_),
       max_(o.max_),
+      scanned_(o.scanned_),
+      sorted_size_(o.sorted_size_),
       mode_(o.mode_),
-      sorted_(o.sorted_),
+      wide_sorted_(o.wide_sorted_),
       exact_limit_(o.exact_limit_),
       index_(o.index_),
       counts_(std::move(o.counts_)),
@@ -158,8 +162,10 @@ QuantileState& QuantileState::operator=(QuantileState&& o) noexcept {
   count_ = o.count_;
   min_ = o.min_;
   max_ = o.max_;
+  scanned_ = o.scanned_;
+  sorted_size_ = o.sorted_size_;
   mode_ = o.mode_;
-  sorted_ = o.sorted_;
+  wide_sorted_ = o.wide_sorted_;
   exact_limit_ = o.exact_limit_;
   index_ = o.index_;
   counts_ = std::move(o.counts_);
@@ -178,12 +184,27 @@ void QuantileState::clear() noexcept {
   count_ = 0;
   min_ = UINT64_MAX;
   max_ = 0;
+  scanned_ = sorted_size_ = 0;
   mode_ = Mode::kNarrow;
-  sorted_ = true;
+  wide_sorted_ = true;
   counts_.clear();
   lowest_ = 0;
   zeros_ = 0;
   std::vector<uint64_t>().swap(wide_);
+}
+
+void QuantileState::scan_tail() const {
+  // A loop the compiler vectorises: no branch per value.
+  const uint32_t* values = narrow_.get();
+  uint32_t lo = UINT32_MAX, hi = 0;
+  for (size_t i = scanned_; i < size_; ++i) {
+    lo = std::min(lo, values[i]);
+    hi = std::max(hi, values[i]);
+  }
+  count_ += size_ - scanned_;
+  min_ = std::min<uint64_t>(min_, lo);
+  max_ = std::max<uint64_t>(max_, hi);
+  scanned_ = size_;
 }
 
 uint64_t QuantileState::bucket_value(int b) const {
@@ -192,7 +213,7 @@ uint64_t QuantileState::bucket_value(int b) const {
   return static_cast<uint64_t>(std::llround(2.0 * std::pow(gamma, b) / (gamma + 1.0)));
 }
 
-void QuantileState::bucket_add(int b, uint64_t n) {
+void QuantileState::bucket_add(int b, uint64_t n) const {
   if (counts_.empty()) {
     lowest_ = b;
     counts_.assign(1, 0);
@@ -207,9 +228,56 @@ void QuantileState::bucket_add(int b, uint64_t n) {
   counts_[static_cast<size_t>(b - lowest_)] += n;
 }
 
-void QuantileState::sketch_add(uint64_t v, uint64_t n) {
+void QuantileState::sketch_add(uint64_t v, uint64_t n) const {
   if (v == 0) zeros_ += n;
   else bucket_add((*index_)(v), n);
+}
+
+template <typename T>
+void QuantileState::count_values(const T* values, size_t n) const {
+  if (n == 0) return;
+  if (max_ == 0) {  // only zeros: max_ covers every value of this state
+    zeros_ += n;
+    return;
+  }
+  const SketchIndex& index = *index_;
+  // Size the array once: index() is non-decreasing, so every value lies in [index(min_),
+  // index(max_)] (with a zero seen, min_ is 0 and a value below the array grows it when it comes).
+  // The bound check in the loop only keeps such a value, or a broken index, inside the array.
+  if (min_ > 0) bucket_add(index(min_), 0);
+  bucket_add(index(max_), 0);
+  // Locals: the increments are uint64_t stores, which the compiler must assume may change lowest_.
+  uint64_t* counts = counts_.data();
+  size_t size = counts_.size();
+  int64_t lowest = lowest_;
+  uint64_t zeros = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t v = values[i];
+    int b = 0;
+    if (!index.lookup(v, b)) {  // zero, or a value only the formula answers
+      if (v == 0) {
+        ++zeros;
+        continue;
+      }
+      b = index(v);
+    }
+    const auto j = static_cast<uint64_t>(b - lowest);  // below lowest wraps: out of range
+    if (j < size) [[likely]] {
+      ++counts[j];
+    } else {
+      bucket_add(b, 1);
+      counts = counts_.data();
+      size = counts_.size();
+      lowest = lowest_;
+    }
+  }
+  zeros_ += zeros;
+}
+
+void QuantileState::flush_pending() const {
+  scan();
+  count_values(narrow_.get(), size_);
+  size_ = scanned_ = 0;
 }
 
 void QuantileState::grow_narrow() {
@@ -223,105 +291,80 @@ void QuantileState::grow_narrow() {
 }
 
 void QuantileState::widen() {
+  scan();
   wide_.reserve(std::max<size_t>(cap_, size_ + 1));
   wide_.assign(narrow_.get(), narrow_.get() + size_);
+  wide_sorted_ = sorted_size_ == size_;
   narrow_.reset();
-  size_ = cap_ = 0;
+  size_ = cap_ = scanned_ = sorted_size_ = 0;
   mode_ = Mode::kWide;
 }
 
 void QuantileState::to_sketch() {
-  // The buffer's values, counted into buckets sized once for its smallest non-zero value and
-  // its largest (max_ covers every buffered value), then one increment per value.
-  auto fill = [this](const auto* values, size_t n) {
-    if (max_ == 0) {  // only zeros (or nothing)
-      zeros_ += n;
-      return;
-    }
-    // The smallest non-zero value (there is one: max_ > 0); min_ itself unless a zero was seen.
-    uint64_t lo = min_;
-    if (lo == 0) {
-      lo = UINT64_MAX;
-      for (size_t i = 0; i < n; ++i) lo = values[i] && values[i] < lo ? values[i] : lo;
-    }
-    const SketchIndex& index = *index_;
-    bucket_add(index(lo), 0);
-    bucket_add(index(max_), 0);
-    // index() is non-decreasing, so every value's bucket lies in [index(lo), index(max_)]; the
-    // bound check only keeps a broken index from writing outside the array (it adds instead).
-    auto count_one = [this, &index](uint64_t v) {
-      const auto i = static_cast<uint64_t>(index(v) - lowest_);
-      if (i < counts_.size()) ++counts_[i];
-      else bucket_add(index(v), 1);
-    };
-    if (min_ > 0) {  // no zero to set apart
-      for (size_t i = 0; i < n; ++i) count_one(values[i]);
-      return;
-    }
-    uint64_t zeros = 0;
-    for (size_t i = 0; i < n; ++i) {
-      if (values[i] == 0) ++zeros;
-      else count_one(values[i]);
-    }
-    zeros_ += zeros;
-  };
-  if (mode_ == Mode::kWide) fill(wide_.data(), wide_.size());
-  else fill(narrow_.get(), size_);
+  // The buffer's values, counted in bulk; the pending buffer starts empty (add_rest allocates it).
+  scan();
+  if (mode_ == Mode::kWide) count_values(wide_.data(), wide_.size());
+  else count_values(narrow_.get(), size_);
   mode_ = Mode::kSketch;
   narrow_.reset();
-  size_ = cap_ = 0;
+  size_ = cap_ = scanned_ = sorted_size_ = 0;
   std::vector<uint64_t>().swap(wide_);
 }
 
 void QuantileState::add_rest(uint64_t v) {
-  // The large-window path: one table lookup and one increment inside the known buckets.
-  int b = 0;
-  if (mode_ == Mode::kSketch && index_->lookup(v, b) &&       // lookup() is false for 0
-      static_cast<uint64_t>(b - lowest_) < counts_.size()) {  // below lowest_ wraps: false
-    ++counts_[static_cast<size_t>(b - lowest_)];
+  if (mode_ == Mode::kSketch) {
+    if (v > UINT32_MAX) {  // too wide for the pending buffer: counted at once
+      sketch_add(v, 1);
+      tally(v);
+      return;
+    }
+    // The pending buffer is full (or not there yet): count it in, then give it room, doubling
+    // from 64 values up to kPending.
+    flush_pending();
+    if (cap_ < kPending) {
+      cap_ = std::min<uint32_t>(std::max<uint32_t>(cap_ * 2, 64), kPending);
+      narrow_ = std::make_unique_for_overwrite<uint32_t[]>(cap_);
+    }
+    narrow_[size_++] = static_cast<uint32_t>(v);  // scanned later, as add()'s values
+    return;
+  }
+  if (exact_size() >= exact_limit_) {  // v is value exact_limit + 1: the buffer becomes a sketch
+    to_sketch();
+    sketch_add(v, 1);
     tally(v);
     return;
   }
-  add_slow(v);
-}
-
-// Not inlined into add_rest(), so that the increment path there needs no register saves.
-[[gnu::noinline]] void QuantileState::add_slow(uint64_t v) {
-  // The buffer and sketch first: they read count_, min_ and max_ as they were before v.
-  if (mode_ == Mode::kSketch) {  // a zero, a value for the formula, or a bucket outside the array
-    sketch_add(v, 1);
-  } else if (exact_size() >= exact_limit_) {  // v is value exact_limit + 1: the buffer becomes a sketch
-    to_sketch();
-    sketch_add(v, 1);
-  } else {
-    sorted_ = sorted_ & (v >= max_);
-    if (mode_ == Mode::kNarrow && v <= UINT32_MAX) {  // the buffer is full: grow it
-      grow_narrow();
-      narrow_[size_++] = static_cast<uint32_t>(v);
-    } else {
-      if (mode_ == Mode::kNarrow) widen();  // the first value >= 2^32
-      wide_.push_back(v);
-    }
+  if (mode_ == Mode::kNarrow && v <= UINT32_MAX) {  // the buffer is full: grow it
+    grow_narrow();
+    narrow_[size_++] = static_cast<uint32_t>(v);
+    return;
   }
+  if (mode_ == Mode::kNarrow) widen();  // the first value >= 2^32 (widen() scans: max_ is current)
+  wide_sorted_ = wide_sorted_ && v >= max_;
+  wide_.push_back(v);
   tally(v);
 }
 
 void QuantileState::merge(const QuantileState& other) {
-  if (other.count_ == 0) return;
+  if (other.count() == 0) return;
+  scan();
+  other.scan();
   if (exact() && other.exact() && exact_size() + other.exact_size() <= exact_limit_) {
     if (mode_ == Mode::kNarrow && other.mode_ == Mode::kWide) widen();
     if (mode_ == Mode::kWide) {
       if (other.mode_ == Mode::kWide) wide_.insert(wide_.end(), other.wide_.begin(), other.wide_.end());
       else wide_.insert(wide_.end(), other.narrow_.get(), other.narrow_.get() + other.size_);
+      wide_sorted_ = false;
     } else {
       while (cap_ - size_ < other.size_) grow_narrow();  // fits: size_ + other.size_ <= exact_limit_
       std::copy(other.narrow_.get(), other.narrow_.get() + other.size_, narrow_.get() + size_);
       size_ += other.size_;
+      scanned_ = size_;  // other's values are in other.count_, min_ and max_, added below
     }
-    sorted_ = false;
   } else {
     if (exact()) to_sketch();
     if (!other.exact()) {
+      other.flush_pending();  // its pending values into its own buckets (they lie in its [min, max])
       zeros_ += other.zeros_;
       for (size_t i = 0; i < other.counts_.size(); ++i)
         if (other.counts_[i]) bucket_add(static_cast<int>(other.lowest_ + static_cast<int64_t>(i)), other.counts_[i]);
@@ -337,7 +380,8 @@ void QuantileState::merge(const QuantileState& other) {
 }
 
 uint64_t QuantileState::quantile(double q) const {
-  if (count_ == 0) return 0;
+  if (count() == 0) return 0;
+  scan();
   q = std::clamp(q, 0.0, 1.0);
   // Nearest rank: the k-th smallest with k = ceil(q*n), at least 1.
   uint64_t k = static_cast<uint64_t>(std::ceil(q * static_cast<double>(count_)));
@@ -346,15 +390,22 @@ uint64_t QuantileState::quantile(double q) const {
   if (std::fabs(exact_k - std::round(exact_k)) < 1e-9) k = static_cast<uint64_t>(std::llround(exact_k));
   k = std::clamp<uint64_t>(k, 1, count_);
   if (mode_ == Mode::kWide) {
-    if (!sorted_) std::sort(wide_.begin(), wide_.end());
-    sorted_ = true;
+    if (!wide_sorted_) std::sort(wide_.begin(), wide_.end());
+    wide_sorted_ = true;
     return wide_[k - 1];
   }
   if (mode_ == Mode::kNarrow) {
-    if (!sorted_) sort_u32(narrow_.get(), size_);
-    sorted_ = true;
+    if (sorted_size_ != size_) {
+      // Values appended since the last sort: already in order (ascending input) needs no sort.
+      uint32_t* values = narrow_.get();
+      size_t i = std::max<size_t>(sorted_size_, 1);
+      while (i < size_ && values[i - 1] <= values[i]) ++i;
+      if (i < size_) sort_u32(values, size_);
+      sorted_size_ = size_;
+    }
     return narrow_[k - 1];
   }
+  if (size_) flush_pending();
   if (k <= zeros_) return 0;
   uint64_t seen = zeros_;
   for (size_t i = 0; i < counts_.size(); ++i) {

@@ -18,9 +18,17 @@
 //   and the index of a value comes from a per-alpha table (SketchIndex) that returns exactly
 //   ceil(ln(v)/ln(gamma)) as the formula computes it: outputs are identical to a std::map of
 //   buckets fed by the formula (tests/operators/quantile_dense_test.cpp compares both).
-// - add() inlines the exact 32-bit append (the small-window path). The sketch's increment inside
-//   the known buckets is one out-of-line call that saves no registers; growing, widening,
-//   converting, zeros and buckets outside the array go on to a second, cold one.
+// - add() of a value below 2^32 is one inline store, in both modes: into the exact buffer, or in
+//   sketch mode into a pending buffer (up to kPending values) that is counted into the buckets in
+//   bulk when it fills and before any read of the buckets. count, min and max of the stored values
+//   are taken in bulk too, by the first read that needs them (a vectorised pass), and the exact
+//   buffer is sorted at query time only if a value was appended out of order since the last sort.
+//   Deferring changes no bucket, count, min or max, so every result is what per-value work gives
+//   (tests/operators/quantile_pending_test.cpp checks reads between adds, merges and copies
+//   against a per-value reference). Values >= 2^32, growing, widening and converting take one
+//   out-of-line call.
+// - Reads are const but may do that deferred work (mutable members): as before, a state must not
+//   be read from two threads at once.
 // - Copies are deep; a moved-from state is empty (as after clear()).
 // - merge() is exact when both sides are exact and fit the limit; otherwise sketch + sketch.
 // - Zero values are counted apart (a log bucket cannot hold 0), so p50 = 0 is reported as 0.
@@ -93,12 +101,12 @@ class QuantileState {
   QuantileState& operator=(QuantileState&& o) noexcept;
   ~QuantileState() = default;
 
-  // Inline: the exact 32-bit append (the small-window path); every other case is one call.
-  void add(uint64_t v) {
-    if (v <= UINT32_MAX && size_ < cap_) {  // exact, 32-bit, room left (cap_ is 0 in other modes)
-      sorted_ = sorted_ & (v >= max_);      // in order iff no value is below the largest before it
+  // Inline: one 32-bit store (the exact buffer, or the sketch's pending values) and nothing else:
+  // count, min and max of the values stored this way are taken in bulk later (scan()). Every
+  // other case is one call.
+  [[gnu::always_inline]] void add(uint64_t v) {
+    if (v <= UINT32_MAX && size_ < cap_) {  // 32-bit, room left (cap_ is 0 in kWide mode)
       narrow_[size_++] = static_cast<uint32_t>(v);
-      tally(v);
     } else {
       add_rest(v);
     }
@@ -106,9 +114,15 @@ class QuantileState {
   void merge(const QuantileState& other);
   // Nearest-rank quantile, q in (0, 1]; 0 for an empty state.
   uint64_t quantile(double q) const;
-  uint64_t count() const { return count_; }
-  uint64_t min() const { return count_ ? min_ : 0; }
-  uint64_t max() const { return max_; }
+  uint64_t count() const { return count_ + (size_ - scanned_); }
+  uint64_t min() const {
+    scan();
+    return count_ ? min_ : 0;
+  }
+  uint64_t max() const {
+    scan();
+    return max_;
+  }
   bool exact() const { return mode_ != Mode::kSketch; }
   // Exact mode with 64-bit values (a value of 2^32 or more was seen); for tests and memory figures.
   bool wide() const { return mode_ == Mode::kWide; }
@@ -117,35 +131,55 @@ class QuantileState {
 
  private:
   // kNarrow: exact, values in narrow_[0, size_); kWide: exact, values in wide_;
-  // kSketch: zeros_ + counts_.
+  // kSketch: zeros_ + counts_ + the pending values in narrow_[0, size_).
   enum class Mode : uint8_t { kNarrow, kWide, kSketch };
-  void tally(uint64_t v) {  // count_, min_ and max_ take v in (after the buffer or sketch did)
+  // Sketch mode's pending buffer holds at most this many values (16 KB: stays in L1/L2 while
+  // several states are fed in turn, and bounds the memory a sketch state adds).
+  static constexpr uint32_t kPending = 4096;
+  void tally(uint64_t v) {  // count_, min_ and max_ take v in (a value that add() did not store)
     ++count_;
     min_ = v < min_ ? v : min_;
     max_ = v > max_ ? v : max_;
   }
-  void add_rest(uint64_t v);  // add() past the inline case: the sketch's increment, or add_slow
-  void add_slow(uint64_t v);  // grow, widen, convert, or a sketch bucket outside the array
+  // count_, min_ and max_ take in narrow_[scanned_, size_) (the values add() stored since).
+  void scan() const {
+    if (scanned_ != size_) scan_tail();
+  }
+  void scan_tail() const;
+  void add_rest(uint64_t v);  // add() past the inline case: flush/grow, widen, convert, or >= 2^32
   void grow_narrow();
   void widen();
   void to_sketch();
-  void sketch_add(uint64_t v, uint64_t n);
-  void bucket_add(int b, uint64_t n);
+  // Counts n values into the buckets (zeros apart). Every value must be in [min_, max_]: this
+  // state's own values, scanned.
+  template <typename T>
+  void count_values(const T* values, size_t n) const;
+  void flush_pending() const;  // sketch mode: scans and counts the pending values in, empties them
+  void sketch_add(uint64_t v, uint64_t n) const;
+  void bucket_add(int b, uint64_t n) const;
   uint64_t bucket_value(int b) const;
   size_t exact_size() const { return mode_ == Mode::kWide ? wide_.size() : size_; }
 
-  // Hot members first: add()'s narrow path reads only the first 40 bytes.
-  uint32_t size_ = 0, cap_ = 0;         // narrow_'s values and capacity (cap_ <= exact_limit_; 0 unless kNarrow)
+  // Hot members first: add()'s 32-bit path reads only the first 16 bytes.
+  // narrow_'s values and capacity: kNarrow: the exact buffer (cap_ <= exact_limit_); kSketch: the
+  // pending values (cap_ <= kPending; a const read may count them in and set size_ to 0); kWide: 0.
+  mutable uint32_t size_ = 0;
+  uint32_t cap_ = 0;
   std::unique_ptr<uint32_t[]> narrow_;  // exact mode while every value < 2^32; sorted lazily
-  uint64_t count_ = 0, min_ = UINT64_MAX, max_ = 0;
+  // Every value but narrow_[scanned_, size_): their number, smallest and largest.
+  mutable uint64_t count_ = 0, min_ = UINT64_MAX, max_ = 0;
+  mutable uint32_t scanned_ = 0;
+  // kNarrow: narrow_[0, sorted_size_) is in ascending order (sorted iff sorted_size_ == size_).
+  mutable uint32_t sorted_size_ = 0;
   Mode mode_ = Mode::kNarrow;
-  mutable bool sorted_ = true;  // exact mode: the buffer is in ascending order
+  mutable bool wide_sorted_ = true;  // kWide: wide_ is in ascending order
   uint32_t exact_limit_;
   const SketchIndex* index_;
-  // Sketch mode: counts_[i] = values in bucket lowest_ + i (dense over the buckets seen).
-  std::vector<uint64_t> counts_;
-  int64_t lowest_ = 0;
-  uint64_t zeros_ = 0;
+  // Sketch mode: counts_[i] = values in bucket lowest_ + i (dense over the buckets seen), plus the
+  // pending values. Mutable: a const read counts the pending values in first.
+  mutable std::vector<uint64_t> counts_;
+  mutable int64_t lowest_ = 0;
+  mutable uint64_t zeros_ = 0;
   mutable std::vector<uint64_t> wide_;  // exact mode after a value >= 2^32; sorted lazily
   double alpha_;
   double log_gamma_;
