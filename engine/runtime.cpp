@@ -661,6 +661,9 @@ struct NarrowCall {
   uint32_t dur, tid;
 };
 struct Slower {
+  // The duration orders slowness first (TopK's primary key: a compaction selects on it).
+  static uint64_t primary(const Call& c) { return c.dur; }
+  static uint64_t primary(const NarrowCall& c) { return c.dur; }
   bool operator()(const Call& a, const Call& b) const { return slower(a, b); }
   bool operator()(const NarrowCall& a, const NarrowCall& b) const {
     if (a.dur != b.dur) return a.dur > b.dur;
@@ -728,12 +731,15 @@ class CallBuffer {
   size_t cap() const { return cap_; }
 
  private:
+  // A full buffer's calls in time order. TopK compactions keep arrival order (Slower has a
+  // primary key), and calls arrive in time order, so the sort is usually a check.
   template <class V>
   void sort_if_full(V& v) {
     if (seen_ < cap_ || sorted_) return;
-    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
+    const auto earlier = [](const auto& a, const auto& b) {
       return a.ts != b.ts ? a.ts < b.ts : a.id != b.id ? a.id < b.id : a.tid < b.tid;
-    });
+    };
+    if (!std::is_sorted(v.begin(), v.end(), earlier)) std::sort(v.begin(), v.end(), earlier);
     sorted_ = true;
   }
   Call wide_of(const NarrowCall& n) const { return {n.ts, n.dur, n.id, pid_, n.tid}; }
