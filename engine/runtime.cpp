@@ -977,22 +977,25 @@ struct Shard::Impl {
     const AggregateLayout* layout = nullptr;
   };
   std::vector<GroupFeed> feeds;
-  // Sinks of the routing pass (routes): every routed window group g (sink g), every prerouted
-  // stream s (sink G + s, G = the plan's group count) and the list of sched_switch events the
-  // off-CPU streams over the scan read (sink G + S, S = the stream count).
-  // Per sink, the events of this batch it keeps, in batch order:
-  // the first sink_sizes[g] entries of sink_events[g]. The routing pass writes through a cursor
-  // per group into lists sized for the whole batch up front (no capacity check per event).
+  // Sinks of the routing pass (routes_): per stream s, sink s when the stream of a routed window
+  // group or a prerouted stream (window groups over one stream share its list: they keep the
+  // same events, as compile_plan derives a route's codes and checks from the stream alone), and
+  // the list of sched_switch events the off-CPU streams over the scan read (sink S, S = the
+  // stream count). Per sink, the events of this batch it keeps, in batch order: the first
+  // sink_sizes[k] entries of sink_events[k]. The routing pass writes through a cursor per sink
+  // into lists sized for the whole batch up front (no capacity check per event).
   std::vector<std::vector<const Event*>> sink_events;
   std::vector<size_t> sink_sizes;
   std::vector<const Event**> sink_cursor;
-  // This shard's routes: its tier's plan routes (window groups) plus, for the same codes, the
+  // This shard's routes, to sinks (RouteTarget::group holds a sink index here): its tier's plan
+  // routes (to the sinks of the window groups' streams, once per stream) plus, for the same codes, the
   // streams the routing pass fills itself instead of compute() scanning the batch once per
   // stream: the right streams of this shard's joins that are chains of source/op-only filters
   // over the scan (prerouted, keep = the chain's masks combined), and the sched_switch list when
   // an off-CPU stream over the scan is a join's right side (route_switches).
   Routes routes_;
   std::vector<char> prerouted;                  // per stream
+  std::vector<char> stream_sink;                // per stream: the routing pass fills sink s
   std::vector<std::vector<uint8_t>> keep_code;  // per prerouted stream: 1 for the codes it keeps
   bool route_switches = false;
   size_t switch_sink = 0;
@@ -1131,16 +1134,30 @@ struct Shard::Impl {
         prerouted[r] = keep_code[r].empty() ? 0 : 1;
       }
     }
-    switch_sink = n_groups + n_streams;
+    switch_sink = n_streams;
+    stream_sink = prerouted;
+    for (size_t g = 0; g < n_groups; ++g)
+      if (windows[g] && plan.routed[g]) stream_sink[static_cast<size_t>(plan.groups[g].stream)] = 1;
     const unsigned switch_code = static_cast<unsigned>(Source::kHost) << 8 | op::kSchedSwitch;
     const Routes& tier = plan.routes[global ? 1 : 0];
     routes_.checks = tier.checks;
     routes_.begin.assign(tier.begin.size(), 0);
     for (size_t code = 0; code + 1 < tier.begin.size(); ++code) {
-      routes_.begin[code] = static_cast<uint32_t>(routes_.targets.size());
-      for (uint32_t t = tier.begin[code]; t < tier.begin[code + 1]; ++t) routes_.targets.push_back(tier.targets[t]);
+      const auto first = static_cast<uint32_t>(routes_.targets.size());
+      routes_.begin[code] = first;
+      // A sink once per code: groups over one stream have the same checks for it (compile_plan).
+      auto add_once = [&](RouteTarget rt) {
+        for (uint32_t t = first; t < routes_.targets.size(); ++t)
+          if (routes_.targets[t].group == rt.group) return;
+        routes_.targets.push_back(rt);
+      };
+      for (uint32_t t = tier.begin[code]; t < tier.begin[code + 1]; ++t) {
+        RouteTarget rt = tier.targets[t];
+        rt.group = static_cast<uint32_t>(plan.groups[rt.group].stream);
+        add_once(rt);
+      }
       for (size_t r = 0; r < n_streams; ++r)
-        if (prerouted[r] && keep_code[r][code]) routes_.targets.push_back({static_cast<uint32_t>(n_groups + r), 0, 0});
+        if (prerouted[r] && keep_code[r][code]) add_once({static_cast<uint32_t>(r), 0, 0});
       if (route_switches && code == switch_code) routes_.targets.push_back({static_cast<uint32_t>(switch_sink), 0, 0});
     }
     if (!routes_.begin.empty()) routes_.begin.back() = static_cast<uint32_t>(routes_.targets.size());
@@ -1163,16 +1180,11 @@ struct Shard::Impl {
     return true;
   }
   // Whether the routing pass fills sink k this shard.
-  bool sink_active(size_t k) const {
-    const size_t n_groups = plan.groups.size();
-    if (k < n_groups) return windows[k] && plan.routed[k];
-    if (k < switch_sink) return prerouted[k - n_groups];
-    return route_switches;
-  }
+  bool sink_active(size_t k) const { return k < switch_sink ? stream_sink[k] != 0 : route_switches; }
   std::span<const Event* const> sink(size_t k) const { return {sink_events[k].data(), sink_sizes[k]}; }
   // The owned events of stream i this batch (computed already unless it is the scan).
   std::span<const Event* const> owned_list(size_t i) const {
-    return prerouted[i] ? sink(plan.groups.size() + i) : std::span<const Event* const>(owned_out[i]);
+    return prerouted[i] ? sink(i) : std::span<const Event* const>(owned_out[i]);
   }
 
   // Computes stream i for this batch (memoised), for owned and foreign events.
@@ -1460,7 +1472,7 @@ struct Shard::Impl {
       if (!windows[g]) continue;
       // A tight loop per group (its state stays in cache, its branches predictable).
       if (plan.routed[g]) {
-        feed_events(g, sink(g));
+        feed_events(g, sink(static_cast<size_t>(plan.groups[g].stream)));
       } else {
         const auto stream = static_cast<size_t>(plan.groups[g].stream);
         compute(stream, in);
