@@ -1,6 +1,7 @@
 #include "operators/quantile.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <memory>
 #include <mutex>
@@ -149,6 +150,7 @@ QuantileState::QuantileState(QuantileState&& o) noexcept
       lowest_(o.lowest_),
       zeros_(o.zeros_),
       wide_(std::move(o.wide_)),
+      partition_(std::move(o.partition_)),
       alpha_(o.alpha_),
       log_gamma_(o.log_gamma_) {
   o.clear();
@@ -172,6 +174,7 @@ QuantileState& QuantileState::operator=(QuantileState&& o) noexcept {
   lowest_ = o.lowest_;
   zeros_ = o.zeros_;
   wide_ = std::move(o.wide_);
+  partition_ = std::move(o.partition_);
   alpha_ = o.alpha_;
   log_gamma_ = o.log_gamma_;
   o.clear();
@@ -185,6 +188,7 @@ void QuantileState::clear() noexcept {
   min_ = UINT64_MAX;
   max_ = 0;
   scanned_ = sorted_size_ = 0;
+  partition_.reset();
   mode_ = Mode::kNarrow;
   wide_sorted_ = true;
   counts_.clear();
@@ -297,6 +301,7 @@ void QuantileState::widen() {
   wide_sorted_ = sorted_size_ == size_;
   narrow_.reset();
   size_ = cap_ = scanned_ = sorted_size_ = 0;
+  partition_.reset();
   mode_ = Mode::kWide;
 }
 
@@ -308,6 +313,7 @@ void QuantileState::to_sketch() {
   mode_ = Mode::kSketch;
   narrow_.reset();
   size_ = cap_ = scanned_ = sorted_size_ = 0;
+  partition_.reset();
   std::vector<uint64_t>().swap(wide_);
 }
 
@@ -379,6 +385,75 @@ void QuantileState::merge(const QuantileState& other) {
   max_ = std::max(max_, other.max_);
 }
 
+namespace {
+
+// The part of a 32-bit value: 0 for 0, else its power of two and the 6 bits below the leading one
+// (1/64 of an octave), read from the bits of double(v) as SketchIndex does; in [1, 2048) for
+// v >= 1. Non-decreasing in v, so part order is value order; log-scaled, so a skewed sample (a
+// long tail of durations) still spreads over many parts.
+inline uint32_t part_of(uint32_t v) {
+  const uint64_t bits = std::bit_cast<uint64_t>(static_cast<double>(v));
+  const auto cell = static_cast<int64_t>(bits >> 46) - (int64_t{1023} * 64 - 1);  // 1 for v = 1
+  return static_cast<uint32_t>(std::max<int64_t>(cell, 0));                       // 0 for v = 0
+}
+
+}  // namespace
+
+void QuantileState::partition() const {
+  if (!partition_) partition_ = std::make_unique<Partition>();
+  Partition& p = *partition_;
+  p.start.assign(kParts + 1, 0);
+  uint32_t* start = p.start.data();
+  uint32_t* values = narrow_.get();
+  const size_t n = size_;
+  // Each value's part, computed once (16 bits: kParts <= 65536), counted per part.
+  auto parts = std::make_unique_for_overwrite<uint16_t[]>(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t part = part_of(values[i]);
+    parts[i] = static_cast<uint16_t>(part);
+    ++start[part + 1];
+  }
+  for (size_t d = 1; d <= kParts; ++d) start[d] += start[d - 1];
+  // Scatter through a copy of the start offsets (start[] keeps each part's beginning).
+  std::vector<uint32_t> next(p.start.begin(), p.start.end() - 1);
+  auto scratch = std::make_unique_for_overwrite<uint32_t[]>(n);
+  for (size_t i = 0; i < n; ++i) scratch[next[parts[i]]++] = values[i];
+  std::copy(scratch.get(), scratch.get() + n, values);
+  p.sorted.assign(kParts, false);
+  p.size = size_;
+  sorted_size_ = 0;  // the buffer is now in part order, not sorted
+}
+
+uint32_t QuantileState::narrow_rank(uint64_t k) const {
+  uint32_t* values = narrow_.get();
+  const bool partitioned = partition_ && partition_->size == size_;
+  if (!partitioned) {
+    if (sorted_size_ != size_) {
+      // Values appended since the last sort: already in order (ascending input) needs no sort.
+      size_t i = std::max<size_t>(sorted_size_, 1);
+      while (i < size_ && values[i - 1] <= values[i]) ++i;
+      if (i < size_) {
+        if (size_ >= kPartitionMin) {
+          partition();
+          return narrow_rank(k);
+        }
+        sort_u32(values, size_);
+      }
+      sorted_size_ = size_;
+    }
+    return values[k - 1];
+  }
+  // The part holding rank k: the last part starting at or before index k - 1.
+  Partition& p = *partition_;
+  const auto it = std::upper_bound(p.start.begin(), p.start.end(), static_cast<uint32_t>(k - 1));
+  const auto part = static_cast<size_t>(it - p.start.begin()) - 1;
+  if (!p.sorted[part]) {
+    sort_u32(values + p.start[part], p.start[part + 1] - p.start[part]);
+    p.sorted[part] = true;
+  }
+  return values[k - 1];
+}
+
 uint64_t QuantileState::quantile(double q) const {
   if (count() == 0) return 0;
   scan();
@@ -394,17 +469,7 @@ uint64_t QuantileState::quantile(double q) const {
     wide_sorted_ = true;
     return wide_[k - 1];
   }
-  if (mode_ == Mode::kNarrow) {
-    if (sorted_size_ != size_) {
-      // Values appended since the last sort: already in order (ascending input) needs no sort.
-      uint32_t* values = narrow_.get();
-      size_t i = std::max<size_t>(sorted_size_, 1);
-      while (i < size_ && values[i - 1] <= values[i]) ++i;
-      if (i < size_) sort_u32(values, size_);
-      sorted_size_ = size_;
-    }
-    return narrow_[k - 1];
-  }
+  if (mode_ == Mode::kNarrow) return narrow_rank(k);
   if (size_) flush_pending();
   if (k <= zeros_) return 0;
   uint64_t seen = zeros_;

@@ -27,6 +27,9 @@
 //   (tests/operators/quantile_pending_test.cpp checks reads between adds, merges and copies
 //   against a per-value reference). Values >= 2^32, growing, widening and converting take one
 //   out-of-line call.
+// - A query of a large exact 32-bit buffer (2048+ values) does not sort it all: it buckets the
+//   buffer by value once (64 parts per power of two) and sorts only the parts queries land in; the
+//   k-th smallest value is the same whichever way it is found.
 // - Reads are const but may do that deferred work (mutable members): as before, a state must not
 //   be read from two threads at once.
 // - Copies are deep; a moved-from state is empty (as after clear()).
@@ -181,6 +184,20 @@ class QuantileState {
   mutable int64_t lowest_ = 0;
   mutable uint64_t zeros_ = 0;
   mutable std::vector<uint64_t> wide_;  // exact mode after a value >= 2^32; sorted lazily
+  // kNarrow, at least kPartitionMin values: instead of a full sort, the first query buckets the
+  // buffer into kParts parts by value (0, then 64 parts per power of two: one counting pass, one
+  // scatter) and each query sorts only the part holding its rank. Valid while `size` == size_
+  // (no value appended since).
+  static constexpr uint32_t kParts = 2049;
+  static constexpr uint32_t kPartitionMin = 2048;
+  struct Partition {
+    uint32_t size = 0;            // size_ when partitioned
+    std::vector<uint32_t> start;  // part p is narrow_[start[p], start[p + 1]); kParts + 1
+    std::vector<bool> sorted;     // part p is in ascending order
+  };
+  mutable std::unique_ptr<Partition> partition_;
+  void partition() const;                  // buckets narrow_[0, size_) into parts (size_ >= 2)
+  uint32_t narrow_rank(uint64_t k) const;  // the k-th smallest (1-based) of narrow_[0, size_)
   double alpha_;
   double log_gamma_;
 };

@@ -159,6 +159,52 @@ TEST(QuantilePending, AscendingInputAndSortedPrefix) {
   expect_same(a, r, "descending");
 }
 
+// Large exact buffers (2048+ values) are bucketed by value range and only the queried parts are
+// sorted: skewed inputs (one outlier stretching the range, two far clusters, duplicates, the
+// 32-bit extremes), queries at many ranks, appends after the bucketing, copies and moves.
+TEST(QuantilePending, LargeExactBufferRanksAgainstASortedCopy) {
+  std::mt19937_64 rng(31);
+  for (int shape = 0; shape < 6; ++shape)
+    for (uint32_t n : {2047u, 2048u, 5000u, 40000u}) {
+      QuantileState a(65536, 0.01);
+      Reference r(65536, 0.01);
+      auto value = [&](uint32_t i) -> uint64_t {
+        switch (shape) {
+          case 0: return 2000 + rng() % 100000;                                        // uniform
+          case 1: return i == n / 3 ? UINT32_MAX : 1000 + rng() % 50;                  // one outlier
+          case 2: return rng() % 2 ? rng() % 100 : (uint64_t{1} << 31) + rng() % 100;  // two clusters
+          case 3: return rng() % 7;                                                    // duplicates
+          case 4: return rng() % 3 == 0 ? 0 : UINT32_MAX - rng() % 3;                  // the extremes
+          default:
+            return static_cast<uint64_t>(std::exp2(std::uniform_real_distribution<double>(0, 32)(rng))) %
+                   (uint64_t{1} << 32);
+        }
+      };
+      for (uint32_t i = 0; i < n; ++i) {
+        const uint64_t v = value(i);
+        a.add(v);
+        r.add(v);
+      }
+      const std::string what = "shape " + std::to_string(shape) + " n " + std::to_string(n);
+      ASSERT_TRUE(a.exact()) << what;
+      for (int i = 0; i < 200; ++i) {  // many ranks, in random order
+        const double q = std::uniform_real_distribution<double>(0.0001, 1.0)(rng);
+        ASSERT_EQ(a.quantile(q), r.quantile(q)) << what << " q=" << q;
+      }
+      expect_same(a, r, what);
+      QuantileState copy(a);  // the copy holds the bucketed (not sorted) buffer
+      expect_same(copy, r, what + " copy");
+      for (uint32_t i = 0; i < 100; ++i) {  // appends after the bucketing: bucketed again
+        const uint64_t v = value(i);
+        a.add(v);
+        r.add(v);
+      }
+      expect_same(a, r, what + " +100");
+      QuantileState moved(std::move(a));
+      expect_same(moved, r, what + " moved");
+    }
+}
+
 // A state of the given kind with values left in its pending buffer / unscanned tail.
 struct Built {
   QuantileState q;
