@@ -955,17 +955,25 @@ struct Shard::Impl {
     bool strict = false;
     std::vector<Call> calls;
   } tail_;
-  // Per window group with tumbling or whole windows: a direct-mapped cache of the states events
-  // last went to, by key. Keys interleave in real traces (threads take turns), so WindowStore's
-  // one-entry cache misses and each event would pay two map lookups. An entry is used only for
-  // the same key and window index, and only while that window is open: the group's cache is
-  // emptied whenever the group closes a window (WinState pointers are stable until then).
+  // Per window group with tumbling or whole windows: a cache of the states events last went to,
+  // by key, in sets of two entries (win_cache_set; the most recently added first). Keys
+  // interleave in real traces (threads take turns, a process alternates launches and syncs), so
+  // WindowStore's one-entry cache misses and each event would pay two map lookups. An entry is
+  // used only for the same key and window index, and only while that window is open: the group's
+  // cache is emptied whenever the group closes a window (WinState pointers are stable until then).
   struct WinCacheEntry {
     Key key;  // the key's identity (feed_events: its raw packing, or the Key by site)
     uint64_t k = 0;
     WinState* state = nullptr;
   };
   static constexpr size_t kWinCache = 256;  // a power of two
+  // The first entry of a key's set: every bit of the key moves the set (multiplicative hashing,
+  // top bits), so keys that differ only in the op (KeyHash's low bits do not see it) or the pid
+  // spread over the sets.
+  static size_t win_cache_set(const Key& k) {
+    const uint64_t h = k.hi * 0x9E3779B97F4A7C15ull ^ k.lo * 0xC2B2AE3D27D4EB4Full;
+    return static_cast<size_t>(h >> 56) & (kWinCache - 2);
+  }
   std::vector<std::vector<WinCacheEntry>> win_cache;
   // Per window group, what feed_events needs, gathered once: the key as masks over
   // KeyBy::full_key, the aggregate layout, whether it buffers calls, its window size.
@@ -1354,10 +1362,12 @@ struct Shard::Impl {
       }
       WinState* st = last->state;
       if (!st || last->key != ident || last->k != k) {
-        WinCacheEntry& ce = cache[KeyHash{}(ident) & (kWinCache - 1)];
-        last = &ce;
-        st = ce.state;
-        if (!st || ce.k != k || ce.key != ident) {
+        WinCacheEntry* set = cache + win_cache_set(ident);
+        if (set[0].state && set[0].k == k && set[0].key == ident) {
+          last = &set[0];
+        } else if (set[1].state && set[1].k == k && set[1].key == ident) {
+          last = &set[1];
+        } else {
           st = nullptr;
           if (!store.add(e.ts_ns, key_of(e), [&](uint64_t, WinState& w) { st = &w; })) ++counters.late_events;
           if (!st) continue;
@@ -1365,8 +1375,11 @@ struct Shard::Impl {
           // needs no first-event check.
           if (!st->ready) [[unlikely]]
             init_state(g, *st, e);
-          ce = {ident, k, st};
+          set[1] = set[0];
+          set[0] = {ident, k, st};
+          last = &set[0];
         }
+        st = last->state;
       }
       st->agg.add_as<S>(e);
       if constexpr (kCalls) st->calls.add(e);
