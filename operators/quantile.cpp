@@ -5,6 +5,7 @@
 #include <cmath>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 
 namespace ingero {
 
@@ -255,6 +256,29 @@ void QuantileState::count_values(const T* values, size_t n) const {
   size_t size = counts_.size();
   int64_t lowest = lowest_;
   uint64_t zeros = 0;
+  if constexpr (std::is_same_v<T, uint32_t>) {
+    if (index.has_cells()) {  // the common case: every non-zero value has a cell, no range check
+      for (size_t i = 0; i < n; ++i) {
+        const uint32_t v = values[i];
+        if (v == 0) {
+          ++zeros;
+          continue;
+        }
+        const int b = index.narrow(v);
+        const auto j = static_cast<uint64_t>(b - lowest);  // below lowest wraps: out of range
+        if (j < size) [[likely]] {
+          ++counts[j];
+        } else {
+          bucket_add(b, 1);
+          counts = counts_.data();
+          size = counts_.size();
+          lowest = lowest_;
+        }
+      }
+      zeros_ += zeros;
+      return;
+    }
+  }
   for (size_t i = 0; i < n; ++i) {
     const uint64_t v = values[i];
     int b = 0;

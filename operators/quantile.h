@@ -80,6 +80,14 @@ class SketchIndex {
     }
     return false;
   }
+  // lookup() for a 32-bit v >= 1 once has_cells(): no range check (every such v has a cell).
+  // For bulk loops; v = 0 is outside its contract (the caller counts zeros apart).
+  bool has_cells() const { return cell_limit_ != 0; }
+  int narrow(uint32_t v) const {
+    const uint64_t bits = std::bit_cast<uint64_t>(static_cast<double>(v));
+    const Cell& c = cells_[(bits >> 46) - kFirstCell];
+    return v >= c.next ? c.bucket + 1 : c.bucket;
+  }
   double log_gamma() const { return log_gamma_; }
 
  private:
