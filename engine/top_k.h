@@ -98,7 +98,7 @@ class TopK {
       lo = std::min(lo, key);
       hi = std::max(hi, key);
     }
-    const int width = std::bit_width(hi - lo);
+    const auto width = static_cast<int>(std::bit_width(hi - lo));
     const int shift = width > static_cast<int>(kBucketBits) ? width - static_cast<int>(kBucketBits) : 0;
     uint32_t hist[kBuckets] = {};
     for (const T& item : items_) ++hist[(Greater::primary(item) - lo) >> shift];

@@ -53,6 +53,7 @@ std::vector<Item> heap_top_k(const std::vector<Item>& in, size_t k) {
 std::vector<std::vector<uint64_t>> canonical(std::vector<Item> v) {
   std::sort(v.begin(), v.end(), Greater{});
   std::vector<std::vector<uint64_t>> out;
+  out.reserve(v.size());
   for (const auto& x : v) out.push_back({x.dur, x.ts, x.id});
   return out;
 }

@@ -35,8 +35,8 @@ Event make(Source s, uint8_t o, uint32_t pid, uint64_t ts, uint64_t dur, uint64_
 // Process i's pid: 1, 2, 3, ... or, scattered, spread over 32 bits (consecutive pids spread
 // evenly over the cache's sets; scattered ones share sets by chance, as real pids do).
 uint32_t pid_of(uint32_t i, bool scattered) { return scattered ? (i * 2654435761u) ^ 0x5bd1e995u : i; }
-uint64_t slow_dur(uint32_t i, int w) { return 3 * kMs + i * 2 * kUs + static_cast<uint64_t>(w) * 5 * kMs; }
-uint64_t sync_dur(uint32_t i) { return 40 * kMs + i * kUs; }
+uint64_t slow_dur(uint32_t i, int w) { return 3 * kMs + uint64_t{i} * 2 * kUs + static_cast<uint64_t>(w) * 5 * kMs; }
+uint64_t sync_dur(uint32_t i) { return 40 * kMs + uint64_t{i} * kUs; }
 
 // Windows 0 and 1; in each, every pid makes 40 launches (the 20th slow, with the thread off CPU
 // for 85% of it) and 4 syncs, the pids taking turns call by call.
