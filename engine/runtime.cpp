@@ -1002,6 +1002,16 @@ struct Shard::Impl {
   // over the scan (prerouted, keep = the chain's masks combined), and the sched_switch list when
   // an off-CPU stream over the scan is a join's right side (route_switches).
   Routes routes_;
+  // routes_ per code as the routing pass reads it: one record, then the code's sinks that need no
+  // check (stored as sink indices: a store per target, nothing to test) followed by its targets
+  // that have checks (indices into routes_.targets). Within a code the targets fill different
+  // sinks, so their order does not change any sink's list.
+  struct CodeRoute {
+    uint32_t begin = 0;               // into route_items
+    uint32_t plain = 0, checked = 0;  // how many of each
+  };
+  std::vector<CodeRoute> code_routes;  // 65,536
+  std::vector<uint32_t> route_items;
   std::vector<char> prerouted;                  // per stream
   std::vector<char> stream_sink;                // per stream: the routing pass fills sink s
   std::vector<std::vector<uint8_t>> keep_code;  // per prerouted stream: 1 for the codes it keeps
@@ -1169,6 +1179,22 @@ struct Shard::Impl {
       if (route_switches && code == switch_code) routes_.targets.push_back({static_cast<uint32_t>(switch_sink), 0, 0});
     }
     if (!routes_.begin.empty()) routes_.begin.back() = static_cast<uint32_t>(routes_.targets.size());
+    code_routes.assign(routes_.begin.empty() ? 0 : routes_.begin.size() - 1, CodeRoute{});
+    route_items.clear();
+    for (size_t code = 0; code < code_routes.size(); ++code) {
+      CodeRoute& cr = code_routes[code];
+      cr.begin = static_cast<uint32_t>(route_items.size());
+      for (uint32_t t = routes_.begin[code]; t < routes_.begin[code + 1]; ++t)
+        if (routes_.targets[t].checks_begin == routes_.targets[t].checks_end) {
+          route_items.push_back(routes_.targets[t].group);
+          ++cr.plain;
+        }
+      for (uint32_t t = routes_.begin[code]; t < routes_.begin[code + 1]; ++t)
+        if (routes_.targets[t].checks_begin != routes_.targets[t].checks_end) {
+          route_items.push_back(t);
+          ++cr.checked;
+        }
+    }
     sink_events.resize(switch_sink + 1);
     sink_sizes.assign(switch_sink + 1, 0);
     sink_cursor.assign(switch_sink + 1, nullptr);
@@ -1430,8 +1456,6 @@ struct Shard::Impl {
       // sink in batch order and fed group by group below (feeding each event to all its groups
       // at once measured slower: more branch misses and a larger working set per event).
       counters.events_in += in.indexed ? in.owned_at.size() : in.owned->size();
-      const Routes& routes = routes_;
-      const uint32_t* begin = routes.begin.data();
       // Every active sink gets room for the whole batch (at most once per sink growth: the
       // lists keep their size between batches).
       const size_t n = in.indexed ? in.owned_at.size() : in.owned->size();
@@ -1444,20 +1468,22 @@ struct Shard::Impl {
       // What the loop reads or updates per event, in locals (no member reloads after each store).
       uint64_t end_max = last_ts;
       OpStatsAccumulator* const op_stats = stats.get();
-      const RouteTarget* const targets = routes.targets.data();
+      const CodeRoute* const code_route = code_routes.data();
+      const uint32_t* const items = route_items.data();
+      const RouteTarget* const targets = routes_.targets.data();
       const Event*** const cursors = sink_cursor.data();
       for_each_selected(*in.owned, in.indexed, in.owned_at, [&](const Event& e) {
         end_max = std::max(end_max, e.end_ns());
         if (e.source == Source::kHost && e.op == op::kProcessExit) [[unlikely]]
           exited[e.pid] = e.ts_ns;
         if (op_stats) op_stats->add(e);
-        const unsigned code = static_cast<unsigned>(e.source) << 8 | e.op;
-        for (uint32_t t = begin[code], end = begin[code + 1]; t < end; ++t) {
-          const RouteTarget& rt = targets[t];
-          if (rt.checks_begin != rt.checks_end && !route_checks_hold(rt, e)) [[unlikely]]
-            continue;
-          *cursors[rt.group]++ = &e;
-        }
+        const CodeRoute cr = code_route[static_cast<unsigned>(e.source) << 8 | e.op];
+        const uint32_t* const it = items + cr.begin;
+        for (uint32_t i = 0; i < cr.plain; ++i) *cursors[it[i]]++ = &e;
+        for (uint32_t i = cr.plain, end = cr.plain + cr.checked; i < end; ++i) [[unlikely]] {
+            const RouteTarget& rt = targets[it[i]];
+            if (route_checks_hold(rt, e)) *cursors[rt.group]++ = &e;
+          }
       });
       last_ts = end_max;
       for (size_t g = 0; g < sink_events.size(); ++g)
