@@ -256,6 +256,17 @@ void QuantileState::count_values(const T* values, size_t n) const {
   size_t size = counts_.size();
   int64_t lowest = lowest_;
   uint64_t zeros = 0;
+  auto count_one = [&](int b) {
+    const auto j = static_cast<uint64_t>(b - lowest);  // below lowest wraps: out of range
+    if (j < size) [[likely]] {
+      ++counts[j];
+    } else {
+      bucket_add(b, 1);
+      counts = counts_.data();
+      size = counts_.size();
+      lowest = lowest_;
+    }
+  };
   if constexpr (std::is_same_v<T, uint32_t>) {
     if (index.has_cells()) {  // the common case: every non-zero value has a cell, no range check
       for (size_t i = 0; i < n; ++i) {
@@ -265,15 +276,7 @@ void QuantileState::count_values(const T* values, size_t n) const {
           continue;
         }
         const int b = index.narrow(v);
-        const auto j = static_cast<uint64_t>(b - lowest);  // below lowest wraps: out of range
-        if (j < size) [[likely]] {
-          ++counts[j];
-        } else {
-          bucket_add(b, 1);
-          counts = counts_.data();
-          size = counts_.size();
-          lowest = lowest_;
-        }
+        count_one(b);
       }
       zeros_ += zeros;
       return;
@@ -289,15 +292,7 @@ void QuantileState::count_values(const T* values, size_t n) const {
       }
       b = index(v);
     }
-    const auto j = static_cast<uint64_t>(b - lowest);  // below lowest wraps: out of range
-    if (j < size) [[likely]] {
-      ++counts[j];
-    } else {
-      bucket_add(b, 1);
-      counts = counts_.data();
-      size = counts_.size();
-      lowest = lowest_;
-    }
+    count_one(b);
   }
   zeros_ += zeros;
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/top_k.h"
+#include "tests/util/top_k_reference.h"
 
 namespace ingero {
 namespace {
@@ -31,22 +32,7 @@ struct GreaterPlain {
   bool operator()(const Item& a, const Item& b) const { return Greater{}(a, b); }
 };
 
-// The reference: keep everything up to k, then a min-heap of the k greatest.
-std::vector<Item> heap_top_k(const std::vector<Item>& in, size_t k) {
-  std::vector<Item> h;
-  for (const auto& x : in) {
-    if (h.size() < k) {
-      h.push_back(x);
-      if (h.size() == k) std::make_heap(h.begin(), h.end(), Greater{});
-      continue;
-    }
-    if (!Greater{}(x, h.front())) continue;
-    std::pop_heap(h.begin(), h.end(), Greater{});
-    h.back() = x;
-    std::push_heap(h.begin(), h.end(), Greater{});
-  }
-  return h;
-}
+using test::heap_top_k;
 
 // The items as a comparable list: sorted by the order, arrival positions dropped (items equal
 // both ways are interchangeable).
@@ -92,7 +78,7 @@ TEST(TopKPrimary, EqualsTheHeapAndKeepsArrivalOrder) {
     }
     ASSERT_EQ(top.seen(), n);
     const auto& got = top.items();
-    ASSERT_EQ(canonical(got), canonical(heap_top_k(in, k))) << "round " << round << " k " << k << " n " << n;
+    ASSERT_EQ(canonical(got), canonical(heap_top_k(in, k, Greater{}))) << "round " << round << " k " << k << " n " << n;
     ASSERT_EQ(canonical(got), canonical(plain.items())) << "round " << round;
     for (size_t i = 1; i < got.size(); ++i) ASSERT_LT(got[i - 1].seq, got[i].seq) << "arrival order, round " << round;
     for (size_t i = 0; i < got.size() && n <= k; ++i) ASSERT_TRUE(same(got[i], in[i]));

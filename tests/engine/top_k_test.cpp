@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/top_k.h"
+#include "tests/util/top_k_reference.h"
 
 namespace ingero {
 namespace {
@@ -22,23 +23,7 @@ struct Greater {
   }
 };
 
-// The reference: keep everything up to k, then a min-heap of the k greatest (the engine's old
-// CallBuffer).
-std::vector<Item> heap_top_k(const std::vector<Item>& in, size_t k) {
-  std::vector<Item> h;
-  for (const auto& x : in) {
-    if (h.size() < k) {
-      h.push_back(x);
-      if (h.size() == k) std::make_heap(h.begin(), h.end(), Greater{});
-      continue;
-    }
-    if (!Greater{}(x, h.front())) continue;
-    std::pop_heap(h.begin(), h.end(), Greater{});
-    h.back() = x;
-    std::push_heap(h.begin(), h.end(), Greater{});
-  }
-  return h;
-}
+using test::heap_top_k;
 
 std::vector<Item> sorted(std::vector<Item> v) {
   std::sort(v.begin(), v.end(), Greater{});
@@ -57,7 +42,7 @@ TEST(TopK, EqualsTheHeapOnRandomStreams) {
     if (round % 7 == 0) std::sort(in.begin(), in.end(), Greater{});  // worst case: ascending reject
     TopK<Item, Greater> top(k);
     for (const auto& x : in) top.add(x);
-    const auto ref = heap_top_k(in, k);
+    const auto ref = heap_top_k(in, k, Greater{});
     ASSERT_EQ(top.seen(), n);
     ASSERT_EQ(top.capped(), n > k);
     if (n <= k) {

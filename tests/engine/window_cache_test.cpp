@@ -12,25 +12,12 @@
 #include "engine/default_plans.h"
 #include "engine/engine.h"
 #include "model/ops.h"
+#include "tests/util/window_events.h"
 
 namespace ingero {
 namespace {
 
-constexpr uint64_t kT0 = 1'700'000'000'000'000'000ull;  // 10 s aligned
-constexpr uint64_t kUs = 1000, kMs = 1000 * kUs, kWindow = 10'000 * kMs;
-
-Event make(Source s, uint8_t o, uint32_t pid, uint64_t ts, uint64_t dur, uint64_t id) {
-  Event e;
-  e.source = s;
-  e.op = o;
-  e.pid = pid;
-  e.tid = pid + 1;
-  e.ts_ns = ts;
-  e.dur_ns = dur;
-  e.id = id;
-  if (s == Source::kHost) e.prev_state = OffCpuState::kPreempted;
-  return e;
-}
+using namespace test;  // kT0, kUs, kMs, kWindow, make (tests/util/window_events.h)
 
 // Process i's pid: 1, 2, 3, ... or, scattered, spread over 32 bits (consecutive pids spread
 // evenly over the cache's sets; scattered ones share sets by chance, as real pids do).

@@ -14,80 +14,12 @@
 #include <vector>
 
 #include "operators/quantile.h"
+#include "tests/util/quantile_reference.h"
 
 namespace ingero {
 namespace {
 
-// The reference: exact values up to the limit, then a std::map of formula buckets.
-class MapSketch {
- public:
-  MapSketch(uint32_t limit, double alpha) : limit_(limit), alpha_(alpha), lg_(std::log((1 + alpha) / (1 - alpha))) {}
-  void add(uint64_t v) {
-    ++n_;
-    mn_ = std::min(mn_, v);
-    mx_ = std::max(mx_, v);
-    if (sketch_) return sk(v, 1);
-    vals_.push_back(v);
-    if (vals_.size() > limit_) to_sketch();
-  }
-  void merge(const MapSketch& o) {
-    if (!o.n_) return;
-    n_ += o.n_;
-    mn_ = std::min(mn_, o.mn_);
-    mx_ = std::max(mx_, o.mx_);
-    if (!sketch_ && !o.sketch_ && vals_.size() + o.vals_.size() <= limit_) {
-      vals_.insert(vals_.end(), o.vals_.begin(), o.vals_.end());
-      return;
-    }
-    if (!sketch_) to_sketch();
-    if (o.sketch_) {
-      zeros_ += o.zeros_;
-      for (const auto& [b, c] : o.buckets_) buckets_[b] += c;
-    } else {
-      for (uint64_t v : o.vals_) sk(v, 1);
-    }
-  }
-  uint64_t quantile(double q) const {
-    if (!n_) return 0;
-    q = std::clamp(q, 0.0, 1.0);
-    uint64_t k = static_cast<uint64_t>(std::ceil(q * static_cast<double>(n_)));
-    const double ek = q * static_cast<double>(n_);
-    if (std::fabs(ek - std::round(ek)) < 1e-9) k = static_cast<uint64_t>(std::llround(ek));
-    k = std::clamp<uint64_t>(k, 1, n_);
-    if (!sketch_) {
-      auto v = vals_;
-      std::sort(v.begin(), v.end());
-      return v[k - 1];
-    }
-    if (k <= zeros_) return 0;
-    uint64_t seen = zeros_;
-    const double gamma = std::exp(lg_);
-    for (const auto& [b, c] : buckets_) {
-      seen += c;
-      if (seen >= k)
-        return std::clamp(static_cast<uint64_t>(std::llround(2.0 * std::pow(gamma, b) / (gamma + 1.0))), mn_, mx_);
-    }
-    return mx_;
-  }
-  bool exact() const { return !sketch_; }
-
- private:
-  void sk(uint64_t v, uint64_t c) {
-    if (v == 0) zeros_ += c;
-    else buckets_[static_cast<int>(std::ceil(std::log(static_cast<double>(v)) / lg_))] += c;
-  }
-  void to_sketch() {
-    sketch_ = true;
-    for (uint64_t v : vals_) sk(v, 1);
-    vals_.clear();
-  }
-  uint32_t limit_;
-  double alpha_, lg_;
-  uint64_t n_ = 0, mn_ = UINT64_MAX, mx_ = 0, zeros_ = 0;
-  bool sketch_ = false;
-  std::vector<uint64_t> vals_;
-  std::map<int, uint64_t> buckets_;
-};
+using MapSketch = test::ReferenceQuantiles;
 
 // Values over many magnitudes: zeros, small ints, log-uniform up to 2^50, clustered durations.
 uint64_t draw(std::mt19937_64& rng, int mode) {
@@ -365,8 +297,9 @@ TEST(QuantileWidth, SortedInputAndQueriesBetweenAdds) {
     const uint64_t v = i < 200 ? static_cast<uint64_t>(i) * 3 : rng() % 1000;
     a.add(v);
     seen.push_back(v);
-    if (i % 37 == 0)
+    if (i % 37 == 0) {
       for (double q : kQs) ASSERT_EQ(a.quantile(q), sorted_rank(seen, q)) << i << " q=" << q;
+    }
   }
   for (double q : kQs) ASSERT_EQ(a.quantile(q), sorted_rank(seen, q)) << q;
 }
