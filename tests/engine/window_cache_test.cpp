@@ -3,7 +3,8 @@
 // sets are shared and entries evicted and re-added all the time, and every process also makes
 // syncs (a second key per process that differs only in the op) and crosses a tumbling-window
 // boundary. Every (pid, window) has its own slow-call duration and every pid's syncs their own
-// long duration, so a call fed to another key's or window's state changes a chain's p50 or p99.
+// long duration, so a call fed to another key's or window's state changes a chain's p50, p99 or
+// call count.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -71,6 +72,12 @@ TEST(WindowCache, ManyInterleavedKeysReachTheirOwnStates) {
         for (const auto& c : r.chains) {
           if (c.category != "cpu_contention" || c.op != op::kCudaLaunchKernel) continue;
           EXPECT_EQ(c.p50_ns, 20 * kUs) << c.id;
+          // A fast call fed to another key's or window's state leaves p50 and p99 alone but not
+          // the count: each (pid, window) has exactly 40 launches.
+          double n = -1;
+          for (const auto& [name, v] : c.values)
+            if (name == "n") n = v;
+          EXPECT_EQ(n, 40) << c.id;
           ASSERT_GE(c.window_start, kT0) << c.id;
           p99[{c.pid, static_cast<int>((c.window_start - kT0) / kWindow)}] = c.p99_ns;
         }
