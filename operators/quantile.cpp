@@ -38,6 +38,24 @@ SketchIndex::SketchIndex(double log_gamma) : log_gamma_(log_gamma) {
       }
       c.next = b;
     }
+  // narrow_cells_, cell i = e * 64 + m of w = 2v + 1. From e = 7 up, the odd w of the cell are
+  // 2v + 1 for the v of cell (e - 1, m), which cells_ has; below, a cell holds one integer w at most.
+  narrow_cells_.assign(33 * kCellsPerPow2, NarrowCell{kZeroBucket, UINT32_MAX});
+  for (int e = 0; e < 33; ++e)
+    for (uint64_t m = 0; m < kCellsPerPow2; ++m) {
+      NarrowCell& n = narrow_cells_[static_cast<size_t>(e) * kCellsPerPow2 + m];
+      if (e >= 7) {
+        const Cell& c = cells_[static_cast<size_t>(e - 1) * kCellsPerPow2 + m];
+        // next, when there, is at most the cell's last value (below 2^32)
+        n = {c.bucket, c.next == UINT64_MAX ? UINT32_MAX : static_cast<uint32_t>(c.next - 1)};
+        continue;
+      }
+      if ((kCellsPerPow2 + m) % (uint64_t{1} << (6 - e)) != 0) continue;  // no integer w
+      const uint64_t w = (kCellsPerPow2 + m) >> (6 - e);
+      if (w % 2 == 0) continue;  // no v
+      const uint64_t v = (w - 1) / 2;
+      if (v > 0) n = {formula(v, log_gamma_), UINT32_MAX};  // v = 0 keeps kZeroBucket
+    }
   cell_limit_ = (uint64_t{1} << kTopBits) - 1;
 }
 
@@ -238,6 +256,57 @@ void QuantileState::sketch_add(uint64_t v, uint64_t n) const {
   else bucket_add((*index_)(v), n);
 }
 
+QuantileState::Window QuantileState::window() const {
+  if (max_ == 0) return {nullptr, 0, 0};  // no non-zero value yet (min_ <= max_ from here on)
+  const int b_max = (*index_)(max_);
+  bucket_add(b_max, 0);
+  int64_t first = lowest_;
+  if (min_ > 0) {
+    const int b_min = (*index_)(min_);
+    bucket_add(b_min, 0);
+    first = int64_t{b_min} + 1;
+  }
+  if (b_max <= first) return {nullptr, 0, 0};
+  return {counts_.data() + (first - lowest_), static_cast<uint32_t>(b_max - first), static_cast<int32_t>(first)};
+}
+
+[[gnu::noinline, gnu::cold]] QuantileState::Window QuantileState::count_edge(uint32_t v, int32_t b, Window w) const {
+  if (v == 0) {
+    ++zeros_;
+    if (min_ == 0) return w;
+    min_ = 0;
+    return window();
+  }
+  bool changed = false;
+  const auto j = static_cast<uint64_t>(int64_t{b} - lowest_);  // below lowest_ wraps: out of range
+  if (j < counts_.size()) {
+    ++counts_[j];
+  } else {
+    bucket_add(b, 1);
+    changed = true;
+  }
+  if (v < min_) min_ = v, changed = true;
+  if (v > max_) max_ = v, changed = true;
+  return changed ? window() : w;
+}
+
+void QuantileState::count_narrow(const uint32_t* values, size_t n) const {
+  const SketchIndex::NarrowCell* cells = index_->narrow_cells();
+  Window w = window();
+#pragma GCC unroll 4
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t v = values[i];
+    const SketchIndex::NarrowCell& c = cells[SketchIndex::narrow_cell(v)];
+    // The bucket's place in the window (below lo, or 0's kZeroBucket, wraps: out of it).
+    const uint32_t j = static_cast<uint32_t>(c.bucket) - static_cast<uint32_t>(w.lo) + (v > c.last ? 1 : 0);
+    if (j < w.span) [[likely]] {
+      ++w.counts[j];
+    } else {
+      w = count_edge(v, static_cast<int32_t>(j + static_cast<uint32_t>(w.lo)), w);
+    }
+  }
+}
+
 template <typename T>
 void QuantileState::count_values(const T* values, size_t n) const {
   if (n == 0) return;
@@ -298,8 +367,13 @@ void QuantileState::count_values(const T* values, size_t n) const {
 }
 
 void QuantileState::flush_pending() const {
-  scan();
-  count_values(narrow_.get(), size_);
+  if (index_->has_cells()) {  // one pass: count_narrow takes min and max itself
+    count_ += size_ - scanned_;
+    count_narrow(narrow_.get(), size_);
+  } else {
+    scan();
+    count_values(narrow_.get(), size_);
+  }
   size_ = scanned_ = 0;
 }
 
