@@ -5,7 +5,6 @@
 #include <cmath>
 #include <memory>
 #include <mutex>
-#include <type_traits>
 
 namespace ingero {
 
@@ -336,21 +335,6 @@ void QuantileState::count_values(const T* values, size_t n) const {
       lowest = lowest_;
     }
   };
-  if constexpr (std::is_same_v<T, uint32_t>) {
-    if (index.has_cells()) {  // the common case: every non-zero value has a cell, no range check
-      for (size_t i = 0; i < n; ++i) {
-        const uint32_t v = values[i];
-        if (v == 0) {
-          ++zeros;
-          continue;
-        }
-        const int b = index.narrow(v);
-        count_one(b);
-      }
-      zeros_ += zeros;
-      return;
-    }
-  }
   for (size_t i = 0; i < n; ++i) {
     const uint64_t v = values[i];
     int b = 0;
@@ -400,9 +384,14 @@ void QuantileState::widen() {
 
 void QuantileState::to_sketch() {
   // The buffer's values, counted in bulk; the pending buffer starts empty (add_rest allocates it).
-  scan();
-  if (mode_ == Mode::kWide) count_values(wide_.data(), wide_.size());
-  else count_values(narrow_.get(), size_);
+  if (mode_ == Mode::kNarrow && index_->has_cells()) {  // one pass: count_narrow takes min and max
+    count_ += size_ - scanned_;
+    count_narrow(narrow_.get(), size_);
+  } else {
+    scan();
+    if (mode_ == Mode::kWide) count_values(wide_.data(), wide_.size());
+    else count_values(narrow_.get(), size_);
+  }
   mode_ = Mode::kSketch;
   narrow_.reset();
   size_ = cap_ = scanned_ = sorted_size_ = 0;

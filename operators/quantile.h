@@ -21,8 +21,11 @@
 // - add() of a value below 2^32 is one inline store, in both modes: into the exact buffer, or in
 //   sketch mode into a pending buffer (up to kPending values) that is counted into the buckets in
 //   bulk when it fills and before any read of the buckets. count, min and max of the stored values
-//   are taken in bulk too, by the first read that needs them (a vectorised pass), and the exact
-//   buffer is sorted at query time only if a value was appended out of order since the last sort.
+//   are taken in bulk too: by the first read that needs them (a vectorised pass), or, when values
+//   are counted into buckets (a flush, the conversion to a sketch), in the counting pass itself,
+//   where a value whose bucket lies strictly between min's and max's buckets costs one increment
+//   (the index is non-decreasing, so it can move neither). The exact buffer is sorted at query
+//   time only if a value was appended out of order since the last sort.
 //   Deferring changes no bucket, count, min or max, so every result is what per-value work gives
 //   (tests/operators/quantile_pending_test.cpp checks reads between adds, merges and copies
 //   against a per-value reference). Values >= 2^32, growing, widening and converting take one
@@ -180,7 +183,8 @@ class QuantileState {
   void widen();
   void to_sketch();
   // Counts n values into the buckets (zeros apart). Every value must be in [min_, max_]: this
-  // state's own values, scanned.
+  // state's own values, scanned. For 64-bit values, or an index without cells (32-bit values with
+  // cells take count_narrow).
   template <typename T>
   void count_values(const T* values, size_t n) const;
   // count_values() for 32-bit values once index_->has_cells(), in one pass: counts them into the

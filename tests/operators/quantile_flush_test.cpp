@@ -96,8 +96,9 @@ std::vector<uint64_t> batch(int shape, uint64_t lo, uint64_t hi, size_t n, std::
 
 TEST(QuantileFlush, EdgesOfTheWindowAgainstThePerValueReference) {
   std::mt19937_64 rng(2026);
-  for (int trial = 0; trial < 300; ++trial) {
-    const double alpha = kAlphas[trial % 5];
+  for (int trial = 0; trial < 360; ++trial) {
+    // 0.005: no cells, the scan-then-count path (count_values), as a control.
+    const double alpha = trial % 6 == 5 ? 0.005 : kAlphas[trial % 5];
     const uint32_t limit = std::vector<uint32_t>{0, 1, 50, 3000}[trial % 4];
     QuantileState a(limit, alpha);
     Reference r(limit, alpha);
@@ -135,6 +136,7 @@ TEST(QuantileFlush, ArrayGrowsDownAndUpMidFlush) {
     }
     expect_same(a, r, "start");
     std::vector<uint64_t> vals;
+    vals.reserve(400);
     for (int i = 0; i < 100; ++i) vals.push_back(50000 + static_cast<uint64_t>(i));
     for (uint64_t v = 40000; v >= 2; v = v * 9 / 10) vals.push_back(v);                    // down, one by one
     for (uint64_t v = 60000; v < (uint64_t{1} << 32); v = v * 11 / 10) vals.push_back(v);  // up, one by one
