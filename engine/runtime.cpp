@@ -763,6 +763,7 @@ struct WinState {
   CallBuffer calls;
   // Index in the shard's list of its group's open call-buffering windows (Impl::open_calls).
   uint32_t open_index = std::numeric_limits<uint32_t>::max();
+  uint16_t code = 0;  // source << 8 | op of its first event (Impl::stats_group: of all of them)
 };
 
 struct PipeState {
@@ -1009,6 +1010,9 @@ struct Shard::Impl {
   struct CodeRoute {
     uint32_t begin = 0;               // into route_items
     uint32_t plain = 0, checked = 0;  // how many of each
+    // The code's events reach stats_group (a plain route): the per-op statistics take their
+    // totals here and their durations from that group's window states (stats_group).
+    uint32_t carried = 0;
   };
   std::vector<CodeRoute> code_routes;  // 65,536
   std::vector<uint32_t> route_items;
@@ -1017,6 +1021,15 @@ struct Shard::Impl {
   std::vector<std::vector<uint8_t>> keep_code;  // per prerouted stream: 1 for the codes it keeps
   bool route_switches = false;
   size_t switch_sink = 0;
+  // Per-op statistics without a second quantile insert per event: when a window group of this
+  // shard keeps the durations of whole (source, op)s in its states (choose_stats_group), the
+  // routing pass gives the statistics only each carried event's total and error count, and each
+  // state's duration quantile is merged into them when it closes; an event the group's windows
+  // refuse as late gives its duration directly. Every duration is then counted exactly once, and
+  // OpStatsAccumulator::merge_quantile gives what per-event adds give. -1: none (every event is
+  // added whole). Given up for good (give_up_stats_group) at a duration of 2^53 ns or more, where
+  // the window's quantile takes a rounded value (AggregateState::duration_value).
+  int stats_group = -1;
   uint16_t site_key_of(uint64_t stack_id) {
     if (stack_id == 0) return 0;
     if (const auto it = site_memo.find(stack_id); it != site_memo.end()) return it->second;
@@ -1117,9 +1130,60 @@ struct Shard::Impl {
     for (size_t g = 0; g < plan.groups.size(); ++g)
       if (windows[g] && plan.groups[g].window.kind != WindowKind::kSliding) win_cache[g].resize(kWinCache);
     if (compute_stats) stats = std::make_unique<OpStatsAccumulator>();
+    if (stats && tuning.stats_from_windows) choose_stats_group();
     outcomes = plan.rules;
     owned_out.resize(plan.streams.size());
     foreign_out.resize(plan.streams.size());
+  }
+
+  // Picks stats_group: of this shard's window groups whose states each hold the durations of one
+  // (source, op) exactly as the per-op statistics take them - routed over codes that reach it with
+  // no check (every owned event of such a code reaches its feed), tumbling or whole windows (each
+  // event in one state), keyed by source and op, a duration quantile with at least the
+  // statistics' exact limit and the same alpha - the one that covers the most codes.
+  void choose_stats_group() {
+    size_t best_codes = 0;
+    for (size_t g = 0; g < plan.groups.size(); ++g) {
+      const auto& grp = plan.groups[g];
+      if (!windows[g] || !plan.routed[g] || grp.window.kind == WindowKind::kSliding) continue;
+      const AggregateLayout* layout = feeds[g].layout;
+      if (!layout || (layout->shape() != AggregateLayout::Shape::kDurQuantile &&
+                      layout->shape() != AggregateLayout::Shape::kDurBoth))
+        continue;
+      if (layout->node().exact_limit < stats->exact_limit() || layout->node().sketch_alpha != stats->alpha()) continue;
+      const KeyBy& keys = plan.pipes[grp.pipes.front()].keys;
+      if (!keys.has(Field::kSource) || !keys.has(Field::kOp)) continue;
+      const auto sink_of_group = static_cast<uint32_t>(grp.stream);
+      size_t codes = 0;
+      for (const CodeRoute& cr : code_routes)
+        for (uint32_t i = 0; i < cr.plain; ++i) codes += route_items[cr.begin + i] == sink_of_group ? 1 : 0;
+      if (codes > best_codes) {
+        best_codes = codes;
+        stats_group = static_cast<int>(g);
+      }
+    }
+    if (stats_group < 0) return;
+    const auto sink_of_group = static_cast<uint32_t>(plan.groups[static_cast<size_t>(stats_group)].stream);
+    for (CodeRoute& cr : code_routes)
+      for (uint32_t i = 0; i < cr.plain; ++i)
+        if (route_items[cr.begin + i] == sink_of_group) cr.carried = 1;
+  }
+  // Stops carrying the per-op statistics' durations in stats_group's windows, before this batch's
+  // events are fed to them: the states still open hold every carried duration before this batch
+  // (merged now, and not again at their close), and this batch's carried events, which the
+  // routing pass gave only their totals, give their durations now. From here on every event is
+  // added whole.
+  void give_up_stats_group(const ShardInput& in) {
+    windows[static_cast<size_t>(stats_group)]->for_each_open([&](WinState& w) {
+      if (w.ready)
+        stats->merge_quantile(static_cast<Source>(w.code >> 8), static_cast<uint8_t>(w.code),
+                              *w.agg.duration_quantile());
+    });
+    for_each_selected(*in.owned, in.indexed, in.owned_at, [&](const Event& e) {
+      if (code_routes[static_cast<unsigned>(e.source) << 8 | e.op].carried) stats->add_duration(e);
+    });
+    for (CodeRoute& cr : code_routes) cr.carried = 0;
+    stats_group = -1;
   }
 
   // The combined keep-mask of stream i when it is a chain of source/op-only filters (masks of
@@ -1311,11 +1375,18 @@ struct Shard::Impl {
     for (const Event* e : owned ? owned_list(i) : std::span<const Event* const>(foreign_out[i])) fn(e);
   }
 
+  // An event group g's windows refused (late): counted; its duration goes to the per-op
+  // statistics directly when g carries them (stats_group).
+  [[gnu::noinline]] void refused(size_t g, const Event& e) {
+    ++counters.late_events;
+    if (static_cast<int>(g) == stats_group) stats->add_duration(e);
+  }
   // Binds a window state to the group's aggregate (and call buffer) at its first event `e`.
   [[gnu::noinline]] void init_state(size_t g, WinState& w, const Event& e) {
     const GroupFeed& gf = feeds[g];
     w.agg = AggregateState(gf.layout);
     w.ready = true;
+    w.code = static_cast<uint16_t>(static_cast<unsigned>(e.source) << 8 | e.op);
     if (gf.needs_calls) {
       w.calls = CallBuffer(tuning.max_tail_calls, tuning.narrow_calls, e.pid);
       w.open_index = static_cast<uint32_t>(open_calls[g].size());
@@ -1366,7 +1437,7 @@ struct Shard::Impl {
       for (const Event* e : events) {
         const bool ok = store.add(e->ts_ns, key_of(*e),
                                   [&](uint64_t, WinState& w) { feed_state<kCalls, S>(g, w, *e); });
-        if (!ok) ++counters.late_events;
+        if (!ok) refused(g, *e);
       }
       return;
     }
@@ -1395,7 +1466,7 @@ struct Shard::Impl {
           last = &set[1];
         } else {
           st = nullptr;
-          if (!store.add(e.ts_ns, key_of(e), [&](uint64_t, WinState& w) { st = &w; })) ++counters.late_events;
+          if (!store.add(e.ts_ns, key_of(e), [&](uint64_t, WinState& w) { st = &w; })) refused(g, e);
           if (!st) continue;
           // Bound here, at its first event: every state in the cache is, so the feed below
           // needs no first-event check.
@@ -1472,12 +1543,20 @@ struct Shard::Impl {
       const uint32_t* const items = route_items.data();
       const RouteTarget* const targets = routes_.targets.data();
       const Event*** const cursors = sink_cursor.data();
-      for_each_selected(*in.owned, in.indexed, in.owned_at, [&](const Event& e) {
+      uint64_t carried_dur_bits = 0;  // OR of the carried events' durations (give_up_stats_group)
+      for_each_selected(*in.owned, in.indexed, in.owned_at, [&] [[gnu::always_inline]] (const Event& e) {
         end_max = std::max(end_max, e.end_ns());
         if (e.source == Source::kHost && e.op == op::kProcessExit) [[unlikely]]
           exited[e.pid] = e.ts_ns;
-        if (op_stats) op_stats->add(e);
         const CodeRoute cr = code_route[static_cast<unsigned>(e.source) << 8 | e.op];
+        if (op_stats) {
+          if (cr.carried) {
+            op_stats->add_totals(e);
+            carried_dur_bits |= e.dur_ns;
+          } else {
+            op_stats->add(e);
+          }
+        }
         const uint32_t* const it = items + cr.begin;
         for (uint32_t i = 0; i < cr.plain; ++i) *cursors[it[i]]++ = &e;
         for (uint32_t i = cr.plain, end = cr.plain + cr.checked; i < end; ++i) [[unlikely]] {
@@ -1488,6 +1567,8 @@ struct Shard::Impl {
       last_ts = end_max;
       for (size_t g = 0; g < sink_events.size(); ++g)
         if (sink_cursor[g]) sink_sizes[g] = static_cast<size_t>(sink_cursor[g] - sink_events[g].data());
+      if (carried_dur_bits >> 53) [[unlikely]]
+        give_up_stats_group(in);
     }
 
     const uint64_t wm = in.final ? kFinal : in.watermark;
@@ -1603,8 +1684,12 @@ struct Shard::Impl {
       run_peers(group.pipes[i], static_cast<size_t>(waits[i].stage), waits[i].rows, out);
       waits[i].rows.clear();
     };
+    const bool carries_stats = static_cast<int>(g) == stats_group;
     auto on_close = [&](uint64_t k, uint64_t start, uint64_t end, const Key& key, WinState& w) {
       ++counters.windows_closed;
+      if (carries_stats)
+        stats->merge_quantile(static_cast<Source>(w.code >> 8), static_cast<uint8_t>(w.code),
+                              *w.agg.duration_quantile());
       join_cache.clear();
       tail_.of = nullptr;
       if (w.open_index < open_calls[g].size()) {

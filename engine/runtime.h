@@ -220,6 +220,9 @@ struct ShardTuning {
   bool prune_spans = true;
   size_t prune_min_spans = size_t{1} << 16;
   bool prune_every_batch = false;  // tests: prune after every batch, whatever the counts
+  // Per-op statistics take their durations from a window group's states where one holds them
+  // exactly (Shard: stats_group); false: every event is added to them on its own (tests compare).
+  bool stats_from_windows = true;
 };
 
 class Shard {

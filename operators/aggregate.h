@@ -75,6 +75,11 @@ class AggregateState {
   // Writes one value per spec into out[0..n). window_ns: nominal window length (0 = whole trace).
   void values(uint64_t window_ns, double* out) const;
   uint64_t count() const { return count_.count; }
+  // The quantile state of the durations (kDurQuantile and kDurBoth: every event's
+  // duration_value(dur_ns), which is dur_ns itself below 2^53), or null for other shapes.
+  const QuantileState* duration_quantile() const {
+    return shape_ == Shape::kDurQuantile || shape_ == Shape::kDurBoth ? &quantiles_[0] : nullptr;
+  }
 
   // The value a quantile state takes for a field read as the double v: v truncated to an
   // integer, 0 for v <= 0 or NaN, UINT64_MAX from 2^64 up.

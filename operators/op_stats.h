@@ -6,6 +6,8 @@
 // the merged result equals what one accumulator over all the events would give, so statistics do
 // not depend on the number of shards. Single-threaded per instance. add() is inline (one table
 // lookup, the quantile state's inline add, two counters); merge() and results() are not.
+// A caller that keeps the durations in quantile states of its own may instead give each event's
+// totals (add_totals) and fold those states in (merge_quantile): the same numbers (see there).
 #pragma once
 
 #include <memory>
@@ -28,6 +30,22 @@ class OpStatsAccumulator {
     p.total = sat_add(p.total, e.dur_ns);
     p.errors += e.ret != 0 ? 1 : 0;
   }
+  // add() in two parts, for a caller whose own quantile states already hold the durations of an
+  // op's events (the engine's window states; merged in later with merge_quantile): the total and
+  // error count of one event, and the duration of one event alone. add_totals(e) plus either
+  // add_duration(e) or a merge_quantile() of a state that took e.dur_ns is exactly add(e).
+  void add_totals(const Event& e) {
+    PerOp& p = slot(e.source, e.op);
+    p.total = sat_add(p.total, e.dur_ns);
+    p.errors += e.ret != 0 ? 1 : 0;
+  }
+  void add_duration(const Event& e) { slot(e.source, e.op).q.add(e.dur_ns); }
+  // Folds in the durations a quantile state took for events of (source, op). The result equals
+  // adding each of them, provided the state's exact limit is at least exact_limit() and its alpha
+  // is alpha() (QuantileState::merge keeps exactness exactly while the total fits the limit).
+  void merge_quantile(Source s, uint8_t op, const QuantileState& q) { slot(s, op).q.merge(q); }
+  uint32_t exact_limit() const { return exact_limit_; }
+  double alpha() const { return alpha_; }
   void merge(const OpStatsAccumulator& other);
   std::vector<OpStats> results() const;  // sorted by (source, op)
 

@@ -107,6 +107,12 @@ class WindowStore {
 
   const WindowAssigner& assigner() const { return assigner_; }
   size_t open_windows() const { return windows_.size(); }
+  // Calls fn(state) for every state of every open window, in no particular order.
+  template <class Fn>
+  void for_each_open(Fn&& fn) {
+    for (auto& [k, keys] : windows_)
+      for (auto& [key, state] : keys) fn(state);
+  }
 
  private:
   using KeyMap = std::unordered_map<Key, State, KeyHash>;
