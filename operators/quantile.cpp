@@ -458,6 +458,10 @@ void QuantileState::merge(const QuantileState& other) {
         if (other.counts_[i]) bucket_add(static_cast<int>(other.lowest_ + static_cast<int64_t>(i)), other.counts_[i]);
     } else if (other.mode_ == Mode::kWide) {
       for (uint64_t v : other.wide_) sketch_add(v, 1);
+    } else if (index_->has_cells()) {
+      // In bulk, as a flush counts pending values (count_ is added below). The engine merges
+      // every closed window's state into the per-op statistics, many of them exact and small.
+      count_narrow(other.narrow_.get(), other.size_);
     } else {
       for (size_t i = 0; i < other.size_; ++i) sketch_add(other.narrow_[i], 1);
     }
