@@ -153,6 +153,27 @@ TEST(TopKPaths, AscendingAndDescendingStreams) {
   }
 }
 
+TEST(TopKPaths, AnItemJustBelowWhatKHeldItemsReachIsKeptOnlyOnceTheyAreK) {
+  // After the first compaction of an ascending block, `extra` items far above it, then one
+  // probe item anywhere near the block's top k: the probe must be kept exactly when fewer than
+  // k items beat it. (A drop rule that counts one item too few, or a bucket edge off by one,
+  // fails here.)
+  for (const size_t k : {8, 64, 200}) {
+    const size_t limit = k + k / 2 + 1;  // the first compaction's size
+    for (size_t extra = 0; extra <= k / 8 + 3; ++extra) {
+      for (uint64_t probe = 1000 + limit - k - 2; probe <= 1000 + limit - k + k / 8 + 3; ++probe) {
+        std::vector<Item> in;
+        for (uint64_t i = 0; i < limit; ++i) in.push_back({1000 + i, in.size(), 0, in.size()});
+        for (size_t i = 0; i < extra; ++i) in.push_back({1000000, in.size(), 0, in.size()});
+        in.push_back({probe, in.size(), 0, in.size()});
+        TopK<Item, Greater> top(k);
+        for (const auto& x : in) top.add(x);
+        ASSERT_EQ(seqs_of(top.items()), expected_seqs(in, k)) << "k " << k << " extra " << extra << " probe " << probe;
+      }
+    }
+  }
+}
+
 TEST(TopKPaths, CopiesEqualBothWaysKeepTheEarliest) {
   // 100 copies of one item with k = 3 through several compactions: the first three copies.
   TopK<Item, Greater> top(3);
