@@ -53,10 +53,10 @@ class TopK {
   }
 
   // The kept items: all of them (arrival order) up to k added, else exactly the k greatest.
+  // Small where it is inlined (the work is out of line in settle()): a bigger items() makes the
+  // compiler stop inlining the engine's per-event routing loop in runtime.cpp.
   std::vector<T>& items() {
-    if (n_ > k_) compact();
-    items_.resize(n_);  // drops unused slots from the size, not the allocation
-    slots_ = n_;
+    if (n_ > k_ || n_ != items_.size()) settle();
     return items_;
   }
   uint64_t seen() const { return seen_; }
@@ -67,6 +67,14 @@ class TopK {
   static constexpr bool kHasPrimary = requires(const T& t) {
     { Greater::primary(t) } -> std::convertible_to<uint64_t>;
   };
+
+  // items()' work: compacts to k if more are held, and drops unused slots from the vector's
+  // size (not its allocation).
+  [[gnu::noinline]] void settle() {
+    if (n_ > k_) compact();
+    items_.resize(n_);
+    slots_ = n_;
+  }
 
   // Makes room for one more item: the slots double up to k (as push_back's capacity would), and
   // past k are exactly k + k/2 + 1 (no doubling to 2k: a quarter less memory for a capped buffer).
