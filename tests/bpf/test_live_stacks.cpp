@@ -456,11 +456,13 @@ TEST(LiveStacks, CpuSamplesNameTheBusyPythonFunction) {
     const auto pf = python_frames(stack_of(r, e));
     if (!pf.empty() && pf[0].function == "spin") {
       ++in_spin;
-      // On the loop's line, or (rarely: a sample while the frame is being entered, before its
-      // first instruction ran) on the `def spin` line, which CPython reports for a new frame.
+      // Inside spin(): nearly always on the loop's line; rarely on one of the two lines before it
+      // (each call runs them once: `end = time.perf_counter() + ...`, `x = 0`), or on the `def spin`
+      // line, which CPython reports for a frame being entered, before its first instruction ran.
+      // (A sample on `x = 0`, line 55, failed one clean-clone run of the suite on 2026-11-23.)
       const uint32_t def_line = lines.at("spin") - 3;
-      EXPECT_TRUE(pf[0].line == lines.at("spin") || pf[0].line == def_line)
-          << "line " << pf[0].line << ", expected " << lines.at("spin") << " (or " << def_line << ")";
+      EXPECT_TRUE(pf[0].line >= def_line && pf[0].line <= lines.at("spin"))
+          << "line " << pf[0].line << ", expected " << def_line << "-" << lines.at("spin") << " (spin's lines)";
       ASSERT_GE(pf.size(), 2u);
       EXPECT_EQ(pf[1].function, "run");
       EXPECT_EQ(pf[1].line, lines.at("busy"));
