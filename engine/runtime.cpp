@@ -1175,9 +1175,7 @@ struct Shard::Impl {
   // added whole.
   void give_up_stats_group(const ShardInput& in) {
     windows[static_cast<size_t>(stats_group)]->for_each_open([&](WinState& w) {
-      if (w.ready)
-        stats->merge_quantile(static_cast<Source>(w.code >> 8), static_cast<uint8_t>(w.code),
-                              *w.agg.duration_quantile());
+      if (w.ready) merge_into_stats(w);
     });
     for_each_selected(*in.owned, in.indexed, in.owned_at, [&](const Event& e) {
       if (code_routes[static_cast<unsigned>(e.source) << 8 | e.op].carried) stats->add_duration(e);
@@ -1375,6 +1373,11 @@ struct Shard::Impl {
     for (const Event* e : owned ? owned_list(i) : std::span<const Event* const>(foreign_out[i])) fn(e);
   }
 
+  // Folds a stats_group state's durations into the per-op statistics (at its close, or when the
+  // group stops carrying them).
+  void merge_into_stats(const WinState& w) {
+    stats->merge_quantile(static_cast<Source>(w.code >> 8), static_cast<uint8_t>(w.code), *w.agg.duration_quantile());
+  }
   // An event group g's windows refused (late): counted; its duration goes to the per-op
   // statistics directly when g carries them (stats_group).
   [[gnu::noinline]] void refused(size_t g, const Event& e) {
@@ -1687,9 +1690,7 @@ struct Shard::Impl {
     const bool carries_stats = static_cast<int>(g) == stats_group;
     auto on_close = [&](uint64_t k, uint64_t start, uint64_t end, const Key& key, WinState& w) {
       ++counters.windows_closed;
-      if (carries_stats)
-        stats->merge_quantile(static_cast<Source>(w.code >> 8), static_cast<uint8_t>(w.code),
-                              *w.agg.duration_quantile());
+      if (carries_stats) merge_into_stats(w);
       join_cache.clear();
       tail_.of = nullptr;
       if (w.open_index < open_calls[g].size()) {

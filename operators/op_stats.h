@@ -27,18 +27,13 @@ class OpStatsAccumulator {
   void add(const Event& e) {  // inline: runs on every event
     PerOp& p = slot(e.source, e.op);
     p.q.add(e.dur_ns);
-    p.total = sat_add(p.total, e.dur_ns);
-    p.errors += e.ret != 0 ? 1 : 0;
+    take_totals(p, e);
   }
   // add() in two parts, for a caller whose own quantile states already hold the durations of an
   // op's events (the engine's window states; merged in later with merge_quantile): the total and
   // error count of one event, and the duration of one event alone. add_totals(e) plus either
   // add_duration(e) or a merge_quantile() of a state that took e.dur_ns is exactly add(e).
-  void add_totals(const Event& e) {
-    PerOp& p = slot(e.source, e.op);
-    p.total = sat_add(p.total, e.dur_ns);
-    p.errors += e.ret != 0 ? 1 : 0;
-  }
+  void add_totals(const Event& e) { take_totals(slot(e.source, e.op), e); }
   void add_duration(const Event& e) { slot(e.source, e.op).q.add(e.dur_ns); }
   // Folds in the durations a quantile state took for events of (source, op). The result equals
   // adding each of them, provided the state's exact limit is at least exact_limit() and its alpha
@@ -54,6 +49,10 @@ class OpStatsAccumulator {
     QuantileState q;
     uint64_t total = 0, errors = 0;
   };
+  static void take_totals(PerOp& p, const Event& e) {
+    p.total = sat_add(p.total, e.dur_ns);
+    p.errors += e.ret != 0 ? 1 : 0;
+  }
   PerOp& slot(Source s, uint8_t op) {
     const size_t i = static_cast<size_t>(s) << 8 | op;
     if (i < ops_.size() && ops_[i]) return *ops_[i];
