@@ -767,12 +767,30 @@ struct WinState {
 };
 
 struct PipeState {
-  bool active = false;                               // runs in this shard's tier
-  std::vector<std::unique_ptr<IntervalJoin>> joins;  // per stage (null for non-join stages)
+  bool active = false;               // runs in this shard's tier
+  std::vector<IntervalJoin*> joins;  // per stage: its span buffer (Impl::join_buffers), null for non-join stages
+  std::vector<uint64_t> join_tags;   // per join stage: the tags it counts in its buffer (IntervalJoin::probe)
   std::vector<std::unique_ptr<TrendOp>> trends;
-  // Per join stage: prune once the join holds this many spans (ShardTuning); 0: never prunes
-  // (its windows may receive calls late).
-  std::vector<size_t> prune_at;
+};
+
+// The spans of one right stream on one join key, buffered once for every join stage of the shard
+// that reads the same spans the same way: the same stream, key, kind and `within`; and off-CPU
+// streams built by one builder (Impl::builder_of) share one buffer of all the builder's spans,
+// tagged with their state, each stage counting only its states' tags (IntervalJoin, "Tags").
+// In the default pack: 10 join stages, 5 buffers (the off-CPU time of the preempted, the blocked
+// and the combined rules is one buffer instead of three copies). Kept as long as the stage that
+// needs it longest (retain_ns), and pruned against the calls of every window group that probes
+// it: a span no candidate of any of them touches is dropped, so each stage sees the spans its own
+// buffer would have held for its calls, and results do not change (tests/engine/join_share_test).
+struct JoinBuffer {
+  std::unique_ptr<IntervalJoin> join;
+  size_t right_stream = 0;  // the stream whose events are added (the first stage's)
+  int builder = -1;         // tagged: the off-CPU builder whose spans (all states) are added
+  JoinKey key = JoinKey::kNone;
+  uint64_t retain_ns = 0;      // the largest retain_ns of its stages
+  std::vector<size_t> groups;  // the window groups whose calls probe it (ascending, no repeats)
+  size_t prune_at = 0;         // prune once it holds this many spans (ShardTuning); 0: never
+                               // (a group of its may receive calls late)
 };
 
 struct Row {
@@ -903,6 +921,7 @@ struct Shard::Impl {
   // may still be probed. A state is listed at its first event and unlisted when it closes.
   std::vector<std::vector<WinState*>> open_calls;
   std::vector<size_t> group_of_pipe;
+  std::vector<JoinBuffer> join_buffers;  // the span buffers the pipes' join stages point at
   // Off-CPU span building, shared by the off-CPU streams with the same parent and minimum
   // length: their builders would pair the same switches into the same spans in the same order
   // and differ only in which states they keep (OffCpuSpanBuilder::emit), so one builder with no
@@ -1062,11 +1081,10 @@ struct Shard::Impl {
       auto& ps = pipes[i];
       ps.active = true;
       ps.joins.resize(def.stages.size());
+      ps.join_tags.assign(def.stages.size(), IntervalJoin::kAllTags);
       ps.trends.resize(def.stages.size());
       for (size_t s = 0; s < def.stages.size(); ++s) {
         const auto& st = def.stages[s];
-        if (st.kind == StageKind::kJoin)
-          ps.joins[s] = std::make_unique<IntervalJoin>(st.join->kind, st.join->within_ns);
         if (st.kind == StageKind::kTrend) ps.trends[s] = std::make_unique<TrendOp>(*st.trend);
       }
     }
@@ -1074,6 +1092,7 @@ struct Shard::Impl {
     group_of_pipe.assign(plan.pipes.size(), 0);
     for (size_t gi = 0; gi < plan.groups.size(); ++gi)
       for (size_t pi : plan.groups[gi].pipes) group_of_pipe[pi] = gi;
+    make_join_buffers();
     // Joins may prune only when every call their windows can receive is on time: the group's
     // stream is a filter chain over the scan (Routes) that keeps GPU API calls only (model/trace.h:
     // events delivered behind the watermark, flagged kLate, are never GPU API calls).
@@ -1083,13 +1102,10 @@ struct Shard::Impl {
     for (uint32_t code = 0; code + 1 < tier.begin.size(); ++code)
       for (uint32_t t = tier.begin[code]; t < tier.begin[code + 1]; ++t)
         if (!is_gpu_api(static_cast<Source>(code >> 8))) on_time[tier.targets[t].group] = 0;
-    for (size_t i = 0; i < plan.pipes.size(); ++i) {
-      auto& ps = pipes[i];
-      if (!ps.active) continue;
-      ps.prune_at.assign(plan.pipes[i].stages.size(), 0);
-      if (!tuning.prune_spans || !on_time[group_of_pipe[i]]) continue;
-      for (size_t s = 0; s < ps.prune_at.size(); ++s)
-        if (ps.joins[s]) ps.prune_at[s] = std::max<size_t>(tuning.prune_min_spans, 1);
+    for (auto& jb : join_buffers) {
+      const bool all_on_time = std::all_of(jb.groups.begin(), jb.groups.end(),
+                                           [&](size_t g) { return on_time[g] != 0; });
+      if (tuning.prune_spans && all_on_time) jb.prune_at = std::max<size_t>(tuning.prune_min_spans, 1);
     }
     tail_cuts.resize(plan.pipes.size());
     join_ids.resize(plan.pipes.size());
@@ -1578,18 +1594,16 @@ struct Shard::Impl {
     if (exited.size() > 1024 && !in.final && wm > exit_horizon)
       std::erase_if(exited, [&](const auto& kv) { return kv.second + exit_horizon < wm; });
     // Right sides first, so a window closing in this batch sees this batch's spans.
-    for (size_t p = 0; p < plan.pipes.size(); ++p) {
-      const auto& def = plan.pipes[p];
-      auto& ps = pipes[p];
-      if (!ps.active) continue;
-      for (size_t s = 0; s < def.stages.size(); ++s) {
-        const auto& st = def.stages[s];
-        if (st.kind != StageKind::kJoin) continue;
-        const auto right = static_cast<size_t>(st.right_stream);
-        compute(right, in);
-        for (const auto list : {owned_list(right), std::span<const Event* const>(foreign_out[right])})
-          for (const Event* e : list) ps.joins[s]->add_right(join_key(st.join->key, e->pid, e->tid), *e);
+    for (auto& jb : join_buffers) {
+      const size_t right = jb.right_stream;
+      compute(right, in);
+      if (jb.builder >= 0) {  // every span the builder made this batch (off-CPU spans are never host-wide)
+        for (const Event& e : shared_spans[static_cast<size_t>(jb.builder)].spans)
+          jb.join->add_right(join_key(jb.key, e.pid, e.tid), e);
+        continue;
       }
+      for (const auto list : {owned_list(right), std::span<const Event* const>(foreign_out[right])})
+        for (const Event* e : list) jb.join->add_right(join_key(jb.key, e->pid, e->tid), *e);
     }
     for (size_t g = 0; g < plan.groups.size(); ++g) {
       if (!windows[g]) continue;
@@ -1606,21 +1620,15 @@ struct Shard::Impl {
       if (counters.windows_closed != closed_before)
         for (auto& ce : win_cache[g]) ce.state = nullptr;
     }
-    for (size_t p = 0; p < plan.pipes.size(); ++p) {
-      const auto& def = plan.pipes[p];
-      for (size_t s = 0; s < def.stages.size(); ++s)
-        if (pipes[p].active && pipes[p].joins[s]) pipes[p].joins[s]->evict(wm, def.stages[s].retain_ns);
-    }
+    for (auto& jb : join_buffers) jb.join->evict(wm, jb.retain_ns);
 
     if (!in.final) prune_joins(wm);
 
     if (in.final) {
-      for (auto& ps : pipes)
-        for (auto& j : ps.joins)
-          if (j) {
-            counters.evicted_spans += j->evicted();
-            out.pruned_spans += j->pruned();
-          }
+      for (const auto& jb : join_buffers) {
+        counters.evicted_spans += jb.join->evicted();
+        out.pruned_spans += jb.join->pruned();
+      }
       out.stats = std::move(stats);
       out.outcomes = outcomes;
       out.counters = counters;
@@ -1629,41 +1637,88 @@ struct Shard::Impl {
     return out;
   }
 
-  // Prunes the joins that are due (ShardTuning, IntervalJoin::prune): every call to come starts
-  // at or after `watermark` (the batch contract; these joins' windows take on-time calls only),
-  // and the candidates are every call held by an open window of the join's group.
-  void prune_joins(uint64_t watermark) {
+  // One span buffer per distinct way of reading spans (JoinBuffer); every join stage of the
+  // shard's pipes points at its buffer. Off-CPU streams are the same spans when they come from
+  // one builder (builder_of) and keep the same states.
+  void make_join_buffers() {
+    std::map<std::string, size_t> index;  // signature -> join_buffers
     for (size_t p = 0; p < plan.pipes.size(); ++p) {
-      auto& ps = pipes[p];
-      if (!ps.active) continue;
+      if (!pipes[p].active) continue;
       const auto& def = plan.pipes[p];
       for (size_t s = 0; s < def.stages.size(); ++s) {
-        if (!ps.joins[s] || !ps.prune_at[s]) continue;
-        IntervalJoin& join = *ps.joins[s];
-        const auto& states = open_calls[group_of_pipe[p]];
-        if (!tuning.prune_every_batch) {
-          if (join.buffered() < ps.prune_at[s]) continue;
-          // A prune costs O(held calls log + spans): only once the spans outnumber the calls.
-          size_t held = 0;
-          for (const WinState* w : states) held += w->calls.kept();
-          if (join.buffered() < held) continue;
+        const auto& st = def.stages[s];
+        if (st.kind != StageKind::kJoin) continue;
+        const auto right = static_cast<size_t>(st.right_stream);
+        // Off-CPU spans by their builder, the stage's states as tags (every tag when it keeps every
+        // state; a state past kMaxTag cannot be told apart: the stage keeps a buffer of its own).
+        uint64_t tags = IntervalJoin::kAllTags;
+        bool tagged = false;
+        if (const OffCpuNode* node = plan.streams[right].offcpu) {
+          tagged = tuning.share_join_buffers;
+          if (!node->states.empty()) tags = 0;
+          for (const OffCpuState state : node->states) {
+            if (static_cast<unsigned>(state) >= IntervalJoin::kMaxTag) tagged = false;
+            else tags |= uint64_t{1} << static_cast<unsigned>(state);
+          }
         }
-        // Two passes over the held calls: count per join key, then fill vectors of exact size
-        // (the candidates are the prune's transient memory: 16 bytes per held call).
-        std::unordered_map<uint64_t, std::vector<IntervalJoin::CallRange>> candidates;
-        std::unordered_map<uint64_t, size_t> per_key;
-        const JoinKey key = def.stages[s].join->key;
-        for (WinState* w : states)
+        std::string sig = tagged ? "offcpu " + std::to_string(builder_of[right]) : "stream " + std::to_string(right);
+        sig += "|" + std::to_string(static_cast<int>(st.join->key)) + "|" +
+               std::to_string(static_cast<int>(st.join->kind)) + "|" + std::to_string(st.join->within_ns);
+        if (!tuning.share_join_buffers) sig += "|" + std::to_string(p) + " " + std::to_string(s);
+        const auto [it, fresh] = index.try_emplace(sig, join_buffers.size());
+        if (fresh) {
+          JoinBuffer jb;
+          jb.join = std::make_unique<IntervalJoin>(st.join->kind, st.join->within_ns, tagged);
+          jb.right_stream = right;
+          jb.builder = tagged ? builder_of[right] : -1;
+          jb.key = st.join->key;
+          join_buffers.push_back(std::move(jb));
+        }
+        pipes[p].join_tags[s] = tagged ? tags : IntervalJoin::kAllTags;
+        JoinBuffer& jb = join_buffers[it->second];
+        jb.retain_ns = std::max(jb.retain_ns, st.retain_ns);
+        const size_t g = group_of_pipe[p];
+        if (std::find(jb.groups.begin(), jb.groups.end(), g) == jb.groups.end()) {
+          jb.groups.push_back(g);
+          std::sort(jb.groups.begin(), jb.groups.end());
+        }
+        pipes[p].joins[s] = jb.join.get();
+      }
+    }
+  }
+
+  // Prunes the join buffers that are due (ShardTuning, IntervalJoin::prune): every call to come
+  // starts at or after `watermark` (the batch contract; these joins' windows take on-time calls
+  // only), and the candidates are every call held by an open window of a group that probes it.
+  void prune_joins(uint64_t watermark) {
+    for (auto& jb : join_buffers) {
+      if (!jb.prune_at) continue;
+      IntervalJoin& join = *jb.join;
+      if (!tuning.prune_every_batch) {
+        if (join.buffered() < jb.prune_at) continue;
+        // A prune costs O(held calls log + spans): only once the spans outnumber the calls.
+        size_t held = 0;
+        for (size_t g : jb.groups)
+          for (const WinState* w : open_calls[g]) held += w->calls.kept();
+        if (join.buffered() < held) continue;
+      }
+      // Two passes over the held calls: count per join key, then fill vectors of exact size
+      // (the candidates are the prune's transient memory: 16 bytes per held call).
+      std::unordered_map<uint64_t, std::vector<IntervalJoin::CallRange>> candidates;
+      std::unordered_map<uint64_t, size_t> per_key;
+      const JoinKey key = jb.key;
+      for (size_t g : jb.groups)
+        for (WinState* w : open_calls[g])
           w->calls.for_each_held([&](const Call& c) { ++per_key[join_key(key, c.pid, c.tid)]; });
-        for (const auto& [k, n] : per_key) candidates[k].reserve(n);
-        for (WinState* w : states)
+      for (const auto& [k, n] : per_key) candidates[k].reserve(n);
+      for (size_t g : jb.groups)
+        for (WinState* w : open_calls[g])
           w->calls.for_each_held([&](const Call& c) {
             candidates[join_key(key, c.pid, c.tid)].push_back({c.ts, c.ts + c.dur});
           });
-        join.prune(watermark, candidates);
-        const size_t left = join.buffered();
-        ps.prune_at[s] = std::max({tuning.prune_min_spans, 2 * left, size_t{1}});
-      }
+      join.prune(watermark, candidates);
+      const size_t left = join.buffered();
+      jb.prune_at = std::max({tuning.prune_min_spans, left + left / 2, size_t{1}});
     }
   }
 
@@ -1887,7 +1942,7 @@ struct Shard::Impl {
     } else if (w) {
       if (w->calls.capped()) ++counters.tail_windows_capped;
       auto probe_call = [&](const Call& c) {
-        const auto r = ps.joins[s]->probe(join_key(st.join->key, c.pid, c.tid), c.ts, c.ts + c.dur);
+        const auto r = ps.joins[s]->probe(join_key(st.join->key, c.pid, c.tid), c.ts, c.ts + c.dur, ps.join_tags[s]);
         jo.add(c.id, c.dur, r, st.join->max_exemplars);
       };
       if (cut.fast) {

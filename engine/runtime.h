@@ -210,16 +210,20 @@ struct ShardOutput {
 // (minus the join's `within`; every later call starts at or after it) that no call still held
 // in an open window's call buffer, mapped to the join key, touches. Call buffers only lose
 // calls, so a dropped span is never needed again: results are identical with or without it.
-// A join prunes when it holds at least prune_min_spans spans, twice what its last prune left, and
-// more spans than its windows hold calls: a prune costs O(calls log calls + spans), so it is
-// paid for by the spans, and memory stays within max(prune_min_spans, 2 x what no prune can drop,
-// the calls held), flat in trace length.
+// A join buffer (shared by the stages that read the same spans, runtime.cpp JoinBuffer) prunes
+// when it holds at least prune_min_spans spans, 1.5 x what its last prune left, and more spans
+// than its windows hold calls: a prune costs O(calls log calls + spans), so it is paid for by the
+// spans, and memory stays within max(prune_min_spans, 1.5 x what no prune can drop, the calls
+// held), flat in trace length.
 struct ShardTuning {
   size_t max_tail_calls = kMaxTailCalls;  // CallBuffer's cap
   bool narrow_calls = true;               // false: every call buffer in its full 32-byte form
   bool prune_spans = true;
   size_t prune_min_spans = size_t{1} << 16;
   bool prune_every_batch = false;  // tests: prune after every batch, whatever the counts
+  // One span buffer for every join stage that reads the same spans (runtime.cpp JoinBuffer);
+  // false: a buffer per stage (tests compare).
+  bool share_join_buffers = true;
   // Per-op statistics take their durations from a window group's states where one holds them
   // exactly (Shard: stats_group); false: every event is added to them on its own (tests compare).
   bool stats_from_windows = true;

@@ -40,6 +40,7 @@ IntervalJoin::Span IntervalJoin::Block::at(size_t i) const {
     s.id = base_id + static_cast<uint64_t>(static_cast<int64_t>(static_cast<int32_t>(p.id_off)));
   }
   s.arg0 = arg0.empty() ? 0 : arg0[i];
+  s.tag = tags.empty() ? 0 : tags[i];
   return s;
 }
 
@@ -90,6 +91,10 @@ void IntervalJoin::Block::insert(size_t i, const Span& s) {
     if (arg0.empty()) arg0.assign(spans.size(), 0);  // the first non-zero: from now on, kept for every span
     arg0.insert(arg0.begin() + at, s.arg0);
   }
+  if (s.tag || !tags.empty()) {
+    if (tags.empty()) tags.assign(spans.size(), 0);
+    tags.insert(tags.begin() + at, s.tag);
+  }
   spans.insert(spans.begin() + at, p);
 }
 
@@ -98,6 +103,10 @@ void IntervalJoin::Block::push_back(const Span& s) {
   if (s.arg0 || !arg0.empty()) {
     if (arg0.empty()) arg0.assign(spans.size(), 0);
     arg0.push_back(s.arg0);
+  }
+  if (s.tag || !tags.empty()) {
+    if (tags.empty()) tags.assign(spans.size(), 0);
+    tags.push_back(s.tag);
   }
   spans.push_back(p);
 }
@@ -120,6 +129,7 @@ void IntervalJoin::Block::drop_front(size_t k) {
   const auto n = static_cast<std::ptrdiff_t>(k);
   spans.erase(spans.begin(), spans.begin() + n);
   if (!arg0.empty()) arg0.erase(arg0.begin(), arg0.begin() + n);
+  if (!tags.empty()) tags.erase(tags.begin(), tags.begin() + n);
   if (!longs.empty()) compact_longs();
   rebase();
 }
@@ -129,6 +139,7 @@ IntervalJoin::Span IntervalJoin::Block::pop_back() {
   const bool was_long = spans.back().dur == kLongDur;
   spans.pop_back();
   if (!arg0.empty()) arg0.pop_back();
+  if (!tags.empty()) tags.pop_back();
   if (was_long) compact_longs();
   return s;
 }
@@ -142,6 +153,7 @@ IntervalJoin::Block IntervalJoin::Block::take_tail(size_t p) {
   const auto n = static_cast<std::ptrdiff_t>(p);
   spans.erase(spans.begin() + n, spans.end());
   if (!arg0.empty()) arg0.erase(arg0.begin() + n, arg0.end());
+  if (!tags.empty()) tags.erase(tags.begin() + n, tags.end());
   if (!longs.empty()) compact_longs();
   return tail;
 }
@@ -164,7 +176,8 @@ void IntervalJoin::Block::compact_longs() {
 }
 
 size_t IntervalJoin::Block::bytes() const {
-  return spans.capacity() * sizeof(Packed) + arg0.capacity() * sizeof(uint64_t) + longs.capacity() * sizeof(Long);
+  return spans.capacity() * sizeof(Packed) + arg0.capacity() * sizeof(uint64_t) + tags.capacity() +
+         longs.capacity() * sizeof(Long);
 }
 
 // ---- IntervalJoin
@@ -219,7 +232,8 @@ void IntervalJoin::place(std::vector<Block>& blocks, const Span& s) {
 
 void IntervalJoin::add_right(uint64_t key, const Event& e) {
   auto& buf = buffers_[key];
-  const Span s{e.ts_ns, e.end_ns(), e.id, e.arg0};
+  const uint8_t tag = tagged_ ? std::min(static_cast<uint8_t>(e.prev_state), kMaxTag) : uint8_t{0};
+  const Span s{e.ts_ns, e.end_ns(), e.id, e.arg0, tag};
   if (!buf.blocks.empty()) {  // in order, into a last block with room: the common case
     Block& last = buf.blocks.back();
     if (last.size() < kBlockSpans && last.ts_at(last.size() - 1) <= s.ts && last.fits(s.ts, s.id)) {
@@ -243,7 +257,7 @@ size_t IntervalJoin::span_bytes() const {
   return n;
 }
 
-ProbeResult IntervalJoin::probe(uint64_t key, uint64_t call_ts, uint64_t call_end) const {
+ProbeResult IntervalJoin::probe(uint64_t key, uint64_t call_ts, uint64_t call_end, uint64_t tag_mask) const {
   ProbeResult r;
   auto it = buffers_.find(key);
   if (it == buffers_.end()) return r;
@@ -270,6 +284,8 @@ ProbeResult IntervalJoin::probe(uint64_t key, uint64_t call_ts, uint64_t call_en
     const Block& blk = blocks[b];
     if (blk.base_ts > hi) break;
     const bool with_arg0 = !blk.arg0.empty();
+    const bool with_tags = !blk.tags.empty();
+    const bool untagged_counts = (tag_mask & 1) != 0;  // a block without tags: every span is tag 0
     const size_t n = blk.spans.size();
     for (; i < n; ++i) {
       const Packed& p = blk.spans[i];
@@ -286,6 +302,7 @@ ProbeResult IntervalJoin::probe(uint64_t key, uint64_t call_ts, uint64_t call_en
       const bool instant = end == ts;
       const bool hit = instant ? (ts >= lo && ts <= hi) : (ts < hi && end > lo);
       if (!hit) continue;
+      if (with_tags ? (tag_mask >> blk.tags[i] & 1) == 0 : !untagged_counts) continue;
       r.right_ids.push_back(id);
       r.right_ns += end - ts;
       if (with_arg0) r.sum_arg0 += blk.arg0[i];

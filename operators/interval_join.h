@@ -33,6 +33,12 @@
 //   do not depend on it. (An exact horizon-only count needs a 16-byte record of every pruned span
 //   until the horizon passes it, which in a one-window trace is forever: memory linear in trace
 //   length, the thing pruning exists to avoid.)
+// - Tags (one buffer for several filters of the same spans): a join built `tagged` keeps each
+//   span's off-CPU state (Event::prev_state, states past kMaxTag as kMaxTag) and probe() counts only
+//   the spans whose tag is in `tag_mask` (bit t: tag t). kAllTags counts every span, as an untagged
+//   join always does (its spans are tag 0). Prune and evict ignore tags: a span is kept for every
+//   filter or for none, so each filter sees exactly the spans a buffer of its own would hold for
+//   the same calls (engine/runtime.cpp shares one buffer between the off-CPU streams of one builder).
 // - Never pairs 1:1 and never keeps a span past its horizon (unlike a key-matching join).
 // - Storage (how, not what: results do not depend on it): a key's spans sit in blocks of at most
 //   kBlockSpans (256), in start order across blocks. A block keeps its first span's start
@@ -44,7 +50,8 @@
 //   (its duration field marks it). In-order spans append to the last block; a span landing inside
 //   a full block pushes that block's last span to the next block (or a new one). A prune repacks
 //   the kept spans into full blocks. arg0 is kept per block, only once the block was given a
-//   non-zero one (8 bytes a span there). span_bytes() is what the blocks hold.
+//   non-zero one (8 bytes a span there); so is the tag (1 byte a span). span_bytes() is what the
+//   blocks hold.
 // - Single-threaded; one per (shard, join node).
 #pragma once
 
@@ -67,9 +74,12 @@ struct ProbeResult {
 
 class IntervalJoin {
  public:
-  IntervalJoin(JoinKind kind, uint64_t within_ns) : kind_(kind), within_(within_ns) {}
+  static constexpr uint8_t kMaxTag = 63;
+  static constexpr uint64_t kAllTags = ~uint64_t{0};
+  IntervalJoin(JoinKind kind, uint64_t within_ns, bool tagged = false)
+      : kind_(kind), within_(within_ns), tagged_(tagged) {}
   void add_right(uint64_t key, const Event& e);
-  ProbeResult probe(uint64_t key, uint64_t call_ts, uint64_t call_end) const;
+  ProbeResult probe(uint64_t key, uint64_t call_ts, uint64_t call_end, uint64_t tag_mask = kAllTags) const;
   void evict(uint64_t watermark, uint64_t retain);
   // A call a prune must not break: [ts, end) on the join key it is probed with.
   struct CallRange {
@@ -88,6 +98,7 @@ class IntervalJoin {
   // A span as add_right() saw it (arg0 is 0 where its block keeps none).
   struct Span {
     uint64_t ts = 0, end = 0, id = 0, arg0 = 0;
+    uint8_t tag = 0;
   };
   // A span in its block: start = base_ts + ts_off; end = start + dur unless dur == kLongDur, where
   // end and id are the block's longs[id_off]; else id = base_id + (int32_t)id_off.
@@ -102,6 +113,7 @@ class IntervalJoin {
     uint64_t base_id = 0;
     std::vector<Packed> spans;   // sorted by start; never empty in a buffer
     std::vector<uint64_t> arg0;  // empty, or parallel to spans once one is non-zero
+    std::vector<uint8_t> tags;   // the same for the tags
     std::vector<Long> longs;     // exactly the long spans' end and id
     static Block start(const Span& s, bool reserve_full);
     size_t size() const { return spans.size(); }
@@ -130,6 +142,7 @@ class IntervalJoin {
   static void append(std::vector<Block>& blocks, const Span& s);
   JoinKind kind_;
   uint64_t within_;
+  bool tagged_;
   std::unordered_map<uint64_t, Buffer> buffers_;
   size_t buffered_ = 0;  // spans in all buffers
   uint64_t evicted_ = 0;

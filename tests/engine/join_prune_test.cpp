@@ -243,7 +243,7 @@ TEST(JoinPrune, RandomPlansGiveIdenticalResultsWithAndWithoutPruning) {
   EXPECT_GT(chains_seen, 100u);
 }
 
-// The default trigger (prune once a join holds prune_min_spans, twice what the last prune left and
+// The default trigger (prune once a join holds prune_min_spans, 1.5 x what the last prune left and
 // more spans than calls held) on a longer trace in one window: identical results, spans pruned.
 TEST(JoinPrune, DefaultTriggerGivesIdenticalResults) {
   std::mt19937_64 rng(7);

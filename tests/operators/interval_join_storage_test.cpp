@@ -3,8 +3,9 @@
 // per key, with the same hit, eviction and prune rules written out directly. Random sequences of
 // add_right (in and out of order, equal starts, instants, durations of 2^32 ns and more, start
 // and id jumps that no block base can reach, non-zero arg0 arriving late), probe, evict and prune
-// must give identical ProbeResults (ids in order) and counters after every step. Plus the memory
-// the storage promises for in-order spans.
+// must give identical ProbeResults (ids in order) and counters after every step; half the runs
+// on a tagged join (off-CPU states, tags arriving late too, a state past kMaxTag) probed with
+// random tag masks. Plus the memory the storage promises for in-order spans.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,21 +21,24 @@
 namespace ingero {
 namespace {
 
-// The reference: what IntervalJoin does, with every span kept as {ts, end, id, arg0}.
+// The reference: what IntervalJoin does, with every span kept as {ts, end, id, arg0, tag}.
 class RefJoin {
  public:
-  RefJoin(JoinKind kind, uint64_t within) : kind_(kind), within_(within) {}
+  RefJoin(JoinKind kind, uint64_t within, bool tagged = false) : kind_(kind), within_(within), tagged_(tagged) {}
 
   void add_right(uint64_t key, const Event& e) {
     Buf& b = bufs_[key];
-    const S s{e.ts_ns, e.end_ns(), e.id, e.arg0};
+    const auto state = static_cast<unsigned>(e.prev_state);
+    const unsigned tag = tagged_ ? std::min(state, unsigned{IntervalJoin::kMaxTag}) : 0;
+    const S s{e.ts_ns, e.end_ns(), e.id, e.arg0, tag};
     auto it = std::upper_bound(b.spans.begin(), b.spans.end(), s.ts, [](uint64_t ts, const S& x) { return ts < x.ts; });
     b.spans.insert(it, s);
     b.max_dur = std::max(b.max_dur, s.end - s.ts);
     ++buffered_;
   }
 
-  ProbeResult probe(uint64_t key, uint64_t call_ts, uint64_t call_end) const {
+  ProbeResult probe(uint64_t key, uint64_t call_ts, uint64_t call_end,
+                    uint64_t tag_mask = IntervalJoin::kAllTags) const {
     ProbeResult r;
     auto it = bufs_.find(key);
     if (it == bufs_.end()) return r;
@@ -43,7 +47,7 @@ class RefJoin {
     std::vector<std::pair<uint64_t, uint64_t>> pieces;
     for (const S& s : it->second.spans) {  // every span: no search bound to get wrong
       const bool hit = s.end == s.ts ? (s.ts >= lo && s.ts <= hi) : (s.ts < hi && s.end > lo);
-      if (!hit) continue;
+      if (!hit || !(tag_mask >> s.tag & 1)) continue;
       r.right_ids.push_back(s.id);
       r.right_ns += s.end - s.ts;
       r.sum_arg0 += s.arg0;
@@ -130,6 +134,7 @@ class RefJoin {
  private:
   struct S {
     uint64_t ts, end, id, arg0;
+    unsigned tag;
   };
   struct Buf {
     std::deque<S> spans;
@@ -137,6 +142,7 @@ class RefJoin {
   };
   JoinKind kind_;
   uint64_t within_;
+  bool tagged_;
   std::unordered_map<uint64_t, Buf> bufs_;
   size_t buffered_ = 0;
   uint64_t evicted_ = 0, pruned_ = 0;
@@ -155,19 +161,20 @@ constexpr uint64_t k2p32 = uint64_t{1} << 32;
 
 // One random run: returns the number of probes that hit (so the caller can check the runs test
 // something).
-size_t run_one(uint32_t seed, JoinKind kind) {
+size_t run_one(uint32_t seed, JoinKind kind, bool tagged) {
   std::mt19937_64 rng(seed);
   auto pick = [&](uint64_t n) { return std::uniform_int_distribution<uint64_t>(0, n - 1)(rng); };
   auto chance = [&](unsigned pct) { return pick(100) < pct; };
   const uint64_t within = kind == JoinKind::kWithin ? pick(3) * 500 : 0;
-  IntervalJoin join(kind, within);
-  RefJoin ref(kind, within);
+  IntervalJoin join(kind, within, tagged);
+  RefJoin ref(kind, within, tagged);
   const unsigned keys = 1 + static_cast<unsigned>(pick(3));
   // Per run, how often each shape appears, so some runs are dense in one of them.
   const unsigned p_late = static_cast<unsigned>(pick(40)), p_equal = static_cast<unsigned>(pick(15));
   const unsigned p_long = static_cast<unsigned>(pick(6)), p_jump = static_cast<unsigned>(pick(3));
   const unsigned p_idgap = static_cast<unsigned>(pick(4)), p_instant = static_cast<unsigned>(pick(20));
-  const size_t arg0_from = pick(3000);  // non-zero arg0 only from this step on (maybe never)
+  const size_t arg0_from = pick(3000);   // non-zero arg0 only from this step on (maybe never)
+  const size_t state_from = pick(2000);  // states other than kUnknown (tag 0) from this step on
   const uint64_t t0 = chance(10) ? std::numeric_limits<uint64_t>::max() / 2 : 1'700'000'000'000'000'000ull;
   std::vector<uint64_t> now(keys, t0), next_id(keys, 1000 + pick(1u << 30));
   uint64_t watermark = t0;
@@ -196,7 +203,8 @@ size_t run_one(uint32_t seed, JoinKind kind) {
         if (chance(50)) next_id[key] = id + 1;
       }
       const uint64_t arg0 = step >= arg0_from && chance(30) ? 1 + pick(1u << 20) : 0;
-      const Event e = span(ts, dur, id, arg0);
+      Event e = span(ts, dur, id, arg0);
+      if (step >= state_from) e.prev_state = static_cast<OffCpuState>(chance(3) ? 70 : pick(5));
       join.add_right(key, e);
       ref.add_right(key, e);
     } else if (r < 93) {  // a probe near recent spans, or anywhere in the buffer
@@ -206,7 +214,9 @@ size_t run_one(uint32_t seed, JoinKind kind) {
         if (!st.empty()) ts = st[pick(st.size())] + pick(3) - 1;
       }
       const uint64_t end = ts + (chance(10) ? 0 : pick(chance(5) ? 2 * k2p32 : 3000));
-      const ProbeResult a = join.probe(key, ts, end), b = ref.probe(key, ts, end);
+      // Every tag, or a random subset (bit 63: the tag of every state past kMaxTag).
+      const uint64_t mask = chance(40) ? IntervalJoin::kAllTags : (pick(32) | (chance(20) ? uint64_t{1} << 63 : 0));
+      const ProbeResult a = join.probe(key, ts, end, mask), b = ref.probe(key, ts, end, mask);
       EXPECT_EQ(a.right_ids, b.right_ids) << "seed " << seed << " step " << step;
       EXPECT_EQ(a.overlap_ns, b.overlap_ns) << "seed " << seed << " step " << step;
       EXPECT_EQ(a.right_ns, b.right_ns) << "seed " << seed << " step " << step;
@@ -249,7 +259,7 @@ size_t run_one(uint32_t seed, JoinKind kind) {
 TEST(IntervalJoinStorage, RandomSequencesMatchTheReference) {
   size_t hits = 0;
   for (uint32_t seed = 1; seed <= 120 && !HasFailure(); ++seed) {
-    hits += run_one(seed, seed % 3 == 0 ? JoinKind::kWithin : JoinKind::kOverlap);
+    hits += run_one(seed, seed % 3 == 0 ? JoinKind::kWithin : JoinKind::kOverlap, seed % 2 == 0);
   }
   EXPECT_GT(hits, 10'000u);  // the probes found spans, so the ids compared are not all empty
 }
