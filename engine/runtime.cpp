@@ -1694,29 +1694,37 @@ struct Shard::Impl {
     for (auto& jb : join_buffers) {
       if (!jb.prune_at) continue;
       IntervalJoin& join = *jb.join;
-      if (!tuning.prune_every_batch) {
-        if (join.buffered() < jb.prune_at) continue;
-        // A prune costs O(held calls log + spans): only once the spans outnumber the calls.
-        size_t held = 0;
-        for (size_t g : jb.groups)
-          for (const WinState* w : open_calls[g]) held += w->calls.kept();
-        if (join.buffered() < held) continue;
-      }
-      // Two passes over the held calls: count per join key, then fill vectors of exact size
-      // (the candidates are the prune's transient memory: 16 bytes per held call).
-      std::unordered_map<uint64_t, std::vector<IntervalJoin::CallRange>> candidates;
-      std::unordered_map<uint64_t, size_t> per_key;
+      if (join.buffered() < jb.prune_at && !tuning.prune_every_batch) continue;
+      size_t held = 0;
+      for (size_t g : jb.groups)
+        for (const WinState* w : open_calls[g]) held += w->calls.kept();
+      // A prune costs O(held calls log + spans): only once the spans outnumber the calls.
+      if (join.buffered() < held && !tuning.prune_every_batch) continue;
+      // The candidates are the prune's transient memory (16 bytes per held call): built and
+      // pruned one slice of the join keys at a time (key % parts), each slice's at most about
+      // prune_candidates_per_pass calls when the keys spread evenly. Per slice, two passes over
+      // the held calls: count per join key, then fill vectors of exact size.
+      const size_t per_pass = std::max<size_t>(tuning.prune_candidates_per_pass, 1);
+      const uint64_t parts = std::clamp<uint64_t>(held / per_pass + 1, 1, 64);
       const JoinKey key = jb.key;
-      for (size_t g : jb.groups)
-        for (WinState* w : open_calls[g])
-          w->calls.for_each_held([&](const Call& c) { ++per_key[join_key(key, c.pid, c.tid)]; });
-      for (const auto& [k, n] : per_key) candidates[k].reserve(n);
-      for (size_t g : jb.groups)
-        for (WinState* w : open_calls[g])
-          w->calls.for_each_held([&](const Call& c) {
-            candidates[join_key(key, c.pid, c.tid)].push_back({c.ts, c.ts + c.dur});
-          });
-      join.prune(watermark, candidates);
+      for (uint64_t part = 0; part < parts; ++part) {
+        std::unordered_map<uint64_t, std::vector<IntervalJoin::CallRange>> candidates;
+        std::unordered_map<uint64_t, size_t> per_key;
+        for (size_t g : jb.groups)
+          for (WinState* w : open_calls[g])
+            w->calls.for_each_held([&](const Call& c) {
+              const uint64_t k = join_key(key, c.pid, c.tid);
+              if (k % parts == part) ++per_key[k];
+            });
+        for (const auto& [k, n] : per_key) candidates[k].reserve(n);
+        for (size_t g : jb.groups)
+          for (WinState* w : open_calls[g])
+            w->calls.for_each_held([&](const Call& c) {
+              const uint64_t k = join_key(key, c.pid, c.tid);
+              if (k % parts == part) candidates[k].push_back({c.ts, c.ts + c.dur});
+            });
+        join.prune(watermark, candidates, parts, part);
+      }
       const size_t left = join.buffered();
       jb.prune_at = std::max({tuning.prune_min_spans, left + left / 2, size_t{1}});
     }

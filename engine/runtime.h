@@ -221,6 +221,9 @@ struct ShardTuning {
   bool prune_spans = true;
   size_t prune_min_spans = size_t{1} << 16;
   bool prune_every_batch = false;  // tests: prune after every batch, whatever the counts
+  // A prune lists the held calls of about this many at a time (16 bytes each), slice by slice
+  // of the join keys, so its transient memory stays near 1 MB however many calls the windows hold.
+  size_t prune_candidates_per_pass = size_t{1} << 16;
   // One span buffer for every join stage that reads the same spans (runtime.cpp JoinBuffer);
   // false: a buffer per stage (tests compare).
   bool share_join_buffers = true;

@@ -361,7 +361,8 @@ void IntervalJoin::evict(uint64_t watermark, uint64_t retain) {
   }
 }
 
-void IntervalJoin::prune(uint64_t floor, std::unordered_map<uint64_t, std::vector<CallRange>>& candidates) {
+void IntervalJoin::prune(uint64_t floor, std::unordered_map<uint64_t, std::vector<CallRange>>& candidates,
+                         uint64_t parts, uint64_t part) {
   const uint64_t reach = kind_ == JoinKind::kWithin ? within_ : 0;
   if (floor <= reach) return;
   const uint64_t below = floor - reach;  // (a): spans ending before this are out of future reach
@@ -370,6 +371,7 @@ void IntervalJoin::prune(uint64_t floor, std::unordered_map<uint64_t, std::vecto
   std::vector<CallRange> merged;
   std::vector<char> drop;
   for (auto& [key, buf] : buffers_) {
+    if (parts > 1 && key % parts != part) continue;  // another slice's
     auto& blocks = buf.blocks;
     if (blocks.empty() || blocks.front().base_ts >= below) continue;  // every span starts (so ends) past it
     merged.clear();

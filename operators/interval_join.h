@@ -85,7 +85,11 @@ class IntervalJoin {
   struct CallRange {
     uint64_t ts = 0, end = 0;
   };
-  void prune(uint64_t floor, std::unordered_map<uint64_t, std::vector<CallRange>>& candidates);
+  // Prunes only the keys with key % parts == part: a caller may build the candidates of one slice
+  // of the keys at a time (their memory is the prune's transient) and prune slice by slice; the
+  // slices together drop exactly what one prune with every candidate drops.
+  void prune(uint64_t floor, std::unordered_map<uint64_t, std::vector<CallRange>>& candidates, uint64_t parts = 1,
+             uint64_t part = 0);
   size_t buffered() const { return buffered_; }
   // Heap bytes of the buffered spans' storage (blocks, their spans, arg0 and long spans; by
   // capacity, without the allocator's own overhead or the per-key map).
