@@ -215,7 +215,7 @@ size_t compare_sharing(const Plan& plan, uint64_t seed, int traces) {
 
 TEST(JoinShare, SharedBuffersGiveWhatABufferPerStageGives) {
   const size_t evidence = compare_sharing(share_plan(), 20261124, 6);
-  EXPECT_GT(evidence, 100u);  // joins produced evidence to compare
+  EXPECT_GT(evidence, 100u);   // joins produced evidence to compare
   EXPECT_GT(g_pruned, 1000u);  // and the runs pruned spans (against the calls of both groups)
 }
 
