@@ -164,12 +164,13 @@ class SourceFeed {
   std::shared_ptr<const std::map<uint32_t, std::string>> names_;
 };
 
-// The whole run on the calling thread: one pid shard and the global shard, no routing, no TBB.
+// The whole run on the calling thread: one shard that runs the pid shards' and the global
+// shard's pipes together (ShardTier::kBoth: one routing pass over each batch for both), no
+// routing between shards, no TBB.
 void run_serial(CompiledPlan& compiled, EventSource& source, const EngineOptions& opts, AnalysisResult& result,
                 OpStatsAccumulator& stats, EngineCounters& counters, std::vector<Chain>& chains) {
   std::vector<std::unique_ptr<Shard>> shards;
-  shards.push_back(std::make_unique<Shard>(compiled, false, opts.compute_stats));
-  if (compiled.has_global) shards.push_back(std::make_unique<Shard>(compiled, true, false));
+  shards.push_back(std::make_unique<Shard>(compiled, ShardTier::kBoth, opts.compute_stats));
   std::vector<ShardOutput> finals(shards.size());
   Batch batch;
   bool saw_final = false;

@@ -913,8 +913,17 @@ class ShardStackMatcher final : public StackMatcher {
 
 struct Shard::Impl {
   const CompiledPlan& plan;
-  bool global;
+  ShardTier tier;
   bool compute_stats;
+  // Whether this shard runs the pipes (and window groups) of that tier.
+  bool runs(bool global_tier) const { return tier == ShardTier::kBoth || (tier == ShardTier::kGlobal) == global_tier; }
+  // The tiers' route tables this shard walks (CompiledPlan::routes: [0] pid, [1] global).
+  std::vector<const Routes*> route_tiers() const {
+    std::vector<const Routes*> r;
+    if (runs(false)) r.push_back(&plan.routes[0]);
+    if (runs(true)) r.push_back(&plan.routes[1]);
+    return r;
+  }
   ShardTuning tuning;
   // Per window group that buffers calls for joins: its open windows' states (pointers into the
   // WindowStore are stable while the window is open), so a join prune can see every call that
@@ -1059,8 +1068,8 @@ struct Shard::Impl {
     return idx;
   }
 
-  Impl(const CompiledPlan& p, bool g, bool cs, const ShardTuning& t)
-      : plan(p), global(g), compute_stats(cs), tuning(t), stack_matcher(p.stacks.get()) {
+  Impl(const CompiledPlan& p, ShardTier tr, bool cs, const ShardTuning& t)
+      : plan(p), tier(tr), compute_stats(cs), tuning(t), stack_matcher(p.stacks.get()) {
     if (tuning.max_tail_calls == 0) tuning.max_tail_calls = 1;
     for (const auto& grp : plan.groups)
       exit_horizon = std::max(exit_horizon, grp.window.size_ns + grp.window.lateness_ns);
@@ -1077,7 +1086,7 @@ struct Shard::Impl {
     pipes.resize(plan.pipes.size());
     for (size_t i = 0; i < plan.pipes.size(); ++i) {
       const auto& def = plan.pipes[i];
-      if (def.global != global) continue;
+      if (!runs(def.global)) continue;
       auto& ps = pipes[i];
       ps.active = true;
       ps.joins.resize(def.stages.size());
@@ -1098,10 +1107,10 @@ struct Shard::Impl {
     // events delivered behind the watermark, flagged kLate, are never GPU API calls).
     std::vector<char> on_time(plan.groups.size(), 0);
     for (size_t gi = 0; gi < plan.groups.size(); ++gi) on_time[gi] = plan.routed[gi];
-    const Routes& tier = plan.routes[global ? 1 : 0];
-    for (uint32_t code = 0; code + 1 < tier.begin.size(); ++code)
-      for (uint32_t t = tier.begin[code]; t < tier.begin[code + 1]; ++t)
-        if (!is_gpu_api(static_cast<Source>(code >> 8))) on_time[tier.targets[t].group] = 0;
+    for (const Routes* routes : route_tiers())
+      for (uint32_t code = 0; code + 1 < routes->begin.size(); ++code)
+        for (uint32_t t = routes->begin[code]; t < routes->begin[code + 1]; ++t)
+          if (!is_gpu_api(static_cast<Source>(code >> 8))) on_time[routes->targets[t].group] = 0;
     for (auto& jb : join_buffers) {
       const bool all_on_time = std::all_of(jb.groups.begin(), jb.groups.end(),
                                            [&](size_t g) { return on_time[g] != 0; });
@@ -1131,7 +1140,7 @@ struct Shard::Impl {
     }
     windows.resize(plan.groups.size());
     for (size_t g = 0; g < plan.groups.size(); ++g)
-      if (plan.groups[g].global == global)
+      if (runs(plan.groups[g].global))
         windows[g] = std::make_unique<WindowStore<WinState>>(plan.groups[g].window, plan.groups[g].window.lateness_ns);
     feeds.resize(plan.groups.size());
     for (size_t g = 0; g < plan.groups.size(); ++g) {
@@ -1235,10 +1244,18 @@ struct Shard::Impl {
     for (size_t g = 0; g < n_groups; ++g)
       if (windows[g] && plan.routed[g]) stream_sink[static_cast<size_t>(plan.groups[g].stream)] = 1;
     const unsigned switch_code = static_cast<unsigned>(Source::kHost) << 8 | op::kSchedSwitch;
-    const Routes& tier = plan.routes[global ? 1 : 0];
-    routes_.checks = tier.checks;
-    routes_.begin.assign(tier.begin.size(), 0);
-    for (size_t code = 0; code + 1 < tier.begin.size(); ++code) {
+    // The tiers' tables in one (a kBoth shard: the pid tier's targets first, each tier's checks
+    // indices moved past the checks before it).
+    const std::vector<const Routes*> tiers = route_tiers();
+    std::vector<uint32_t> check_base;
+    routes_.checks.clear();
+    for (const Routes* r : tiers) {
+      check_base.push_back(static_cast<uint32_t>(routes_.checks.size()));
+      routes_.checks.insert(routes_.checks.end(), r->checks.begin(), r->checks.end());
+    }
+    const size_t n_begin = tiers.front()->begin.size();  // every tier's: one per code, plus one
+    routes_.begin.assign(n_begin, 0);
+    for (size_t code = 0; code + 1 < n_begin; ++code) {
       const auto first = static_cast<uint32_t>(routes_.targets.size());
       routes_.begin[code] = first;
       // A sink once per code: groups over one stream have the same checks for it (compile_plan).
@@ -1247,10 +1264,14 @@ struct Shard::Impl {
           if (routes_.targets[t].group == rt.group) return;
         routes_.targets.push_back(rt);
       };
-      for (uint32_t t = tier.begin[code]; t < tier.begin[code + 1]; ++t) {
-        RouteTarget rt = tier.targets[t];
-        rt.group = static_cast<uint32_t>(plan.groups[rt.group].stream);
-        add_once(rt);
+      for (size_t i = 0; i < tiers.size(); ++i) {
+        for (uint32_t t = tiers[i]->begin[code]; t < tiers[i]->begin[code + 1]; ++t) {
+          RouteTarget rt = tiers[i]->targets[t];
+          rt.group = static_cast<uint32_t>(plan.groups[rt.group].stream);
+          rt.checks_begin += check_base[i];
+          rt.checks_end += check_base[i];
+          add_once(rt);
+        }
       }
       for (size_t r = 0; r < n_streams; ++r)
         if (prerouted[r] && keep_code[r][code]) add_once({static_cast<uint32_t>(r), 0, 0});
@@ -1632,7 +1653,7 @@ struct Shard::Impl {
       out.stats = std::move(stats);
       out.outcomes = outcomes;
       out.counters = counters;
-      out.global = global;
+      out.global = tier == ShardTier::kGlobal;
     }
     return out;
   }
@@ -2073,8 +2094,8 @@ struct Shard::Impl {
   }
 };
 
-Shard::Shard(const CompiledPlan& plan, bool global, bool compute_stats, const ShardTuning& tuning)
-    : impl_(std::make_unique<Impl>(plan, global, compute_stats, tuning)) {}
+Shard::Shard(const CompiledPlan& plan, ShardTier tier, bool compute_stats, const ShardTuning& tuning)
+    : impl_(std::make_unique<Impl>(plan, tier, compute_stats, tuning)) {}
 Shard::~Shard() = default;
 ShardOutput Shard::process(const ShardInput& in) { return impl_->process(in); }
 

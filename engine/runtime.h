@@ -232,9 +232,16 @@ struct ShardTuning {
   bool stats_from_windows = true;
 };
 
+// Which pipes a shard runs: those of the pid shards, those of the global shard, or both in one
+// shard (a one-thread run: one pass over each batch routes it to every window group, instead of
+// one pass per tier; results are those of a pid shard and a global shard together).
+enum class ShardTier : uint8_t { kPid, kGlobal, kBoth };
+
 class Shard {
  public:
-  Shard(const CompiledPlan& plan, bool global, bool compute_stats, const ShardTuning& tuning = {});
+  Shard(const CompiledPlan& plan, ShardTier tier, bool compute_stats, const ShardTuning& tuning = {});
+  Shard(const CompiledPlan& plan, bool global, bool compute_stats, const ShardTuning& tuning = {})
+      : Shard(plan, global ? ShardTier::kGlobal : ShardTier::kPid, compute_stats, tuning) {}
   ~Shard();
   ShardOutput process(const ShardInput& in);
 

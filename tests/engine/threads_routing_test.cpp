@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/engine.h"
@@ -159,6 +160,130 @@ TEST(ThreadsRouting, IndexedShardInputMatchesGatheredCopies) {
       EXPECT_EQ(sb[i].p99_ns, sa[i].p99_ns) << i;
     }
   }
+}
+
+// One shard of both tiers (ShardTier::kBoth, what the one-thread engine runs: one routing pass
+// for the pid shards' and the global shard's window groups) against a pid shard and a global shard
+// run side by side over `ev` in batches of `batch`: the same chains (ids and summaries; a batch's
+// chains come per window group in one shard, per tier in two, so compared as sets), rule
+// outcomes, counters and per-op statistics. Adds the chains each tier made to the counts.
+void expect_both_tiers_match(const CompiledPlan& plan, const std::vector<Event>& ev, size_t batch, size_t& pid_chains,
+                             size_t& global_chains) {
+  Shard both(plan, ShardTier::kBoth, true), pid(plan, ShardTier::kPid, true), global(plan, ShardTier::kGlobal, false);
+  std::vector<std::string> chains_both, chains_split;
+  ShardOutput last_both, last_pid, last_global;
+  for (size_t at = 0;; at += batch) {
+    const size_t end = std::min(ev.size(), at + batch);
+    ShardInput in;
+    in.owned = std::make_shared<const std::vector<Event>>(ev.begin() + static_cast<ptrdiff_t>(at),
+                                                          ev.begin() + static_cast<ptrdiff_t>(end));
+    in.final = end == ev.size();
+    in.watermark = in.owned->empty() ? 0 : in.owned->back().ts_ns;
+    in.trace_end = ev.back().end_ns();
+    auto out_both = both.process(in);
+    auto out_pid = pid.process(in);
+    auto out_global = global.process(in);
+    for (const auto& c : out_both.chains) chains_both.push_back(c.id + "|" + c.summary);
+    for (const auto* o : {&out_pid, &out_global})
+      for (const auto& c : o->chains) chains_split.push_back(c.id + "|" + c.summary);
+    pid_chains += out_pid.chains.size();
+    global_chains += out_global.chains.size();
+    if (in.final) {
+      last_both = std::move(out_both);
+      last_pid = std::move(out_pid);
+      last_global = std::move(out_global);
+      break;
+    }
+  }
+  std::sort(chains_both.begin(), chains_both.end());
+  std::sort(chains_split.begin(), chains_split.end());
+  EXPECT_EQ(chains_both, chains_split);
+  EXPECT_FALSE(last_both.global);
+  EXPECT_EQ(last_both.counters.events_in, ev.size());
+  EXPECT_EQ(last_both.counters.windows_closed, last_pid.counters.windows_closed + last_global.counters.windows_closed);
+  EXPECT_EQ(last_both.counters.late_events, last_pid.counters.late_events + last_global.counters.late_events);
+  EXPECT_EQ(last_both.counters.tail_windows_capped,
+            last_pid.counters.tail_windows_capped + last_global.counters.tail_windows_capped);
+  ASSERT_EQ(last_both.outcomes.size(), last_pid.outcomes.size());
+  ASSERT_EQ(last_both.outcomes.size(), last_global.outcomes.size());
+  for (size_t i = 0; i < last_both.outcomes.size(); ++i) {
+    // A rule runs in one tier: the other tier's outcome is empty.
+    const RuleOutcome& split = last_pid.outcomes[i].windows ? last_pid.outcomes[i] : last_global.outcomes[i];
+    EXPECT_EQ(last_both.outcomes[i].windows, split.windows) << i;
+    EXPECT_EQ(last_both.outcomes[i].chains, split.chains) << i;
+    EXPECT_EQ(last_both.outcomes[i].miss_key, split.miss_key) << i;
+  }
+  ASSERT_TRUE(last_both.stats && last_pid.stats);
+  const auto sa = last_pid.stats->results(), sb = last_both.stats->results();
+  ASSERT_EQ(sa.size(), sb.size());
+  for (size_t i = 0; i < sa.size(); ++i) {
+    EXPECT_EQ(sb[i].count, sa[i].count) << i;
+    EXPECT_EQ(sb[i].errors, sa[i].errors) << i;
+    EXPECT_EQ(sb[i].p50_ns, sa[i].p50_ns) << i;
+    EXPECT_EQ(sb[i].p99_ns, sa[i].p99_ns) << i;
+    EXPECT_EQ(sb[i].max_ns, sa[i].max_ns) << i;
+  }
+}
+
+// The rule pack on the large trace and the three scenario traces, at two batch sizes.
+TEST(ThreadsRouting, OneShardOfBothTiersGivesThePidAndTheGlobalShard) {
+  std::vector<std::string> errors;
+  const auto compiled = compile_plan(rules::default_rule_pack_plan(), errors);
+  ASSERT_TRUE(compiled) << errors.front();
+  std::vector<const std::vector<Event>*> traces = {&large_trace()};
+  const synth::SynthTrace scenarios[] = {synth::make_cpu_contention(true), synth::make_checkpoint_io(true),
+                                         synth::make_straggler(true)};
+  for (const auto& t : scenarios) traces.push_back(&t.events);
+  size_t pid_chains = 0, global_chains = 0;
+  for (const auto* ev : traces)
+    for (const size_t batch : {size_t{4096}, size_t{333}}) {
+      SCOPED_TRACE(std::to_string(ev->size()) + " events, batch " + std::to_string(batch));
+      expect_both_tiers_match(*compiled, *ev, batch, pid_chains, global_chains);
+    }
+  // Both tiers made chains, so the comparison covers each.
+  EXPECT_GT(pid_chains, 0u);
+  EXPECT_GT(global_chains, 0u);
+}
+
+// Routes with checks in both tiers (filters whose source/op part is a mask and whose rest is a
+// residual check per event: the one shard's table holds both tiers' checks, the global tier's
+// after the pid tier's).
+TEST(ThreadsRouting, OneShardOfBothTiersKeepsEachTiersRouteChecks) {
+  using namespace ex;
+  Plan p;
+  const int scan = p.add(ScanNode{});
+  const double cuda = static_cast<double>(Source::kCuda);
+  const int slow = p.add(FilterNode{land(eq(field(Field::kSource), num(cuda)),
+                                         ge(field(Field::kDuration), num(40'000)))},
+                         {scan});
+  const int quick = p.add(FilterNode{land(eq(field(Field::kSource), num(cuda)),
+                                          lt(field(Field::kDuration), num(20'000)))},
+                          {scan});
+  for (const auto& [stream, keys, rule] :
+       {std::tuple{slow, std::vector<Field>{Field::kPid, Field::kOp}, std::string("slow_by_pid")},
+        std::tuple{quick, std::vector<Field>{Field::kOp}, std::string("quick_by_op")}}) {
+    WindowNode w;
+    w.size_ns = w.slide_ns = 1'000'000'000ull;
+    w.keys = keys;
+    int id = p.add(w, {stream});
+    AggregateNode agg;
+    agg.aggs = {{"n", AggKind::kCount, Field::kDuration, 0}, {"p50", AggKind::kQuantile, Field::kDuration, 0.5}};
+    id = p.add(agg, {id});
+    EmitNode e;
+    e.rule = rule;
+    e.category = "test";
+    e.summary = "{key} n={n} p50={p50}";
+    p.add(e, {id});
+  }
+  std::vector<std::string> errors;
+  const auto compiled = compile_plan(p, errors);
+  ASSERT_TRUE(compiled) << errors.front();
+  ASSERT_FALSE(compiled->routes[0].checks.empty());
+  ASSERT_FALSE(compiled->routes[1].checks.empty());
+  size_t pid_chains = 0, global_chains = 0;
+  expect_both_tiers_match(*compiled, large_trace(), 2048, pid_chains, global_chains);
+  EXPECT_GT(pid_chains, 0u);
+  EXPECT_GT(global_chains, 0u);
 }
 
 // Positions past the end of the batch are skipped, never read.
