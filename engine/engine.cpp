@@ -9,8 +9,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <thread>
 
 #include "engine/runtime.h"
@@ -205,6 +207,61 @@ void run_serial(CompiledPlan& compiled, EventSource& source, const EngineOptions
   for (const auto& f : finals) merge_final(f, result, stats, counters);
 }
 
+// The window groups split into `bins` sets for shards of ShardSplit::kByGroup, balanced by their
+// estimated cost on `sample` (the run's first batch): the events routed to each group (routed
+// groups; any other group counts as the whole batch) times a cost per event by what its states do,
+// from a callgrind profile of the rule pack on /tmp/big5m.db (docs/performance.md, part 8): a count
+// 1, duration sum/min/max 2, a duration quantile 1.6, both 2.6, a call buffer for joins 3 more.
+// Heaviest first into the lightest bin. Returns one mask per bin and, in `stats_bin`, the bin of
+// the heaviest group whose states can carry the per-op statistics' durations (keyed by source and
+// op, with a duration quantile: Shard::Impl::choose_stats_group).
+std::vector<std::vector<char>> split_groups(const CompiledPlan& plan, unsigned bins, unsigned& stats_bin,
+                                            const std::vector<Event>& sample) {
+  const size_t n = plan.groups.size();
+  std::vector<uint64_t> events(n, 0);
+  for (size_t g = 0; g < n; ++g)
+    if (!plan.routed[g]) events[g] = sample.size();
+  for (const Event& e : sample) {
+    const unsigned code = static_cast<unsigned>(e.source) << 8 | e.op;
+    for (const Routes& r : plan.routes)
+      if (code + 1 < r.begin.size())
+        for (uint32_t t = r.begin[code]; t < r.begin[code + 1]; ++t) ++events[r.targets[t].group];
+  }
+  std::vector<double> weight(n, 0);
+  std::vector<size_t> order(n);
+  for (size_t g = 0; g < n; ++g) {
+    const PipeDef& first = plan.pipes[plan.groups[g].pipes.front()];
+    using Shape = AggregateLayout::Shape;
+    const auto shape = first.layout ? first.layout->shape() : Shape::kCount;
+    const double per_event = (shape == Shape::kCount         ? 1.0
+                              : shape == Shape::kDurStats    ? 2.0
+                              : shape == Shape::kDurQuantile ? 1.6
+                                                             : 2.6) +
+                             (plan.groups[g].needs_calls ? 3.0 : 0.0);
+    weight[g] = 1.0 + per_event * static_cast<double>(events[g]);
+    order[g] = g;
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return weight[a] > weight[b]; });
+  std::vector<std::vector<char>> masks(bins, std::vector<char>(n, 0));
+  std::vector<double> load(bins, 0);
+  stats_bin = 0;
+  double stats_weight = 0;
+  for (const size_t g : order) {
+    const auto bin = static_cast<unsigned>(std::min_element(load.begin(), load.end()) - load.begin());
+    masks[bin][g] = 1;
+    load[bin] += weight[g];
+    const PipeDef& first = plan.pipes[plan.groups[g].pipes.front()];
+    const auto shape = first.layout ? first.layout->shape() : AggregateLayout::Shape::kCount;
+    const bool carries = first.keys.has(Field::kSource) && first.keys.has(Field::kOp) &&
+                         (shape == AggregateLayout::Shape::kDurQuantile || shape == AggregateLayout::Shape::kDurBoth);
+    if (carries && weight[g] > stats_weight) {
+      stats_weight = weight[g];
+      stats_bin = bin;
+    }
+  }
+  return masks;
+}
+
 // `threads` workers run the shards; the calling thread is the source: it reads a batch into a
 // pooled Work, routes it and hands it to every shard node, blocking only when the Work it would
 // reuse next (kMaxBatchesInFlight batches back) is still being processed (no barrier between
@@ -212,9 +269,31 @@ void run_serial(CompiledPlan& compiled, EventSource& source, const EngineOptions
 void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptions& opts, unsigned threads,
                   AnalysisResult& result, OpStatsAccumulator& stats, EngineCounters& counters,
                   std::vector<Chain>& chains) {
-  const unsigned n_pid = std::min(shard_count(threads), 0x7fffu);
-  const bool global = compiled.has_global;
-  const unsigned n_nodes = n_pid + (global ? 1 : 0);
+  // By group: shards of both tiers, each over every event and some of the window groups (no pid
+  // shards, nothing to route). By pid: pid shards and the global shard.
+  ShardSplit split = opts.split;
+  if (split == ShardSplit::kAuto) {  // INGERO_SHARD_SPLIT=pid|group overrides the default (benchmarks)
+    const char* env = std::getenv("INGERO_SHARD_SPLIT");
+    const std::string_view v = env ? env : "";
+    split = v == "pid" ? ShardSplit::kByPid : v == "group" ? ShardSplit::kByGroup : ShardSplit::kAuto;
+  }
+  const bool by_group = split == ShardSplit::kByGroup || (split == ShardSplit::kAuto && threads == 2);
+  const unsigned n_pid = by_group ? 0 : std::min(shard_count(threads), 0x7fffu);
+  std::vector<std::unique_ptr<Work>> pool(kMaxBatchesInFlight);
+  for (auto& w : pool) {
+    w = std::make_unique<Work>();
+    w->owned.resize(n_pid);
+  }
+  // The first batch is read here, before the shards exist: by group, it is what the groups are
+  // balanced on.
+  SourceFeed feed(source, compiled);
+  const bool first_final = feed.next(pool[0]->batch, counters);
+  unsigned stats_bin = 0;
+  const std::vector<std::vector<char>> group_sets = by_group ? split_groups(compiled, threads, stats_bin,
+                                                                            pool[0]->batch.events)
+                                                             : std::vector<std::vector<char>>{};
+  const bool global = !by_group && compiled.has_global;
+  const unsigned n_nodes = by_group ? static_cast<unsigned>(group_sets.size()) : n_pid + (global ? 1 : 0);
 
   // The source thread blocks while workers run: give the arena `threads` workers of its own.
   // oneTBB's default pool has hardware_concurrency - 1 workers; raise it when that is fewer.
@@ -227,14 +306,12 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
   std::vector<std::unique_ptr<Shard>> shards;
   for (unsigned i = 0; i < n_pid; ++i) shards.push_back(std::make_unique<Shard>(compiled, false, opts.compute_stats));
   if (global) shards.push_back(std::make_unique<Shard>(compiled, true, false));
+  for (unsigned i = 0; i < group_sets.size(); ++i)
+    shards.push_back(std::make_unique<Shard>(compiled, ShardTier::kBoth, opts.compute_stats && i == stats_bin,
+                                             ShardTuning{}, group_sets[i]));
   // Written by each shard's own node at the final batch, read after the graph is done.
   std::vector<ShardOutput> finals(n_nodes);
   std::atomic<uint64_t> node_errors{0}, done_events{0};
-  std::vector<std::unique_ptr<Work>> pool(kMaxBatchesInFlight);
-  for (auto& w : pool) {
-    w = std::make_unique<Work>();
-    w->owned.resize(n_pid);
-  }
 
   arena.execute([&] {
     tbb::flow::graph g;
@@ -253,7 +330,8 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
 
     std::vector<std::unique_ptr<tbb::flow::function_node<Work*, tbb::flow::continue_msg>>> nodes;
     for (unsigned idx = 0; idx < n_nodes; ++idx) {
-      const bool is_global = idx == n_pid;
+      // A global shard or a shard of some groups: reads the whole batch in place.
+      const bool is_global = by_group || idx == n_pid;
       Shard* shard = shards[idx].get();
       // The host-wide events of other pid shards, gathered per batch into a buffer this node
       // reuses (its batches run one at a time).
@@ -284,7 +362,8 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
                 finals[idx].stats = std::move(out.stats);
                 finals[idx].outcomes = std::move(out.outcomes);
                 finals[idx].counters = out.counters;
-                finals[idx].global = out.global;
+                // Every by-group shard counts every event: the run counts them from the first.
+                finals[idx].global = out.global || (by_group && idx != 0);
               }
               if (!out.chains.empty()) {
                 auto o = std::make_shared<ShardOutput>();
@@ -308,23 +387,26 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
     bool saw_final = false;
     uint64_t trace_end = 0;
     const ShardOfPid shard_of_pid(n_pid);
-    SourceFeed feed(source, compiled);
     for (size_t seq = 0; !saw_final; ++seq) {
       Work& w = *pool[seq % pool.size()];
-      // Bound the batches in flight (memory): wait until every node is done with this Work.
-      for (unsigned p = w.pending.load(std::memory_order_acquire); p != 0;
-           p = w.pending.load(std::memory_order_acquire)) {
-        w.pending.wait(p, std::memory_order_acquire);
+      if (seq == 0) {
+        saw_final = first_final;  // read before the shards were made
+      } else {
+        // Bound the batches in flight (memory): wait until every node is done with this Work.
+        for (unsigned p = w.pending.load(std::memory_order_acquire); p != 0;
+             p = w.pending.load(std::memory_order_acquire)) {
+          w.pending.wait(p, std::memory_order_acquire);
+        }
+        // A source may append to the batch it is given: hand it an empty one (capacity kept).
+        w.batch.events.clear();
+        w.batch.watermark = 0;
+        w.batch.seq = 0;
+        w.batch.final = false;
+        saw_final = feed.next(w.batch, counters);
       }
-      // A source may append to the batch it is given: hand it an empty one (capacity kept).
-      w.batch.events.clear();
-      w.batch.watermark = 0;
-      w.batch.seq = 0;
-      w.batch.final = false;
-      saw_final = feed.next(w.batch, counters);
       w.dropped = source.meta().health.dropped_events;
       w.names = feed.names();
-      route(w, shard_of_pid, trace_end);
+      if (!by_group) route(w, shard_of_pid, trace_end);  // by group, each shard reads the batch as it is
       w.trace_end = trace_end;
       w.pending.store(n_nodes, std::memory_order_release);
       for (auto& node : nodes) node->try_put(&w);

@@ -38,8 +38,16 @@
 
 namespace ingero {
 
+// How a run of two or more threads splits the work between shards (engine.cpp): by process
+// (pid shards, plus one global shard for the pipes not keyed by pid or tid), or by window group
+// (each shard runs some of the plan's window groups over every event: no routing copy, no
+// second pass for the global pipes, but no more shards than groups to balance). kAuto: by group
+// at two threads, by pid beyond.
+enum class ShardSplit : uint8_t { kAuto, kByPid, kByGroup };
+
 struct EngineOptions {
-  unsigned threads = 1;       // engine workers; 0 = hardware concurrency
+  unsigned threads = 1;  // engine workers; 0 = hardware concurrency
+  ShardSplit split = ShardSplit::kAuto;
   bool compute_stats = true;  // per-op statistics over the whole trace
   // Called from the merge node as chains are emitted (live view); may be empty.
   std::function<void(const Chain&)> on_chain;

@@ -914,9 +914,14 @@ class ShardStackMatcher final : public StackMatcher {
 struct Shard::Impl {
   const CompiledPlan& plan;
   ShardTier tier;
+  std::vector<char> group_mask;  // empty: every group of the tier; else only groups g with group_mask[g]
   bool compute_stats;
   // Whether this shard runs the pipes (and window groups) of that tier.
   bool runs(bool global_tier) const { return tier == ShardTier::kBoth || (tier == ShardTier::kGlobal) == global_tier; }
+  // Whether this shard runs window group g (and the pipes of it).
+  bool runs_group(size_t g) const {
+    return runs(plan.groups[g].global) && (group_mask.empty() || (g < group_mask.size() && group_mask[g]));
+  }
   // The tiers' route tables this shard walks (CompiledPlan::routes: [0] pid, [1] global).
   std::vector<const Routes*> route_tiers() const {
     std::vector<const Routes*> r;
@@ -1068,8 +1073,8 @@ struct Shard::Impl {
     return idx;
   }
 
-  Impl(const CompiledPlan& p, ShardTier tr, bool cs, const ShardTuning& t)
-      : plan(p), tier(tr), compute_stats(cs), tuning(t), stack_matcher(p.stacks.get()) {
+  Impl(const CompiledPlan& p, ShardTier tr, bool cs, const ShardTuning& t, std::vector<char> mask)
+      : plan(p), tier(tr), group_mask(std::move(mask)), compute_stats(cs), tuning(t), stack_matcher(p.stacks.get()) {
     if (tuning.max_tail_calls == 0) tuning.max_tail_calls = 1;
     for (const auto& grp : plan.groups)
       exit_horizon = std::max(exit_horizon, grp.window.size_ns + grp.window.lateness_ns);
@@ -1083,10 +1088,13 @@ struct Shard::Impl {
       if (fresh) shared_spans.push_back({std::make_unique<OffCpuSpanBuilder>(OffCpuNode{node->min_ns, {}}), {}, false});
       builder_of[i] = it->second;
     }
+    group_of_pipe.assign(plan.pipes.size(), 0);
+    for (size_t gi = 0; gi < plan.groups.size(); ++gi)
+      for (size_t pi : plan.groups[gi].pipes) group_of_pipe[pi] = gi;
     pipes.resize(plan.pipes.size());
     for (size_t i = 0; i < plan.pipes.size(); ++i) {
       const auto& def = plan.pipes[i];
-      if (!runs(def.global)) continue;
+      if (!runs(def.global) || !runs_group(group_of_pipe[i])) continue;
       auto& ps = pipes[i];
       ps.active = true;
       ps.joins.resize(def.stages.size());
@@ -1098,9 +1106,6 @@ struct Shard::Impl {
       }
     }
     open_calls.resize(plan.groups.size());
-    group_of_pipe.assign(plan.pipes.size(), 0);
-    for (size_t gi = 0; gi < plan.groups.size(); ++gi)
-      for (size_t pi : plan.groups[gi].pipes) group_of_pipe[pi] = gi;
     make_join_buffers();
     // Joins may prune only when every call their windows can receive is on time: the group's
     // stream is a filter chain over the scan (Routes) that keeps GPU API calls only (model/trace.h:
@@ -1140,7 +1145,7 @@ struct Shard::Impl {
     }
     windows.resize(plan.groups.size());
     for (size_t g = 0; g < plan.groups.size(); ++g)
-      if (runs(plan.groups[g].global))
+      if (runs_group(g))
         windows[g] = std::make_unique<WindowStore<WinState>>(plan.groups[g].window, plan.groups[g].window.lateness_ns);
     feeds.resize(plan.groups.size());
     for (size_t g = 0; g < plan.groups.size(); ++g) {
@@ -1267,6 +1272,7 @@ struct Shard::Impl {
       for (size_t i = 0; i < tiers.size(); ++i) {
         for (uint32_t t = tiers[i]->begin[code]; t < tiers[i]->begin[code + 1]; ++t) {
           RouteTarget rt = tiers[i]->targets[t];
+          if (!windows[rt.group]) continue;  // a group another shard runs
           rt.group = static_cast<uint32_t>(plan.groups[rt.group].stream);
           rt.checks_begin += check_base[i];
           rt.checks_end += check_base[i];
@@ -2094,8 +2100,9 @@ struct Shard::Impl {
   }
 };
 
-Shard::Shard(const CompiledPlan& plan, ShardTier tier, bool compute_stats, const ShardTuning& tuning)
-    : impl_(std::make_unique<Impl>(plan, tier, compute_stats, tuning)) {}
+Shard::Shard(const CompiledPlan& plan, ShardTier tier, bool compute_stats, const ShardTuning& tuning,
+             std::vector<char> groups)
+    : impl_(std::make_unique<Impl>(plan, tier, compute_stats, tuning, std::move(groups))) {}
 Shard::~Shard() = default;
 ShardOutput Shard::process(const ShardInput& in) { return impl_->process(in); }
 

@@ -239,7 +239,11 @@ enum class ShardTier : uint8_t { kPid, kGlobal, kBoth };
 
 class Shard {
  public:
-  Shard(const CompiledPlan& plan, ShardTier tier, bool compute_stats, const ShardTuning& tuning = {});
+  // `groups`: when not empty, the shard runs only the pipes of the window groups g with
+  // groups[g] != 0 (of its tier), so several kBoth shards can split a plan's groups between them
+  // (engine.cpp: two threads), each reading every event.
+  Shard(const CompiledPlan& plan, ShardTier tier, bool compute_stats, const ShardTuning& tuning = {},
+        std::vector<char> groups = {});
   Shard(const CompiledPlan& plan, bool global, bool compute_stats, const ShardTuning& tuning = {})
       : Shard(plan, global ? ShardTier::kGlobal : ShardTier::kPid, compute_stats, tuning) {}
   ~Shard();

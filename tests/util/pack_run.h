@@ -4,9 +4,10 @@
 // Contract:
 // - run_pack(src, threads): the default rule pack over `src` at `threads` engine threads; plan
 //   errors fail the calling test.
-// - result_text(r): explain's JSON of `r` (chains, per-op statistics, rule outcomes, counters)
-//   with the two counters that legitimately differ with threads and batch size (threads,
-//   batches) blanked, so equal text means an equal result.
+// - result_text(r): explain's JSON of `r` (chains, rule outcomes, counters) with the two counters
+//   that legitimately differ with threads and batch size (threads, batches) blanked. It does not
+//   hold the per-op statistics (explain's JSON leaves them out): compare r.ops on their own
+//   (threads_routing_test's ops_text).
 // Header-only.
 #pragma once
 
