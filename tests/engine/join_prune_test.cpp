@@ -17,6 +17,8 @@
 #include "engine/runtime.h"
 #include "model/ops.h"
 #include "operators/interval_join.h"
+#include "tests/util/shard_run.h"
+#include "tests/util/window_events.h"
 
 namespace ingero {
 namespace {
@@ -130,39 +132,6 @@ std::vector<Event> random_trace(std::mt19937_64& rng, size_t n, uint64_t span_ns
   return ev;
 }
 
-std::string num_text(double v) {
-  if (std::isnan(v)) return "nan";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
-
-// Everything a shard reports, as text: chains with every slot and evidence item (ids included),
-// outcomes with their closest miss.
-std::string fingerprint(const std::vector<ShardOutput>& outs) {
-  std::string s;
-  for (const auto& out : outs) {
-    for (const auto& c : out.chains) {
-      s += c.id + " " + c.summary + "\n";
-      for (const auto& [name, v] : c.values) s += " " + name + "=" + num_text(v);
-      s += "\n";
-      for (const auto& e : c.evidence) {
-        s += " ev " + e.kind + " " + num_text(e.value) + " " + e.detail + " ids";
-        for (uint64_t id : e.event_ids) s += " " + std::to_string(id);
-        s += "\n";
-      }
-    }
-    for (const auto& o : out.outcomes) {
-      s += "outcome " + o.rule + " " + std::to_string(o.windows) + " " + std::to_string(o.chains) + " " + o.miss_key +
-           "\n";
-    }
-    s += "windows " + std::to_string(out.counters.windows_closed) + " late " +
-         std::to_string(out.counters.late_events) + " capped " + std::to_string(out.counters.tail_windows_capped) +
-         "\n";
-  }
-  return s;
-}
-
 // The text of everything but evicted_spans, which counts pruned spans too (interval_join.h): with
 // pruning it is at least what it is without, by the spans pruned before reaching the horizon.
 struct RunResult {
@@ -178,21 +147,13 @@ RunResult run(const CompiledPlan& cp, bool global, const std::vector<Event>& ev,
   Shard shard(cp, global, false, tuning);
   std::vector<ShardOutput> outs;
   RunResult r;
-  for (size_t at = 0;; at += batch) {
-    const size_t end = std::min(ev.size(), at + batch);
-    ShardInput in;
-    in.owned = std::make_shared<const std::vector<Event>>(ev.begin() + static_cast<ptrdiff_t>(at),
-                                                          ev.begin() + static_cast<ptrdiff_t>(end));
-    in.final = end == ev.size();
-    in.watermark = in.owned->empty() ? 0 : in.owned->back().ts_ns;
-    in.trace_end = ev.back().end_ns();
+  test::for_each_batch(ev, batch, [&](const ShardInput& in) {
     auto out = shard.process(in);
     r.pruned += out.pruned_spans;
     if (in.final) r.evicted = out.counters.evicted_spans;
     outs.push_back(std::move(out));
-    if (in.final) break;
-  }
-  r.text = fingerprint(outs);
+  });
+  r.text = test::shard_text(outs);
   return r;
 }
 
@@ -277,13 +238,7 @@ TEST(JoinPrune, DefaultTriggerGivesIdenticalResults) {
   EXPECT_EQ(b.evicted, b.pruned);
 }
 
-Event span(uint64_t ts, uint64_t dur, uint64_t id) {
-  Event e;
-  e.ts_ns = ts;
-  e.dur_ns = dur;
-  e.id = id;
-  return e;
-}
+using test::span_event;
 
 std::vector<uint64_t> ids_after_prune(JoinKind kind, uint64_t within, const std::vector<Event>& spans, uint64_t floor,
                                       std::vector<IntervalJoin::CallRange> calls) {
@@ -299,17 +254,17 @@ std::vector<uint64_t> ids_after_prune(JoinKind kind, uint64_t within, const std:
 TEST(JoinPrune, KeepsSpansACandidateOrAFutureCallCanTouch) {
   // Spans (ids): 1 [10,20), 2 [30,30] instant, 3 [40,50), 4 [95,120) ends past the floor,
   // 5 [60,70), 6 [70,70] instant at the candidate's end.
-  const std::vector<Event> spans = {span(10, 10, 1), span(30, 0, 2), span(40, 10, 3),
-                                    span(60, 10, 5), span(70, 0, 6), span(95, 25, 4)};
+  const std::vector<Event> spans = {span_event(10, 10, 1), span_event(30, 0, 2), span_event(40, 10, 3),
+                                    span_event(60, 10, 5), span_event(70, 0, 6), span_event(95, 25, 4)};
   // Candidate call [50, 70): touches 3 (closed ranges meet at 50), 5, 6; floor 100 keeps 4.
   EXPECT_EQ(ids_after_prune(JoinKind::kOverlap, 0, spans, 100, {{50, 70}}), (std::vector<uint64_t>{3, 5, 6, 4}));
   // No candidates: only what a call starting at or after the floor can reach.
   EXPECT_EQ(ids_after_prune(JoinKind::kOverlap, 0, spans, 100, {}), (std::vector<uint64_t>{4}));
   // An instant exactly at the floor stays (a call may start there).
-  EXPECT_EQ(ids_after_prune(JoinKind::kOverlap, 0, {span(50, 10, 8), span(100, 0, 9)}, 100, {}),
+  EXPECT_EQ(ids_after_prune(JoinKind::kOverlap, 0, {span_event(50, 10, 8), span_event(100, 0, 9)}, 100, {}),
             (std::vector<uint64_t>{9}));
   // Spans with one start go all or none: 12 is touched, so 11 (same start) stays too.
-  EXPECT_EQ(ids_after_prune(JoinKind::kOverlap, 0, {span(20, 5, 11), span(20, 40, 12)}, 100, {{50, 55}}),
+  EXPECT_EQ(ids_after_prune(JoinKind::kOverlap, 0, {span_event(20, 5, 11), span_event(20, 40, 12)}, 100, {{50, 55}}),
             (std::vector<uint64_t>{11, 12}));
   // kWithin widens both: a future call at 100 reaches back to 100 - 35 = 65 (keeps 5, 6, 4), and
   // the candidate [20, 22) reaches [0, 57] (keeps 1, 2, 3).
@@ -325,14 +280,14 @@ TEST(JoinPrune, EvictedCountsPrunedSpansAtOnce) {
   auto evicted_with = [](bool prune) {
     IntervalJoin j(JoinKind::kOverlap, 0);
     std::unordered_map<uint64_t, std::vector<IntervalJoin::CallRange>> none;
-    j.add_right(7, span(10, 10, 1));
-    j.add_right(7, span(12, 2, 2));
+    j.add_right(7, span_event(10, 10, 1));
+    j.add_right(7, span_event(12, 2, 2));
     if (prune) j.prune(30, none);
     EXPECT_EQ(j.pruned(), prune ? 2u : 0u);
     EXPECT_EQ(j.evicted(), prune ? 2u : 0u);
-    j.add_right(7, span(10, 90, 3));  // live until 100
-    j.add_right(7, span(5, 10, 4));   // before everything; dead at 50
-    j.evict(50, 0);                   // pops 4 and, unpruned, 1; then 3 blocks 2
+    j.add_right(7, span_event(10, 90, 3));  // live until 100
+    j.add_right(7, span_event(5, 10, 4));   // before everything; dead at 50
+    j.evict(50, 0);                         // pops 4 and, unpruned, 1; then 3 blocks 2
     const uint64_t first = j.evicted();
     j.evict(101, 0);  // pops 3 and, unpruned, 2
     EXPECT_EQ(j.buffered(), 0u);

@@ -20,6 +20,8 @@
 #include "engine/runtime.h"
 #include "model/ops.h"
 #include "operators/interval_join.h"
+#include "tests/util/shard_run.h"
+#include "tests/util/window_events.h"
 
 namespace ingero {
 namespace {
@@ -120,38 +122,6 @@ Plan share_plan() {
   return p;
 }
 
-std::string num_text(double v) {
-  if (std::isnan(v)) return "nan";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
-
-// Everything the shard reports but the span counters (one buffer lets go of a shared span once):
-// chains with every slot and evidence item (ids included), outcomes, window counters.
-std::string fingerprint(const std::vector<ShardOutput>& outs) {
-  std::string s;
-  for (const auto& out : outs) {
-    for (const auto& c : out.chains) {
-      s += c.id + " " + c.rule + " " + c.summary + "\n";
-      for (const auto& [name, v] : c.values) s += " " + name + "=" + num_text(v);
-      s += "\n";
-      for (const auto& e : c.evidence) {
-        s += " ev " + e.kind + " " + num_text(e.value) + " " + e.detail + " ids";
-        for (uint64_t id : e.event_ids) s += " " + std::to_string(id);
-        s += "\n";
-      }
-    }
-    for (const auto& o : out.outcomes)
-      s += "outcome " + o.rule + " " + std::to_string(o.windows) + " " + std::to_string(o.chains) + " " + o.miss_key +
-           "\n";
-    s += "windows " + std::to_string(out.counters.windows_closed) + " late " +
-         std::to_string(out.counters.late_events) + " capped " + std::to_string(out.counters.tail_windows_capped) +
-         "\n";
-  }
-  return s;
-}
-
 uint64_t g_pruned = 0;  // spans the runs pruned (the comparison must cover pruning)
 
 // The trace through one shard of the plan's tier in batches of `batch` events (watermark: the
@@ -160,19 +130,11 @@ std::string run(const CompiledPlan& cp, bool global, const std::vector<Event>& e
                 const ShardTuning& tuning) {
   Shard shard(cp, global, false, tuning);
   std::vector<ShardOutput> outs;
-  for (size_t at = 0;; at += batch) {
-    const size_t end = std::min(ev.size(), at + batch);
-    ShardInput in;
-    in.owned = std::make_shared<const std::vector<Event>>(ev.begin() + static_cast<ptrdiff_t>(at),
-                                                          ev.begin() + static_cast<ptrdiff_t>(end));
-    in.final = end == ev.size();
-    in.watermark = in.owned->empty() ? 0 : in.owned->back().ts_ns;
-    in.trace_end = ev.back().end_ns();
+  test::for_each_batch(ev, batch, [&](const ShardInput& in) {
     outs.push_back(shard.process(in));
     g_pruned += outs.back().pruned_spans;
-    if (in.final) break;
-  }
-  return fingerprint(outs);
+  });
+  return test::shard_text(outs);  // everything but the span counters (a shared span is let go of once)
 }
 
 size_t count_of(const std::string& text, const std::string& what) {
@@ -230,10 +192,7 @@ TEST(JoinShare, DefaultPackGivesWhatABufferPerStageGives) {
 TEST(JoinShare, TagsSelectEachStagesStates) {
   IntervalJoin j(JoinKind::kOverlap, 0, true);
   auto span = [](uint64_t ts, uint64_t dur, uint64_t id, OffCpuState st) {
-    Event e;
-    e.ts_ns = ts;
-    e.dur_ns = dur;
-    e.id = id;
+    Event e = test::span_event(ts, dur, id);
     e.prev_state = st;
     return e;
   };

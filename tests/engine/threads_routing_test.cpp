@@ -17,6 +17,7 @@
 #include "rules/pack.h"
 #include "sinks/report.h"
 #include "tests/util/pack_run.h"
+#include "tests/util/shard_run.h"
 
 namespace ingero {
 namespace {
@@ -216,14 +217,7 @@ void expect_both_tiers_match(const CompiledPlan& plan, const std::vector<Event>&
   Shard both(plan, ShardTier::kBoth, true), pid(plan, ShardTier::kPid, true), global(plan, ShardTier::kGlobal, false);
   std::vector<std::string> chains_both, chains_split;
   ShardOutput last_both, last_pid, last_global;
-  for (size_t at = 0;; at += batch) {
-    const size_t end = std::min(ev.size(), at + batch);
-    ShardInput in;
-    in.owned = std::make_shared<const std::vector<Event>>(ev.begin() + static_cast<ptrdiff_t>(at),
-                                                          ev.begin() + static_cast<ptrdiff_t>(end));
-    in.final = end == ev.size();
-    in.watermark = in.owned->empty() ? 0 : in.owned->back().ts_ns;
-    in.trace_end = ev.back().end_ns();
+  test::for_each_batch(ev, batch, [&](const ShardInput& in) {
     auto out_both = both.process(in);
     auto out_pid = pid.process(in);
     auto out_global = global.process(in);
@@ -236,9 +230,8 @@ void expect_both_tiers_match(const CompiledPlan& plan, const std::vector<Event>&
       last_both = std::move(out_both);
       last_pid = std::move(out_pid);
       last_global = std::move(out_global);
-      break;
     }
-  }
+  });
   std::sort(chains_both.begin(), chains_both.end());
   std::sort(chains_split.begin(), chains_split.end());
   EXPECT_EQ(chains_both, chains_split);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "operators/interval_join.h"
+#include "tests/util/window_events.h"
 
 namespace ingero {
 namespace {
@@ -148,14 +149,7 @@ class RefJoin {
   uint64_t evicted_ = 0, pruned_ = 0;
 };
 
-Event span(uint64_t ts, uint64_t dur, uint64_t id, uint64_t arg0) {
-  Event e;
-  e.ts_ns = ts;
-  e.dur_ns = dur;
-  e.id = id;
-  e.arg0 = arg0;
-  return e;
-}
+using test::span_event;
 
 constexpr uint64_t k2p32 = uint64_t{1} << 32;
 
@@ -203,7 +197,7 @@ size_t run_one(uint32_t seed, JoinKind kind, bool tagged) {
         if (chance(50)) next_id[key] = id + 1;
       }
       const uint64_t arg0 = step >= arg0_from && chance(30) ? 1 + pick(1u << 20) : 0;
-      Event e = span(ts, dur, id, arg0);
+      Event e = span_event(ts, dur, id, arg0);
       if (step >= state_from) e.prev_state = static_cast<OffCpuState>(chance(3) ? 70 : pick(5));
       join.add_right(key, e);
       ref.add_right(key, e);
@@ -269,14 +263,15 @@ TEST(IntervalJoinStorage, RandomSequencesMatchTheReference) {
 TEST(IntervalJoinStorage, InOrderSpansTakeAboutTwelveBytes) {
   IntervalJoin join(JoinKind::kOverlap, 0);
   const size_t n = 100'000;
-  for (size_t i = 0; i < n; ++i) join.add_right(7, span(1'000'000 + i * 1000, 400 + i % 300, 5000 + 3 * i, 0));
+  for (size_t i = 0; i < n; ++i) join.add_right(7, span_event(1'000'000 + i * 1000, 400 + i % 300, 5000 + 3 * i, 0));
   ASSERT_EQ(join.buffered(), n);
   const double per_span = static_cast<double>(join.span_bytes()) / static_cast<double>(n);
   EXPECT_GE(per_span, 12.0);
   EXPECT_LT(per_span, 13.0);
   // And a non-zero arg0 costs 8 bytes a span in the blocks given one, not in the others.
   IntervalJoin io(JoinKind::kOverlap, 0);
-  for (size_t i = 0; i < n; ++i) io.add_right(7, span(1'000'000 + i * 1000, 400, 5000 + i, i >= n / 2 ? 4096 : 0));
+  for (size_t i = 0; i < n; ++i)
+    io.add_right(7, span_event(1'000'000 + i * 1000, 400, 5000 + i, i >= n / 2 ? 4096 : 0));
   const double io_per_span = static_cast<double>(io.span_bytes()) / static_cast<double>(n);
   EXPECT_GT(io_per_span, 15.5);
   EXPECT_LT(io_per_span, 17.0);

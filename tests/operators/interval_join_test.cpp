@@ -3,18 +3,12 @@
 #include <cmath>
 
 #include "operators/interval_join.h"
+#include "tests/util/window_events.h"
 
 namespace ingero {
 namespace {
 
-Event span(uint64_t ts, uint64_t dur, uint64_t id, uint64_t arg0 = 0) {
-  Event e;
-  e.ts_ns = ts;
-  e.dur_ns = dur;
-  e.id = id;
-  e.arg0 = arg0;
-  return e;
-}
+Event span(uint64_t ts, uint64_t dur, uint64_t id, uint64_t arg0 = 0) { return test::span_event(ts, dur, id, arg0); }
 
 TEST(IntervalJoin, OverlapIsAUnionPerCall) {
   IntervalJoin j(JoinKind::kOverlap, 0);
