@@ -98,6 +98,8 @@ int run_explain(const ExplainArgs& a) {
     return kExitInput;
   }
   annotator.finish(r);
+  if (const std::string w = annotator_spill_warning(annotator.spill_counters()); !w.empty())
+    std::fprintf(stderr, "warning: %s\n", w.c_str());
   if (sink) {
     sink->write_meta(r.meta);
     if (!sink->write_result(r) || !sink->close(error)) {

@@ -373,6 +373,8 @@ int run_pipeline(const RunArgs& a) {
     }
     if (inputs.size() > 1) result.meta = merged.meta();
     annotator.finish(result);
+    if (const std::string w = annotator_spill_warning(annotator.spill_counters()); !w.empty())
+      std::fprintf(stderr, "warning: %s\n", w.c_str());
   }
   for (size_t i = 0; i < sources.size(); ++i) {
     if (in_analysis[i]) continue;

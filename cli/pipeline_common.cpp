@@ -102,6 +102,18 @@ AnnotateOptions annotate_options(const AnalysisPlan& a, AnnotateOptions base) {
   return base;
 }
 
+std::string annotator_spill_warning(const SpillCounters& c) {
+  std::string w;
+  if (c.read_errors > 0)
+    w = std::to_string(c.read_errors) +
+        " read(s) of the chain annotator's spill file failed: some chains may lack their thread, stack and time "
+        "split details";
+  else if (c.errors > 0)
+    w = "the chain annotator's spill file in $TMPDIR (else /tmp) could not be written: its records stayed in "
+        "memory (set TMPDIR to a writable directory, or INGERO_ANNOTATE_RESIDENT_MB=0 to keep them in memory)";
+  return w;
+}
+
 uint64_t peak_rss_bytes() {
   std::ifstream in("/proc/self/status");
   std::string line;

@@ -57,6 +57,10 @@ struct AnalysisPlan {
 
 // `base` (e.g. LiveChainAnnotator::replay_defaults()) with the analysis' warm-up knobs.
 AnnotateOptions annotate_options(const AnalysisPlan& a, AnnotateOptions base);
+// What went wrong with the annotator's spill file (operators/spill_file.h), as one line for stderr;
+// empty when nothing did. A failed write only costs memory; a failed read loses the records of a
+// block, so chains may lack thread and stack details.
+std::string annotator_spill_warning(const SpillCounters& c);
 
 bool build_analysis(const AnalysisSpec& spec, AnalysisPlan& out, std::string& errors);
 bool have_rule_compiler();

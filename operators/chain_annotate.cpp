@@ -58,6 +58,7 @@ bool is_launch_op(Source s, uint8_t op) {
 }
 
 ChainAnnotator::ChainAnnotator(AnnotateOptions o) : opt_(o) {
+  if (opt_.resident_bytes > 0) spill_ = std::make_unique<SpillFile>(opt_.resident_bytes);
   if (opt_.top_stacks == 0) opt_.top_stacks = 3;
   if (opt_.gap_window_ns == 0) opt_.gap_window_ns = 10'000'000'000;
   if (opt_.max_records == 0) opt_.max_records = 1;
@@ -136,14 +137,63 @@ ChainRecordSeries::Block ChainRecordSeries::make_block(const ChainRecord* first,
 
 std::vector<ChainRecord> ChainRecordSeries::decode_block(const Block& b) const {
   std::vector<ChainRecord> v(b.n);
-  const uint8_t* p = b.bytes.data() + b.off;
+  std::vector<uint8_t> scratch;
+  const uint8_t* base = data_of(b, scratch);
+  if (base == nullptr) {
+    // An unreadable spilled block: as many empty records at its last timestamp (see the header).
+    for (auto& r : v) r.ts = b.last_ts;
+    return v;
+  }
+  const uint8_t* p = base + b.off;
   uint64_t prev = b.base_ts;
   for (auto& r : v) p = decode(p, prev, tuples_, r);
   return v;
 }
 
+const uint8_t* ChainRecordSeries::data_of(const Block& b, std::vector<uint8_t>& scratch) const {
+  if (!b.spilled()) return b.bytes.data();
+  scratch.resize(b.slot.len);
+  return spill_ != nullptr && spill_->get(b.slot, scratch.data()) ? scratch.data() : nullptr;
+}
+
+void ChainRecordSeries::add_block(Block b) {
+  if (spill_ != nullptr) {
+    spill_->add_resident(static_cast<std::ptrdiff_t>(b.bytes.size()));
+    if (spill_->over_budget() && b.bytes.size() <= UINT32_MAX &&
+        spill_->put(b.bytes.data(), static_cast<uint32_t>(b.bytes.size()), b.slot)) {
+      spill_->add_resident(-static_cast<std::ptrdiff_t>(b.bytes.size()));
+      std::vector<uint8_t>().swap(b.bytes);
+    }
+  }
+  blocks_.push_back(std::move(b));
+}
+
+void ChainRecordSeries::forget(Block& b) {
+  if (spill_ == nullptr) return;
+  if (b.spilled()) spill_->release(b.slot);
+  else spill_->add_resident(-static_cast<std::ptrdiff_t>(b.bytes.size()));
+  b.slot = {};
+}
+
+void ChainRecordSeries::bring_back(Block& b) {
+  if (!b.spilled()) return;
+  std::vector<uint8_t> bytes(b.slot.len);
+  if (spill_ == nullptr || !spill_->get(b.slot, bytes.data())) {
+    // Unreadable: re-encode the block as the empty records decode_block() gives for it.
+    const std::vector<ChainRecord> v = decode_block(b);
+    Block e = make_block(v.data(), v.size());
+    bytes = std::move(e.bytes);
+    b.base_ts = e.base_ts;
+    b.off = 0;
+  }
+  spill_->release(b.slot);
+  b.slot = {};
+  spill_->add_resident(static_cast<std::ptrdiff_t>(bytes.size()));
+  b.bytes = std::move(bytes);
+}
+
 void ChainRecordSeries::seal() {
-  blocks_.push_back(make_block(open_.data(), kBlock));
+  add_block(make_block(open_.data(), kBlock));
   open_.erase(open_.begin(), open_.begin() + static_cast<std::ptrdiff_t>(kBlock));
 }
 
@@ -167,7 +217,9 @@ bool ChainRecordSeries::insert(const ChainRecord& r) {
     std::vector<ChainRecord> v = decode_block(*bit);
     auto it = std::upper_bound(v.begin(), v.end(), r.ts, [](uint64_t ts, const ChainRecord& x) { return ts < x.ts; });
     v.insert(it, r);
+    forget(*bit);
     *bit = make_block(v.data(), v.size());
+    if (spill_ != nullptr) spill_->add_resident(static_cast<std::ptrdiff_t>(bit->bytes.size()));
     in_order = false;
   }
   if (open_.size() >= 2 * kBlock) seal();
@@ -178,8 +230,14 @@ ChainRecord ChainRecordSeries::front() const {
   ChainRecord r;
   if (!blocks_.empty()) {
     const Block& b = blocks_.front();
+    std::vector<uint8_t> scratch;
+    const uint8_t* base = data_of(b, scratch);
+    if (base == nullptr) {
+      r.ts = b.last_ts;
+      return r;
+    }
     uint64_t prev = b.base_ts;
-    decode(b.bytes.data() + b.off, prev, tuples_, r);
+    decode(base + b.off, prev, tuples_, r);
   } else if (!open_.empty()) {
     r = open_.front();
   }
@@ -189,10 +247,14 @@ ChainRecord ChainRecordSeries::front() const {
 void ChainRecordSeries::pop_front() {
   if (!blocks_.empty()) {
     Block& b = blocks_.front();
+    bring_back(b);
     ChainRecord r;
     const uint8_t* p = decode(b.bytes.data() + b.off, b.base_ts, tuples_, r);
     b.off = static_cast<uint32_t>(p - b.bytes.data());
-    if (--b.n == 0) blocks_.pop_front();
+    if (--b.n == 0) {
+      forget(b);
+      blocks_.pop_front();
+    }
   } else if (!open_.empty()) {
     open_.erase(open_.begin());
   } else {
@@ -203,6 +265,25 @@ void ChainRecordSeries::pop_front() {
     tuples_.clear();
     tuple_index_.clear();
   }
+}
+
+size_t ChainRecordSeries::drop_before(uint64_t ts) {
+  size_t dropped = 0;
+  // Whole sealed blocks (all their records start at or before last_ts), while one stays ahead: the
+  // last record's removal goes through pop_front(), which resets the series when it empties.
+  while (blocks_.size() > 1 || (blocks_.size() == 1 && !open_.empty())) {
+    Block& b = blocks_.front();
+    if (b.last_ts >= ts) break;
+    dropped += b.n;
+    size_ -= b.n;
+    forget(b);
+    blocks_.pop_front();
+  }
+  while (!empty() && front().ts < ts) {
+    pop_front();
+    ++dropped;
+  }
+  return dropped;
 }
 
 size_t ChainRecordSeries::heap_bytes() const {
@@ -218,6 +299,7 @@ size_t ChainRecordSeries::heap_bytes() const {
 size_t ChainAnnotator::retained_bytes() const {
   size_t n = 0;
   for (const auto& [k, t] : threads_) n += t.calls.heap_bytes() + t.offcpu.heap_bytes() + t.samples.heap_bytes();
+  if (spill_ != nullptr) n += spill_->heap_bytes();
   return n;
 }
 
@@ -272,6 +354,8 @@ void ChainAnnotator::add(std::span<const Event> events) {
       }
     }
     Thread& t = threads_[thread_key(e.node, e.tid)];
+    if (spill_ != nullptr)
+      for (Series* ser : {&t.calls, &t.offcpu, &t.samples}) ser->set_spill(spill_.get());
     t.pid = e.pid;
     t.tid = e.tid;
     t.node = e.node;
@@ -328,12 +412,10 @@ void ChainAnnotator::enforce_cap() {
     horizon_ = std::max(horizon_, horizon);
     for (auto& [k, t] : threads_)
       for (Series* s : {&t.calls, &t.offcpu, &t.samples}) {
-        while (!s->empty() && s->front().ts < horizon) {
-          s->pop_front();
-          --records_;
-          ++counters_.evicted;
-          ++counters_.capped;
-        }
+        const size_t n = s->drop_before(horizon);
+        records_ -= n;
+        counters_.evicted += n;
+        counters_.capped += n;
       }
   }
 }
@@ -972,6 +1054,24 @@ void LiveChainAnnotator::finish(AnalysisResult& r) {
   gaps_ready_.clear();
   for (auto& g : a_.take_gap_chains(r.meta, true)) r.chains.push_back(std::move(g));
   std::sort(r.chains.begin(), r.chains.end(), chain_canonical_order);
+}
+
+AnnotateOptions LiveChainAnnotator::replay_defaults() {
+  AnnotateOptions o = defaults();
+  o.min_records = 2u << 20;
+  o.max_records = 8u << 20;
+  o.resident_bytes = kReplayResidentBytes;
+  if (const char* v = std::getenv("INGERO_ANNOTATE_RESIDENT_MB"); v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    const unsigned long long mb = std::strtoull(v, &end, 10);
+    if (end != nullptr && *end == '\0' && mb < (uint64_t{1} << 30)) o.resident_bytes = static_cast<size_t>(mb) << 20;
+  }
+  return o;
+}
+
+SpillCounters LiveChainAnnotator::spill_counters() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return a_.spill_counters();
 }
 
 AnnotateCounters LiveChainAnnotator::counters() {

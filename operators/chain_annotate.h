@@ -79,6 +79,7 @@
 #include "model/result.h"
 #include "model/stack.h"
 #include "model/trace.h"
+#include "operators/spill_file.h"
 
 namespace ingero {
 
@@ -86,6 +87,9 @@ struct AnnotateOptions {
   uint64_t retention_ns = 0;      // 0 = keep every event (replay); live: largest window + lateness
   size_t max_records = 8u << 20;  // hard cap on kept events; the oldest thread data goes first
   size_t min_records = 0;         // retention evicts only while more than this many are kept
+  // Bytes of sealed record blocks held in memory; beyond it they go to a spill file (SpillFile,
+  // operators/spill_file.h) and are read back when needed. 0 = everything in memory.
+  size_t resident_bytes = 0;
   size_t top_stacks = 3;
   bool detect_gaps = true;
   uint64_t gap_min_ns = 100'000'000;        // 100 ms without a launch
@@ -135,8 +139,12 @@ struct ChainRecord {
 // (source, op, state, stack) tuples (0 = the tuple follows inline, when the table is full) -
 // about 7 bytes a record instead of 32. Answers what a deque of ChainRecord would: insert, front,
 // pop_front and the records starting in [start, end) in order. A late record that falls inside a
-// sealed block re-encodes that block (counted by the caller as out of order). Never throws except
-// std::bad_alloc.
+// sealed block re-encodes that block (counted by the caller as out of order). With a SpillFile
+// (set_spill), a sealed block may go to the file while the file is over its resident budget; a
+// query reads it back into a scratch buffer, a pop or a late insert into it brings it back into
+// memory. Should a read of our own file fail (counted by the file), the block's records read as
+// missing to queries and as empty records at its last timestamp to pops, so counts stay right.
+// Never throws except std::bad_alloc.
 class ChainRecordSeries {
  public:
   static constexpr size_t kBlock = 128;
@@ -148,6 +156,12 @@ class ChainRecordSeries {
   size_t size() const { return size_; }
   ChainRecord front() const;
   void pop_front();
+  // Removes every record that starts before `ts` (what a loop of front()/pop_front() would), whole
+  // sealed blocks without decoding or reading them back; returns how many.
+  size_t drop_before(uint64_t ts);
+  // Where sealed blocks may go (null: they stay in memory). Set while the series is empty; the
+  // file must outlive the series' blocks.
+  void set_spill(SpillFile* f) { spill_ = f; }
   // The longest duration inserted since the series was last empty (a window search starts this
   // much earlier to find records that overlap it).
   uint64_t max_dur() const { return max_dur_; }
@@ -165,17 +179,25 @@ class ChainRecordSeries {
     OffCpuState state = OffCpuState::kUnknown;
   };
   struct Block {
-    uint64_t base_ts = 0;  // ts the first live record's delta is taken from
-    uint64_t last_ts = 0;  // ts of the last record
-    uint32_t off = 0;      // byte offset of the first live record (pop_front advances it)
-    uint32_t n = 0;        // live records
-    std::vector<uint8_t> bytes;
+    uint64_t base_ts = 0;        // ts the first live record's delta is taken from
+    uint64_t last_ts = 0;        // ts of the last record
+    uint32_t off = 0;            // byte offset of the first live record (pop_front advances it)
+    uint32_t n = 0;              // live records
+    std::vector<uint8_t> bytes;  // empty while the block is in the spill file
+    SpillFile::Slot slot;        // slot.cap != 0: in the spill file
+    bool spilled() const { return slot.cap != 0; }
   };
   static const uint8_t* decode(const uint8_t* p, uint64_t& prev_ts, const std::vector<Tuple>& tuples, ChainRecord& r);
   void encode(std::vector<uint8_t>& out, uint64_t& prev_ts, const ChainRecord& r);
   void seal();
   Block make_block(const ChainRecord* first, size_t n);
   std::vector<ChainRecord> decode_block(const Block& b) const;
+  // The block's bytes (from its start; `off` applies): in memory, or read into `scratch`; null
+  // when the read failed.
+  const uint8_t* data_of(const Block& b, std::vector<uint8_t>& scratch) const;
+  void add_block(Block b);    // appends a sealed block, spilling it when over budget
+  void forget(Block& b);      // the block leaves the series: its slot or resident bytes
+  void bring_back(Block& b);  // a spilled block back into memory
 
   std::deque<Block> blocks_;
   std::vector<ChainRecord> open_;  // the newest records, sorted, not yet sealed
@@ -183,6 +205,7 @@ class ChainRecordSeries {
   std::unordered_map<uint64_t, uint32_t> tuple_index_;  // tuple hash -> index + 1
   size_t size_ = 0;
   uint64_t max_dur_ = 0;
+  SpillFile* spill_ = nullptr;
 };
 
 inline const uint8_t* ChainRecordSeries::decode(const uint8_t* p, uint64_t& prev_ts, const std::vector<Tuple>& tuples,
@@ -220,8 +243,11 @@ void ChainRecordSeries::for_each(uint64_t start, uint64_t end, F&& f) const {
   auto it = std::lower_bound(blocks_.begin(), blocks_.end(), start,
                              [](const Block& b, uint64_t ts) { return b.last_ts < ts; });
   ChainRecord r;
+  std::vector<uint8_t> scratch;
   for (; it != blocks_.end(); ++it) {
-    const uint8_t* p = it->bytes.data() + it->off;
+    const uint8_t* base = data_of(*it, scratch);
+    if (base == nullptr) continue;  // an unreadable spilled block: its records are missing
+    const uint8_t* p = base + it->off;
     uint64_t prev = it->base_ts;
     for (uint32_t i = 0; i < it->n; ++i) {
       p = decode(p, prev, tuples_, r);
@@ -255,6 +281,8 @@ class ChainAnnotator {
   TimeSplit time_split(uint16_t node, uint32_t tid, uint64_t start, uint64_t end) const;
 
   const AnnotateCounters& counters() const { return counters_; }
+  // The spill file's counters (all zero without one).
+  SpillCounters spill_counters() const { return spill_ ? spill_->counters() : SpillCounters{}; }
   size_t retained() const { return records_; }
   size_t retained_bytes() const;  // heap bytes of the kept records (ChainRecordSeries::heap_bytes)
   const AnnotateOptions& options() const { return opt_; }
@@ -293,6 +321,7 @@ class ChainAnnotator {
 
   AnnotateOptions opt_;
   AnnotateCounters counters_;
+  std::unique_ptr<SpillFile> spill_;  // opt_.resident_bytes > 0; outlives threads_ (declared first)
   std::unordered_map<uint64_t, Thread> threads_;
   size_t records_ = 0;
   uint64_t newest_ = 0;
@@ -356,13 +385,12 @@ class LiveChainAnnotator {
   // Replay through the same path (explain, mcp, run): everything is kept up to 2M events (~15 MB),
   // beyond that the 15 s horizon, so a trace of any length costs at most max(2M, rate x 15 s)
   // events. The source runs at most 8 batches (32k events) ahead of the emitted chains, far less
-  // than 2M, so a chain's window is still kept when it is annotated.
-  static AnnotateOptions replay_defaults() {
-    AnnotateOptions o = defaults();
-    o.min_records = 2u << 20;
-    o.max_records = 8u << 20;
-    return o;
-  }
+  // than 2M, so a chain's window is still kept when it is annotated. Of those records, sealed
+  // blocks beyond kReplayResidentBytes go to a spill file in $TMPDIR (at most ~7 B x 8M = 56 MB
+  // of disk, usually in the page cache); INGERO_ANNOTATE_RESIDENT_MB=N changes the budget, 0
+  // keeps everything in memory.
+  static constexpr size_t kReplayResidentBytes = size_t{8} << 20;
+  static AnnotateOptions replay_defaults();
   // The source to hand to run_plan; `in` must outlive it. Call once.
   EventSource& tap(EventSource& in);
   // A copy of `c` with tid/threads/stacks/time_split (any thread; remembered by chain id).
@@ -373,6 +401,7 @@ class LiveChainAnnotator {
   // After run_plan: every chain of `r` annotated (as when emitted), launch_gap chains added, sorted.
   void finish(AnalysisResult& r);
   AnnotateCounters counters();
+  SpillCounters spill_counters();
   // Records kept now, and their heap bytes (ChainAnnotator::retained / retained_bytes).
   size_t retained();
   size_t retained_bytes();

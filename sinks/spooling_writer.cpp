@@ -16,6 +16,7 @@
 #include <system_error>
 
 #include "model/format.h"
+#include "model/temp_file.h"
 
 namespace ingero {
 
@@ -24,65 +25,6 @@ namespace {
 constexpr size_t kSpillReadEvents = 4096;            // 320 KiB read-back buffer
 constexpr uint64_t kPunchEvery = uint64_t{1} << 20;  // give back consumed spill space per MiB
 constexpr int kProgressSeconds = 5;
-
-// An unnamed file in `dir`: O_TMPFILE never gives it a name; where the filesystem lacks it, a
-// mkstemp name is unlinked at once. Either way nothing survives the process, even kill -9.
-int open_spill_file(const std::string& dir, std::string& error) {
-  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-  if (fd >= 0) return fd;
-  const int tmpfile_errno = errno;
-  if (tmpfile_errno == ENOENT || tmpfile_errno == ENOTDIR || tmpfile_errno == EACCES || tmpfile_errno == EROFS) {
-    error = dir + ": cannot create the spill file (" + std::strerror(tmpfile_errno) + ")";
-    return -1;
-  }
-  std::string name = dir + "/.ingero-spool-XXXXXX";
-  fd = ::mkstemp(name.data());
-  if (fd < 0) {
-    error = dir + ": cannot create the spill file (" + std::strerror(errno) + ")";
-    return -1;
-  }
-  ::unlink(name.c_str());
-  ::fcntl(fd, F_SETFD, FD_CLOEXEC);
-  return fd;
-}
-
-bool write_all(int fd, const char* p, size_t n, uint64_t off, int& err) {
-  while (n) {
-    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(off));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      err = errno;
-      return false;
-    }
-    if (w == 0) {
-      err = ENOSPC;
-      return false;
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-    off += static_cast<uint64_t>(w);
-  }
-  return true;
-}
-
-bool read_all(int fd, char* p, size_t n, uint64_t off, int& err) {
-  while (n) {
-    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(off));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      err = errno;
-      return false;
-    }
-    if (r == 0) {
-      err = EIO;  // shorter than what was written: someone truncated it
-      return false;
-    }
-    p += r;
-    n -= static_cast<size_t>(r);
-    off += static_cast<uint64_t>(r);
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -99,7 +41,7 @@ std::unique_ptr<SpoolingWriter> SpoolingWriter::start(std::unique_ptr<SqliteSink
     dir = std::filesystem::path(sink->path()).parent_path().string();
     if (dir.empty()) dir = ".";
   }
-  const int fd = open_spill_file(dir, error);
+  const int fd = open_unnamed_file(dir, error);
   if (fd < 0) return nullptr;
   const size_t capacity = options.memory_cap_bytes / sizeof(Event);
   std::unique_ptr<SpoolingWriter> w(new (std::nothrow) SpoolingWriter(std::move(sink), options, fd, capacity));
@@ -191,7 +133,7 @@ bool SpoolingWriter::spill(std::span<const Event> events) {
   const size_t n = events.size();
   const size_t bytes = n * sizeof(Event);
   int err = 0;
-  const bool ok = write_all(spill_fd_, reinterpret_cast<const char*>(events.data()), bytes, spill_end_, err);
+  const bool ok = pwrite_all(spill_fd_, events.data(), bytes, spill_end_, err);
   std::lock_guard lk(mu_);
   if (!ok) {
     // spill_end_ stays: the next spill overwrites whatever part of this one reached the file.
@@ -300,7 +242,7 @@ void SpoolingWriter::writer_loop() {
     const size_t n = std::min<size_t>(run.count, spill_buf_.size());
     lk.unlock();
     int err = 0;
-    if (read_all(spill_fd_, reinterpret_cast<char*>(spill_buf_.data()), n * sizeof(Event), spill_read_, err)) {
+    if (pread_all(spill_fd_, spill_buf_.data(), n * sizeof(Event), spill_read_, err)) {
       store({spill_buf_.data(), n});
     } else {
       std::lock_guard g(mu_);

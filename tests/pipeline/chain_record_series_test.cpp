@@ -3,15 +3,22 @@
 // (late records inserted after their equals), popped from the front, and queried by binary search
 // for the records that start in [start, end). Randomized: in-order and late inserts (inside the
 // open tail and deep inside sealed blocks), equal timestamps, durations over 32 bits, stack tuples
-// beyond the series' table, pops to empty and back, and window queries after every step.
+// beyond the series' table, pops to empty and back, and window queries after every step. The same
+// runs again with a SpillFile (operators/spill_file.h) that takes sealed blocks beyond a small
+// resident budget, and with drop_before() beside pop_front(); and the SpillFile on its own: slot
+// reuse, a directory it cannot use, and writes the file-size limit refuses (nothing accepted lost).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cstring>
 #include <deque>
 #include <random>
 #include <vector>
 
 #include "operators/chain_annotate.h"
+#include "operators/spill_file.h"
 
 namespace ingero {
 namespace {
@@ -52,11 +59,15 @@ std::vector<ChainRecord> window(const ChainRecordSeries& s, uint64_t start, uint
 }
 
 // One random run; `stacks` distinct stack ids (beyond kMaxTuples exercises the inline tuples).
-// Per step: 80% one insert, 3% up to 9 pops (checking the front), `empty_per_10k` / 10000 pops to
-// empty (the tuple table starts over).
-void run_random(uint32_t seed, size_t steps, uint64_t stacks, uint64_t empty_per_10k, size_t min_largest) {
+// Per step: 80% one insert, `drop_per_10k` / 10000 a drop_before(), 3% up to 9 pops (checking the
+// front), `empty_per_10k` / 10000 pops to empty (the tuple table starts over).
+// With `spill`, the series spills to it (and the run checks that some blocks went out and came
+// back); pops then also go through drop_before() now and then.
+void run_random(uint32_t seed, size_t steps, uint64_t stacks, uint64_t empty_per_10k, size_t min_largest,
+                SpillFile* spill = nullptr, uint64_t drop_per_10k = 15) {
   std::mt19937_64 rng(seed);
   ChainRecordSeries s;
+  s.set_spill(spill);
   Reference ref;
   uint64_t now = 1'700'000'000'000'000'000ull;
   auto pick = [&rng](uint64_t n) { return n ? rng() % n : 0; };
@@ -82,6 +93,16 @@ void run_random(uint32_t seed, size_t steps, uint64_t stacks, uint64_t empty_per
       r.op = static_cast<uint8_t>(pick(256));
       r.state = static_cast<OffCpuState>(pick(5));
       ASSERT_EQ(s.insert(r), ref.insert(r)) << "seed " << seed << " step " << step;
+    } else if (what < 8000 + drop_per_10k && !ref.recs.empty()) {
+      // drop_before: up to a kept timestamp in the oldest quarter (often across sealed blocks), or
+      // now and then past the newest.
+      const uint64_t ts = pick(10) == 0 ? ref.recs.back().ts + 1 : ref.recs[pick(ref.recs.size() / 4 + 1)].ts + pick(2);
+      size_t expect = 0;
+      while (!ref.recs.empty() && ref.recs.front().ts < ts) {
+        ref.pop_front();
+        ++expect;
+      }
+      ASSERT_EQ(s.drop_before(ts), expect) << "seed " << seed << " step " << step;
     } else if (what < 8300) {
       for (uint64_t n = pick(10); n && !ref.recs.empty(); --n) {
         ASSERT_EQ(s.front(), ref.recs.front()) << "seed " << seed << " step " << step;
@@ -120,16 +141,37 @@ void run_random(uint32_t seed, size_t steps, uint64_t stacks, uint64_t empty_per
   ASSERT_EQ(window(s, 0, UINT64_MAX), ref.window(0, UINT64_MAX));
   // The run must have reached sealed blocks (and, with many stacks, a full tuple table).
   EXPECT_GE(largest, min_largest) << "seed " << seed;
+  if (spill != nullptr) {
+    EXPECT_GT(spill->counters().blocks_out, 0u) << "seed " << seed;
+    EXPECT_GT(spill->counters().reads, 0u) << "seed " << seed;
+    EXPECT_EQ(spill->counters().read_errors, 0u);
+    // Every block still in the file is one of this series'; the resident bytes are its others.
+    size_t resident = 0;
+    while (!s.empty()) s.pop_front();
+    EXPECT_EQ(spill->counters().bytes_out, 0u) << "popping everything releases every slot";
+    resident = spill->resident();
+    EXPECT_EQ(resident, 0u) << "popping everything leaves nothing resident";
+  }
 }
 
 TEST(ChainRecordSeries, AnswersLikeTheSortedDeque) {
   for (uint32_t seed = 1; seed <= 12; ++seed) run_random(seed, 6000, 40, 5, 4 * ChainRecordSeries::kBlock);
 }
 
+TEST(ChainRecordSeries, SpilledBlocksAnswerTheSame) {
+  // Budgets from one block's worth (most sealed blocks go to the file) to a few.
+  for (uint32_t seed = 1; seed <= 8; ++seed) {
+    SpillFile spill(seed % 2 ? 1 : 4 * 1024);
+    run_random(seed, 6000, 40, 5, 4 * ChainRecordSeries::kBlock, &spill);
+  }
+  SpillFile spill(1);
+  run_random(100, 10000, 1u << 20, 0, 6000, &spill, 0);
+}
+
 TEST(ChainRecordSeries, ManyDistinctStacksGoInline) {
   // More distinct (source, op, state, stack) tuples than the table holds: ~6000 records kept,
   // two thirds with a stack drawn from 1M, the rest stack-less with a random (source, op, state).
-  for (uint32_t seed = 100; seed <= 101; ++seed) run_random(seed, 10000, 1u << 20, 0, 6000);
+  for (uint32_t seed = 100; seed <= 101; ++seed) run_random(seed, 10000, 1u << 20, 0, 6000, nullptr, 0);
 }
 
 TEST(ChainRecordSeries, LateRecordInsideASealedBlock) {
@@ -167,6 +209,43 @@ TEST(ChainRecordSeries, LateRecordInsideASealedBlock) {
   EXPECT_EQ(s.max_dur(), 0u);
 }
 
+TEST(ChainRecordSeries, DropBeforeStopsAtTheFirstRecordAtOrAfterIt) {
+  // Sealed blocks end exactly at the drop point, just before it and just after it; with and without
+  // a spill file (every sealed block in the file).
+  for (const bool spilled : {false, true}) {
+    SpillFile spill(1);
+    ChainRecordSeries s;
+    if (spilled) s.set_spill(&spill);
+    Reference ref;
+    const size_t k = ChainRecordSeries::kBlock;
+    for (size_t i = 0; i < 12 * k; ++i) {
+      ChainRecord r;
+      r.ts = 1000 + 10 * (i / 2);  // pairs of equal timestamps, one pair across each block edge
+      r.dur = i;
+      s.insert(r);
+      ref.insert(r);
+    }
+    for (const uint64_t ts : {uint64_t{1000 + 10 * (k / 2 - 1)}, uint64_t{1000 + 10 * (k - 1) + 1},
+                              uint64_t{1000 + 10 * (2 * k)}, uint64_t{1000 + 10 * (3 * k + k / 2)}}) {
+      size_t expect = 0;
+      while (!ref.recs.empty() && ref.recs.front().ts < ts) {
+        ref.pop_front();
+        ++expect;
+      }
+      ASSERT_EQ(s.drop_before(ts), expect) << ts << (spilled ? " spilled" : "");
+      ASSERT_EQ(s.front(), ref.recs.front());
+      ASSERT_EQ(window(s, 0, UINT64_MAX), ref.window(0, UINT64_MAX));
+    }
+    EXPECT_EQ(s.drop_before(UINT64_MAX), ref.recs.size());
+    EXPECT_TRUE(s.empty());
+    EXPECT_EQ(s.max_dur(), 0u);
+    if (spilled) {
+      EXPECT_GT(spill.counters().blocks_out, 0u);
+      EXPECT_EQ(spill.counters().bytes_out, 0u);
+    }
+  }
+}
+
 TEST(ChainRecordSeries, CompactForATypicalCallStream) {
   // 200k calls a few microseconds apart, durations up to 100 us, a handful of (op, stack) pairs:
   // the old store held 32 bytes a record plus deque overhead.
@@ -188,6 +267,109 @@ TEST(ChainRecordSeries, CompactForATypicalCallStream) {
   const double per_record = static_cast<double>(s.heap_bytes()) / static_cast<double>(n);
   EXPECT_LT(per_record, 9.0) << "bytes per kept record";
   EXPECT_GT(per_record, 3.0) << "heap_bytes() must count the encoded bytes";
+}
+
+std::vector<uint8_t> block_bytes(uint32_t len, uint8_t seed) {
+  std::vector<uint8_t> b(len);
+  for (uint32_t i = 0; i < len; ++i) b[i] = static_cast<uint8_t>(seed * 31 + i * 7);
+  return b;
+}
+
+TEST(SpillFile, ReadsBackWhatItTookAndReusesReleasedSlots) {
+  SpillFile f(1);
+  std::vector<SpillFile::Slot> slots;
+  // ~1.5 MB: several flushes of the write buffer, so reads come from the file and from the buffer.
+  for (uint32_t i = 0; i < 1500; ++i) {
+    const auto b = block_bytes(700 + i % 300, static_cast<uint8_t>(i));
+    SpillFile::Slot s;
+    ASSERT_TRUE(f.put(b.data(), static_cast<uint32_t>(b.size()), s));
+    slots.push_back(s);
+  }
+  for (uint32_t i = 0; i < slots.size(); ++i) {
+    std::vector<uint8_t> back(slots[i].len);
+    ASSERT_TRUE(f.get(slots[i], back.data()));
+    ASSERT_EQ(back, block_bytes(700 + i % 300, static_cast<uint8_t>(i))) << i;
+  }
+  const uint64_t file = f.counters().file_bytes;
+  EXPECT_GE(file, f.counters().bytes_out);
+  // Release half and put as many blocks of the same sizes again: the file does not grow.
+  for (uint32_t i = 0; i < slots.size(); i += 2) f.release(slots[i]);
+  for (uint32_t i = 0; i < slots.size(); i += 2) {
+    const auto b = block_bytes(700 + i % 300, static_cast<uint8_t>(i + 1));
+    ASSERT_TRUE(f.put(b.data(), static_cast<uint32_t>(b.size()), slots[i]));
+  }
+  EXPECT_EQ(f.counters().file_bytes, file);
+  for (uint32_t i = 0; i < slots.size(); ++i) {
+    std::vector<uint8_t> back(slots[i].len);
+    ASSERT_TRUE(f.get(slots[i], back.data()));
+    ASSERT_EQ(back, block_bytes(700 + i % 300, static_cast<uint8_t>(i % 2 ? i : i + 1))) << i;
+  }
+  EXPECT_EQ(f.counters().errors, 0u);
+}
+
+TEST(SpillFile, UnusableDirectoryKeepsTheBlocksInMemory) {
+  SpillFile f(1, "/nonexistent-ingero-spill-dir");
+  const auto b = block_bytes(500, 1);
+  SpillFile::Slot s;
+  EXPECT_FALSE(f.put(b.data(), 500, s));
+  EXPECT_EQ(f.counters().errors, 1u);
+  EXPECT_FALSE(f.over_budget()) << "a file that failed takes nothing more";
+  // A series over it answers as without one.
+  ChainRecordSeries series;
+  series.set_spill(&f);
+  std::vector<ChainRecord> all;
+  for (uint64_t i = 0; i < 5 * ChainRecordSeries::kBlock; ++i) {
+    ChainRecord r;
+    r.ts = 100 + i;
+    r.dur = i;
+    series.insert(r);
+    all.push_back(r);
+  }
+  EXPECT_EQ(window(series, 0, UINT64_MAX), all);
+  EXPECT_EQ(f.counters().blocks_out, 0u);
+}
+
+TEST(SpillFile, WritesTheFileSizeLimitRefusesLoseNothing) {
+  // RLIMIT_FSIZE makes pwrite past the limit fail (EFBIG; SIGXFSZ ignored) as a full disk would:
+  // blocks accepted before stay readable (from the file or the stuck write buffer), later ones are
+  // refused and their series keeps them in memory.
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto* old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit lim = old;
+  lim.rlim_cur = 300 * 1024;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
+  {
+    SpillFile f(1);
+    ChainRecordSeries series;
+    series.set_spill(&f);
+    std::vector<ChainRecord> all;
+    std::mt19937_64 rng(3);
+    uint64_t ts = 1'000'000;
+    for (uint64_t i = 0; i < 8000 * ChainRecordSeries::kBlock / 10; ++i) {
+      ChainRecord r;
+      ts += 1 + rng() % 5'000'000'000ull;  // ~5 bytes of delta: blocks of ~1.5 kB
+      r.ts = ts;
+      r.dur = rng() % 100'000'000;
+      r.stack = rng();
+      series.insert(r);
+      all.push_back(r);
+    }
+    EXPECT_GE(f.counters().errors, 1u) << "the limit was never reached";
+    EXPECT_GT(f.counters().stuck_bytes, 0u);
+    EXPECT_GT(f.counters().blocks_out, 0u);
+    EXPECT_EQ(f.counters().read_errors, 0u);
+    EXPECT_EQ(window(series, 0, UINT64_MAX), all);
+    size_t popped = 0;
+    while (!series.empty()) {
+      ASSERT_EQ(series.front(), all[popped]);
+      series.pop_front();
+      ++popped;
+    }
+    EXPECT_EQ(popped, all.size());
+  }
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+  std::signal(SIGXFSZ, old_handler);
 }
 
 }  // namespace
