@@ -134,9 +134,11 @@ TEST(Cli, BenchReportsPhasesAndReplaysRulesFromMemory) {
   for (const char* phase : {"end_to_end", "load", "run"}) {
     ASSERT_TRUE(j["phases"].contains(phase)) << phase;
     const auto& p = j["phases"][phase];
-    for (const char* k : {"seconds", "cpu_seconds", "events", "events_per_s", "events_per_cpu_s", "peak_rss_bytes"})
+    for (const char* k : {"seconds", "cpu_seconds", "system_cpu_seconds", "minor_page_faults", "events", "events_per_s",
+                          "events_per_cpu_s", "peak_rss_bytes"})
       ASSERT_TRUE(p.contains(k)) << phase << "." << k;
     EXPECT_EQ(p["events"], 3807) << phase;
+    EXPECT_LE(p["system_cpu_seconds"].get<double>(), p["cpu_seconds"].get<double>() + 1e-6) << phase;
     EXPECT_GT(p["peak_rss_bytes"].get<uint64_t>(), 0u) << phase;
   }
   // 80 bytes per event at least, held in memory for the per-rule runs.
