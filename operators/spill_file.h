@@ -34,14 +34,14 @@
 namespace ingero {
 
 struct SpillCounters {
-  uint64_t blocks_out = 0;    // put() accepted, in all
-  uint64_t bytes_out = 0;     // bytes in slots now (not released)
+  uint64_t blocks_out = 0;  // put() accepted, in all
+  uint64_t bytes_out = 0;   // bytes in slots now (not released)
   uint64_t peak_bytes_out = 0;
-  uint64_t file_bytes = 0;    // size of the file (slots in use and free)
-  uint64_t reads = 0;         // get() calls
-  uint64_t errors = 0;        // creation or write failures (the file then takes nothing more)
-  uint64_t read_errors = 0;   // get() failed: an I/O error on our own file
-  uint64_t stuck_bytes = 0;   // bytes of a failed flush, kept in memory
+  uint64_t file_bytes = 0;   // size of the file (slots in use and free)
+  uint64_t reads = 0;        // get() calls
+  uint64_t errors = 0;       // creation or write failures (the file then takes nothing more)
+  uint64_t read_errors = 0;  // get() failed: an I/O error on our own file
+  uint64_t stuck_bytes = 0;  // bytes of a failed flush, kept in memory
 };
 
 class SpillFile {
@@ -60,7 +60,9 @@ class SpillFile {
   SpillFile(const SpillFile&) = delete;
   SpillFile& operator=(const SpillFile&) = delete;
 
-  void add_resident(std::ptrdiff_t delta) { resident_ = static_cast<size_t>(static_cast<std::ptrdiff_t>(resident_) + delta); }
+  void add_resident(std::ptrdiff_t delta) {
+    resident_ = static_cast<size_t>(static_cast<std::ptrdiff_t>(resident_) + delta);
+  }
   size_t resident() const { return resident_; }
   bool over_budget() const { return budget_ > 0 && usable_ && resident_ > budget_; }
 
