@@ -244,6 +244,11 @@ ChainRecord ChainRecordSeries::front() const {
   return r;
 }
 
+ChainRecord ChainRecordSeries::front_to_pop() {
+  if (!blocks_.empty()) bring_back(blocks_.front());
+  return front();
+}
+
 void ChainRecordSeries::pop_front() {
   if (!blocks_.empty()) {
     Block& b = blocks_.front();
@@ -279,7 +284,7 @@ size_t ChainRecordSeries::drop_before(uint64_t ts) {
     forget(b);
     blocks_.pop_front();
   }
-  while (!empty() && front().ts < ts) {
+  while (!empty() && front_to_pop().ts < ts) {
     pop_front();
     ++dropped;
   }
@@ -384,7 +389,7 @@ void ChainAnnotator::evict(uint64_t horizon) {
       // A record goes once it ended before the horizon; one that started more than a retention
       // before it goes regardless (a span open for minutes must not pin everything behind it).
       while (!s->empty()) {
-        const Rec f = s->front();
+        const Rec f = s->front_to_pop();
         const uint64_t keep_until = f.ts + std::min(f.dur, opt_.retention_ns ? opt_.retention_ns : f.dur);
         if (keep_until >= horizon) break;
         s->pop_front();
@@ -403,9 +408,9 @@ void ChainAnnotator::evict(uint64_t horizon) {
 void ChainAnnotator::enforce_cap() {
   while (records_ > opt_.max_records) {
     uint64_t oldest = UINT64_MAX;
-    for (const auto& [k, t] : threads_)
-      for (const Series* s : {&t.calls, &t.offcpu, &t.samples})
-        if (!s->empty()) oldest = std::min(oldest, s->front().ts);
+    for (auto& [k, t] : threads_)
+      for (Series* s : {&t.calls, &t.offcpu, &t.samples})
+        if (!s->empty()) oldest = std::min(oldest, s->front_to_pop().ts);
     if (oldest == UINT64_MAX) return;
     const uint64_t step = std::max<uint64_t>(1'000'000, (newest_ > oldest ? newest_ - oldest : 0) / 8);
     const uint64_t horizon = oldest + step;

@@ -155,6 +155,9 @@ class ChainRecordSeries {
   bool empty() const { return size_ == 0; }
   size_t size() const { return size_; }
   ChainRecord front() const;
+  // front() for a caller about to pop: a spilled first block comes back into memory first, so a
+  // loop of checks and pops reads it once (front() reads it on every call).
+  ChainRecord front_to_pop();
   void pop_front();
   // Removes every record that starts before `ts` (what a loop of front()/pop_front() would), whole
   // sealed blocks without decoding or reading them back; returns how many.

@@ -583,7 +583,7 @@ TEST(ChainAnnotate, BoundedReplayGivesTheSameChainsAsTheWholeTrace) {
 TEST(ChainAnnotate, SpilledRecordsGiveTheSameChains) {
   // The annotator's sealed blocks in a spill file (a 1-byte resident budget: every sealed block
   // goes out) give the same annotated chains - threads, stacks, time split, launch gaps - as all in
-  // memory; also under a record cap that evicts through blocks that are in the file.
+  // memory; also under a record cap and a horizon that evict through blocks that are in the file.
   struct Trace {
     std::string name;
     std::vector<Event> events;
@@ -599,12 +599,15 @@ TEST(ChainAnnotate, SpilledRecordsGiveTheSameChains) {
     t.events = bursty_launcher(t.meta);
     traces.push_back(std::move(t));
   }
-  uint64_t spilled_blocks = 0, capped = 0;
+  uint64_t spilled_blocks = 0, capped = 0, evicted = 0;
   for (const auto& t : traces) {
     const std::string& name = t.name;
-    for (const size_t cap : {size_t{8} << 20, t.events.size() / 3 + 1}) {
+    // Everything kept; a cap of a third of the events; a 2 s horizon (retention evicts).
+    for (int mode = 0; mode < 3; ++mode) {
+      const size_t cap = mode == 1 ? t.events.size() / 3 + 1 : size_t{8} << 20;
       AnnotateOptions in_memory;
       in_memory.max_records = cap;
+      if (mode == 2) in_memory.retention_ns = 2'000'000'000;
       AnnotateOptions spilled = in_memory;
       spilled.resident_bytes = 1;
       const std::string want = explain_json(analyse(t.events, t.meta, in_memory)).dump();
@@ -615,14 +618,16 @@ TEST(ChainAnnotate, SpilledRecordsGiveTheSameChains) {
       AnalysisResult r = run_plan(the_plan(), tap, EngineOptions{}, &errors);
       ASSERT_TRUE(errors.empty()) << errors.front();
       annotate_result(r, a);
-      EXPECT_EQ(explain_json(r).dump(), want) << name << ", cap " << cap;
+      EXPECT_EQ(explain_json(r).dump(), want) << name << ", mode " << mode;
       EXPECT_EQ(a.spill_counters().read_errors, 0u);
       spilled_blocks += a.spill_counters().blocks_out;
       capped += a.counters().capped;
+      if (mode == 2) evicted += a.counters().evicted;
     }
   }
   EXPECT_GT(spilled_blocks, 1000u) << "the traces must reach sealed blocks";
   EXPECT_GT(capped, 0u) << "the small cap must evict";
+  EXPECT_GT(evicted, 0u) << "the 2 s horizon must evict";
 }
 
 // --- stores: the SQLite ip_chains row and the LMDB chain keep threads, stacks and time split ----
