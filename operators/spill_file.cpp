@@ -10,7 +10,7 @@
 namespace ingero {
 
 namespace {
-constexpr size_t kBufCap = 256 * 1024;  // appends are written in pieces of this size
+constexpr size_t kBufCap = size_t{256} * 1024;  // appends are written in pieces of this size
 }
 
 SpillFile::SpillFile(size_t resident_budget, std::string dir) : budget_(resident_budget), dir_(std::move(dir)) {}
