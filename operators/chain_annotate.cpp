@@ -358,8 +358,9 @@ void ChainAnnotator::add(std::span<const Event> events) {
         first_call_.emplace(pk, e.ts_ns);
       }
     }
-    Thread& t = threads_[thread_key(e.node, e.tid)];
-    if (spill_ != nullptr)
+    auto [slot, created] = threads_.try_emplace(thread_key(e.node, e.tid));
+    Thread& t = slot->second;
+    if (created && spill_ != nullptr)
       for (Series* ser : {&t.calls, &t.offcpu, &t.samples}) ser->set_spill(spill_.get());
     t.pid = e.pid;
     t.tid = e.tid;
