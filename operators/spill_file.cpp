@@ -30,14 +30,10 @@ bool SpillFile::open_file() {
   return fd_ >= 0;
 }
 
-bool SpillFile::write_at(const uint8_t* data, size_t len, uint64_t off) {
-  int err = 0;
-  return pwrite_all(fd_, data, len, off, err);
-}
-
 bool SpillFile::flush() {
   if (buf_.empty()) return true;
-  if (!write_at(buf_.data(), buf_.size(), buf_off_)) {
+  int err = 0;
+  if (!pwrite_all(fd_, buf_.data(), buf_.size(), buf_off_, err)) {
     // What the buffer holds was accepted by put(): it stays here, readable, for good.
     usable_ = false;
     ++counters_.errors;
@@ -62,7 +58,7 @@ bool SpillFile::put(const uint8_t* data, uint32_t len, Slot& out) {
     const uint64_t off = fit->second.back();
     if (off >= buf_off_) {
       std::memcpy(buf_.data() + (off - buf_off_), data, len);
-    } else if (!write_at(data, len, off)) {
+    } else if (int err = 0; !pwrite_all(fd_, data, len, off, err)) {
       usable_ = false;
       ++counters_.errors;
       return false;  // the slot stays free; the caller keeps its bytes

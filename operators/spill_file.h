@@ -77,7 +77,6 @@ class SpillFile {
  private:
   bool open_file();
   bool flush();
-  bool write_at(const uint8_t* data, size_t len, uint64_t off);
 
   size_t budget_;
   std::string dir_;

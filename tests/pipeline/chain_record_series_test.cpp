@@ -146,11 +146,9 @@ void run_random(uint32_t seed, size_t steps, uint64_t stacks, uint64_t empty_per
     EXPECT_GT(spill->counters().reads, 0u) << "seed " << seed;
     EXPECT_EQ(spill->counters().read_errors, 0u);
     // Every block still in the file is one of this series'; the resident bytes are its others.
-    size_t resident = 0;
     while (!s.empty()) s.pop_front();
     EXPECT_EQ(spill->counters().bytes_out, 0u) << "popping everything releases every slot";
-    resident = spill->resident();
-    EXPECT_EQ(resident, 0u) << "popping everything leaves nothing resident";
+    EXPECT_EQ(spill->resident(), 0u) << "popping everything leaves nothing resident";
   }
 }
 
