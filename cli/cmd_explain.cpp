@@ -85,6 +85,7 @@ int run_explain(const ExplainArgs& a) {
 
   EngineOptions opts;
   opts.threads = a.threads;
+  opts.join_resident_bytes = replay_join_resident_bytes();
   // Every chain gets its threads, top stacks and (rate/gap chains) the launching thread's time
   // split, computed as the engine emits it (bounded memory on long traces); launch_gap chains come
   // from the annotator's built-in detector.
@@ -99,6 +100,8 @@ int run_explain(const ExplainArgs& a) {
   }
   annotator.finish(r);
   if (const std::string w = annotator_spill_warning(annotator.spill_counters()); !w.empty())
+    std::fprintf(stderr, "warning: %s\n", w.c_str());
+  if (const std::string w = join_spill_warning(r.counters); !w.empty())
     std::fprintf(stderr, "warning: %s\n", w.c_str());
   if (sink) {
     sink->write_meta(r.meta);

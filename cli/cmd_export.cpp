@@ -220,6 +220,7 @@ int run_export(const ExportArgs& a) {
     }
     EngineOptions eo;
     eo.threads = a.threads;
+    eo.join_resident_bytes = replay_join_resident_bytes();
     // As `explain`: chains annotated as the engine emits them, with bounded memory; warm-up and
     // the tail re-judgement follow the pack's params and --param.
     LiveChainAnnotator annotator(annotate_options(analysis, LiveChainAnnotator::replay_defaults()));

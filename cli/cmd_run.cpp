@@ -341,6 +341,7 @@ int run_pipeline(const RunArgs& a) {
     EventSource& input = inputs.size() == 1 ? *inputs[0] : static_cast<EventSource&>(merged);
     EngineOptions eo;
     eo.threads = cfg.engine.threads;
+    if (!any_live) eo.join_resident_bytes = replay_join_resident_bytes();
     // Threads, stacks, time split and launch_gap chains (operators/chain_annotate.h), each chain
     // annotated as the engine emits it, over a bounded horizon (live: 15 s; replay: at least 2M
     // events).
@@ -374,6 +375,8 @@ int run_pipeline(const RunArgs& a) {
     if (inputs.size() > 1) result.meta = merged.meta();
     annotator.finish(result);
     if (const std::string w = annotator_spill_warning(annotator.spill_counters()); !w.empty())
+      std::fprintf(stderr, "warning: %s\n", w.c_str());
+    if (const std::string w = join_spill_warning(result.counters); !w.empty())
       std::fprintf(stderr, "warning: %s\n", w.c_str());
   }
   for (size_t i = 0; i < sources.size(); ++i) {

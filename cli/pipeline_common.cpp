@@ -114,6 +114,18 @@ std::string annotator_spill_warning(const SpillCounters& c) {
   return w;
 }
 
+std::string join_spill_warning(const EngineCounters& k) {
+  std::string w;
+  if (k.join_spill_read_errors > 0)
+    w = std::to_string(k.join_spill_read_errors) +
+        " read(s) of the join span spill file failed: those spans were left out of the joins, so some "
+        "overlap figures may be low";
+  else if (k.join_spill_errors > 0)
+    w = "the join span spill file in $TMPDIR (else /tmp) could not be written: the spans stayed in memory (set "
+        "TMPDIR to a writable directory, or INGERO_JOIN_RESIDENT_MB=0 to keep them in memory)";
+  return w;
+}
+
 uint64_t peak_rss_bytes() {
   std::ifstream in("/proc/self/status");
   std::string line;

@@ -27,6 +27,7 @@
 
 #include "engine/default_plans.h"
 #include "model/plan.h"
+#include "model/result.h"
 #include "model/trace.h"
 #include "operators/chain_annotate.h"
 
@@ -61,6 +62,8 @@ AnnotateOptions annotate_options(const AnalysisPlan& a, AnnotateOptions base);
 // empty when nothing did. A failed write only costs memory; a failed read loses the records of a
 // block, so chains may lack thread and stack details.
 std::string annotator_spill_warning(const SpillCounters& c);
+// The same for the engine's join span spill file (EngineOptions::join_resident_bytes).
+std::string join_spill_warning(const EngineCounters& k);
 
 bool build_analysis(const AnalysisSpec& spec, AnalysisPlan& out, std::string& errors);
 bool have_rule_compiler();

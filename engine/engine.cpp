@@ -49,6 +49,10 @@ void merge_final(const ShardOutput& out, AnalysisResult& result, OpStatsAccumula
   counters.node_errors += out.counters.node_errors;
   counters.evicted_spans += out.counters.evicted_spans;
   counters.tail_windows_capped += out.counters.tail_windows_capped;
+  counters.join_spilled_blocks += out.counters.join_spilled_blocks;
+  counters.join_spill_peak_bytes += out.counters.join_spill_peak_bytes;
+  counters.join_spill_errors += out.counters.join_spill_errors;
+  counters.join_spill_read_errors += out.counters.join_spill_read_errors;
 }
 
 // Pid shards for `threads` workers: one thread, one shard (no routing at all); otherwise two
@@ -172,7 +176,9 @@ class SourceFeed {
 void run_serial(CompiledPlan& compiled, EventSource& source, const EngineOptions& opts, AnalysisResult& result,
                 OpStatsAccumulator& stats, EngineCounters& counters, std::vector<Chain>& chains) {
   std::vector<std::unique_ptr<Shard>> shards;
-  shards.push_back(std::make_unique<Shard>(compiled, ShardTier::kBoth, opts.compute_stats));
+  ShardTuning tuning;
+  tuning.join_resident_bytes = opts.join_resident_bytes;
+  shards.push_back(std::make_unique<Shard>(compiled, ShardTier::kBoth, opts.compute_stats, tuning));
   std::vector<ShardOutput> finals(shards.size());
   Batch batch;
   bool saw_final = false;
@@ -303,12 +309,17 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
     more_workers.emplace(tbb::global_control::max_allowed_parallelism, want);
   tbb::task_arena arena(static_cast<int>(threads) + 1, 1);
 
+  // The join spill budget is the run's: shared out between the shards (at least 1 MiB each).
+  ShardTuning tuning;
+  if (opts.join_resident_bytes > 0)
+    tuning.join_resident_bytes = std::max<size_t>(opts.join_resident_bytes / std::max(n_nodes, 1U), size_t{1} << 20);
   std::vector<std::unique_ptr<Shard>> shards;
-  for (unsigned i = 0; i < n_pid; ++i) shards.push_back(std::make_unique<Shard>(compiled, false, opts.compute_stats));
-  if (global) shards.push_back(std::make_unique<Shard>(compiled, true, false));
+  for (unsigned i = 0; i < n_pid; ++i)
+    shards.push_back(std::make_unique<Shard>(compiled, ShardTier::kPid, opts.compute_stats, tuning));
+  if (global) shards.push_back(std::make_unique<Shard>(compiled, ShardTier::kGlobal, false, tuning));
   for (unsigned i = 0; i < group_sets.size(); ++i)
-    shards.push_back(std::make_unique<Shard>(compiled, ShardTier::kBoth, opts.compute_stats && i == stats_bin,
-                                             ShardTuning{}, group_sets[i]));
+    shards.push_back(std::make_unique<Shard>(compiled, ShardTier::kBoth, opts.compute_stats && i == stats_bin, tuning,
+                                             group_sets[i]));
   // Written by each shard's own node at the final batch, read after the graph is done.
   std::vector<ShardOutput> finals(n_nodes);
   std::atomic<uint64_t> node_errors{0}, done_events{0};
@@ -419,6 +430,16 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
 }
 
 }  // namespace
+
+size_t replay_join_resident_bytes() {
+  constexpr size_t kDefault = size_t{4} << 20;
+  const char* v = std::getenv("INGERO_JOIN_RESIDENT_MB");
+  if (v == nullptr || *v == '\0') return kDefault;
+  char* end = nullptr;
+  const unsigned long long mb = std::strtoull(v, &end, 10);
+  if (*end != '\0' || mb > (uint64_t{1} << 20)) return kDefault;  // not a number of MiB: the default
+  return static_cast<size_t>(mb) << 20;
+}
 
 AnalysisResult run_plan(const Plan& plan, EventSource& source, const EngineOptions& opts,
                         std::vector<std::string>* errors) {

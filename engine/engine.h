@@ -49,12 +49,23 @@ struct EngineOptions {
   unsigned threads = 1;  // engine workers; 0 = hardware concurrency
   ShardSplit split = ShardSplit::kAuto;
   bool compute_stats = true;  // per-op statistics over the whole trace
+  // Bytes of join span blocks the run keeps in memory (shared out between its shards); beyond it,
+  // sealed blocks go to an unlinked spill file in $TMPDIR (else /tmp) and are read back when a
+  // window closes or a prune passes. 0 = everything in memory. Results do not depend on it; a
+  // trace whose one window spans it all (the spans some held call touches grow with its length)
+  // stays flat in memory with it. EngineCounters::join_spill_* say what it did.
+  size_t join_resident_bytes = 0;
   // Called from the merge node as chains are emitted (live view); may be empty.
   std::function<void(const Chain&)> on_chain;
   // Called on the source thread every 8 batches and after the final one, with the number of
   // events every shard has finished with (progress; non-decreasing, at most the events read).
   std::function<void(uint64_t events)> on_progress;
 };
+
+// The join spill budget of a replay (explain, run on a file, export, the MCP server):
+// 4 MiB, or INGERO_JOIN_RESIDENT_MB=N MiB (0 keeps every span in memory). Live capture does not
+// spill: its windows close and evict.
+size_t replay_join_resident_bytes();
 
 // Runs `plan` over every batch of `source` until it ends. Never throws for data problems;
 // returns the plan's validation errors in `errors` (and runs nothing) if it is not runnable.

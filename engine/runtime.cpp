@@ -935,6 +935,9 @@ struct Shard::Impl {
   // may still be probed. A state is listed at its first event and unlisted when it closes.
   std::vector<std::vector<WinState*>> open_calls;
   std::vector<size_t> group_of_pipe;
+  // Where the join buffers' sealed span blocks go beyond ShardTuning::join_resident_bytes (null:
+  // nothing spills). Declared before join_buffers, which use it until they are destroyed.
+  std::unique_ptr<SpillFile> join_spill;
   std::vector<JoinBuffer> join_buffers;  // the span buffers the pipes' join stages point at
   // Off-CPU span building, shared by the off-CPU streams with the same parent and minimum
   // length: their builders would pair the same switches into the same spans in the same order
@@ -1656,6 +1659,13 @@ struct Shard::Impl {
         counters.evicted_spans += jb.join->evicted();
         out.pruned_spans += jb.join->pruned();
       }
+      if (join_spill) {
+        const SpillCounters& sc = join_spill->counters();
+        counters.join_spilled_blocks += sc.blocks_out;
+        counters.join_spill_peak_bytes += sc.peak_bytes_out;
+        counters.join_spill_errors += sc.errors;
+        counters.join_spill_read_errors += sc.read_errors;
+      }
       out.stats = std::move(stats);
       out.outcomes = outcomes;
       out.counters = counters;
@@ -1696,6 +1706,10 @@ struct Shard::Impl {
         if (fresh) {
           JoinBuffer jb;
           jb.join = std::make_unique<IntervalJoin>(st.join->kind, st.join->within_ns, tagged);
+          if (tuning.join_resident_bytes > 0) {
+            if (!join_spill) join_spill = std::make_unique<SpillFile>(tuning.join_resident_bytes);
+            jb.join->set_spill(join_spill.get());
+          }
           jb.right_stream = right;
           jb.builder = tagged ? builder_of[right] : -1;
           jb.key = st.join->key;

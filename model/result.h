@@ -119,6 +119,10 @@ struct EngineCounters {
   uint64_t node_errors = 0;  // exceptions caught inside graph nodes
   uint64_t evicted_spans = 0;
   uint64_t tail_windows_capped = 0;  // join windows judged on their kMaxTailCalls slowest calls
+  // Join span blocks spilled to disk (EngineOptions::join_resident_bytes), summed over shards:
+  // how, not what (results do not depend on them; not written to result stores). A write error
+  // leaves the spans in memory; a read error loses the spans of one block (a warning says so).
+  uint64_t join_spilled_blocks = 0, join_spill_peak_bytes = 0, join_spill_errors = 0, join_spill_read_errors = 0;
   unsigned threads = 1;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <iterator>
 #include <limits>
 
@@ -192,23 +193,39 @@ void IntervalJoin::append(std::vector<Block>& blocks, const Span& s) {
     }
   }
   blocks.push_back(Block::start(s, !blocks.empty() && blocks.back().size() == kBlockSpans));
+  if (blocks.size() > 1) seal(blocks[blocks.size() - 2]);
 }
 
 // Puts s after every span that starts at or before it (as an upper_bound insert into one sorted
 // sequence would).
 void IntervalJoin::place(std::vector<Block>& blocks, const Span& s) {
-  if (blocks.empty() || blocks.back().ts_at(blocks.back().size() - 1) <= s.ts) {
-    append(blocks, s);  // in order: the common case
-    return;
+  size_t b = 0;  // the last block starting at or before s (0 when s starts before every span)
+  for (;;) {
+    if (blocks.empty() || blocks.back().ts_at(blocks.back().size() - 1) <= s.ts) {
+      append(blocks, s);  // in order: the common case
+      return;
+    }
+    const auto it = std::upper_bound(blocks.begin(), blocks.end(), s.ts,
+                                     [](uint64_t ts, const Block& x) { return ts < x.base_ts; });
+    b = it == blocks.begin() ? 0 : static_cast<size_t>(it - blocks.begin()) - 1;
+    // The blocks s may change (b and the one after it) come back into memory first; one that
+    // cannot be read is gone, and the search starts again.
+    if (!resident(blocks, b)) continue;
+    if (b + 1 < blocks.size() && !resident(blocks, b + 1)) continue;
+    place_resident(blocks, s, b);
+    break;
   }
-  // The last block starting at or before s; every later block starts after it.
-  const auto it = std::upper_bound(blocks.begin(), blocks.end(), s.ts,
-                                   [](uint64_t ts, const Block& b) { return ts < b.base_ts; });
-  if (it == blocks.begin()) {  // before every span
+  // Report the changed blocks (b, up to two new ones after it, the one that followed), and
+  // spill them if the file is over budget; never the key's last block.
+  const size_t stop = std::min(b + 4, blocks.size() - 1);
+  for (size_t i = b; i < stop; ++i) seal(blocks[i]);
+}
+
+void IntervalJoin::place_resident(std::vector<Block>& blocks, const Span& s, size_t b) {
+  if (s.ts < blocks.front().base_ts) {  // before every span
     if (!blocks.front().try_prepend(s)) blocks.insert(blocks.begin(), Block::start(s, false));
     return;
   }
-  const auto b = static_cast<size_t>(it - blocks.begin()) - 1;
   const size_t p = blocks[b].upper_bound(s.ts);  // > 0: spans[0] starts at base_ts <= s.ts
   const auto next = static_cast<std::ptrdiff_t>(b + 1);
   if (blocks[b].fits(s.ts, s.id) && (p < blocks[b].size() || blocks[b].size() < kBlockSpans)) {
@@ -228,6 +245,151 @@ void IntervalJoin::place(std::vector<Block>& blocks, const Span& s) {
   if (b + 1 == blocks.size() || !blocks[b + 1].try_prepend(s)) {
     blocks.insert(blocks.begin() + next, Block::start(s, false));
   }
+}
+
+// ---- Spill (the header's "Spill")
+
+// A spilled block's bytes: four uint32 counts (spans, arg0, tags, longs), then each vector's data.
+namespace {
+constexpr size_t kSpillHeader = 4 * sizeof(uint32_t);
+
+template <class T>
+void put_vec(uint8_t*& out, const std::vector<T>& v) {
+  if (v.empty()) return;
+  std::memcpy(out, v.data(), v.size() * sizeof(T));
+  out += v.size() * sizeof(T);
+}
+
+template <class T>
+bool get_vec(const uint8_t*& in, const uint8_t* end, uint32_t n, std::vector<T>& v) {
+  const size_t len = size_t{n} * sizeof(T);
+  if (static_cast<size_t>(end - in) < len) return false;
+  v.resize(n);
+  if (n) std::memcpy(v.data(), in, len);
+  in += len;
+  return true;
+}
+}  // namespace
+
+IntervalJoin::~IntervalJoin() {
+  if (spill_ == nullptr) return;
+  for (auto& [key, buf] : buffers_)
+    for (Block& b : buf.blocks) forget(b);
+}
+
+void IntervalJoin::recount(Block& b) {
+  if (spill_ == nullptr || b.spilled()) return;
+  const auto now = static_cast<uint32_t>(b.bytes());
+  spill_->add_resident(static_cast<std::ptrdiff_t>(now) - static_cast<std::ptrdiff_t>(b.counted));
+  b.counted = now;
+}
+
+void IntervalJoin::seal(Block& b) {
+  if (spill_ == nullptr || b.spilled()) return;
+  recount(b);
+  if (!spill_->over_budget()) return;
+  const uint32_t counts[4] = {static_cast<uint32_t>(b.spans.size()), static_cast<uint32_t>(b.arg0.size()),
+                              static_cast<uint32_t>(b.tags.size()), static_cast<uint32_t>(b.longs.size())};
+  const size_t len = kSpillHeader + b.spans.size() * sizeof(Packed) + b.arg0.size() * sizeof(uint64_t) + b.tags.size() +
+                     b.longs.size() * sizeof(Long);
+  io_.resize(len);
+  uint8_t* out = io_.data();
+  std::memcpy(out, counts, kSpillHeader);
+  out += kSpillHeader;
+  put_vec(out, b.spans);
+  put_vec(out, b.arg0);
+  put_vec(out, b.tags);
+  put_vec(out, b.longs);
+  SpillFile::Slot slot;
+  if (!spill_->put(io_.data(), static_cast<uint32_t>(len), slot)) return;  // the file takes nothing: stays here
+  b.n = counts[0];
+  b.first_end = b.end_at(0);
+  b.slot = slot;
+  spill_->add_resident(-static_cast<std::ptrdiff_t>(b.counted));
+  b.counted = 0;
+  // Free the vectors' memory (assigning {} would keep their capacity).
+  std::vector<Packed>().swap(b.spans);
+  std::vector<uint64_t>().swap(b.arg0);
+  std::vector<uint8_t>().swap(b.tags);
+  std::vector<Long>().swap(b.longs);
+  ++spilled_blocks_;
+}
+
+bool IntervalJoin::read_spilled(const Block& b, Block& out) const {
+  out.base_ts = b.base_ts;
+  out.base_id = b.base_id;
+  out.spans.clear();
+  out.arg0.clear();
+  out.tags.clear();
+  out.longs.clear();
+  io_.resize(b.slot.len);
+  if (spill_ == nullptr || b.slot.len < kSpillHeader || !spill_->get(b.slot, io_.data())) return false;
+  uint32_t counts[4];
+  std::memcpy(counts, io_.data(), kSpillHeader);
+  const uint8_t* in = io_.data() + kSpillHeader;
+  const uint8_t* end = io_.data() + io_.size();
+  if (counts[0] != b.n || counts[0] == 0 || !get_vec(in, end, counts[0], out.spans) ||
+      !get_vec(in, end, counts[1], out.arg0) || !get_vec(in, end, counts[2], out.tags) ||
+      !get_vec(in, end, counts[3], out.longs)) {
+    out.spans.clear();
+    return false;
+  }
+  return true;
+}
+
+void IntervalJoin::drop_cached(uint64_t off) const {
+  for (Cached& c : cache_)
+    if (c.off == off) c.off = ~uint64_t{0};
+}
+
+const IntervalJoin::Block& IntervalJoin::view(const Block& b) const {
+  if (!b.spilled()) return b;
+  Cached* victim = &cache_[0];
+  for (Cached& c : cache_) {
+    if (c.off == b.slot.off) {
+      c.used = ++cache_clock_;
+      return c.block;
+    }
+    if (c.used < victim->used) victim = &c;
+  }
+  read_spilled(b, victim->block);  // a failed read leaves the copy empty: no spans to find
+  victim->off = b.slot.off;
+  victim->used = ++cache_clock_;
+  return victim->block;
+}
+
+void IntervalJoin::forget(Block& b) {
+  if (spill_ == nullptr) return;
+  if (b.spilled()) {
+    spill_->release(b.slot);
+    drop_cached(b.slot.off);
+    b.slot = {};
+    --spilled_blocks_;
+  } else {
+    spill_->add_resident(-static_cast<std::ptrdiff_t>(b.counted));
+  }
+  b.counted = 0;
+}
+
+bool IntervalJoin::resident(std::vector<Block>& blocks, size_t i) {
+  Block& b = blocks[i];
+  if (!b.spilled()) return true;
+  Block back;
+  const bool ok = read_spilled(b, back);
+  const uint32_t n = b.n;
+  forget(b);
+  if (!ok) {  // its spans are lost (the file counts the read error)
+    buffered_ -= n;
+    blocks.erase(blocks.begin() + static_cast<std::ptrdiff_t>(i));
+    return false;
+  }
+  b.spans = std::move(back.spans);
+  b.arg0 = std::move(back.arg0);
+  b.tags = std::move(back.tags);
+  b.longs = std::move(back.longs);
+  b.n = 0;
+  recount(b);
+  return true;
 }
 
 void IntervalJoin::add_right(uint64_t key, const Event& e) {
@@ -273,7 +435,7 @@ ProbeResult IntervalJoin::probe(uint64_t key, uint64_t call_ts, uint64_t call_en
       blocks.begin());
   size_t i = 0;
   if (b > 0) {
-    const size_t j = blocks[b - 1].lower_bound(from);
+    const size_t j = view(blocks[b - 1]).lower_bound(from);
     if (j < blocks[b - 1].size()) {
       --b;
       i = j;
@@ -281,8 +443,8 @@ ProbeResult IntervalJoin::probe(uint64_t key, uint64_t call_ts, uint64_t call_en
   }
   std::vector<std::pair<uint64_t, uint64_t>> pieces;
   for (; b < blocks.size(); ++b, i = 0) {
-    const Block& blk = blocks[b];
-    if (blk.base_ts > hi) break;
+    if (blocks[b].base_ts > hi) break;
+    const Block& blk = view(blocks[b]);  // a spilled block read back (cached), else itself
     const bool with_arg0 = !blk.arg0.empty();
     const bool with_tags = !blk.tags.empty();
     const bool untagged_counts = (tag_mask & 1) != 0;  // a block without tags: every span is tag 0
@@ -340,16 +502,26 @@ void IntervalJoin::evict(uint64_t watermark, uint64_t retain) {
     auto& blocks = it->second.blocks;
     // Spans leave from the front while they end before the horizon (the first kept one stops it).
     size_t whole = 0, gone = 0;
-    for (; whole < blocks.size(); ++whole) {
+    while (whole < blocks.size()) {
+      if (blocks[whole].spilled()) {
+        // Its first span stays (so nothing more leaves) without reading it back.
+        if (blocks[whole].first_end + retain >= watermark) break;
+        if (!resident(blocks, whole)) continue;  // unreadable: erased, its spans lost
+      }
       Block& blk = blocks[whole];
       size_t k = 0;
       while (k < blk.size() && blk.end_at(k) + retain < watermark) ++k;
       gone += k;
       if (k < blk.size()) {
-        if (k) blk.drop_front(k);
+        if (k) {
+          blk.drop_front(k);
+          recount(blk);
+        }
         break;
       }
+      ++whole;
     }
+    for (size_t i = 0; i < whole; ++i) forget(blocks[i]);
     blocks.erase(blocks.begin(), blocks.begin() + static_cast<std::ptrdiff_t>(whole));
     buffered_ -= gone;
     evicted_ += gone;
@@ -391,9 +563,16 @@ void IntervalJoin::prune(uint64_t floor, std::unordered_map<uint64_t, std::vecto
     // moves forward.
     drop.assign(total, 0);
     size_t m = 0, dropped = 0, x = 0;
+    // A spilled block is read through view(); spans of one that cannot be read are lost: dropped.
     for (const Block& blk : blocks) {
+      const Block& v = view(blk);
       for (size_t i = 0; i < blk.size(); ++i, ++x) {
-        const uint64_t ts = blk.ts_at(i), end = blk.end_at(i);
+        if (i >= v.size()) {
+          drop[x] = 1;
+          ++dropped;
+          continue;
+        }
+        const uint64_t ts = v.ts_at(i), end = v.end_at(i);
         if (end >= below) continue;
         while (m < merged.size() && merged[m].end < ts) ++m;
         if (m < merged.size() && merged[m].ts <= end) continue;
@@ -404,7 +583,7 @@ void IntervalJoin::prune(uint64_t floor, std::unordered_map<uint64_t, std::vecto
     if (!dropped) continue;
     // Spans with one start are dropped all or none (kept spans stay a run per start).
     size_t run = 0;  // first span of the current run of equal starts
-    bool all = true;
+    bool all = true, in_run = false;
     uint64_t run_ts = 0;
     const auto settle = [&](size_t end) {  // the run [run, end) is complete
       if (all) return;
@@ -415,32 +594,40 @@ void IntervalJoin::prune(uint64_t floor, std::unordered_map<uint64_t, std::vecto
     };
     x = 0;
     for (const Block& blk : blocks) {
+      const Block& v = view(blk);
       for (size_t i = 0; i < blk.size(); ++i, ++x) {
-        const uint64_t ts = blk.ts_at(i);
-        if (x == 0 || ts != run_ts) {
-          if (x) settle(x);
+        const bool present = i < v.size();  // else lost (dropped), a run of its own
+        if (!present || !in_run || v.ts_at(i) != run_ts) {
+          if (in_run) settle(x);
           run = x;
-          run_ts = ts;
+          run_ts = present ? v.ts_at(i) : 0;
           all = true;
+          in_run = present;
         }
         all = all && drop[x];
       }
     }
-    settle(x);
+    if (in_run) settle(x);
     if (!dropped) continue;
-    // The kept spans, in order, into fresh blocks; each old block is freed once read, so the copy
-    // needs at most one block more than the spans kept.
+    // The kept spans, in order, into fresh blocks (sealed ones spill while the file is over its
+    // budget); each old block is freed once read, so the copy needs at most one block more than
+    // the spans kept.
     std::vector<Block> kept;
+    size_t kept_n = 0;
     x = 0;
     for (Block& blk : blocks) {
+      const Block& v = view(blk);
       for (size_t i = 0; i < blk.size(); ++i, ++x) {
-        if (!drop[x]) append(kept, blk.at(i));
+        if (drop[x] || i >= v.size()) continue;
+        append(kept, v.at(i));
+        ++kept_n;
       }
+      forget(blk);
       blk = Block();
     }
     blocks.swap(kept);
-    pruned_ += dropped;
-    buffered_ -= dropped;
+    pruned_ += total - kept_n;
+    buffered_ -= total - kept_n;
   }
 }
 

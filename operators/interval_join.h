@@ -62,6 +62,7 @@
 
 #include "model/event.h"
 #include "model/plan.h"
+#include "operators/spill_file.h"
 
 namespace ingero {
 
@@ -78,6 +79,12 @@ class IntervalJoin {
   static constexpr uint64_t kAllTags = ~uint64_t{0};
   IntervalJoin(JoinKind kind, uint64_t within_ns, bool tagged = false)
       : kind_(kind), within_(within_ns), tagged_(tagged) {}
+  ~IntervalJoin();
+  IntervalJoin(const IntervalJoin&) = delete;
+  IntervalJoin& operator=(const IntervalJoin&) = delete;
+  // Sealed blocks may go to `f` while it is over its resident budget (see "Spill"). Set before the
+  // first add_right(); `f` must outlive the join. Null: everything stays in memory.
+  void set_spill(SpillFile* f) { spill_ = f; }
   void add_right(uint64_t key, const Event& e);
   ProbeResult probe(uint64_t key, uint64_t call_ts, uint64_t call_end, uint64_t tag_mask = kAllTags) const;
   void evict(uint64_t watermark, uint64_t retain);
@@ -91,11 +98,13 @@ class IntervalJoin {
   void prune(uint64_t floor, std::unordered_map<uint64_t, std::vector<CallRange>>& candidates, uint64_t parts = 1,
              uint64_t part = 0);
   size_t buffered() const { return buffered_; }
-  // Heap bytes of the buffered spans' storage (blocks, their spans, arg0 and long spans; by
-  // capacity, without the allocator's own overhead or the per-key map).
+  // Heap bytes of the buffered spans' storage in memory (blocks, their spans, arg0 and long spans;
+  // by capacity, without the allocator's own overhead or the per-key map); spilled blocks count
+  // only their header.
   size_t span_bytes() const;
-  uint64_t evicted() const { return evicted_ + pruned_; }  // dropped at the horizon or pruned
-  uint64_t pruned() const { return pruned_; }              // of which dropped by prune()
+  size_t spilled_blocks() const { return spilled_blocks_; }  // blocks in the spill file now
+  uint64_t evicted() const { return evicted_ + pruned_; }    // dropped at the horizon or pruned
+  uint64_t pruned() const { return pruned_; }                // of which dropped by prune()
 
  private:
   static constexpr size_t kBlockSpans = 256;
@@ -119,8 +128,15 @@ class IntervalJoin {
     std::vector<uint64_t> arg0;  // empty, or parallel to spans once one is non-zero
     std::vector<uint8_t> tags;   // the same for the tags
     std::vector<Long> longs;     // exactly the long spans' end and id
+    // Spilled (slot.cap != 0): the four vectors are empty and sit in the spill file; n and
+    // first_end stand in for spans.size() and end_at(0).
+    SpillFile::Slot slot;
+    uint32_t n = 0;
+    uint32_t counted = 0;  // bytes() as last reported to the spill file (0: not reported)
+    uint64_t first_end = 0;
     static Block start(const Span& s, bool reserve_full);
-    size_t size() const { return spans.size(); }
+    bool spilled() const { return slot.cap != 0; }
+    size_t size() const { return spilled() ? n : spans.size(); }
     uint64_t ts_at(size_t i) const { return base_ts + spans[i].ts_off; }
     uint64_t end_at(size_t i) const;
     Span at(size_t i) const;
@@ -142,8 +158,21 @@ class IntervalJoin {
     std::vector<Block> blocks;  // in start order: a block's base_ts >= every start before it
     uint64_t max_dur = 0;
   };
-  static void place(std::vector<Block>& blocks, const Span& s);
-  static void append(std::vector<Block>& blocks, const Span& s);
+  void place(std::vector<Block>& blocks, const Span& s);
+  void place_resident(std::vector<Block>& blocks, const Span& s, size_t b);  // blocks b, b+1 in memory
+  void append(std::vector<Block>& blocks, const Span& s);
+  // Spill bookkeeping (all no-ops without a spill file).
+  void seal(Block& b);     // b is no longer a key's last block: report its bytes, spill if over budget
+  void recount(Block& b);  // report a resident block's bytes again after a change
+  void forget(Block& b);   // b is about to be destroyed: unreport it, or release its slot
+  // blocks[i] in memory: true, or false when it was spilled and could not be read back (it is
+  // erased, its spans lost; the file counts the read error).
+  bool resident(std::vector<Block>& blocks, size_t i);
+  bool read_spilled(const Block& b, Block& out) const;
+  // b's spans for reading: b itself, or a cached copy of a spilled b (valid until the next view()
+  // of kViewCache other spilled blocks, or a change to b).
+  const Block& view(const Block& b) const;
+  void drop_cached(uint64_t off) const;
   JoinKind kind_;
   uint64_t within_;
   bool tagged_;
@@ -151,6 +180,17 @@ class IntervalJoin {
   size_t buffered_ = 0;  // spans in all buffers
   uint64_t evicted_ = 0;
   uint64_t pruned_ = 0;
+  SpillFile* spill_ = nullptr;
+  size_t spilled_blocks_ = 0;
+  static constexpr size_t kViewCache = 4;
+  struct Cached {
+    uint64_t off = ~uint64_t{0};  // the slot's file offset; ~0: empty
+    uint64_t used = 0;            // last use, for LRU
+    Block block;
+  };
+  mutable Cached cache_[kViewCache];
+  mutable uint64_t cache_clock_ = 0;
+  mutable std::vector<uint8_t> io_;  // a spilled block's bytes on their way in or out
 };
 
 struct JoinOutcome {

@@ -391,6 +391,7 @@ const AnalysisResult* TraceTools::analysis(std::string& error) {
     if (source) {
       EngineOptions eo;
       eo.threads = options_.engine_threads;
+      eo.join_resident_bytes = replay_join_resident_bytes();
       std::vector<std::string> errors;
       // Threads, stacks, time split and launch_gap chains, computed as chains are emitted.
       LiveChainAnnotator annotator(options_.annotate);
