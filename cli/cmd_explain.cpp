@@ -32,6 +32,7 @@ struct ExplainArgs {
 };
 
 int run_explain(const ExplainArgs& a) {
+  use_one_malloc_arena();
   if (!a.fleet.nodes.empty()) {
     FleetExplainArgs f = a.fleet;
     f.json = a.json;

@@ -120,6 +120,7 @@ std::string fitting_filters(const Census& c, uint64_t budget, const TraceMeta& m
 }
 
 int run_export(const ExportArgs& a) {
+  use_one_malloc_arena();
   if (a.format != "perfetto") {
     print_error("unknown --format '" + a.format + "' (supported: perfetto)");
     return kExitUsage;

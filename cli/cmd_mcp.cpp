@@ -51,6 +51,7 @@ std::string random_token() {
 }
 
 int run_mcp(const McpArgs& a) {
+  use_one_malloc_arena();
   mcp::ServerOptions opts;
   opts.db_path = a.db.empty() ? embedded_sample_path() : a.db;
   if (opts.db_path.empty()) {

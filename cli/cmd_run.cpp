@@ -8,6 +8,7 @@
 // it. Events reach their sinks as they stream past (a tap before the merge); chains go to sinks
 // when the analysis ends, or as they are found when a live source is in the graph. An `mcp` sink
 // writes a SQLite database and then serves it over MCP on stdio until stdin closes.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -276,6 +277,9 @@ int run_pipeline(const RunArgs& a) {
     print_error(error);
     return kExitUsage;
   }
+  if (std::none_of(cfg.sources.begin(), cfg.sources.end(),
+                   [](const SourceConfig& s) { return s.kind == SourceKind::kEbpf; }))
+    use_one_malloc_arena();  // replay only (cli/common.h)
   std::vector<SourceRt> sources(cfg.sources.size());
   for (size_t i = 0; i < cfg.sources.size(); ++i) {
     SourceRt& rt = sources[i];

@@ -109,6 +109,8 @@ bool parse_param_overrides(const std::vector<std::string>& params, std::map<std:
 
 void keep_large_buffers_out_of_the_heap() { mallopt(M_MMAP_THRESHOLD, 128 * 1024); }
 
+void use_one_malloc_arena() { mallopt(M_ARENA_MAX, 1); }
+
 void print_error(const std::string& message) { std::fprintf(stderr, "ingero-pipeline: error: %s\n", message.c_str()); }
 
 void set_quiet(bool quiet) {

@@ -49,6 +49,14 @@ bool parse_param_overrides(const std::vector<std::string>& params, std::map<std:
 // anonymous 33 -> 13 MiB; docs/performance.md). Call before starting threads.
 void keep_large_buffers_out_of_the_heap();
 
+// Replay commands call this first, before any thread starts: one glibc malloc arena for the
+// process. A replay's batches are filled on its reader thread and freed on the engine's, and with
+// an arena per thread each keeps what the others freed: `explain --threads 2` of a 50 M-event
+// trace peaked at 83.7-94.9 MB RSS with 62.1 MB of live heap (heaptrack), 71.4 MB with one arena
+// (docs/performance.md, part 10). Nothing on the replay paths allocates per event, so the one
+// arena's lock costs no measurable time. Live capture keeps glibc's default. Call before starting threads.
+void use_one_malloc_arena();
+
 // --quiet for long commands (explain, convert, stats, merge, bench): no progress line on stderr.
 // Progress is only ever drawn when stderr is a terminal; the SQLite reader decides when a trace
 // is opened, from the INGERO_QUIET environment variable (sinks/sqlite_reader.cpp). So the flag
