@@ -102,28 +102,29 @@ AnnotateOptions annotate_options(const AnalysisPlan& a, AnnotateOptions base) {
   return base;
 }
 
+namespace {
+// One line for a spill file's failures: a failed read loses what the block held (`loss`), a
+// failed write only costs memory (its `what` stayed there).
+std::string spill_warning(uint64_t read_errors, uint64_t write_errors, const std::string& file, const std::string& loss,
+                          const std::string& what, const std::string& env) {
+  if (read_errors > 0) return std::to_string(read_errors) + " read(s) of " + file + " failed: " + loss;
+  if (write_errors > 0)
+    return file + " in $TMPDIR (else /tmp) could not be written: " + what +
+           " stayed in memory (set TMPDIR to a writable directory, or " + env + "=0 to keep them in memory)";
+  return {};
+}
+}  // namespace
+
 std::string annotator_spill_warning(const SpillCounters& c) {
-  std::string w;
-  if (c.read_errors > 0)
-    w = std::to_string(c.read_errors) +
-        " read(s) of the chain annotator's spill file failed: some chains may lack their thread, stack and time "
-        "split details";
-  else if (c.errors > 0)
-    w = "the chain annotator's spill file in $TMPDIR (else /tmp) could not be written: its records stayed in "
-        "memory (set TMPDIR to a writable directory, or INGERO_ANNOTATE_RESIDENT_MB=0 to keep them in memory)";
-  return w;
+  return spill_warning(c.read_errors, c.errors, "the chain annotator's spill file",
+                       "some chains may lack their thread, stack and time split details", "its records",
+                       "INGERO_ANNOTATE_RESIDENT_MB");
 }
 
 std::string join_spill_warning(const EngineCounters& k) {
-  std::string w;
-  if (k.join_spill_read_errors > 0)
-    w = std::to_string(k.join_spill_read_errors) +
-        " read(s) of the join span spill file failed: those spans were left out of the joins, so some "
-        "overlap figures may be low";
-  else if (k.join_spill_errors > 0)
-    w = "the join span spill file in $TMPDIR (else /tmp) could not be written: the spans stayed in memory (set "
-        "TMPDIR to a writable directory, or INGERO_JOIN_RESIDENT_MB=0 to keep them in memory)";
-  return w;
+  return spill_warning(k.join_spill_read_errors, k.join_spill_errors, "the join span spill file",
+                       "those spans were left out of the joins, so some overlap figures may be low", "the spans",
+                       "INGERO_JOIN_RESIDENT_MB");
 }
 
 uint64_t peak_rss_bytes() {

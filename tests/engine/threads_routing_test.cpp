@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -131,6 +132,44 @@ TEST(ThreadsRouting, BothShardSplitsGiveTheOneThreadResult) {
               << (split == ShardSplit::kByPid ? "by pid, " : "by group, ") << threads << " threads, batch " << batch;
         }
   }
+}
+
+// EngineOptions::join_resident_bytes: join span blocks in a spill file give the in-memory result,
+// at one thread (every sealed block spilled: a budget of one byte) and two (the run's budget
+// shared out, at least 1 MiB a shard); a spill directory that cannot be used leaves the spans in
+// memory, counts one failure and gives the same result.
+TEST(ThreadsRouting, JoinSpillGivesTheInMemoryResult) {
+  const auto& ev = large_trace();
+  static const Plan plan = rules::default_rule_pack_plan();
+  const std::string base = result_text(run_pack(ev, 1, 4096));
+  const auto run = [&](unsigned threads, size_t budget) {
+    BorrowedSource src(ev, 4096);
+    EngineOptions o;
+    o.threads = threads;
+    o.join_resident_bytes = budget;
+    std::vector<std::string> errors;
+    auto r = run_plan(plan, src, o, &errors);
+    EXPECT_TRUE(errors.empty());
+    return r;
+  };
+  const auto one = run(1, 1);
+  EXPECT_EQ(result_text(one), base);
+  EXPECT_GT(one.counters.join_spilled_blocks, 0u);
+  EXPECT_GT(one.counters.join_spill_peak_bytes, 0u);
+  EXPECT_EQ(one.counters.join_spill_errors + one.counters.join_spill_read_errors, 0u);
+  const auto two = run(2, 1);
+  EXPECT_EQ(result_text(two), base);
+  EXPECT_EQ(two.counters.join_spill_errors + two.counters.join_spill_read_errors, 0u);
+
+  const char* old = std::getenv("TMPDIR");
+  const std::string saved = old ? old : "";
+  ::setenv("TMPDIR", "/nonexistent-dir-for-ingero-test", 1);
+  const auto unusable = run(1, 1);
+  if (old) ::setenv("TMPDIR", saved.c_str(), 1);
+  else ::unsetenv("TMPDIR");
+  EXPECT_EQ(result_text(unusable), base);
+  EXPECT_EQ(unusable.counters.join_spilled_blocks, 0u);
+  EXPECT_EQ(unusable.counters.join_spill_errors, 1u);  // one shard, one failed creation
 }
 
 // The runtime contract the engine relies on: a pid shard fed the shared batch through position
