@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "engine/runtime.h"
+#include "operators/spill_file.h"
 
 namespace ingero {
 namespace {
@@ -431,15 +432,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
 
 }  // namespace
 
-size_t replay_join_resident_bytes() {
-  constexpr size_t kDefault = size_t{4} << 20;
-  const char* v = std::getenv("INGERO_JOIN_RESIDENT_MB");
-  if (v == nullptr || *v == '\0') return kDefault;
-  char* end = nullptr;
-  const unsigned long long mb = std::strtoull(v, &end, 10);
-  if (*end != '\0' || mb > (uint64_t{1} << 20)) return kDefault;  // not a number of MiB: the default
-  return static_cast<size_t>(mb) << 20;
-}
+size_t replay_join_resident_bytes() { return SpillFile::budget_from_env("INGERO_JOIN_RESIDENT_MB", size_t{4} << 20); }
 
 AnalysisResult run_plan(const Plan& plan, EventSource& source, const EngineOptions& opts,
                         std::vector<std::string>* errors) {

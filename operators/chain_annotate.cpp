@@ -1066,12 +1066,7 @@ AnnotateOptions LiveChainAnnotator::replay_defaults() {
   AnnotateOptions o = defaults();
   o.min_records = 2u << 20;
   o.max_records = 8u << 20;
-  o.resident_bytes = kReplayResidentBytes;
-  if (const char* v = std::getenv("INGERO_ANNOTATE_RESIDENT_MB"); v != nullptr && *v != '\0') {
-    char* end = nullptr;
-    const unsigned long long mb = std::strtoull(v, &end, 10);
-    if (end != nullptr && *end == '\0' && mb < (uint64_t{1} << 30)) o.resident_bytes = static_cast<size_t>(mb) << 20;
-  }
+  o.resident_bytes = SpillFile::budget_from_env("INGERO_ANNOTATE_RESIDENT_MB", kReplayResidentBytes);
   return o;
 }
 

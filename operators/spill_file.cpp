@@ -9,6 +9,15 @@
 
 namespace ingero {
 
+size_t SpillFile::budget_from_env(const char* name, size_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const unsigned long long mb = std::strtoull(v, &end, 10);
+  if (end == nullptr || *end != '\0' || mb > (uint64_t{1} << 20)) return fallback;
+  return static_cast<size_t>(mb) << 20;
+}
+
 namespace {
 constexpr size_t kBufCap = size_t{256} * 1024;  // appends are written in pieces of this size
 }

@@ -56,6 +56,9 @@ class SpillFile {
   // `resident_budget`: bytes the store may hold in memory before it spills (0 = never).
   // `dir`: where the file goes; empty = $TMPDIR, else /tmp.
   explicit SpillFile(size_t resident_budget, std::string dir = {});
+  // A resident budget set by the environment variable `name`, in MiB (0: never spill), or
+  // `fallback` when it is unset, empty, or not a whole number of MiB up to 2^20 (1 TiB).
+  static size_t budget_from_env(const char* name, size_t fallback);
   ~SpillFile();
   SpillFile(const SpillFile&) = delete;
   SpillFile& operator=(const SpillFile&) = delete;

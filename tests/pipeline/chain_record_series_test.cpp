@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <random>
@@ -303,6 +304,23 @@ TEST(SpillFile, ReadsBackWhatItTookAndReusesReleasedSlots) {
     ASSERT_EQ(back, block_bytes(700 + i % 300, static_cast<uint8_t>(i % 2 ? i : i + 1))) << i;
   }
   EXPECT_EQ(f.counters().errors, 0u);
+}
+
+// The budget variables (INGERO_ANNOTATE_RESIDENT_MB, INGERO_JOIN_RESIDENT_MB): a whole number of
+// MiB, 0 to turn spilling off; anything else keeps the default.
+TEST(SpillFile, BudgetFromEnvironment) {
+  constexpr const char* kVar = "INGERO_TEST_SPILL_BUDGET_MB";
+  constexpr size_t kFallback = 7;
+  ::unsetenv(kVar);
+  EXPECT_EQ(SpillFile::budget_from_env(kVar, kFallback), kFallback);
+  const std::pair<const char*, size_t> cases[] = {
+      {"", kFallback},        {"16", size_t{16} << 20}, {"0", 0},          {"1048576", size_t{1} << 40},
+      {"1048577", kFallback}, {"12x", kFallback},       {"-1", kFallback}, {"99999999999999999999999", kFallback}};
+  for (const auto& [text, want] : cases) {
+    ::setenv(kVar, text, 1);
+    EXPECT_EQ(SpillFile::budget_from_env(kVar, kFallback), want) << "'" << text << "'";
+  }
+  ::unsetenv(kVar);
 }
 
 TEST(SpillFile, UnusableDirectoryKeepsTheBlocksInMemory) {
