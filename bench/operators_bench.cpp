@@ -1,11 +1,14 @@
 // Operators in isolation, per event: quantile state (exact and sketch), the rule pack's aggregate
 // shape, an exact window's quantile query, keying, off-CPU span building and the interval join,
-// over the large synthetic workload (model/synth.h).
+// over the large synthetic workload (model/synth.h); and the slowest-call buffer (TopK) on the
+// replay benchmark's call stream.
 // Run: ./build/ingero-bench --benchmark_filter='BM_Op'
 #include <benchmark/benchmark.h>
 
+#include <cstdint>
 #include <vector>
 
+#include "engine/top_k.h"
 #include "model/ops.h"
 #include "model/synth.h"
 #include "operators/aggregate.h"
@@ -16,6 +19,38 @@
 
 namespace ingero {
 namespace {
+
+// The slowest-call buffers of bench/make_ingero_trace.sh's calls: 36 keys, calls in time order
+// taking turns, durations 2-102 us with a 1 % tail of 1-21 ms (the same formulas), k = 16384
+// each (the engine's cap): the threshold reject, the appends and the compactions.
+struct TopKCall {
+  uint64_t ts;
+  uint32_t dur;
+};
+struct TopKSlower {
+  static uint64_t primary(const TopKCall& c) { return c.dur; }
+  bool operator()(const TopKCall& a, const TopKCall& b) const { return a.dur != b.dur ? a.dur > b.dur : a.ts > b.ts; }
+};
+void BM_OpTopKCalls(benchmark::State& state) {
+  constexpr size_t kKeys = 36, kCalls = 4'500'000, kCap = 16384;
+  std::vector<TopKCall> calls(kCalls);
+  for (uint64_t i = 0; i < kCalls; ++i) {
+    const uint64_t h = i * 2654435761ULL;
+    const uint64_t dur = h % 100 == 0 ? 1000000 + (i * 40503) % 20000000 : 2000 + h % 100000;
+    calls[i] = {i, static_cast<uint32_t>(dur)};
+  }
+  for (auto _ : state) {
+    std::vector<TopK<TopKCall, TopKSlower>> tops;
+    tops.reserve(kKeys);
+    for (size_t k = 0; k < kKeys; ++k) tops.emplace_back(kCap);
+    for (size_t i = 0; i < kCalls; ++i) tops[i % kKeys].add(calls[i]);
+    size_t kept = 0;
+    for (auto& t : tops) kept += t.items().size();
+    benchmark::DoNotOptimize(kept);
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * kCalls));
+}
+BENCHMARK(BM_OpTopKCalls)->Unit(benchmark::kMillisecond);
 
 const std::vector<Event>& trace() {
   static const std::vector<Event> events = synth::make_large_trace(1'000'000, 42);

@@ -21,7 +21,11 @@
 //   consistent with Greater (primary(a) > primary(b) implies greater(a, b); greater(a, b) implies
 //   primary(a) >= primary(b)); e.g. a call's duration when slowness is ordered by duration first.
 //   A compaction then selects on a log-linear histogram of the keys (no comparison sort or
-//   selection over all items; Greater is called only on the items of the cut's bucket).
+//   selection over all items; Greater is called only on the items of the cut's bucket). With
+//   k >= kHistMinK the histogram is kept up to date as items are accepted (one bucket increment
+//   each, 15 KB per capped buffer, under 10 % of its items), so a compaction after the first
+//   reads the cut bucket off it and makes one pass of key comparisons over the items instead of
+//   computing every item's bucket again.
 // - Never throws beyond allocation failure.
 #pragma once
 
@@ -31,6 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -46,7 +51,13 @@ class TopK {
   // line. (No threshold exists before the first compaction, which comes after the k-th item.)
   [[gnu::always_inline]] void add(const T& item) {
     ++seen_;
-    if (has_threshold_ && !greater_(item, threshold_)) return;  // the common case once capped
+    if (has_threshold_) {
+      if (!greater_(item, threshold_)) return;  // the common case once capped
+      if constexpr (kHasPrimary) {
+        // Every held item is at or above the threshold, itself at or above base_: no underflow.
+        if (hist_) ++hist_[bucket_of(Greater::primary(item) - base_)];
+      }
+    }
     if (n_ == slots_) grow();
     items_[n_] = item;
     if (++n_ >= limit_) compact();
@@ -62,6 +73,10 @@ class TopK {
   uint64_t seen() const { return seen_; }
   bool capped() const { return seen_ > k_; }
   size_t k() const { return k_; }
+
+  // Buffers of at least this many items keep their histogram between compactions (a smaller
+  // one would spend more on the 15 KB histogram than on its items).
+  static constexpr size_t kHistMinK = 512;
 
  private:
   static constexpr bool kHasPrimary = requires(const T& t) {
@@ -90,7 +105,8 @@ class TopK {
   // below it can enter).
   [[gnu::noinline]] void compact() {
     if constexpr (kHasPrimary) {
-      compact_by_primary();
+      if (hist_) compact_with_histogram();
+      else compact_by_primary();
     } else {
       auto kth = items_.begin() + static_cast<std::ptrdiff_t>(k_ - 1);
       std::nth_element(items_.begin(), kth, items_.begin() + static_cast<std::ptrdiff_t>(n_), greater_);
@@ -172,6 +188,109 @@ class TopK {
       kept += bucket[i] > b ? 1 : 0;
     }
     n_ = kept;  // == k
+    // A buffer big enough to keep its histogram starts it here, from this compaction's: the
+    // kept items are those of the buckets above b and the m chosen from b.
+    if (k_ >= kHistMinK && k_ <= UINT32_MAX / 2) start_histogram(lo, hist, b, static_cast<uint32_t>(m));
+  }
+
+  // The kept histogram: for j >= hist_lo_, hist_[j] counts the held items whose key - base_
+  // falls in bucket j; no held item (and so no accepted one: the threshold is in hist_lo_) is
+  // below hist_lo_, and entries below it are stale, never read.
+  void start_histogram(uint64_t base, const uint32_t* hist, unsigned b, uint32_t m) {
+    if (!hist_) hist_ = std::make_unique<uint32_t[]>(kBuckets);
+    base_ = base;
+    hist_[b] = m;
+    std::copy(hist + b + 1, hist + kBuckets, hist_.get() + b + 1);
+    hist_lo_ = b;
+  }
+
+  // The smallest and largest x (key - base) of bucket b: the inverse of bucket_of.
+  static uint64_t bucket_first(unsigned b) {
+    if (b < (2U << kExactBits)) return b;
+    const unsigned drop = (b >> kExactBits) - 1;
+    return static_cast<uint64_t>(b - (drop << kExactBits)) << drop;
+  }
+  static uint64_t bucket_last(unsigned b) {
+    if (b < (2U << kExactBits)) return b;
+    const unsigned drop = (b >> kExactBits) - 1;
+    return bucket_first(b) + ((uint64_t{1} << drop) - 1);
+  }
+
+  // compact_by_primary() once the histogram is kept:
+  // (1) from hist_lo_ up, the bucket b that holds the k-th greatest item (the buckets passed
+  //     hold only dropped items; nothing reads below hist_lo_ again, so they are left as is);
+  // (2) one pass over the items, comparing keys with b's key range, gathers b's items;
+  // (3) as before, the k - above first of them by Greater (earlier first among equal items) are
+  //     kept, the last is the threshold;
+  // (4) one pass keeps, in arrival order, the items above b's range and the chosen ones.
+  // When b's items were many (coarse buckets far above base_) and b is not an exact bucket, the
+  // histogram is rebuilt relative to the new threshold's key (one pass over the k kept items),
+  // so the next cut falls in finer buckets.
+  void compact_with_histogram() {
+    const size_t n = n_;
+    uint32_t* const hist = hist_.get();
+    size_t below = 0;
+    unsigned b = hist_lo_;
+    const size_t drop_count = n - k_;  // items to drop: the (drop_count + 1)-th smallest is the cut
+    while (below + hist[b] <= drop_count) below += hist[b++];  // left stale: never read again
+    const size_t in_b = hist[b];
+    const size_t above = n - below - in_b;
+    const uint64_t key_lo = base_ + bucket_first(b);
+    const uint64_t width = bucket_last(b) - bucket_first(b);  // key in b: key - key_lo <= width
+    // The top bucket's range may end past 2^64 - 1 once base_ is added: the last key is then the largest.
+    const uint64_t key_hi = UINT64_MAX - key_lo < width ? UINT64_MAX : key_lo + width;
+    Scratch& s = scratch();
+    const T* const in = items_.data();
+    // Positions of b's items, without a branch per item (whether an item is in b is as good as
+    // random: a branch on it mispredicts often).
+    if (s.at.size() < n) s.at.resize(n);
+    uint32_t* const at = s.at.data();
+    size_t n_cut = 0;
+    for (size_t i = 0; i < n; ++i) {
+      at[n_cut] = static_cast<uint32_t>(i);
+      n_cut += Greater::primary(in[i]) - key_lo <= width ? 1 : 0;
+    }
+    auto& cut = s.cut;
+    cut.clear();
+    for (size_t j = 0; j < n_cut; ++j) cut.emplace_back(in[at[j]], at[j]);
+    const auto m = static_cast<std::ptrdiff_t>(k_ - above);  // 1 ..= in_b
+    const Greater greater = greater_;
+    std::nth_element(cut.begin(), cut.begin() + (m - 1), cut.end(), [greater](const auto& x, const auto& y) {
+      if (greater(x.first, y.first)) return true;
+      return !greater(y.first, x.first) && x.second < y.second;
+    });
+    threshold_ = cut[static_cast<size_t>(m - 1)].first;
+    if (s.chosen.size() < n) s.chosen.resize(n);
+    uint8_t* const chosen = s.chosen.data();
+    std::memset(chosen, 0, n);
+    for (std::ptrdiff_t j = 0; j < m; ++j) chosen[cut[static_cast<size_t>(j)].second] = 1;
+    // Branch-free keep pass, as in compact_by_primary.
+    size_t i = 0;
+    while (i < n && (Greater::primary(in[i]) > key_hi || chosen[i])) ++i;
+    T* const out = items_.data();
+    size_t kept = i;
+    for (; i < n; ++i) {
+      out[kept] = in[i];
+      kept += static_cast<size_t>(Greater::primary(in[i]) > key_hi) | chosen[i];  // `|`: no branch
+    }
+    n_ = kept;  // == k
+    hist[b] = static_cast<uint32_t>(m);
+    hist_lo_ = b;
+    if (in_b > k_ / 4 && b >= (2U << kExactBits)) rebase_histogram();
+  }
+
+  // The histogram again, relative to the threshold's key (a lower bound of every held key).
+  void rebase_histogram() {
+    base_ = Greater::primary(threshold_);
+    uint32_t* const hist = hist_.get();
+    std::fill(hist, hist + kBuckets, 0U);
+    unsigned lowest = kBuckets - 1;
+    for (size_t i = 0; i < n_; ++i) {
+      const unsigned bk = bucket_of(Greater::primary(items_[i]) - base_);
+      ++hist[bk];
+      lowest = std::min(lowest, bk);
+    }
+    hist_lo_ = lowest;
   }
 
   // Calls fn(i) for every i < n with v[i] == want, in increasing i: four entries at a time
@@ -198,6 +317,8 @@ class TopK {
   struct Scratch {
     std::vector<uint16_t> bucket;
     std::vector<std::pair<T, size_t>> cut;
+    std::vector<uint8_t> chosen;  // compact_with_histogram: the cut items kept, by position
+    std::vector<uint32_t> at;     // compact_with_histogram: the cut items' positions
   };
   static Scratch& scratch() {
     static thread_local Scratch s;
@@ -213,6 +334,11 @@ class TopK {
   T threshold_{};
   bool has_threshold_ = false;
   uint64_t seen_ = 0;
+  // The kept histogram (k >= kHistMinK, from the first compaction on; null before and for
+  // smaller buffers): bucket counts of key - base_ over the held items.
+  std::unique_ptr<uint32_t[]> hist_;
+  uint64_t base_ = 0;
+  unsigned hist_lo_ = 0;
 };
 
 }  // namespace ingero

@@ -140,6 +140,44 @@ TEST(TopKPaths, LargeKOnEngineLikeStreams) {
   }
 }
 
+TEST(TopKPaths, KeptHistogramEqualsTheReferenceOnEveryShape) {
+  // k >= kHistMinK: compactions after the first read the cut off the histogram kept as items
+  // are accepted. Every shape, both orders, k on both sides of the bound; items() is read (and
+  // compacts) midway. kNarrowHigh puts keys where a bucket's range ends past 2^64.
+  using Top = TopK<Item, Greater>;
+  std::mt19937_64 rng(20261124);
+  const size_t ks[] = {Top::kHistMinK - 1, Top::kHistMinK, Top::kHistMinK + 1, 700, 2048};
+  for (int round = 0; round < 2 * static_cast<int>(Shape::kCount) * static_cast<int>(std::size(ks)); ++round) {
+    const auto shape = static_cast<Shape>(round % static_cast<int>(Shape::kCount));
+    const size_t k = ks[(round / static_cast<int>(Shape::kCount)) % std::size(ks)];
+    const bool time_ordered = round % 2 == 0;
+    const size_t n = k * 6 + rng() % (k * 4);
+    const auto in = make_stream(rng, shape, n, time_ordered);
+    check_stream(in, k,
+                 "round " + std::to_string(round) + " shape " + std::to_string(static_cast<int>(shape)) + " k " +
+                     std::to_string(k) + " n " + std::to_string(n) + (time_ordered ? " time-ordered" : " repeating"));
+  }
+}
+
+TEST(TopKPaths, KeptHistogramRebasesWhenItsCutBucketIsCoarse) {
+  // The first compaction's smallest key is 1000, every later key is within 3000 of 10^12 (or of
+  // 2^64, where the cut bucket's key range, 1000 + its x range, ends past 2^64): relative to 1000
+  // they share a few coarse buckets, so the cut bucket holds most items until the histogram is
+  // rebuilt relative to the threshold. Ascending, descending and random runs.
+  std::mt19937_64 rng(11);
+  const size_t k = 1024;
+  for (int run = 0; run < 6; ++run) {
+    const uint64_t center = run < 3 ? 1000000000000ULL : UINT64_MAX - 3000;
+    std::vector<Item> in;
+    in.push_back({1000, 0, 0, 0});
+    for (uint64_t i = 1; i < 40000; ++i) {
+      const uint64_t off = run % 3 == 0 ? i % 3000 : run % 3 == 1 ? 2999 - i % 3000 : rng() % 3000;
+      in.push_back({center + off, i, rng(), i});
+    }
+    check_stream(in, k, "coarse run " + std::to_string(run));
+  }
+}
+
 TEST(TopKPaths, AscendingAndDescendingStreams) {
   // Ascending: every item beats the threshold (the most compactions); descending: none does.
   for (const size_t k : {1, 2, 3, 50}) {
@@ -190,7 +228,9 @@ TEST(TopKPaths, MemoryStaysAtKPlusHalf) {
   EXPECT_EQ(top.items().capacity(), 16384u) << "doubling up to k, as push_back";
   for (uint64_t i = 16384; i < 200000; ++i) {
     top.add({i % 777, i, 0, i});
-    if (i % 50000 == 0) EXPECT_EQ(top.items().size(), 16384u);
+    if (i % 50000 == 0) {
+      EXPECT_EQ(top.items().size(), 16384u);
+    }
   }
   EXPECT_EQ(top.items().size(), 16384u);
   EXPECT_EQ(top.items().capacity(), 16384u + 8192u + 1u);
