@@ -134,6 +134,37 @@ TEST(SqliteStream, EqualsLoadAndSortOnGeneratedEdgeCases) {
       }
 }
 
+// With fetch threads the slack (the longest sched_switch span) is searched in the table's two
+// rowid halves at once, on two connections: one span far longer than every other, in the lower
+// or the upper half (or at the boundary rows), must still set it, so that no row is late.
+TEST(SqliteStream, SlackSearchedInTwoHalvesFindsTheLongestSpanInEither) {
+  TempDir dir;
+  const int rows = 3001;
+  for (const int at : {5, rows / 2, rows / 2 + 1, rows - 5}) {
+    const std::string p = dir.file("slack" + std::to_string(at) + ".db");
+    std::ostringstream sql;
+    sql << kIngero08 << "BEGIN;";
+    uint64_t t = 1'700'000'000'000'000'000ull;
+    for (int i = 1; i <= rows; ++i) {
+      t += 1000;
+      const bool sched = i % 4 == 0 || i == at;
+      // 40 ms back from its end: past ~40,000 later-starting rows' worth of time, far beyond
+      // the other spans (1 us).
+      const uint64_t dur = i == at ? 40'000'000 : sched ? 1000 : 500;
+      sql << "INSERT INTO events(id,timestamp,pid,tid,source,op,duration) VALUES(" << i << "," << t << ",10,100,"
+          << (sched ? 3 : 1) << "," << (sched ? static_cast<int>(op::kSchedSwitch) : 1) << "," << dur << ");";
+    }
+    sql << "COMMIT; CREATE INDEX idx_events_timestamp ON events(timestamp);"
+           "CREATE INDEX idx_events_source_op_stack ON events(source, op, stack_hash);";
+    ASSERT_EQ(test::run_sql(p, sql.str()), "");
+    SCOPED_TRACE("long span at row " + std::to_string(at));
+    const Replayed ref = replay(p, false, 64);
+    const Replayed got = replay(p, true, 64, size_t{1} << 20, true, {2, 64});
+    ASSERT_NO_FATAL_FAILURE(test::expect_same_replay(ref.d, ref.meta, got.d, got.meta, true));
+    for (const auto& [why, n] : got.meta.health.reasons) EXPECT_NE(why.rfind("delivered late", 0), 0u) << why;
+  }
+}
+
 // Fetch threads cut the timestamp index into ranges; the rows a range query could miss or
 // misplace must come out exactly where one walk of the index puts them: NULL timestamps first,
 // negative and REAL ones among the integers, TEXT and BLOB ones last, runs of equal timestamps
