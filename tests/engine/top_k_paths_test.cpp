@@ -115,19 +115,28 @@ void check_stream(const std::vector<Item>& in, size_t k, const std::string& what
   ASSERT_EQ(sorted_values(plain.items()), sorted_values(got)) << what;
 }
 
-TEST(TopKPaths, EqualsTheReferenceInArrivalOrderOnEveryShape) {
-  std::mt19937_64 rng(20261123);
-  const size_t ks[] = {1, 2, 3, 4, 7, 64, 100, 1000};
-  for (int round = 0; round < 240; ++round) {
+// `rounds` streams: round r has shape r % kCount, k from `ks` (one k per block of kCount rounds),
+// n_of(rng, k) items, in time order when ordered(r).
+template <class NOf, class Ordered>
+void check_rounds(uint64_t seed, const std::vector<size_t>& ks, int rounds, NOf n_of, Ordered ordered) {
+  std::mt19937_64 rng(seed);
+  for (int round = 0; round < rounds; ++round) {
     const auto shape = static_cast<Shape>(round % static_cast<int>(Shape::kCount));
-    const size_t k = ks[(round / static_cast<int>(Shape::kCount)) % std::size(ks)];
-    const size_t n = rng() % (k * 8 + 50);
-    const bool time_ordered = (round / 3) % 2 == 0;
+    const size_t k = ks[static_cast<size_t>(round / static_cast<int>(Shape::kCount)) % ks.size()];
+    const size_t n = n_of(rng, k);
+    const bool time_ordered = ordered(round);
     const auto in = make_stream(rng, shape, n, time_ordered);
     check_stream(in, k,
                  "round " + std::to_string(round) + " shape " + std::to_string(static_cast<int>(shape)) + " k " +
                      std::to_string(k) + " n " + std::to_string(n) + (time_ordered ? " time-ordered" : " repeating"));
   }
+}
+
+TEST(TopKPaths, EqualsTheReferenceInArrivalOrderOnEveryShape) {
+  check_rounds(
+      20261123, {1, 2, 3, 4, 7, 64, 100, 1000}, 240,
+      [](std::mt19937_64& rng, size_t k) { return rng() % (k * 8 + 50); },
+      [](int round) { return (round / 3) % 2 == 0; });
 }
 
 TEST(TopKPaths, LargeKOnEngineLikeStreams) {
@@ -145,18 +154,10 @@ TEST(TopKPaths, KeptHistogramEqualsTheReferenceOnEveryShape) {
   // are accepted. Every shape, both orders, k on both sides of the bound; items() is read (and
   // compacts) midway. kNarrowHigh puts keys where a bucket's range ends past 2^64.
   using Top = TopK<Item, Greater>;
-  std::mt19937_64 rng(20261124);
-  const size_t ks[] = {Top::kHistMinK - 1, Top::kHistMinK, Top::kHistMinK + 1, 700, 2048};
-  for (int round = 0; round < 2 * static_cast<int>(Shape::kCount) * static_cast<int>(std::size(ks)); ++round) {
-    const auto shape = static_cast<Shape>(round % static_cast<int>(Shape::kCount));
-    const size_t k = ks[(round / static_cast<int>(Shape::kCount)) % std::size(ks)];
-    const bool time_ordered = round % 2 == 0;
-    const size_t n = k * 6 + rng() % (k * 4);
-    const auto in = make_stream(rng, shape, n, time_ordered);
-    check_stream(in, k,
-                 "round " + std::to_string(round) + " shape " + std::to_string(static_cast<int>(shape)) + " k " +
-                     std::to_string(k) + " n " + std::to_string(n) + (time_ordered ? " time-ordered" : " repeating"));
-  }
+  const std::vector<size_t> ks = {Top::kHistMinK - 1, Top::kHistMinK, Top::kHistMinK + 1, 700, 2048};
+  check_rounds(
+      20261124, ks, 2 * static_cast<int>(Shape::kCount) * static_cast<int>(ks.size()),
+      [](std::mt19937_64& rng, size_t k) { return k * 6 + rng() % (k * 4); }, [](int round) { return round % 2 == 0; });
 }
 
 TEST(TopKPaths, KeptHistogramRebasesWhenItsCutBucketIsCoarse) {
