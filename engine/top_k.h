@@ -74,6 +74,10 @@ class TopK {
   bool capped() const { return seen_ > k_; }
   size_t k() const { return k_; }
 
+  // How many compactions found the kept histogram wrong and counted afresh: 0 unless TopK has a
+  // bug (tests check it).
+  uint64_t recounts() const { return recounts_; }
+
   // Buffers of at least this many items keep their histogram between compactions (a smaller
   // one would spend more on the 15 KB histogram than on its items).
   static constexpr size_t kHistMinK = 512;
@@ -232,7 +236,10 @@ class TopK {
     size_t below = 0;
     unsigned b = hist_lo_;
     const size_t drop_count = n - k_;  // items to drop: the (drop_count + 1)-th smallest is the cut
-    while (below + hist[b] <= drop_count) below += hist[b++];  // left stale: never read again
+    // Left stale: never read again. (The histogram holds n items, more than drop_count: b stops
+    // at a bucket that holds some; the bound only keeps a broken count inside the array.)
+    while (below + hist[b] <= drop_count && b + 1 < kBuckets) below += hist[b++];
+    if (below + hist[b] > n) return recount();
     const size_t in_b = hist[b];
     const size_t above = n - below - in_b;
     const uint64_t key_lo = base_ + bucket_first(b);
@@ -250,6 +257,8 @@ class TopK {
       at[n_cut] = static_cast<uint32_t>(i);
       n_cut += Greater::primary(in[i]) - key_lo <= width ? 1 : 0;
     }
+    // The histogram's count of b must be what the items say, and the cut must fall inside b.
+    if (n_cut != in_b || above >= k_ || k_ - above > in_b) return recount();
     auto& cut = s.cut;
     cut.clear();
     for (size_t j = 0; j < n_cut; ++j) cut.emplace_back(in[at[j]], at[j]);
@@ -277,6 +286,15 @@ class TopK {
     hist[b] = static_cast<uint32_t>(m);
     hist_lo_ = b;
     if (in_b > k_ / 4 && b >= (2U << kExactBits)) rebase_histogram();
+  }
+
+  // A histogram that disagrees with the items (a bug: no input can cause it) must not cost
+  // more than this compaction: it is dropped, and compact_by_primary() counts the items afresh
+  // and starts it again.
+  void recount() {
+    ++recounts_;
+    hist_.reset();
+    compact_by_primary();
   }
 
   // The histogram again, relative to the threshold's key (a lower bound of every held key).
@@ -339,6 +357,7 @@ class TopK {
   std::unique_ptr<uint32_t[]> hist_;
   uint64_t base_ = 0;
   unsigned hist_lo_ = 0;
+  uint64_t recounts_ = 0;
 };
 
 }  // namespace ingero

@@ -1337,10 +1337,10 @@ class StreamSource final : public EventSource {
   // The largest duration a decodable sched_switch row can have: how far such a row can move
   // back from where the index puts it. No row can be decoded before it is known, and the fetch
   // threads stop after their first chunks, so on a large file it is the replay's first, serial
-  // step: 0.5 s of big5m.db's 5 M rows (one table seek per sched_switch row, through Ingero's
-  // (source, op, stack_hash) index; a scan of the table without it). With fetch threads (an
-  // immutable file, every connection sees the same rows) the table's two rowid halves are
-  // searched at once, the upper on a connection and thread of its own: 0.28 s. Best-effort: when
+  // step: 0.34-0.40 s of big5m.db's 5 M rows (one table seek per sched_switch row, through
+  // Ingero's (source, op, stack_hash) index; a scan of the table without it). With fetch threads
+  // (an immutable file, every connection sees the same rows) the table's two rowid halves are
+  // searched at once, the upper on a connection and thread of its own: 0.21-0.24 s. Best-effort: when
   // the second connection or thread cannot be had, one query does it all.
   uint64_t max_sched_switch_duration() {
     int64_t top = 0;
@@ -1368,8 +1368,9 @@ class StreamSource final : public EventSource {
     }
     return static_cast<uint64_t>(std::max<int64_t>(0, max_switch_duration_in(db_.get(), INT64_MIN, INT64_MAX)));
   }
-  // max_sched_switch_duration() over the rows with rowid in [first, last]; -1 when none (or on an
-  // error). Never throws but std::bad_alloc (caught on the thread that runs it: see above).
+  // max_sched_switch_duration() over the rows with rowid in [first, last]; -1 when none, on an
+  // error, or on an exception (std::bad_alloc): it never throws, so the thread that runs it
+  // always ends and is joined.
   static int64_t max_switch_duration_in(sqlite3* db, int64_t first, int64_t last) noexcept {
     try {
       Stmt s(db,

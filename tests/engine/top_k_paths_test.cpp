@@ -109,6 +109,7 @@ void check_stream(const std::vector<Item>& in, size_t k, const std::string& what
   }
   ASSERT_EQ(top.seen(), in.size());
   ASSERT_EQ(top.capped(), in.size() > k);
+  ASSERT_EQ(top.recounts(), 0u) << what << ": the kept histogram disagreed with the items";
   const auto& got = top.items();
   ASSERT_EQ(got.size(), std::min(k, in.size())) << what;
   ASSERT_EQ(seqs_of(got), expected_seqs(in, k)) << what;
