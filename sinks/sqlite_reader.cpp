@@ -1209,9 +1209,7 @@ class StreamSource final : public EventSource {
       }
     }
     if (options_.progress && ::isatty(STDERR_FILENO)) {
-      Stmt total(db_.get(), "SELECT max(rowid) FROM events");
-      if (total.ok() && total.step() == SQLITE_ROW)
-        rows_total_ = static_cast<uint64_t>(std::max<int64_t>(0, total.i64(0)));
+      rows_total_ = static_cast<uint64_t>(std::max<int64_t>(0, max_rowid()));
       progress_start_ = std::chrono::steady_clock::now();
       progress_next_ = progress_start_ + std::chrono::seconds(1);
       show_progress_ = rows_total_ > 0;
@@ -1343,19 +1341,11 @@ class StreamSource final : public EventSource {
   // searched at once, the upper on a connection and thread of its own: 0.21-0.24 s. Best-effort: when
   // the second connection or thread cannot be had, one query does it all.
   uint64_t max_sched_switch_duration() {
-    int64_t top = 0;
-    if (feed_) {
-      Stmt rows(db_.get(), "SELECT max(rowid) FROM events");
-      if (rows.ok() && rows.step() == SQLITE_ROW && rows.type(0) == SQLITE_INTEGER) top = rows.i64(0);
-    }
-    const int64_t mid = top / 2;
+    const int64_t mid = feed_ ? max_rowid() / 2 : 0;
     if (mid > 0) {
       try {
-        std::string why;
-        auto other = sqlite_detail::open_readonly(meta_.path, probe_, why);
+        auto other = another_connection();
         if (other) {
-          sqlite3_limit(other.get(), SQLITE_LIMIT_LENGTH, kSqliteMaxValueBytes);
-          small_page_cache(other.get());
           int64_t upper = -1;
           std::thread t([&other, &upper, mid] { upper = max_switch_duration_in(other.get(), mid + 1, INT64_MAX); });
           const int64_t lower = max_switch_duration_in(db_.get(), INT64_MIN, mid);
@@ -1450,16 +1440,11 @@ class StreamSource final : public EventSource {
       if (!coll.ok()) return;
       coll.bind(1, index);
       if (coll.step() != SQLITE_ROW || coll.text(0) != "BINARY") return;
-      Stmt rows(db_.get(), "SELECT max(rowid) FROM events");
-      if (!rows.ok() || rows.step() != SQLITE_ROW || rows.i64(0) < static_cast<int64_t>(options_.fetch_min_rows))
-        return;
+      if (max_rowid() < static_cast<int64_t>(options_.fetch_min_rows)) return;
       std::vector<sqlite_detail::Db> conns;
       for (size_t i = 0; i < options_.fetch_threads; ++i) {
-        std::string why;
-        auto db = sqlite_detail::open_readonly(meta_.path, probe_, why);
+        auto db = another_connection();
         if (!db) return;
-        sqlite3_limit(db.get(), SQLITE_LIMIT_LENGTH, kSqliteMaxValueBytes);
-        small_page_cache(db.get());
         conns.push_back(std::move(db));
       }
       const Reader& reader = reader_;
@@ -1472,6 +1457,24 @@ class StreamSource final : public EventSource {
     } catch (const std::exception&) {
       feed_.reset();
     }
+  }
+
+  // The table's largest rowid (its row count when rows were only appended), 0 when empty or
+  // unreadable.
+  int64_t max_rowid() {
+    Stmt s(db_.get(), "SELECT max(rowid) FROM events");
+    return s.ok() && s.step() == SQLITE_ROW && s.type(0) == SQLITE_INTEGER ? s.i64(0) : 0;
+  }
+
+  // One more connection to the file, opened as the reader's is and with its limits (fetch
+  // threads, the slack's second half); null when it cannot be opened.
+  sqlite_detail::Db another_connection() const {
+    std::string why;
+    auto db = sqlite_detail::open_readonly(meta_.path, probe_, why);
+    if (!db) return db;
+    sqlite3_limit(db.get(), SQLITE_LIMIT_LENGTH, kSqliteMaxValueBytes);
+    small_page_cache(db.get());
+    return db;
   }
 
   // Each connection's page cache defaults to 2,000 KiB, filled to the brim by a long walk of
