@@ -87,10 +87,19 @@ bool iequals(std::string_view a, std::string_view b) {
 std::span<const OpInfo> all_ops() { return kOps; }
 std::span<const SourceInfo> all_sources() { return kSources; }
 
+// Every replayed row asks (the trace reader refuses unknown ops): one table lookup by
+// source << 8 | op instead of a scan of kOps. Entry: 1 + the op's index in kOps, 0 when unknown
+// (the first of duplicates, as the scan found).
 const OpInfo* find_op(Source s, uint8_t o) {
-  for (const auto& info : kOps)
-    if (info.source == s && info.op == o) return &info;
-  return nullptr;
+  static_assert(kOps.size() < 255);
+  static const std::array<uint8_t, 65536> index = [] {
+    std::array<uint8_t, 65536> t{};
+    for (size_t i = kOps.size(); i-- > 0;)
+      t[static_cast<size_t>(kOps[i].source) << 8 | kOps[i].op] = static_cast<uint8_t>(i + 1);
+    return t;
+  }();
+  const uint8_t i = index[static_cast<size_t>(static_cast<uint8_t>(s)) << 8 | o];
+  return i ? &kOps[i - 1] : nullptr;
 }
 
 const OpInfo* find_op(std::string_view name) {

@@ -129,7 +129,7 @@ std::string select_list(const std::vector<std::string>& present,
   return s;
 }
 
-// One `events` row as SQLite returned it (Reader::fetch), before decoding (Reader::decode):
+// One `events` row as SQLite returned it (Reader::step_fetch), before decoding (Reader::decode):
 // fetching is most of a replay's cost and may run on other threads, decoding keeps the state
 // (node names, counted warnings) and runs on one.
 struct RawRow {
@@ -139,7 +139,46 @@ struct RawRow {
   std::string id_text;  // a TEXT id (0.9: "{node}:{seq}"), cut to kMaxTextBytes
   std::string node;     // the node column, cut to kMaxNameBytes; empty without one
   bool id_cut = false, node_cut = false;
+  bool filled = false;  // ingero_row() wrote v, type and rowid for the current step
 };
+
+// Where ingero_row() writes: the row being fetched on this thread and the RawRow index of each
+// argument but the last (the rowid). SQLite runs a function on the thread that steps the
+// statement, so a thread-local target needs no locking, and a step outside Reader::step_fetch
+// (target unset: a resume skipping rows it does not need) writes nothing.
+struct RowTarget {
+  RawRow* row = nullptr;
+  const int* cols = nullptr;
+  int n = 0;
+};
+thread_local RowTarget t_row_target;
+
+// ingero_row(c1, ..., cn, rowid): copies the type and integer value of each argument into the
+// thread's RowTarget and returns NULL. One function call per row instead of one
+// sqlite3_column_value() per column (each an API entry and exit): 2,500 instructions a row
+// against 3,150 for a table scan of an Ingero 0.8 trace, 3,070 against 3,720 over its timestamp
+// index (callgrind, run500k.db; docs/performance.md, issue 12 part 13).
+void ingero_row(sqlite3_context* /*ctx*/, int argc, sqlite3_value** argv) {
+  const RowTarget t = t_row_target;
+  if (!t.row || argc != t.n + 1) return;
+  RawRow& r = *t.row;
+  for (int i = 0; i < t.n; ++i) {
+    const int c = t.cols[i];
+    const int type = sqlite3_value_type(argv[i]);
+    r.type[c] = static_cast<uint8_t>(type);
+    r.v[c] = type == SQLITE_INTEGER ? sqlite3_value_int64(argv[i]) : 0;
+  }
+  r.rowid = sqlite3_value_int64(argv[t.n]);
+  r.filled = true;
+}
+
+// Registers ingero_row() on `db` (SQLITE_DIRECTONLY: a trace's schema, its views and triggers,
+// cannot call it). Call once per connection, before any statement is stepped; on failure the
+// events SELECT fails to prepare, which its callers report.
+void register_row_function(sqlite3* db) {
+  sqlite3_create_function_v2(db, "ingero_row", -1, SQLITE_UTF8 | SQLITE_DIRECTONLY, nullptr, ingero_row, nullptr,
+                             nullptr, nullptr);
+}
 
 // Column `c` as text into `out` (reusing its capacity), cut at `cap` bytes (`cut` set then).
 void copy_capped(sqlite3_stmt* st, int c, size_t cap, std::string& out, bool& cut) {
@@ -153,7 +192,7 @@ void copy_capped(sqlite3_stmt* st, int c, size_t cap, std::string& out, bool& cu
 
 class Reader {
  public:
-  Reader(sqlite3* db, TraceMeta& meta) : db_(db), meta_(meta) {}
+  Reader(sqlite3* db, TraceMeta& meta) : db_(db), meta_(meta) { register_row_function(db); }
 
   // Fills meta_ and events; returns false with `error` (no path prefix) on a fatal problem.
   bool run(std::vector<Event>& events, std::string& error) {
@@ -207,21 +246,23 @@ class Reader {
     flush_cuts();
   }
 
-  // SELECT of the events columns (decode()'s order) plus rowid, followed by `tail`.
+  // SELECT of one `events` row for step_fetch(), followed by `tail`: ingero_row() over the
+  // integer columns present (int_cols_' order) and the rowid, then the id (NULL when it is the
+  // rowid or absent: decode() takes the rowid) and the node (its fallback when absent). The
+  // connection must have ingero_row() (register_row_function).
   std::string events_sql(const std::string& tail) const {
-    std::string sql = "SELECT ";
-    for (int c = 0; c < kNumCols; ++c) {
-      if (c) sql += ", ";
-      if (c == kId && id_rowid_) sql += "NULL";  // fetch() takes the rowid
-      else
-        sql += has(columns_, kCols[c].name) ? std::string("\"") + kCols[c].name + "\"" : std::string(kCols[c].fallback);
-    }
-    return sql + ", rowid FROM events" + tail;
+    std::string sql = "SELECT ingero_row(";
+    for (const int c : int_cols_) sql += std::string("\"") + kCols[c].name + "\", ";
+    sql += "rowid), ";
+    sql += id_rowid_ || !has(columns_, "id") ? std::string("NULL") : std::string("\"id\"");
+    sql += ", ";
+    sql += node_col_ ? std::string("\"node\"") : std::string(kCols[kNode].fallback);
+    return sql + " FROM events" + tail;
   }
   bool node_col() const { return node_col_; }
 
   // True when events.id is the rowid itself (Ingero 0.8's INTEGER PRIMARY KEY): SQLite compiles
-  // reading it to a Rowid opcode, not a Column one. fetch() then takes the rowid it reads anyway
+  // reading it to a Rowid opcode, not a Column one. step_fetch() then takes the rowid it reads anyway
   // instead of one more column per row (decode numbers id-less rows by rowid: the same value).
   bool id_is_rowid() {
     if (!has(columns_, "id")) return false;
@@ -321,9 +362,8 @@ class Reader {
     uint64_t row = 0;
     int rc;
     RawRow raw;
-    while ((rc = s.step()) == SQLITE_ROW) {
+    while ((rc = step_fetch(s.get(), raw)) == SQLITE_ROW) {
       ++row;
-      fetch(s.get(), raw);
       Event e;
       if (const char* why = decode(raw, e)) {
         meta_.health.skip(why);
@@ -347,38 +387,34 @@ class Reader {
   }
 
  public:
-  // Copies the current row of a statement made from events_sql() into `r`. Touches no state
-  // but what open_schema() set, so fetch threads may call it concurrently (on their own
-  // statements); decode() is the stateful half and runs on one thread.
-  void fetch(sqlite3_stmt* st, RawRow& r) const {
-    // Columns the table lacks are SELECTed as their constant fallback: decode() takes it without
-    // asking SQLite. For the others, one sqlite3_column_value() per column and row, then its type
-    // and integer from the value (no API entry/exit each): the reader's connection is NOMUTEX,
-    // where SQLite makes no difference between protected and unprotected values.
-    for (const int c : int_cols_) {
-      sqlite3_value* val = sqlite3_column_value(st, c);
-      const int t = sqlite3_value_type(val);
-      r.type[c] = static_cast<uint8_t>(t);
-      r.v[c] = t == SQLITE_INTEGER ? sqlite3_value_int64(val) : 0;
+  // Steps a statement made from events_sql() and, on SQLITE_ROW, copies the row into `r`;
+  // returns sqlite3_step()'s code. Touches no state but what open_schema() set, so fetch threads
+  // may call it concurrently (on their own statements and connections); decode() is the stateful
+  // half and runs on one thread.
+  int step_fetch(sqlite3_stmt* st, RawRow& r) const {
+    r.filled = false;
+    t_row_target = {&r, int_cols_.data(), static_cast<int>(int_cols_.size())};
+    const int rc = sqlite3_step(st);
+    t_row_target = {};
+    if (rc != SQLITE_ROW) return rc;
+    if (!r.filled) [[unlikely]] {  // cannot happen with events_sql(); decode() then refuses the row
+      for (const int c : int_cols_) r.type[c] = SQLITE_NULL;
     }
-    if (id_rowid_) {
-      r.type[kId] = SQLITE_NULL;  // SELECTed as NULL: decode() takes the rowid
-      r.v[kId] = 0;
-    } else {
-      sqlite3_value* id_val = sqlite3_column_value(st, kId);
-      r.type[kId] = static_cast<uint8_t>(sqlite3_value_type(id_val));
-      r.v[kId] = r.type[kId] == SQLITE_INTEGER ? sqlite3_value_int64(id_val) : 0;
-    }
-    r.rowid = sqlite3_column_int64(st, kNumCols);
+    // The id when it is a column of its own (column 1): its type and integer value, or its text.
+    // Columns the table lacks are constants decode() takes without asking.
+    sqlite3_value* id_val = sqlite3_column_value(st, 1);
+    r.type[kId] = static_cast<uint8_t>(sqlite3_value_type(id_val));
+    r.v[kId] = r.type[kId] == SQLITE_INTEGER ? sqlite3_value_int64(id_val) : 0;
     r.id_cut = false;
     r.id_text.clear();
-    if (r.type[kId] == SQLITE_TEXT) copy_capped(st, kId, kMaxTextBytes, r.id_text, r.id_cut);
+    if (r.type[kId] == SQLITE_TEXT) copy_capped(st, 1, kMaxTextBytes, r.id_text, r.id_cut);
     r.node_cut = false;
     r.node.clear();
     if (node_col_) {
-      r.type[kNode] = static_cast<uint8_t>(sqlite3_column_type(st, kNode));
-      if (r.type[kNode] != SQLITE_NULL) copy_capped(st, kNode, kMaxNameBytes, r.node, r.node_cut);
+      r.type[kNode] = static_cast<uint8_t>(sqlite3_column_type(st, 2));
+      if (r.type[kNode] != SQLITE_NULL) copy_capped(st, 2, kMaxNameBytes, r.node, r.node_cut);
     }
+    return rc;
   }
 
   // Returns the reason to skip the row, or null when `e` is filled.
@@ -758,7 +794,7 @@ class ChunkFeed {
   };
 
   // `index` is the timestamp index's name (quoted by the caller's check); `events_sql` makes the
-  // SELECT Reader::fetch expects from a tail. `fault_hook` (tests only, may be empty) is called
+  // SELECT Reader::step_fetch expects from a tail. `fault_hook` (tests only, may be empty) is called
   // by the fetch threads before planning a chunk ("plan") and before taking a block ("block");
   // it may throw to simulate an allocation failure there.
   ChunkFeed(const Reader& reader, std::vector<sqlite_detail::Db> conns, const std::string& index,
@@ -895,7 +931,7 @@ class ChunkFeed {
     Stmt first_entry, first_bound, next_bound;
     std::thread thread;
   };
-  // kBlockRows rows, the first n fetched. Blocks are reused: fetch() sets every field decode()
+  // kBlockRows rows, the first n fetched. Blocks are reused: step_fetch() sets every field decode()
   // reads, so rows need no clearing, and their strings keep their capacity.
   struct Block {
     std::vector<RawRow> rows;
@@ -1058,13 +1094,15 @@ class ChunkFeed {
     Block* block = take_block();
     if (!block) return false;
     int rc;
-    while ((rc = s.step()) == SQLITE_ROW) {
+    for (;;) {
       if (block->n == kBlockRows) {
         if (!push(slot, block)) return false;
         block = take_block();
         if (!block) return false;
       }
-      reader_.fetch(s.get(), block->rows[block->n++]);
+      rc = reader_.step_fetch(s.get(), block->rows[block->n]);
+      if (rc != SQLITE_ROW) break;
+      ++block->n;
     }
     // SQLite ran out of memory: an allocation failure, handled as one (work() falls back).
     if ((rc & 0xff) == SQLITE_NOMEM) throw std::bad_alloc();
@@ -1474,6 +1512,7 @@ class StreamSource final : public EventSource {
     if (!db) return db;
     sqlite3_limit(db.get(), SQLITE_LIMIT_LENGTH, kSqliteMaxValueBytes);
     small_page_cache(db.get());
+    register_row_function(db.get());
     return db;
   }
 
@@ -1496,11 +1535,8 @@ class StreamSource final : public EventSource {
       if (end != ChunkFeed::End::kFailed) return nullptr;
       if (!resume_single_walk()) return nullptr;
     }
-    const int rc = stmt_.step();
-    if (rc == SQLITE_ROW) {
-      reader_.fetch(stmt_.get(), raw_);
-      return &raw_;
-    }
+    const int rc = reader_.step_fetch(stmt_.get(), raw_);
+    if (rc == SQLITE_ROW) return &raw_;
     if (rc != SQLITE_DONE) {
       failed_rc_ = rc;
       failed_what_ = sqlite_detail::describe_sqlite_error(db_.get(), rc);

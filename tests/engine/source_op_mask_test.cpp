@@ -7,6 +7,7 @@
 #include <random>
 
 #include "engine/runtime.h"
+#include "model/ops.h"
 
 namespace ingero {
 namespace {
@@ -82,6 +83,27 @@ TEST(SourceOpMask, BoundariesOfOneComparison) {
       *ex::land(ex::eq(ex::field(Field::kSource), ex::num(1)), ex::in(ex::field(Field::kOp), {255})));
   EXPECT_EQ(std::count(m.begin(), m.end(), uint8_t{1}), 1);
   EXPECT_EQ(m[1u << 8 | 255], 1);
+}
+
+// find_op(source, op) answers from a table (every replayed row asks): it must name the same op
+// as a scan of all_ops() for each of the 65,536 pairs, the first of any duplicates, and null for
+// the pairs no op has.
+TEST(FindOp, TableAnswersAsAScanOfEveryOp) {
+  size_t known = 0;
+  for (unsigned s = 0; s < 256; ++s) {
+    for (unsigned o = 0; o < 256; ++o) {
+      const OpInfo* scan = nullptr;
+      for (const OpInfo& info : all_ops())
+        if (static_cast<unsigned>(info.source) == s && info.op == o) {
+          scan = &info;
+          break;
+        }
+      const OpInfo* got = find_op(static_cast<Source>(s), static_cast<uint8_t>(o));
+      ASSERT_EQ(got, scan) << "source " << s << " op " << o;
+      known += got ? 1 : 0;
+    }
+  }
+  EXPECT_EQ(known, all_ops().size());  // no two ops share a (source, op)
 }
 
 }  // namespace
