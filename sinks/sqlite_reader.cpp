@@ -220,6 +220,7 @@ class Reader {
     columns_ = sqlite_detail::table_columns(db_, "events");
     node_col_ = has(columns_, "node");
     id_rowid_ = id_is_rowid();
+    id_col_ = !id_rowid_ && has(columns_, "id");
     int_cols_.clear();
     for (int c = kTs; c < kNumCols; ++c)
       if (c != kNode && has(columns_, kCols[c].name)) int_cols_.push_back(c);
@@ -254,7 +255,7 @@ class Reader {
     std::string sql = "SELECT ingero_row(";
     for (const int c : int_cols_) sql += std::string("\"") + kCols[c].name + "\", ";
     sql += "rowid), ";
-    sql += id_rowid_ || !has(columns_, "id") ? std::string("NULL") : std::string("\"id\"");
+    sql += id_col_ ? std::string("\"id\"") : std::string("NULL");
     sql += ", ";
     sql += node_col_ ? std::string("\"node\"") : std::string(kCols[kNode].fallback);
     return sql + " FROM events" + tail;
@@ -401,13 +402,19 @@ class Reader {
       for (const int c : int_cols_) r.type[c] = SQLITE_NULL;
     }
     // The id when it is a column of its own (column 1): its type and integer value, or its text.
-    // Columns the table lacks are constants decode() takes without asking.
-    sqlite3_value* id_val = sqlite3_column_value(st, 1);
-    r.type[kId] = static_cast<uint8_t>(sqlite3_value_type(id_val));
-    r.v[kId] = r.type[kId] == SQLITE_INTEGER ? sqlite3_value_int64(id_val) : 0;
+    // Otherwise (the rowid, or no id) column 1 is NULL and decode() takes the rowid. Columns the
+    // table lacks are constants decode() takes without asking.
     r.id_cut = false;
     r.id_text.clear();
-    if (r.type[kId] == SQLITE_TEXT) copy_capped(st, 1, kMaxTextBytes, r.id_text, r.id_cut);
+    if (id_col_) {
+      sqlite3_value* id_val = sqlite3_column_value(st, 1);
+      r.type[kId] = static_cast<uint8_t>(sqlite3_value_type(id_val));
+      r.v[kId] = r.type[kId] == SQLITE_INTEGER ? sqlite3_value_int64(id_val) : 0;
+      if (r.type[kId] == SQLITE_TEXT) copy_capped(st, 1, kMaxTextBytes, r.id_text, r.id_cut);
+    } else {
+      r.type[kId] = SQLITE_NULL;
+      r.v[kId] = 0;
+    }
     r.node_cut = false;
     r.node.clear();
     if (node_col_) {
@@ -693,6 +700,7 @@ class Reader {
   int last_node_ = -1;
   bool node_col_ = false;  // `events` has a node column (0.9, ours)
   bool id_rowid_ = false;  // events.id is the rowid (id_is_rowid())
+  bool id_col_ = false;    // events.id is a column of its own (read as column 1 of events_sql())
   std::map<std::string, std::string> interned_;
   std::map<std::string, uint64_t> cuts_;
   size_t names_ = 0, stack_bytes_ = 0;
