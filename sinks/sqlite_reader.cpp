@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <set>
 #include <string_view>
 #include <thread>
 #include <unordered_map>
@@ -325,15 +326,43 @@ class Reader {
   // order rows were merged in. Our databases carry the original order in ip_meta.nodes.
   void read_nodes() {
     for (size_t i = 0; i < meta_.nodes.size(); ++i) node_cache_.emplace(meta_.nodes[i], static_cast<uint16_t>(i));
-    if (ours_ || !has(columns_, "node")) return;
-    Stmt s(db_, "SELECT DISTINCT node FROM events WHERE node IS NOT NULL ORDER BY node");
+    if (ours_) return;
+    if (node_col_) {
+      Stmt s(db_, "SELECT DISTINCT node FROM events WHERE node IS NOT NULL ORDER BY node");
+      if (!s.ok()) return;
+      bool cut = false;
+      while (s.step() == SQLITE_ROW) {
+        cut = false;
+        node_for(capped_text(s, 0, kMaxNameBytes, cut));
+        if (meta_.nodes.size() > std::numeric_limits<uint16_t>::max()) break;
+      }
+      return;
+    }
+    if (id_col_) read_id_nodes();
+  }
+
+  // Without a node column, decode() takes a TEXT id's node from its text before the last colon
+  // (of the id as read: cut at kMaxTextBytes). Those names are listed here first, sorted, so
+  // that their indexes do not depend on the order rows are read in (found by sqlite_trace_fuzz:
+  // the streaming and the load-and-sort replays numbered them differently). One pass over the
+  // ids; at most 65,535 names or 16 MiB of them are listed (a file with more is hostile: the
+  // rest are numbered as rows come).
+  void read_id_nodes() {
+    Stmt s(db_, "SELECT id FROM events WHERE typeof(id) = 'text'");
     if (!s.ok()) return;
+    std::set<std::string> names;
+    size_t bytes = 0;
+    std::string text;
     bool cut = false;
     while (s.step() == SQLITE_ROW) {
-      cut = false;
-      node_for(capped_text(s, 0, kMaxNameBytes, cut));
-      if (meta_.nodes.size() > std::numeric_limits<uint16_t>::max()) break;
+      text.clear();
+      copy_capped(s.get(), 0, kMaxTextBytes, text, cut);
+      const size_t colon = text.rfind(':');
+      if (colon == std::string::npos || colon == 0) continue;
+      if (names.size() >= std::numeric_limits<uint16_t>::max() || bytes > (size_t{16} << 20)) break;
+      if (names.insert(text.substr(0, colon)).second) bytes += colon;
     }
+    for (const std::string& n : names) node_for(n);
   }
 
   // -1 when there are more names than Event::node can index.

@@ -134,6 +134,52 @@ TEST(SqliteStream, EqualsLoadAndSortOnGeneratedEdgeCases) {
       }
 }
 
+// Without a node column, a TEXT id names its node before the last colon. The nodes are
+// numbered in sorted order before any row is read, so the streaming replay (timestamp order) and
+// the load-and-sort replay (rowid order) give every event the same node index (found by
+// sinks/fuzz/sqlite_trace_fuzz: they numbered nodes by first appearance). Ids cut at 4096 bytes
+// name the node of what is left.
+TEST(SqliteStream, NodesFromTextIdsAreNumberedInSortedOrder) {
+  TempDir dir;
+  const std::string p = dir.file("textids.db");
+  ASSERT_EQ(test::run_sql(p, R"sql(
+    CREATE TABLE events (id TEXT PRIMARY KEY, timestamp INTEGER NOT NULL, pid INTEGER NOT NULL,
+      tid INTEGER NOT NULL, source INTEGER NOT NULL, op INTEGER NOT NULL, duration INTEGER NOT NULL);
+    CREATE INDEX idx_events_timestamp ON events(timestamp);
+    INSERT INTO events VALUES ('zeta:1', 3000, 1, 1, 1, 3, 10);
+    INSERT INTO events VALUES ('alpha:1', 2000, 2, 2, 1, 3, 10);
+    INSERT INTO events VALUES ('mid:dle:7', 1000, 3, 3, 1, 3, 10);
+    INSERT INTO events VALUES ('9', 500, 4, 4, 1, 3, 10);
+    INSERT INTO events VALUES (printf('%.*c', 5000, 'l') || ':5', 400, 5, 5, 1, 3, 10);
+    INSERT INTO events VALUES (printf('%.*c', 4000, 'k') || ':' || printf('%.*c', 500, 'x') || ':6', 300, 6, 6, 1, 3, 10);
+  )sql"),
+            "");
+  const Replayed loaded = replay(p, false, 4096);
+  const Replayed streamed = replay(p, true, 4096);
+  ASSERT_NO_FATAL_FAILURE(test::expect_same_replay(loaded.d, loaded.meta, streamed.d, streamed.meta, true));
+  const std::vector<std::string> want = {"", "alpha", std::string(4000, 'k'), "mid:dle", "zeta"};
+  EXPECT_EQ(streamed.meta.nodes, want);
+  ASSERT_EQ(streamed.d.events.size(), 6u);
+  for (const Event& e : streamed.d.events) {
+    const std::string& node = streamed.meta.nodes.at(e.node);
+    switch (e.pid) {
+      case 1: EXPECT_EQ(node, "zeta"); break;
+      case 2: EXPECT_EQ(node, "alpha"); break;
+      case 3:
+        EXPECT_EQ(node, "mid:dle");
+        EXPECT_EQ(e.id, 7u);
+        break;
+      case 4:
+        EXPECT_EQ(node, "");
+        EXPECT_EQ(e.id, 9u);
+        break;
+      case 5: EXPECT_EQ(node, ""); break;  // cut before its colon: no node
+      case 6: EXPECT_EQ(node, std::string(4000, 'k')); break;
+      default: ADD_FAILURE() << "pid " << e.pid;
+    }
+  }
+}
+
 // With fetch threads the slack (the longest sched_switch span) is searched in the table's two
 // rowid halves at once, on two connections: one span far longer than every other, in the lower
 // or the upper half (or at the boundary rows), must still set it, so that no row is late.
