@@ -147,7 +147,8 @@ bool read_ours(sqlite3* db, AnalysisResult& r, std::string& error) {
       if (p.is_object()) {
         auto it = p.find("passed");
         c.predicates.push_back({str(p, "label"), num(p, "lhs"), num(p, "rhs"), num(p, "margin"),
-                                it != p.end() && it->is_boolean() && it->get<bool>()});
+                                it != p.end() && it->is_boolean() && it->get<bool>(), str(p, "lhs_text"),
+                                str(p, "rhs_text")});
       }
     for (const auto& v : parse_json(s.text(19), json::array()))
       if (v.is_object()) c.values.emplace_back(str(v, "name"), num(v, "value"));
@@ -178,8 +179,13 @@ bool read_ours(sqlite3* db, AnalysisResult& r, std::string& error) {
     const json m = parse_json(ro.text(7), json::object());
     if (m.is_object()) {
       auto it = m.find("passed");
-      o.miss = {str(m, "label"), num(m, "lhs"), num(m, "rhs"), num(m, "margin"),
-                it != m.end() && it->is_boolean() && it->get<bool>()};
+      o.miss = {str(m, "label"),
+                num(m, "lhs"),
+                num(m, "rhs"),
+                num(m, "margin"),
+                it != m.end() && it->is_boolean() && it->get<bool>(),
+                str(m, "lhs_text"),
+                str(m, "rhs_text")};
     }
     o.miss_key = ro.text(8);
     o.miss_window_start = static_cast<uint64_t>(ro.i64(9));

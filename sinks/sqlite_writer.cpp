@@ -514,7 +514,13 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
 
     json preds = json::array();
     for (const auto& p : c.predicates)
-      preds.push_back({{"label", p.label}, {"lhs", p.lhs}, {"rhs", p.rhs}, {"margin", p.margin}, {"passed", p.passed}});
+      preds.push_back({{"label", p.label},
+                       {"lhs", p.lhs},
+                       {"rhs", p.rhs},
+                       {"margin", p.margin},
+                       {"passed", p.passed},
+                       {"lhs_text", p.lhs_text},
+                       {"rhs_text", p.rhs_text}});
     json slots = json::array();
     for (const auto& [name, value] : c.values) slots.push_back({{"name", name}, {"value", value}});
     json exemplars = json::array();
@@ -567,11 +573,9 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
   for (const auto& o : result.rules) {
     json slots = json::array();
     for (const auto& [name, value] : o.miss_values) slots.push_back({{"name", name}, {"value", value}});
-    const json miss = {{"label", o.miss.label},
-                       {"lhs", o.miss.lhs},
-                       {"rhs", o.miss.rhs},
-                       {"margin", o.miss.margin},
-                       {"passed", o.miss.passed}};
+    const json miss = {{"label", o.miss.label},      {"lhs", o.miss.lhs},       {"rhs", o.miss.rhs},
+                       {"margin", o.miss.margin},    {"passed", o.miss.passed}, {"lhs_text", o.miss.lhs_text},
+                       {"rhs_text", o.miss.rhs_text}};
     ro.bind(1, o.rule);
     ro.bind(2, position++);
     ro.bind(3, o.rule_hash);

@@ -284,7 +284,8 @@ AnalysisResult sample_result() {
   c.recommendations = {"pin the thread with taskset", "renice background work"};
   c.evidence = {{"tail", "16 slow launches", 25'800'000, "ns", {1, 3, 5}},
                 {"offcpu", "preempted 34 times", 23'500'000, "ns", {2, 4}}};
-  c.predicates = {{"p99 / p50 >= 10", 352.5, 10, 342.5, true}, {"share >= 50%", 0.91, 0.5, 0.41, true}};
+  c.predicates = {{"p99 / p50 >= 10", 352.5, 10, 342.5, true, "352.5x", "10x"},
+                  {"share >= 50%", 0.91, 0.5, 0.41, true, "91%", "50%"}};
   c.values = {{"p50", 73'194}, {"p99", 25'799'899}, {"share", 0.91}};
   c.p50_ns = 73'194;
   c.p99_ns = 25'799'899;
@@ -316,7 +317,7 @@ AnalysisResult sample_result() {
   missed.windows = 4;
   missed.has_miss = true;
   missed.miss_stage = 2;
-  missed.miss = {"p99 / p50 >= 10", 3.5, 10, -6.5, false};
+  missed.miss = {"p99 / p50 >= 10", 3.5, 10, -6.5, false, "3.5x", "10x"};
   missed.miss_key = "pid=2233 op=cudaMemcpyAsync";
   missed.miss_window_start = kT0;
   missed.miss_window_end = kT0 + 10'000'000'000;
@@ -403,6 +404,10 @@ TEST(SqliteSink, ResultRoundTripAndIngeroChainRows) {
   EXPECT_EQ(a.predicates[0].lhs, b.predicates[0].lhs);
   EXPECT_EQ(a.predicates[1].margin, b.predicates[1].margin);
   EXPECT_TRUE(a.predicates[1].passed);
+  // The sides as the rule printed them, with their units (html and text reports show these).
+  EXPECT_EQ(a.predicates[0].lhs_text, "352.5x");
+  EXPECT_EQ(a.predicates[1].lhs_text, b.predicates[1].lhs_text);
+  EXPECT_EQ(a.predicates[1].rhs_text, "50%");
   EXPECT_EQ(a.values, b.values);
   EXPECT_EQ(a.p50_ns, b.p50_ns);
   EXPECT_EQ(a.p99_ns, b.p99_ns);
@@ -422,6 +427,8 @@ TEST(SqliteSink, ResultRoundTripAndIngeroChainRows) {
   EXPECT_EQ(m.miss.lhs, 3.5);
   EXPECT_EQ(m.miss.margin, -6.5);
   EXPECT_FALSE(m.miss.passed);
+  EXPECT_EQ(m.miss.lhs_text, "3.5x");
+  EXPECT_EQ(m.miss.rhs_text, "10x");
   EXPECT_EQ(m.miss_key, "pid=2233 op=cudaMemcpyAsync");
   EXPECT_EQ(m.miss_window_end, kT0 + 10'000'000'000);
   EXPECT_EQ(m.miss_values, r.rules[1].miss_values);
