@@ -13,6 +13,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "sinks/predicate_json.h"
 #include "sinks/process_identity.h"
 #include "sinks/report.h"
 
@@ -244,14 +245,7 @@ json chain_to_json(const Chain& c) {
     ev.push_back(
         {{"kind", e.kind}, {"detail", e.detail}, {"value", e.value}, {"unit", e.unit}, {"event_ids", e.event_ids}});
   json preds = json::array();
-  for (const auto& p : c.predicates)
-    preds.push_back({{"label", p.label},
-                     {"lhs", p.lhs},
-                     {"rhs", p.rhs},
-                     {"margin", p.margin},
-                     {"passed", p.passed},
-                     {"lhs_text", p.lhs_text},
-                     {"rhs_text", p.rhs_text}});
+  for (const auto& p : c.predicates) preds.push_back(predicate_to_json(p));
   json values = json::array();
   for (const auto& [k, v] : c.values) values.push_back({k, v});
   json stacks = json::array();
@@ -310,17 +304,7 @@ Chain chain_from_json(const json& j) {
                                         jget<double>(e, "value", 0), jget<std::string>(e, "unit", ""),
                                         jget<std::vector<uint64_t>>(e, "event_ids", {})});
   if (auto it = j.find("predicates"); it != j.end() && it->is_array())
-    for (const auto& p : *it) {
-      PredicateResult r;
-      r.label = jget<std::string>(p, "label", "");
-      r.lhs = jget<double>(p, "lhs", 0);
-      r.rhs = jget<double>(p, "rhs", 0);
-      r.margin = jget<double>(p, "margin", 0);
-      r.passed = jget<bool>(p, "passed", false);
-      r.lhs_text = jget<std::string>(p, "lhs_text", "");
-      r.rhs_text = jget<std::string>(p, "rhs_text", "");
-      c.predicates.push_back(std::move(r));
-    }
+    for (const auto& p : *it) c.predicates.push_back(predicate_from_json(p));
   if (auto it = j.find("values"); it != j.end() && it->is_array())
     for (const auto& v : *it)
       if (v.is_array() && v.size() == 2 && v[0].is_string() && v[1].is_number())

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/ops.h"
+#include "sinks/predicate_json.h"
 #include "sinks/report.h"
 #include "sinks/sqlite_store.h"
 #include "sinks/sqlite_util.h"
@@ -144,12 +145,7 @@ bool read_ours(sqlite3* db, AnalysisResult& r, std::string& error) {
       if (e.is_object())
         c.evidence.push_back({str(e, "kind"), str(e, "detail"), num(e, "value"), str(e, "unit"), ids(e)});
     for (const auto& p : parse_json(s.text(18), json::array()))
-      if (p.is_object()) {
-        auto it = p.find("passed");
-        c.predicates.push_back({str(p, "label"), num(p, "lhs"), num(p, "rhs"), num(p, "margin"),
-                                it != p.end() && it->is_boolean() && it->get<bool>(), str(p, "lhs_text"),
-                                str(p, "rhs_text")});
-      }
+      if (p.is_object()) c.predicates.push_back(predicate_from_json(p));
     for (const auto& v : parse_json(s.text(19), json::array()))
       if (v.is_object()) c.values.emplace_back(str(v, "name"), num(v, "value"));
     c.p50_ns = static_cast<uint64_t>(s.i64(20));
@@ -177,16 +173,7 @@ bool read_ours(sqlite3* db, AnalysisResult& r, std::string& error) {
     o.has_miss = ro.i64(5) != 0;
     o.miss_stage = static_cast<int>(ro.i64(6));
     const json m = parse_json(ro.text(7), json::object());
-    if (m.is_object()) {
-      auto it = m.find("passed");
-      o.miss = {str(m, "label"),
-                num(m, "lhs"),
-                num(m, "rhs"),
-                num(m, "margin"),
-                it != m.end() && it->is_boolean() && it->get<bool>(),
-                str(m, "lhs_text"),
-                str(m, "rhs_text")};
-    }
+    if (m.is_object()) o.miss = predicate_from_json(m);
     o.miss_key = ro.text(8);
     o.miss_window_start = static_cast<uint64_t>(ro.i64(9));
     o.miss_window_end = static_cast<uint64_t>(ro.i64(10));

@@ -15,6 +15,7 @@
 
 #include "model/format.h"
 #include "model/ops.h"
+#include "sinks/predicate_json.h"
 #include "sinks/report.h"
 #include "sinks/sqlite_schema.h"
 #include "sinks/sqlite_store.h"
@@ -513,14 +514,7 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
     if (!done(ic)) return err();
 
     json preds = json::array();
-    for (const auto& p : c.predicates)
-      preds.push_back({{"label", p.label},
-                       {"lhs", p.lhs},
-                       {"rhs", p.rhs},
-                       {"margin", p.margin},
-                       {"passed", p.passed},
-                       {"lhs_text", p.lhs_text},
-                       {"rhs_text", p.rhs_text}});
+    for (const auto& p : c.predicates) preds.push_back(predicate_to_json(p));
     json slots = json::array();
     for (const auto& [name, value] : c.values) slots.push_back({{"name", name}, {"value", value}});
     json exemplars = json::array();
@@ -573,9 +567,7 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
   for (const auto& o : result.rules) {
     json slots = json::array();
     for (const auto& [name, value] : o.miss_values) slots.push_back({{"name", name}, {"value", value}});
-    const json miss = {{"label", o.miss.label},      {"lhs", o.miss.lhs},       {"rhs", o.miss.rhs},
-                       {"margin", o.miss.margin},    {"passed", o.miss.passed}, {"lhs_text", o.miss.lhs_text},
-                       {"rhs_text", o.miss.rhs_text}};
+    const json miss = predicate_to_json(o.miss);
     ro.bind(1, o.rule);
     ro.bind(2, position++);
     ro.bind(3, o.rule_hash);
