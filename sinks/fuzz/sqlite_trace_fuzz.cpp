@@ -17,6 +17,7 @@
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -72,8 +73,11 @@ bool build(const std::string& sql) {
   sqlite3_set_authorizer(db, authorize, nullptr);
   int budget = 2000;  // x 1000 VDBE steps: recursive CTEs stop here
   sqlite3_progress_handler(db, 1000, stop_after_budget, &budget);
-  // VACUUM INTO writes a file of the script's choosing: refused before it runs.
-  if (sql.find("INTO") != std::string::npos && sql.find("VACUUM") != std::string::npos) {
+  // VACUUM INTO writes a file of the script's choosing: refused before it runs (keywords in any
+  // case; SQLITE_LIMIT_ATTACHED = 0 and the authorizer stop it too, as it attaches its target).
+  std::string upper = sql;
+  for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  if (upper.find("VACUUM") != std::string::npos && upper.find("INTO") != std::string::npos) {
     sqlite3_close(db);
     return false;
   }
