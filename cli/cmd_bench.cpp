@@ -122,9 +122,17 @@ std::unique_ptr<EventSource> open_bench_source(const BenchArgs& a, std::string& 
 class PreloadedSource final : public EventSource {
  public:
   PreloadedSource(const std::vector<Batch>& batches, const TraceMeta& meta) : batches_(batches), meta_(meta) {}
+  // Lends each batch's events (Batch::lent) instead of copying them: the run phase times the
+  // analysis, not a copy of every event (400 MB for 5 M events) that no other source makes on the
+  // engine's thread.
   bool next(Batch& out) override {
     if (pos_ >= batches_.size()) return false;
-    out = batches_[pos_++];
+    const Batch& b = batches_[pos_++];
+    out.events.clear();
+    out.lent = &b.events;
+    out.watermark = b.watermark;
+    out.seq = b.seq;
+    out.final = b.final;
     return true;
   }
   TraceMeta& meta() override { return meta_; }

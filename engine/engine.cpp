@@ -113,7 +113,7 @@ void route(Work& w, const ShardOfPid& shard_of_pid, uint64_t& trace_end) {
   w.host_wide.clear();
   w.host_wide_owner.clear();
   uint64_t end = trace_end;
-  for (const Event& e : w.batch.events) {
+  for (const Event& e : w.batch.view()) {
     end = std::max(end, e.end_ns());
     const unsigned s = shard_of_pid(e.pid);
     std::vector<Event>& list = w.owned[s];
@@ -187,10 +187,10 @@ void run_serial(CompiledPlan& compiled, EventSource& source, const EngineOptions
   SourceFeed feed(source, compiled);
   while (!saw_final) {
     saw_final = feed.next(batch, counters);
-    const size_t n_events = batch.events.size();
+    const size_t n_events = batch.view().size();
     ShardInput in;
     // Borrowed for the duration of the calls below (aliasing pointer, owns nothing).
-    in.owned = EventsPtr(EventsPtr(), &batch.events);
+    in.owned = EventsPtr(EventsPtr(), &batch.view());
     in.watermark = batch.watermark;
     in.final = batch.final;
     in.process_names = feed.names();
@@ -208,6 +208,7 @@ void run_serial(CompiledPlan& compiled, EventSource& source, const EngineOptions
       }
     }
     batch.events.clear();
+    batch.lent = nullptr;
     done += n_events;
     if (opts.on_progress && (counters.batches % 8 == 0 || batch.final)) opts.on_progress(done);
   }
@@ -297,7 +298,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
   const bool first_final = feed.next(pool[0]->batch, counters);
   unsigned stats_bin = 0;
   const std::vector<std::vector<char>> group_sets = by_group ? split_groups(compiled, threads, stats_bin,
-                                                                            pool[0]->batch.events)
+                                                                            pool[0]->batch.view())
                                                              : std::vector<std::vector<char>>{};
   const bool global = !by_group && compiled.has_global;
   const unsigned n_nodes = by_group ? static_cast<unsigned>(group_sets.size()) : n_pid + (global ? 1 : 0);
@@ -350,7 +351,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
       auto foreign = std::make_shared<std::vector<Event>>();
       nodes.push_back(std::make_unique<tbb::flow::function_node<Work*, tbb::flow::continue_msg>>(
           g, tbb::flow::serial, [&, idx, is_global, shard, foreign](Work* w) {
-            const size_t n_events = w->batch.events.size();
+            const size_t n_events = w->batch.view().size();
             try {
               ShardInput in;
               in.watermark = w->batch.watermark;
@@ -361,7 +362,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
               // Borrowed (aliasing pointers that own nothing): the shard keeps no pointer into
               // its input past process().
               if (is_global) {
-                in.owned = EventsPtr(EventsPtr(), &w->batch.events);
+                in.owned = EventsPtr(EventsPtr(), &w->batch.view());
               } else {
                 foreign->clear();
                 for (size_t i = 0; i < w->host_wide.size(); ++i)
@@ -411,6 +412,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
         }
         // A source may append to the batch it is given: hand it an empty one (capacity kept).
         w.batch.events.clear();
+        w.batch.lent = nullptr;
         w.batch.watermark = 0;
         w.batch.seq = 0;
         w.batch.final = false;

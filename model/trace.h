@@ -24,6 +24,12 @@ struct Batch {
   uint64_t watermark = 0;
   uint64_t seq = 0;
   bool final = false;
+  // A source that keeps its events in memory for the whole run may lend them instead of copying
+  // them into `events` (bench's replay from memory: 400 MB of copies for 5 M events): `lent`
+  // then points at the batch's events, which stay valid and unchanged until the run ends, and
+  // `events` is left empty. Readers of a batch go through view().
+  const std::vector<Event>* lent = nullptr;
+  const std::vector<Event>& view() const { return lent ? *lent : events; }
 };
 
 struct StackTrace {

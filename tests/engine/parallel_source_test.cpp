@@ -4,7 +4,10 @@
 // - a source is always handed an empty batch (a source may append to what it is given, as the
 //   serial path allows: its batch is cleared between reads), however many times the pool wraps;
 // - the result (explain's JSON: chains, per-op statistics, rule outcomes, counters) is the
-//   one-thread result for traces much longer than the pool, with batch sizes from 1 event up.
+//   one-thread result for traces much longer than the pool, with batch sizes from 1 event up;
+// - a source may lend events it keeps (Batch::lent, bench's replay from memory) instead of filling
+//   the batch, in any mix with filled batches: the engine reads view(), and a reused batch never
+//   keeps an earlier batch's lent pointer.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -58,6 +61,43 @@ class AppendingSource final : public EventSource {
   TraceMeta meta_;
 };
 
+// A source over events cut into batches up front that lends every batch (Batch::lent), or, with
+// `mix`, lends odd batches and appends even ones to the batch it is handed.
+class LendingSource final : public EventSource {
+ public:
+  LendingSource(const std::vector<Event>& sorted, size_t batch, bool mix) : mix_(mix) {
+    for (size_t pos = 0; pos < sorted.size(); pos += batch) {
+      const size_t n = std::min(batch, sorted.size() - pos);
+      batches_.emplace_back(sorted.begin() + static_cast<std::ptrdiff_t>(pos),
+                            sorted.begin() + static_cast<std::ptrdiff_t>(pos + n));
+    }
+  }
+  bool next(Batch& out) override {
+    if (i_ >= batches_.size()) return false;
+    if (out.lent || !out.events.empty()) ++handed_used_;
+    const auto& b = batches_[i_];
+    if (mix_ && i_ % 2 == 0) {
+      out.events.insert(out.events.end(), b.begin(), b.end());
+    } else {
+      out.lent = &b;
+      ++lent_;
+    }
+    out.seq = i_;
+    out.final = ++i_ == batches_.size();
+    out.watermark = out.final ? std::numeric_limits<uint64_t>::max() : b.back().ts_ns;
+    return true;
+  }
+  TraceMeta& meta() override { return meta_; }
+  size_t handed_used() const { return handed_used_; }
+  size_t lent() const { return lent_; }
+
+ private:
+  std::vector<std::vector<Event>> batches_;
+  bool mix_;
+  size_t i_ = 0, handed_used_ = 0, lent_ = 0;
+  TraceMeta meta_;
+};
+
 // A scenario with host-wide events (block I/O: every pid shard's joins see them) and a chain.
 const synth::SynthTrace& io_trace() {
   static const synth::SynthTrace t = synth::make_checkpoint_io(true);
@@ -105,6 +145,25 @@ TEST(ParallelSource, ManySmallBatchesGiveTheOneThreadResult) {
       // Not EXPECT_EQ on the strings: a mismatch would print two large JSON documents.
       EXPECT_TRUE(result_text(r) == base) << threads << " threads, batch " << batch << " differs from one thread";
     }
+}
+
+TEST(ParallelSource, LentBatchesGiveTheFilledResult) {
+  const auto& t = io_trace();
+  AppendingSource one_src(t.events, 4096);
+  const std::string base = result_text(run_pack(one_src, 1));
+  for (bool mix : {false, true})
+    for (unsigned threads : {1u, 2u, 4u})
+      for (size_t batch : {size_t{1}, size_t{64}, size_t{4096}}) {
+        LendingSource src(t.events, batch, mix);
+        const auto r = run_pack(src, threads);
+        const std::string what = std::to_string(threads) + " threads, batch " + std::to_string(batch) +
+                                 (mix ? ", lent and filled" : ", all lent");
+        EXPECT_GT(src.lent(), 0u) << what;
+        // Every batch is handed over cleared: no events and no lent pointer of an earlier batch.
+        EXPECT_EQ(src.handed_used(), 0u) << what;
+        EXPECT_EQ(r.counters.events_in, t.events.size()) << what;
+        EXPECT_TRUE(result_text(r) == base) << what << " differs from the filled one-thread result";
+      }
 }
 
 }  // namespace
