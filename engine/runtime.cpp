@@ -190,6 +190,16 @@ std::vector<uint8_t> source_op_table(const Expr& e) {
   return mask;
 }
 
+// dst[c] &= (src[c] != 0), and dst[c] &= (src[c] == 1), over n codes: byte loops the compiler
+// vectorises once it knows the two arrays do not alias (run at every plan compilation and shard
+// construction over 65,536 codes; the plain loops were ~5 % of a 5 M-event run's fixed cost).
+void and_nonzero(uint8_t* __restrict dst, const uint8_t* __restrict src, size_t n) {
+  for (size_t c = 0; c < n; ++c) dst[c] &= src[c] != 0 ? 1 : 0;
+}
+void and_one(uint8_t* __restrict dst, const uint8_t* __restrict src, size_t n) {
+  for (size_t c = 0; c < n; ++c) dst[c] &= src[c] == 1 ? 1 : 0;
+}
+
 // Gives every (source, op) the mask keeps its own copy of the filter's residual part `rest`,
 // folded for that source and op (fold_source_op): the mask then says 1 (keep: the residual
 // holds for every such event), 0 (drop) or 2 + i (keep when residuals[i] holds). Identical
@@ -551,7 +561,7 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
       for (int s = cp->groups[g].stream; s >= 0; s = cp->streams[static_cast<size_t>(s)].parent) {
         const StreamDef& sd = cp->streams[static_cast<size_t>(s)];
         if (!sd.filter || sd.source_op_mask.empty()) continue;
-        for (uint32_t code = 0; code < kCodes; ++code) live[code] &= sd.source_op_mask[code] != 0 ? 1 : 0;
+        and_nonzero(live.data(), sd.source_op_mask.data(), kCodes);
       }
       for (uint32_t code = 0; code < kCodes; ++code) count[code + 1] += live[code];
       tier_groups.push_back(g);
@@ -1224,7 +1234,7 @@ struct Shard::Impl {
     for (int s = static_cast<int>(i); !is_scan(static_cast<size_t>(s));) {
       const StreamDef& d = plan.streams[static_cast<size_t>(s)];
       if (d.offcpu || d.source_op_mask.size() != keep.size() || !d.residuals.empty() || d.parent < 0) return {};
-      for (size_t c = 0; c < keep.size(); ++c) keep[c] &= d.source_op_mask[c] == 1 ? 1 : 0;
+      and_one(keep.data(), d.source_op_mask.data(), keep.size());
       s = d.parent;
     }
     return keep;
@@ -1263,13 +1273,17 @@ struct Shard::Impl {
     }
     const size_t n_begin = tiers.front()->begin.size();  // every tier's: one per code, plus one
     routes_.begin.assign(n_begin, 0);
+    std::vector<size_t> prerouted_streams;  // the few streams with keep_code, walked per code
+    for (size_t r = 0; r < n_streams; ++r)
+      if (prerouted[r]) prerouted_streams.push_back(r);
+    // Per sink, the last code that routed to it (a sink once per code, without a search).
+    std::vector<uint32_t> sink_code(n_streams, UINT32_MAX);
     for (size_t code = 0; code + 1 < n_begin; ++code) {
-      const auto first = static_cast<uint32_t>(routes_.targets.size());
-      routes_.begin[code] = first;
+      routes_.begin[code] = static_cast<uint32_t>(routes_.targets.size());
       // A sink once per code: groups over one stream have the same checks for it (compile_plan).
       auto add_once = [&](RouteTarget rt) {
-        for (uint32_t t = first; t < routes_.targets.size(); ++t)
-          if (routes_.targets[t].group == rt.group) return;
+        if (sink_code[rt.group] == code) return;
+        sink_code[rt.group] = static_cast<uint32_t>(code);
         routes_.targets.push_back(rt);
       };
       for (size_t i = 0; i < tiers.size(); ++i) {
@@ -1282,8 +1296,8 @@ struct Shard::Impl {
           add_once(rt);
         }
       }
-      for (size_t r = 0; r < n_streams; ++r)
-        if (prerouted[r] && keep_code[r][code]) add_once({static_cast<uint32_t>(r), 0, 0});
+      for (const size_t r : prerouted_streams)
+        if (keep_code[r][code]) add_once({static_cast<uint32_t>(r), 0, 0});
       if (route_switches && code == switch_code) routes_.targets.push_back({static_cast<uint32_t>(switch_sink), 0, 0});
     }
     if (!routes_.begin.empty()) routes_.begin.back() = static_cast<uint32_t>(routes_.targets.size());
