@@ -129,7 +129,8 @@ Trace in_loop(bool fault, const Extra& extra, int launches = 40) {
 
 std::vector<Scenario> scenarios() {
   std::vector<Scenario> s;
-  s.push_back({"empty_cache_every_step", "free_in_loop", "implicit_sync", Source::kCuda, op::kCudaFree, [](bool f) {
+  s.push_back({"empty_cache_every_step", "free_in_loop", "implicit_sync", Source::kCuda, op::kCudaFree,
+               [](bool f) {
                  return in_loop(f, [](Trace& tr, uint32_t p, uint32_t t, uint64_t ts, uint64_t i) {
                    // torch.cuda.empty_cache(): two blocks go back to the driver, each free waits
                    // for the device (~4 ms).
@@ -140,43 +141,50 @@ std::vector<Scenario> scenarios() {
                    }
                    return ts;
                  });
-               }});
-  s.push_back({"item_every_step", "sync_copy_in_loop", "implicit_sync", Source::kCuda, op::kCudaMemcpy, [](bool f) {
+               },
+               ""});
+  s.push_back({"item_every_step", "sync_copy_in_loop", "implicit_sync", Source::kCuda, op::kCudaMemcpy,
+               [](bool f) {
                  return in_loop(f, [](Trace& tr, uint32_t p, uint32_t t, uint64_t ts, uint64_t i) {
                    // loss.item(): a 4-byte device-to-host cudaMemcpy (kind 2) that waits ~1.5 ms.
                    const uint64_t d = jit(1500 * kUs, i);
                    tr.add(Source::kCuda, op::kCudaMemcpy, p, t, ts, d, 4, 2);
                    return ts + d + 10 * kUs;
                  });
-               }});
-  s.push_back({"malloc_in_steady_state", "malloc_in_loop", "implicit_sync", Source::kCuda, op::kCudaMalloc, [](bool f) {
+               },
+               ""});
+  s.push_back({"malloc_in_steady_state", "malloc_in_loop", "implicit_sync", Source::kCuda, op::kCudaMalloc,
+               [](bool f) {
                  return in_loop(f, [](Trace& tr, uint32_t p, uint32_t t, uint64_t ts, uint64_t i) {
                    // A caching-allocator miss every step (changing shapes): ~1 ms in the driver.
                    const uint64_t d = jit(1 * kMs, i);
                    tr.add(Source::kCuda, op::kCudaMalloc, p, t, ts, d, 64u << 20);
                    return ts + d + 10 * kUs;
                  });
-               }});
-  s.push_back(
-      {"graph_reinstantiated", "graph_reinstantiated", "cuda_graph", Source::kGraph, op::kGraphInstantiate, [](bool f) {
-         // A graph-replayed step (3 eager launches + 1 graph launch); in the fault the
-         // capture is invalidated every 10th step: capture, instantiate (~25 ms), launch.
-         return in_loop(
-             f,
-             [](Trace& tr, uint32_t p, uint32_t t, uint64_t ts, uint64_t i) {
-               if (i % 10 == 0) {
-                 tr.add(Source::kGraph, op::kGraphBeginCapture, p, t, ts, 5 * kUs);
-                 tr.add(Source::kGraph, op::kGraphEndCapture, p, t, ts + 300 * kUs, 20 * kUs);
-                 const uint64_t d = jit(25 * kMs, i);
-                 tr.add(Source::kGraph, op::kGraphInstantiate, p, t, ts + 400 * kUs, d);
-                 ts += 400 * kUs + d + 10 * kUs;
-               }
-               tr.add(Source::kGraph, op::kGraphLaunch, p, t, ts, jit(15 * kUs, i));
-               return ts + 30 * kUs;
-             },
-             3);
-       }});
-  s.push_back({"graph_launch_tail", "graph_launch_tail", "cuda_graph", Source::kGraph, op::kGraphLaunch, [](bool f) {
+               },
+               ""});
+  s.push_back({"graph_reinstantiated", "graph_reinstantiated", "cuda_graph", Source::kGraph, op::kGraphInstantiate,
+               [](bool f) {
+                 // A graph-replayed step (3 eager launches + 1 graph launch); in the fault the
+                 // capture is invalidated every 10th step: capture, instantiate (~25 ms), launch.
+                 return in_loop(
+                     f,
+                     [](Trace& tr, uint32_t p, uint32_t t, uint64_t ts, uint64_t i) {
+                       if (i % 10 == 0) {
+                         tr.add(Source::kGraph, op::kGraphBeginCapture, p, t, ts, 5 * kUs);
+                         tr.add(Source::kGraph, op::kGraphEndCapture, p, t, ts + 300 * kUs, 20 * kUs);
+                         const uint64_t d = jit(25 * kMs, i);
+                         tr.add(Source::kGraph, op::kGraphInstantiate, p, t, ts + 400 * kUs, d);
+                         ts += 400 * kUs + d + 10 * kUs;
+                       }
+                       tr.add(Source::kGraph, op::kGraphLaunch, p, t, ts, jit(15 * kUs, i));
+                       return ts + 30 * kUs;
+                     },
+                     3);
+               },
+               ""});
+  s.push_back({"graph_launch_tail", "graph_launch_tail", "cuda_graph", Source::kGraph, op::kGraphLaunch,
+               [](bool f) {
                  Trace tr;
                  // Every step is one graph launch; from 20 s on, 1 in 25 blocks for ~12 ms (a full
                  // launch queue). The control launches the graph every step too, always fast.
@@ -196,7 +204,8 @@ std::vector<Scenario> scenarios() {
                      1);
                  tr.finish();
                  return tr;
-               }});
+               },
+               ""});
   s.push_back({"graph_coverage_falling", "graph_coverage_falling", "cuda_graph", Source::kCuda, op::kCudaLaunchKernel,
                [](bool f) {
                  Trace tr;

@@ -142,7 +142,9 @@ void expect_exact_after_faults(const std::string& path) {
         const Replayed r = replay(path, true, 64, reader_thread, cfg.threads, cfg.chunk_rows, fault);
         // The fault must have happened where a fetch thread can reach it (chunks this large
         // have fewer plans than 60: then nothing was thrown and the run is a plain control).
-        if (fault->calls.load() >= at) EXPECT_EQ(fault->thrown.load(), 1);
+        if (fault->calls.load() >= at) {
+          EXPECT_EQ(fault->thrown.load(), 1);
+        }
         expect_equal(ref, r);
       }
 }

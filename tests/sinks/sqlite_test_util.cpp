@@ -122,7 +122,9 @@ void expect_same_replay(const Drained& a, const TraceMeta& ma, const Drained& b,
     EXPECT_EQ(a.batches[i].events.size(), b.batches[i].events.size()) << "batch " << i;
     EXPECT_EQ(a.batches[i].watermark, b.batches[i].watermark) << "batch " << i;
     EXPECT_EQ(a.batches[i].final, b.batches[i].final) << "batch " << i;
-    if (everything) EXPECT_EQ(a.batches[i].seq, b.batches[i].seq) << "batch " << i;
+    if (everything) {
+      EXPECT_EQ(a.batches[i].seq, b.batches[i].seq) << "batch " << i;
+    }
   }
   EXPECT_EQ(ma.first_ts, mb.first_ts);
   EXPECT_EQ(ma.last_ts, mb.last_ts);
