@@ -192,7 +192,7 @@ std::vector<uint8_t> source_op_table(const Expr& e) {
 
 // dst[c] &= (src[c] != 0), and dst[c] &= (src[c] == 1), over n codes: byte loops the compiler
 // vectorises once it knows the two arrays do not alias (run at every plan compilation and shard
-// construction over 65,536 codes; the plain loops were ~5 % of a 5 M-event run's fixed cost).
+// construction over 65,536 codes; the plain loop in compile_plan was a sixth of a plan's set-up).
 void and_nonzero(uint8_t* __restrict dst, const uint8_t* __restrict src, size_t n) {
   for (size_t c = 0; c < n; ++c) dst[c] &= src[c] != 0 ? 1 : 0;
 }
