@@ -568,6 +568,15 @@ TEST(LiveCapture, TraceCommandStoresEveryCallAndReplaysToTheSameChains) {
     GTEST_SKIP() << "cannot start the contention workload";
   const std::string base = "/tmp/ip_trace_cli_" + std::to_string(::getpid());
   const std::string db = base + ".db", err = base + ".err";
+  // Removes what the run leaves in /tmp, failed assertions included: the database, the -wal and
+  // -shm files that reading it in WAL mode creates beside it, and the tracer's stderr.
+  struct Cleanup {
+    std::string db, err;
+    ~Cleanup() {
+      for (const char* suffix : {"", "-wal", "-shm"}) ::unlink((db + suffix).c_str());
+      ::unlink(err.c_str());
+    }
+  } cleanup{db, err};
   const std::string pid = std::to_string(child.pid);
   const pid_t tracer = ::fork();
   if (tracer == 0) {
@@ -632,7 +641,5 @@ TEST(LiveCapture, TraceCommandStoresEveryCallAndReplaysToTheSameChains) {
   for (const auto& c : j["chains"]) replayed.push_back(c["id"].get<std::string>());
   std::sort(replayed.begin(), replayed.end());
   EXPECT_EQ(replayed, stored);
-  ::unlink(db.c_str());
-  ::unlink(err.c_str());
 }
 #endif
