@@ -1925,10 +1925,14 @@ struct Shard::Impl {
   void run_peers(size_t p, size_t s, std::vector<Row>& rows, ShardOutput& out) {
     const auto& def = plan.pipes[p];
     const auto& st = def.stages[s];
-    // Peer groups: rows whose keys agree on everything but the group field.
+    // Peer groups: rows whose keys agree on everything but the group field. A row of events
+    // without a rank (rank -1) is no peer across rank: it is every rank-less process of the
+    // window lumped together, not a rank, and would be compared with the ranks (and reported as
+    // "rank -1") otherwise.
     std::map<Key, std::vector<size_t>> groups;
     for (size_t i = 0; i < rows.size(); ++i) {
       Key g = rows[i].key;
+      if (st.peer->group == Field::kRank && g.rank() == -1) continue;
       // Ranks are job-global (torchrun RANK), so peers across rank span nodes: a window keyed
       // by (node, rank) on a merged multi-node trace compares every rank with every other.
       if (st.peer->group == Field::kRank) g.lo &= ~(uint64_t{0xFFFF} << 16 | uint64_t{0xFFFF} << 32);

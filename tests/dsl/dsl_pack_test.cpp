@@ -57,6 +57,60 @@ TEST(RulePack, EveryInlineTestPasses) {
   }
 }
 
+// A user's rule keyed by rank, without the pack's `where rank >= 0`: the rank-less events
+// (rank -1, lumped into one row) are still no peer across rank, so a busy process started
+// without a rank is neither reported as "rank -1" nor counted among the ranks' peers.
+TEST(RulePack, RowsWithoutARankAreNoPeersAcrossRank) {
+  const char* text = R"(rule busy_rank "one rank is busier than its peers"
+  from cuda
+  window tumbling 10s by rank
+  let n = count(), busy = sum(duration)
+  require n >= 10
+  peer busy across rank z 3.5 floor 20ms min_peers 3
+  severity high
+  category straggler
+  summary "rank {rank} spent {busy} over a median of {peer.median} among {peer.peers} ranks"
+  root_cause "r"
+  fix ["f"]
+
+  test "a busy process without a rank is no peer" {
+    event cudaLaunchKernel repeat 20 every 10ms dur 1ms pid 100 rank 0
+    event cudaLaunchKernel repeat 20 every 10ms dur 1ms pid 101 rank 1
+    event cudaLaunchKernel repeat 20 every 10ms dur 1ms pid 102 rank 2
+    event cudaLaunchKernel repeat 20 every 10ms dur 1ms pid 103 rank 3
+    event cudaLaunchKernel repeat 20 every 10ms dur 10ms pid 200
+    expect no match
+  }
+  test "the ranks still find their straggler, among 7 peers" {
+    event cudaLaunchKernel repeat 20 every 10ms dur 1ms pid 100 rank 0
+    event cudaLaunchKernel repeat 20 every 10ms dur 1ms pid 101 rank 1
+    event cudaLaunchKernel repeat 20 every 10ms dur 1ms pid 102 rank 2
+    event cudaLaunchKernel repeat 20 every 10ms dur 1ms pid 103 rank 3
+    event cudaLaunchKernel repeat 20 every 10ms dur 1ms pid 104 rank 4
+    event cudaLaunchKernel repeat 20 every 10ms dur 1ms pid 105 rank 5
+    event cudaLaunchKernel repeat 20 every 10ms dur 10ms pid 106 rank 6
+    event cudaLaunchKernel repeat 20 every 10ms dur 1ms pid 200
+    event cudaLaunchKernel repeat 20 every 10ms dur 1ms pid 201
+    expect match chains 1 severity high
+  }
+end
+)";
+  const auto compiled = dsl::compile_rules({{"busy_rank.rules", text}});
+  ASSERT_TRUE(compiled.ok()) << dsl::render_diagnostics(compiled.diagnostics);
+  const auto outcomes = rules::run_rule_tests(compiled);
+  ASSERT_EQ(outcomes.size(), 2u);
+  for (const auto& o : outcomes) EXPECT_TRUE(o.passed) << o.test.name << ": " << o.detail;
+  // The straggler's chain counts the seven ranks, not the rank-less row.
+  ASSERT_EQ(compiled.rules.size(), 1u);
+  VectorSource src(compiled.tests[1].events, 4096, TraceMeta{});
+  EngineOptions eo;
+  eo.threads = 1;
+  const auto r = run_plan(compiled.rules[0].plan, src, eo);
+  ASSERT_EQ(r.chains.size(), 1u) << r.counters.events_in << " events in";
+  EXPECT_NE(r.chains[0].summary.find("among 7 ranks"), std::string::npos) << r.chains[0].summary;
+  EXPECT_EQ(r.chains[0].rank, 6);
+}
+
 TEST(RulePack, CoversEveryHandBuiltFamily) {
   std::set<std::string> hand, pack;
   for (const auto& n : default_plan().nodes)
