@@ -1,4 +1,6 @@
 #include "engine/runtime.h"
+
+#include "engine/route_check.h"
 #include "engine/top_k.h"
 
 #include <algorithm>
@@ -1060,7 +1062,11 @@ struct Shard::Impl {
     // totals here and their durations from that group's window states (stats_group).
     uint32_t carried = 0;
   };
-  std::vector<CodeRoute> code_routes;  // 65,536
+  std::vector<CodeRoute> code_routes;    // 65,536
+  std::vector<RouteCheck> route_checks;  // routes_.checks as route_checks_hold() answers them
+  // Per target of routes_: its check when it has exactly one and that one is a kRange (a small
+  // field against a constant: `rank >= 0`), answered in the routing loop itself; else null.
+  std::vector<const RouteCheck*> target_range;
   std::vector<uint32_t> route_items;
   std::vector<char> prerouted;                  // per stream
   std::vector<char> stream_sink;                // per stream: the routing pass fills sink s
@@ -1271,6 +1277,8 @@ struct Shard::Impl {
       check_base.push_back(static_cast<uint32_t>(routes_.checks.size()));
       routes_.checks.insert(routes_.checks.end(), r->checks.begin(), r->checks.end());
     }
+    route_checks.clear();
+    for (const Expr* check : routes_.checks) route_checks.push_back(RouteCheck::of(*check));
     const size_t n_begin = tiers.front()->begin.size();  // every tier's: one per code, plus one
     routes_.begin.assign(n_begin, 0);
     std::vector<size_t> prerouted_streams;  // the few streams with keep_code, walked per code
@@ -1317,22 +1325,22 @@ struct Shard::Impl {
           ++cr.checked;
         }
     }
+    target_range.assign(routes_.targets.size(), nullptr);
+    for (size_t t = 0; t < routes_.targets.size(); ++t) {
+      const RouteTarget& rt = routes_.targets[t];
+      if (rt.checks_end == rt.checks_begin + 1 && route_checks[rt.checks_begin].kind == RouteCheck::kRange)
+        target_range[t] = &route_checks[rt.checks_begin];
+    }
     sink_events.resize(switch_sink + 1);
     sink_sizes.assign(switch_sink + 1, 0);
     sink_cursor.assign(switch_sink + 1, nullptr);
   }
-  // Whether event e passes the checks of a route target that has some (routes_).
-  // A check that is one stack or site predicate (`site ~ [...]`) is answered as eval() answers
-  // it, without the tree walk: false for an event with no stack, else the shard's matcher.
+  // Whether event e passes the checks of a route target that has some (routes_), each answered
+  // as RouteCheck (engine/route_check.h) answers it: a field compared with a constant or a stack
+  // predicate without eval()'s tree walk.
   [[gnu::noinline]] bool route_checks_hold(const RouteTarget& rt, const Event& e) const {
-    for (uint32_t c = rt.checks_begin; c < rt.checks_end; ++c) {
-      const Expr& check = *routes_.checks[c];
-      if (check.op == ExprOp::kSiteMatch || check.op == ExprOp::kStackMatch) {
-        if (e.stack_id == 0 || !stack_matcher.match(check, e.stack_id)) return false;
-      } else if (!truthy(eval(check, &e, nullptr, &stack_matcher))) {
-        return false;
-      }
-    }
+    for (uint32_t c = rt.checks_begin; c < rt.checks_end; ++c)
+      if (!route_checks[c].holds(e, stack_matcher)) return false;
     return true;
   }
   // Whether the routing pass fills sink k this shard.
@@ -1605,6 +1613,7 @@ struct Shard::Impl {
       const CodeRoute* const code_route = code_routes.data();
       const uint32_t* const items = route_items.data();
       const RouteTarget* const targets = routes_.targets.data();
+      const RouteCheck* const* const one_range = target_range.data();
       const Event*** const cursors = sink_cursor.data();
       uint64_t carried_dur_bits = 0;  // OR of the carried events' durations (give_up_stats_group)
       for_each_selected(*in.owned, in.indexed, in.owned_at, [&] [[gnu::always_inline]] (const Event& e) {
@@ -1624,7 +1633,8 @@ struct Shard::Impl {
         for (uint32_t i = 0; i < cr.plain; ++i) *cursors[it[i]]++ = &e;
         for (uint32_t i = cr.plain, end = cr.plain + cr.checked; i < end; ++i) [[unlikely]] {
             const RouteTarget& rt = targets[it[i]];
-            if (route_checks_hold(rt, e)) *cursors[rt.group]++ = &e;
+            const RouteCheck* one = one_range[it[i]];
+            if (one ? one->holds_range(e) : route_checks_hold(rt, e)) *cursors[rt.group]++ = &e;
           }
       });
       last_ts = end_max;

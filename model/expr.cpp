@@ -101,29 +101,6 @@ Unit field_unit(Field f) {
   return Unit::kNone;
 }
 
-double read_field(const Event& e, Field f) {
-  switch (f) {
-    case Field::kTs: return static_cast<double>(e.ts_ns);
-    case Field::kDuration: return static_cast<double>(e.dur_ns);
-    case Field::kEnd: return static_cast<double>(e.end_ns());
-    case Field::kPid: return e.pid;
-    case Field::kTid: return e.tid;
-    case Field::kSource: return static_cast<double>(e.source);
-    case Field::kOp: return e.op;
-    case Field::kRet: return e.ret;
-    case Field::kArg0: return static_cast<double>(e.arg0);
-    case Field::kArg1: return static_cast<double>(e.arg1);
-    case Field::kStackId: return static_cast<double>(e.stack_id);
-    case Field::kCgroupId: return static_cast<double>(e.cgroup_id);
-    case Field::kNode: return e.node;
-    case Field::kRank: return e.rank;
-    case Field::kPrevState: return static_cast<double>(e.prev_state);
-    case Field::kGpuId: return e.gpu_id;
-    case Field::kSite: return kNaN;
-  }
-  return kNaN;
-}
-
 std::string Expr::to_string() const {
   switch (op) {
     case ExprOp::kConst:

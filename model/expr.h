@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <shared_mutex>
@@ -54,7 +55,30 @@ enum class Field : uint8_t {
 };
 const char* field_name(Field f);  // "duration"
 bool parse_field(const std::string& name, Field& out);
-double read_field(const Event& e, Field f);
+// The field as eval() reads it: a double (uint64 fields rounded above 2^53); NaN for kSite.
+// Inline: the engine's route checks read one field per event (Shard::Impl::RouteCheck).
+inline double read_field(const Event& e, Field f) {
+  switch (f) {
+    case Field::kTs: return static_cast<double>(e.ts_ns);
+    case Field::kDuration: return static_cast<double>(e.dur_ns);
+    case Field::kEnd: return static_cast<double>(e.end_ns());
+    case Field::kPid: return e.pid;
+    case Field::kTid: return e.tid;
+    case Field::kSource: return static_cast<double>(e.source);
+    case Field::kOp: return e.op;
+    case Field::kRet: return e.ret;
+    case Field::kArg0: return static_cast<double>(e.arg0);
+    case Field::kArg1: return static_cast<double>(e.arg1);
+    case Field::kStackId: return static_cast<double>(e.stack_id);
+    case Field::kCgroupId: return static_cast<double>(e.cgroup_id);
+    case Field::kNode: return e.node;
+    case Field::kRank: return e.rank;
+    case Field::kPrevState: return static_cast<double>(e.prev_state);
+    case Field::kGpuId: return e.gpu_id;
+    case Field::kSite: break;
+  }
+  return std::numeric_limits<double>::quiet_NaN();
+}
 Unit field_unit(Field f);
 
 enum class ExprOp : uint8_t {
