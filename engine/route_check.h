@@ -62,7 +62,8 @@ struct RouteCheck {
       default: return 0;
     }
   }
-  bool in_range(int64_t v) const { return static_cast<uint64_t>(v - lo) <= span; }
+  // Whether v is in [lo, lo + span] (one unsigned comparison: the values are below 2^34).
+  static bool in_range(int64_t v, int64_t lo, uint64_t span) { return static_cast<uint64_t>(v - lo) <= span; }
   // A kCompare of a small field as the integers it holds for: `x OP c` over doubles, with x an
   // integer of magnitude below 2^32, holds for the x in one range [a, b] (for !=: outside
   // one). The bound is read off compare() itself at f = floor(c), so no rounding rule is
@@ -153,12 +154,10 @@ struct RouteCheck {
       default: return false;
     }
   }
-  // holds() for a kRange check, inlined where the caller knows the kind.
-  [[gnu::always_inline]] bool holds_range(const Event& e) const { return in_range(small_field(e, field)) != negate; }
   // Whether the check holds for e (truthy(eval(*expr, &e, nullptr, &stacks))).
   bool holds(const Event& e, const StackMatcher& stacks) const {
     switch (kind) {
-      case kRange: return in_range(small_field(e, field)) != negate;
+      case kRange: return in_range(small_field(e, field), lo, span) != negate;
       case kCompare: return compare(read_field(e, field));
       case kStack: return e.stack_id != 0 && stacks.match(*expr, e.stack_id);
       case kEval: break;

@@ -1064,9 +1064,20 @@ struct Shard::Impl {
   };
   std::vector<CodeRoute> code_routes;    // 65,536
   std::vector<RouteCheck> route_checks;  // routes_.checks as route_checks_hold() answers them
-  // Per target of routes_: its check when it has exactly one and that one is a kRange (a small
-  // field against a constant: `rank >= 0`), answered in the routing loop itself; else null.
-  std::vector<const RouteCheck*> target_range;
+  // Per target of routes_ (those with checks matter), what the routing loop needs to answer
+  // them in place: its sink, and for a target whose one check is a kRange (a small field
+  // against a constant: `rank >= 0`) the range itself; a target whose first check is a stack
+  // predicate fails at once for an event without a stack. Any other goes to route_checks_hold().
+  struct CheckedTarget {
+    enum Mode : uint8_t { kCall, kRange, kStackFirst };
+    int64_t lo = 0;
+    uint64_t span = 0;
+    uint32_t sink = 0, target = 0;
+    Mode mode = kCall;
+    Field field = Field::kTs;
+    bool negate = false;
+  };
+  std::vector<CheckedTarget> checked_targets;
   std::vector<uint32_t> route_items;
   std::vector<char> prerouted;                  // per stream
   std::vector<char> stream_sink;                // per stream: the routing pass fills sink s
@@ -1325,11 +1336,23 @@ struct Shard::Impl {
           ++cr.checked;
         }
     }
-    target_range.assign(routes_.targets.size(), nullptr);
+    checked_targets.assign(routes_.targets.size(), CheckedTarget{});
     for (size_t t = 0; t < routes_.targets.size(); ++t) {
       const RouteTarget& rt = routes_.targets[t];
-      if (rt.checks_end == rt.checks_begin + 1 && route_checks[rt.checks_begin].kind == RouteCheck::kRange)
-        target_range[t] = &route_checks[rt.checks_begin];
+      CheckedTarget& ct = checked_targets[t];
+      ct.sink = rt.group;
+      ct.target = static_cast<uint32_t>(t);
+      if (rt.checks_end == rt.checks_begin) continue;
+      const RouteCheck& first = route_checks[rt.checks_begin];
+      if (rt.checks_end == rt.checks_begin + 1 && first.kind == RouteCheck::kRange) {
+        ct.mode = CheckedTarget::kRange;
+        ct.lo = first.lo;
+        ct.span = first.span;
+        ct.field = first.field;
+        ct.negate = first.negate;
+      } else if (first.kind == RouteCheck::kStack) {
+        ct.mode = CheckedTarget::kStackFirst;
+      }
     }
     sink_events.resize(switch_sink + 1);
     sink_sizes.assign(switch_sink + 1, 0);
@@ -1613,7 +1636,7 @@ struct Shard::Impl {
       const CodeRoute* const code_route = code_routes.data();
       const uint32_t* const items = route_items.data();
       const RouteTarget* const targets = routes_.targets.data();
-      const RouteCheck* const* const one_range = target_range.data();
+      const CheckedTarget* const checked = checked_targets.data();
       const Event*** const cursors = sink_cursor.data();
       uint64_t carried_dur_bits = 0;  // OR of the carried events' durations (give_up_stats_group)
       for_each_selected(*in.owned, in.indexed, in.owned_at, [&] [[gnu::always_inline]] (const Event& e) {
@@ -1632,9 +1655,15 @@ struct Shard::Impl {
         const uint32_t* const it = items + cr.begin;
         for (uint32_t i = 0; i < cr.plain; ++i) *cursors[it[i]]++ = &e;
         for (uint32_t i = cr.plain, end = cr.plain + cr.checked; i < end; ++i) [[unlikely]] {
-            const RouteTarget& rt = targets[it[i]];
-            const RouteCheck* one = one_range[it[i]];
-            if (one ? one->holds_range(e) : route_checks_hold(rt, e)) *cursors[rt.group]++ = &e;
+            const CheckedTarget& ct = checked[it[i]];
+            bool pass;
+            if (ct.mode == CheckedTarget::kRange) {
+              pass = RouteCheck::in_range(RouteCheck::small_field(e, ct.field), ct.lo, ct.span) != ct.negate;
+            } else {
+              pass = (ct.mode != CheckedTarget::kStackFirst || e.stack_id != 0) &&
+                     route_checks_hold(targets[ct.target], e);
+            }
+            if (pass) *cursors[ct.sink]++ = &e;
           }
       });
       last_ts = end_max;
