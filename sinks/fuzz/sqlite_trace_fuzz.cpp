@@ -63,6 +63,10 @@ int stop_after_budget(void* left) {
 // Builds the scratch database from `sql`. False when nothing usable was made.
 bool build(const std::string& sql) {
   remove_scratch();
+  // libFuzzer ends a timed run with exit(): remove the last input's scratch file then too.
+  // Registered after scratch_path()'s string exists, so it runs before that string is destroyed.
+  static const bool at_exit = std::atexit(remove_scratch) == 0;
+  (void)at_exit;
   sqlite3* db = nullptr;
   if (sqlite3_open(scratch_path().c_str(), &db) != SQLITE_OK) {
     sqlite3_close(db);
