@@ -19,10 +19,10 @@
 
 namespace ingero {
 
-// A check as the routing pass answers it: its shape and, for a field
-// compared with a constant, the field, the comparison and the constant (on the right: `c < x`
-// is held as `x > c`). compare() is eval()'s comparison of two doubles, the NaN rules
-// included (a field is NaN only for `site`, which no filter compares).
+// A check as the routing pass answers it: its shape and, for a field compared with a constant,
+// the field, the comparison and the constant (on the right: `c < x` is held as `x > c`).
+// compare() is eval()'s comparison of two doubles, the NaN rules included (a field is NaN only
+// for `site`, which no filter compares).
 struct RouteCheck {
   enum Kind : uint8_t { kEval, kStack, kCompare, kRange };
   Kind kind = kEval;

@@ -56,7 +56,7 @@ enum class Field : uint8_t {
 const char* field_name(Field f);  // "duration"
 bool parse_field(const std::string& name, Field& out);
 // The field as eval() reads it: a double (uint64 fields rounded above 2^53); NaN for kSite.
-// Inline: the engine's route checks read one field per event (Shard::Impl::RouteCheck).
+// Inline: the engine's route checks read one field per event (engine/route_check.h).
 inline double read_field(const Event& e, Field f) {
   switch (f) {
     case Field::kTs: return static_cast<double>(e.ts_ns);
