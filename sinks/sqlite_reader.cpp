@@ -782,10 +782,16 @@ class GrowRing {
   const T& front() const { return buf_[head_]; }
   const T& back() const { return buf_[(head_ + size_ - 1) & (buf_.size() - 1)]; }
   void push_back(const T& v) {
-    if (size_ == buf_.size()) grow();
-    buf_[(head_ + size_) & (buf_.size() - 1)] = v;
+    *next_slot() = v;
     ++size_;
   }
+  // The slot the next push_back() fills, to build an item in place (keeps its previous
+  // contents); commit() then makes it the back, or the next push_back() reuses it.
+  T* next_slot() {
+    if (size_ == buf_.size()) grow();
+    return &buf_[(head_ + size_) & (buf_.size() - 1)];
+  }
+  void commit() { ++size_; }
   void pop_front() {
     head_ = (head_ + 1) & (buf_.size() - 1);
     --size_;
@@ -1368,7 +1374,7 @@ class StreamSource final : public EventSource {
     while (out.events.size() < options_.batch_size) {
       fill();
       if (!held()) break;
-      out.events.push_back(pop().e);
+      pop_into(out.events);
     }
     fill();  // look ahead: is there anything after this batch?
     out.seq = seq_++;
@@ -1627,7 +1633,9 @@ class StreamSource final : public EventSource {
     }
     ++row_;
     if (show_progress_ && (row_ & 0xFFFF) == 0) report_progress();
-    Held h;
+    // Decoded in place, in the in-order queue's next slot (most rows stay there: no copy);
+    // decode() writes every field a row gives, and an unused slot is simply reused.
+    Held& h = *in_order_.next_slot();
     if (const char* why = reader_.decode(*raw, h.e)) {
       health_.skip(why);
       return;
@@ -1662,27 +1670,25 @@ class StreamSource final : public EventSource {
     // Over the index, every row but sched_switch arrives in (ts, rowid) order already: a FIFO
     // holds those, only the rows that move pay for the heap.
     if (indexed_ && stored == h.e.ts_ns && (in_order_.empty() || Earlier{}(in_order_.back(), h))) {
-      in_order_.push_back(h);
+      in_order_.commit();
       return;
     }
     heap_.push_back(h);
     std::push_heap(heap_.begin(), heap_.end(), Later{});
   }
 
-  Held pop() {
-    Held h;
+  // Moves the smallest held row (there is one) to the end of `out`.
+  void pop_into(std::vector<Event>& out) {
     const Held* top = smallest();
+    out.push_back(top->e);
     if (!in_order_.empty() && top == &in_order_.front()) {
-      h = in_order_.front();
       in_order_.pop_front();
     } else {
       std::pop_heap(heap_.begin(), heap_.end(), Later{});
-      h = heap_.back();
       heap_.pop_back();
     }
-    released_ = h.e.ts_ns;
+    released_ = out.back().ts_ns;
     released_any_ = true;
-    return h;
   }
 
   void report_progress() {
