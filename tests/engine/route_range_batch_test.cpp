@@ -33,8 +33,8 @@ std::string rule(const std::string& name, const std::string& where) {
 
 // Each rule twice: its check as a range (a) and evaluated per event (b, the reference).
 const std::vector<std::pair<std::string, std::string>> kChecks = {
-    {"rank >= 0", "rank >= 0 or duration < 0ns"},  {"rank != 2", "rank != 2 or duration < 0ns"},
-    {"rank < 0", "rank < 0 or duration < 0ns"},    {"rank == 1", "rank == 1 or duration < 0ns"},
+    {"rank >= 0", "rank >= 0 or duration < 0ns"},     {"rank != 2", "rank != 2 or duration < 0ns"},
+    {"rank < 0", "rank < 0 or duration < 0ns"},       {"rank == 1", "rank == 1 or duration < 0ns"},
     {"rank <= 1.5", "rank <= 1.5 or duration < 0ns"}, {"rank > 7", "rank > 7 or duration < 0ns"},
 };
 
@@ -52,7 +52,8 @@ std::vector<Event> trace() {
   std::vector<Event> ev;
   uint64_t ts = kT0, id = 1;
   auto add = [&](int rank) {
-    Event e = test::make(Source::kCuda, op::kCudaLaunchKernel, static_cast<uint32_t>(100 + rank + 1), ts, kMs / 10, id++);
+    Event e = test::make(Source::kCuda, op::kCudaLaunchKernel, static_cast<uint32_t>(100 + rank + 1), ts, kMs / 10,
+                         id++);
     e.rank = static_cast<int16_t>(rank);
     ev.push_back(e);
     ts += kMs;
