@@ -1427,6 +1427,20 @@ struct Shard::Impl {
       hi[f] = INT64_MIN;
       const Field field = range_fields[f];
       auto bounds = [&](auto get) {
+        // Most batches hold one value (rank -1 throughout a trace without ranks): an OR of
+        // differences from the first event's value answers that in fewer instructions than
+        // min and max; only a batch with several values pays for both.
+        if (!in.indexed && !in.owned->empty()) {
+          const Event* ev = in.owned->data();
+          const size_t n = in.owned->size();
+          const int64_t first = get(ev[0]);
+          uint64_t differ = 0;
+          for (size_t i = 1; i < n; ++i) differ |= static_cast<uint64_t>(get(ev[i]) ^ first);
+          if (differ == 0) {
+            lo[f] = hi[f] = first;
+            return;
+          }
+        }
         int64_t mn = INT64_MAX, mx = INT64_MIN;
         for_each_selected(*in.owned, in.indexed, in.owned_at, [&](const Event& e) {
           const int64_t v = get(e);
