@@ -812,7 +812,9 @@ class GrowRing {
 // threads of their own, one read-only connection each. The index is cut into chunks by
 // timestamp range, in index order: the rows whose timestamp is NULL, then integer ranges
 // [lo, hi) of about `chunk_rows` rows each (the bound is the timestamp `chunk_rows` entries
-// further on, found by a walk of the index alone; a run of equal timestamps is one chunk), then
+// further on, found by a walk of the index alone, until a range chunk has been fetched; then the
+// first entry at or after lo + the step learnt from the last range fetched, one seek: see
+// plan_by_seek(); a run of equal timestamps is one chunk), then
 // everything from the last bound on (the rest of the numbers, then TEXT and BLOB, as the index
 // sorts them). Threads take chunks in turn; next() hands out the chunks' rows in chunk order, so
 // the sequence is exactly the single walk's. Only for databases opened immutable: every
