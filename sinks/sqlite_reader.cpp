@@ -814,7 +814,7 @@ class GrowRing {
 // [lo, hi) of about `chunk_rows` rows each (the bound is the timestamp `chunk_rows` entries
 // further on, found by a walk of the index alone, until a range chunk has been fetched; then the
 // first entry at or after lo + the step learnt from the last range fetched, one seek: see
-// plan_by_seek(); a run of equal timestamps is one chunk), then
+// plan(); a run of equal timestamps is one chunk), then
 // everything from the last bound on (the rest of the numbers, then TEXT and BLOB, as the index
 // sorts them). Threads take chunks in turn; next() hands out the chunks' rows in chunk order, so
 // the sequence is exactly the single walk's. Only for databases opened immutable: every
@@ -1033,18 +1033,24 @@ class ChunkFeed {
         return c;
       }
     }
+    // The bound: the entry chunk_rows_ further on (a walk of the index), or, once a step has been
+    // learnt (learn_step), the first entry at or after lo + step (one seek). The seek's chunk
+    // [lo, f) holds exactly the entries of [lo, lo + step): none lies in [lo + step, f), so a
+    // gap in time costs no empty chunk. Either way chunks are consecutive ranges of the one
+    // index order, so the sequence of rows is the same whatever the bounds.
+    int64_t step = 0;
     if (stage_ == kPlanMore) {
-      int64_t step = 0;
-      {
-        std::lock_guard<std::mutex> lock(step_mu_);
-        step = step_;
-      }
-      if (step > 0) return plan_by_seek(w, step, last);
+      std::lock_guard<std::mutex> lock(step_mu_);
+      step = step_;
     }
     Stmt& s = stage_ == kPlanFirst ? w.first_bound : w.next_bound;
     s.reset();
     if (stage_ == kPlanFirst) {
       s.bind(1, static_cast<int64_t>(chunk_rows_));
+    } else if (step > 0) {
+      constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+      s.bind(1, next_lo_ > kMax - step ? kMax : next_lo_ + step);
+      s.bind(2, int64_t{0});
     } else {
       s.bind(1, next_lo_);
       s.bind(2, static_cast<int64_t>(chunk_rows_));
@@ -1069,8 +1075,8 @@ class ChunkFeed {
       return c;
     }
     c.lo = next_lo_;
-    // The bound is a timestamp at or after lo; a run of equal timestamps longer than a chunk
-    // is a chunk of its own, [lo, lo + 1).
+    // The bound is a timestamp at or after lo (after it, by seek); a run of equal timestamps
+    // longer than a chunk is a chunk of its own, [lo, lo + 1).
     if (bound && v == next_lo_) {
       if (v == std::numeric_limits<int64_t>::max()) v = 0;
       else ++v;
@@ -1085,41 +1091,8 @@ class ChunkFeed {
     return c;
   }
 
-  // The next chunk from next_lo_ by interpolation: [lo, f), f the first index entry at or after
-  // lo + step (no entry lies in [lo + step, f), so the chunk holds exactly the entries of
-  // [lo, lo + step) and a gap in time costs no empty chunk). When that entry is not an integer
-  // (none, a REAL, TEXT or BLOB: numbers and then the other types sort after lo), the last
-  // chunk, everything from lo, as the walk above ends. The sequence of rows is the same whatever
-  // the bounds: chunks are consecutive ranges of the one index order.
-  Chunk plan_by_seek(Worker& w, int64_t step, bool& last) {
-    Chunk c;
-    const int64_t v = next_lo_ > std::numeric_limits<int64_t>::max() - step ? std::numeric_limits<int64_t>::max()
-                                                                            : next_lo_ + step;
-    Stmt& s = w.next_bound;
-    s.reset();
-    s.bind(1, v);
-    s.bind(2, int64_t{0});
-    const int rc = s.step();
-    if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
-      s.reset();
-      return failed_query(w, rc, last);
-    }
-    const bool bound = rc == SQLITE_ROW && s.type(0) == SQLITE_INTEGER;
-    const int64_t f = bound ? s.i64(0) : 0;
-    s.reset();
-    c.lo = next_lo_;
-    if (!bound || f <= next_lo_) {
-      last = true;
-      c.kind = kFrom;
-      return c;
-    }
-    c.kind = kRange;
-    c.hi = next_lo_ = f;
-    return c;
-  }
-
   // After a range chunk [lo, hi) of `rows` rows: the span that holds about chunk_rows_ entries
-  // there (doubled after an empty chunk), for plan_by_seek(). Bounded to [1, 2^62].
+  // there (doubled after an empty chunk), for plan()'s seek. Bounded to [1, 2^62].
   void learn_step(int64_t lo, int64_t hi, uint64_t rows) {
     const double span = static_cast<double>(hi) - static_cast<double>(lo);
     double step = rows ? span * static_cast<double>(chunk_rows_) / static_cast<double>(rows) : 2 * span;

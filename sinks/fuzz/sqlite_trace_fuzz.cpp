@@ -8,7 +8,9 @@
 // - every batch but the last is non-final, the last one final, and events come out in time order
 //   (a late event, event_flags::kLate, only first in its batch);
 // - the streaming replay and the load-and-sort replay hand out the same events in the same order
-//   whenever they report the same skipped rows and the stream delivered nothing late.
+//   whenever they report the same skipped rows and the stream delivered nothing late;
+// - the streaming replay with fetch threads (chunks of 3 entries) hands out the one walk's events
+//   whenever both report the same skipped rows.
 //
 //   cmake --preset fuzz && cmake --build --preset fuzz --target sqlite_trace_fuzz
 //   mkdir -p /tmp/sqlite-corpus
@@ -97,12 +99,21 @@ struct Replay {
   bool late = false;
 };
 
-Replay replay(bool stream) {
+// `fetch`: the streaming replay with two fetch threads over chunks of 3 index entries (forced
+// on whatever the table's size), so chunk planning, both of its bound searches and the hand-over
+// between threads get exercised too; without it, one walk (the inputs are far below the size
+// where fetch threads start).
+Replay replay(bool stream, bool fetch = false) {
   Replay r;
   ingero::SqliteReadOptions o;
   o.stream = stream;
   o.batch_size = 7;  // many batches from few rows: batch boundaries get exercised
   o.max_reorder_events = 64;
+  if (fetch) {
+    o.fetch_threads = 2;
+    o.fetch_min_rows = 0;
+    o.fetch_chunk_rows = 3;
+  }
   std::string error;
   std::unique_ptr<ingero::EventSource> src = ingero::open_sqlite_trace(scratch_path(), error, o);
   if (!src) {
@@ -147,6 +158,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!build(std::string(reinterpret_cast<const char*>(data), size))) return 0;
   const Replay streamed = replay(true);
   const Replay loaded = replay(false);
+  const Replay fetched = replay(true, true);
+  // Fetch threads hand out exactly the one walk's rows: same events, flags and health.
+  if (streamed.opened && fetched.opened && streamed.health.reasons == fetched.health.reasons) {
+    if (streamed.events.size() != fetched.events.size()) {
+      std::fprintf(stderr, "streamed %zu events, fetched %zu\n", streamed.events.size(), fetched.events.size());
+      std::abort();
+    }
+    for (size_t i = 0; i < streamed.events.size(); ++i)
+      if (!same_event(streamed.events[i], fetched.events[i])) {
+        std::fprintf(stderr, "event %zu differs between one walk and fetch threads\n", i);
+        std::abort();
+      }
+  }
   if (streamed.opened && loaded.opened && !streamed.late && streamed.health.reasons == loaded.health.reasons) {
     if (streamed.events.size() != loaded.events.size()) {
       std::fprintf(stderr, "streamed %zu events, loaded %zu\n", streamed.events.size(), loaded.events.size());
