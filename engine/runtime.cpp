@@ -1097,6 +1097,7 @@ struct Shard::Impl {
   std::vector<Field> range_fields;
   std::vector<uint32_t> range_targets;  // the kRange targets (indices into checked_targets)
   std::vector<uint8_t> range_field_of;  // per kRange target: its field's index in range_fields
+  std::vector<int> range_slot;          // per checked target: its index in range_targets, or -1
   static constexpr int8_t kCheckEach = 0, kAllPass = 1, kAllFail = -1;
   std::vector<int8_t> range_verdicts;           // per kRange target, as the code lists now stand
   std::vector<char> prerouted;                  // per stream
@@ -1385,7 +1386,7 @@ struct Shard::Impl {
     range_fields.clear();
     range_targets.clear();
     range_field_of.clear();
-    std::vector<int> slot_of_target(checked_targets.size(), -1);
+    range_slot.assign(checked_targets.size(), -1);
     for (size_t code = 0; code < code_routes.size(); ++code) {
       const CodeRoute& cr = code_routes[code];
       bool any = false;
@@ -1394,8 +1395,8 @@ struct Shard::Impl {
         const CheckedTarget& ct = checked_targets[t];
         if (ct.mode != CheckedTarget::kRange) continue;
         any = true;
-        if (slot_of_target[t] >= 0) continue;
-        slot_of_target[t] = static_cast<int>(range_targets.size());
+        if (range_slot[t] >= 0) continue;
+        range_slot[t] = static_cast<int>(range_targets.size());
         range_targets.push_back(t);
         auto f = std::find(range_fields.begin(), range_fields.end(), ct.field);
         if (f == range_fields.end()) f = range_fields.insert(range_fields.end(), ct.field);
@@ -1427,20 +1428,6 @@ struct Shard::Impl {
       hi[f] = INT64_MIN;
       const Field field = range_fields[f];
       auto bounds = [&](auto get) {
-        // Most batches hold one value (rank -1 throughout a trace without ranks): an OR of
-        // differences from the first event's value answers that in fewer instructions than
-        // min and max; only a batch with several values pays for both.
-        if (!in.indexed && !in.owned->empty()) {
-          const Event* ev = in.owned->data();
-          const size_t n = in.owned->size();
-          const int64_t first = get(ev[0]);
-          uint64_t differ = 0;
-          for (size_t i = 1; i < n; ++i) differ |= static_cast<uint64_t>(get(ev[i]) ^ first);
-          if (differ == 0) {
-            lo[f] = hi[f] = first;
-            return;
-          }
-        }
         int64_t mn = INT64_MAX, mx = INT64_MIN;
         for_each_selected(*in.owned, in.indexed, in.owned_at, [&](const Event& e) {
           const int64_t v = get(e);
@@ -1496,9 +1483,7 @@ struct Shard::Impl {
   }
   // The batch's answer for checked target t: kCheckEach unless it is a kRange target answered.
   int8_t verdict_of(uint32_t t) const {
-    if (checked_targets[t].mode != CheckedTarget::kRange) return kCheckEach;
-    const auto it = std::find(range_targets.begin(), range_targets.end(), t);
-    return it == range_targets.end() ? kCheckEach : range_verdicts[static_cast<size_t>(it - range_targets.begin())];
+    return range_slot[t] < 0 ? kCheckEach : range_verdicts[static_cast<size_t>(range_slot[t])];
   }
   // Whether event e passes the checks of a route target that has some (routes_), each answered
   // as RouteCheck (engine/route_check.h) answers it: a field compared with a constant or a stack

@@ -2,6 +2,7 @@
 // See sinks/sqlite_store.h for the contract and docs/storage.md for the column mapping.
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <condition_variable>
@@ -1038,11 +1039,7 @@ class ChunkFeed {
     // [lo, f) holds exactly the entries of [lo, lo + step): none lies in [lo + step, f), so a
     // gap in time costs no empty chunk. Either way chunks are consecutive ranges of the one
     // index order, so the sequence of rows is the same whatever the bounds.
-    int64_t step = 0;
-    if (stage_ == kPlanMore) {
-      std::lock_guard<std::mutex> lock(step_mu_);
-      step = step_;
-    }
+    const int64_t step = stage_ == kPlanMore ? step_.load(std::memory_order_relaxed) : 0;
     Stmt& s = stage_ == kPlanFirst ? w.first_bound : w.next_bound;
     s.reset();
     if (stage_ == kPlanFirst) {
@@ -1097,8 +1094,7 @@ class ChunkFeed {
     const double span = static_cast<double>(hi) - static_cast<double>(lo);
     double step = rows ? span * static_cast<double>(chunk_rows_) / static_cast<double>(rows) : 2 * span;
     step = std::clamp(step, 1.0, 4611686018427387904.0);
-    std::lock_guard<std::mutex> lock(step_mu_);
-    step_ = static_cast<int64_t>(step);
+    step_.store(static_cast<int64_t>(step), std::memory_order_relaxed);
   }
 
   // A planning query failed with `rc`: the last chunk, ending the sequence with that error. Out
@@ -1268,10 +1264,9 @@ class ChunkFeed {
   // fetched (0 until one is): while it is known, a chunk's bound is found by one seek of the
   // index (the first entry at or after lo + step) instead of a walk over chunk_rows_ entries,
   // which visited every index entry a second time and held plan_mu_ while it did (about 400
-  // instructions a row on run500k.db). Written by the fetch threads (step_mu_), read by the
-  // planner.
-  std::mutex step_mu_;
-  int64_t step_ = 0;
+  // instructions a row on run500k.db). Written by the fetch threads, read by the planner: only
+  // a chunk's size depends on it, never which rows come in which order.
+  std::atomic<int64_t> step_{0};
   // Shared state (mu_): chunks planned_ and consumed_ (those between are in flight, each in
   // slot(number)); the block pool (every block, the free ones).
   std::mutex mu_;
