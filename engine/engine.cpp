@@ -3,12 +3,18 @@
 // See engine.h for the threading and watermark contract and docs/architecture.md for the picture.
 #include "engine/engine.h"
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <oneapi/tbb/flow_graph.h>
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/task_arena.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <memory>
 #include <optional>
@@ -100,6 +106,7 @@ struct Work {
   std::vector<std::vector<Event>> owned;  // per pid shard: the events it owns, in batch order
   std::vector<Event> host_wide;           // host-wide events (every pid shard's joins see them)
   std::vector<uint16_t> host_wide_owner;  // per host_wide entry: its owning pid shard
+  RoutedBatch routed;                     // by group: the batch's one routing pass, for every shard
   uint64_t dropped = 0;                   // for shard 0 only
   uint64_t trace_end = 0;                 // latest event end read so far (ShardInput::trace_end)
   std::shared_ptr<const std::map<uint32_t, std::string>> names;
@@ -134,6 +141,18 @@ void route(Work& w, const ShardOfPid& shard_of_pid, uint64_t& trace_end) {
 // 32 of them raised explain's peak RSS at 2 threads on big5m.db from 99-104 MB to 114-120 MB; 16
 // (with the lists grown by a quarter) gave 102-108 MB.
 constexpr int kMaxBatchesInFlight = 16;
+
+// Waits while `word` holds `seen`, at most `timeout_ns`; false when the time ran out. A wake-up
+// may be spurious: callers check the word again. (std::atomic::wait has no timeout.)
+bool futex_wait_for(std::atomic<unsigned>& word, unsigned seen, long timeout_ns) {
+  static_assert(sizeof(std::atomic<unsigned>) == sizeof(uint32_t));
+  timespec ts{timeout_ns / 1'000'000'000, timeout_ns % 1'000'000'000};
+  const long rc = ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, seen, &ts, nullptr, 0);
+  return !(rc == -1 && errno == ETIMEDOUT);
+}
+void futex_wake_all(std::atomic<unsigned>& word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
 
 // The source side of a run: reads the next batch (a source that ends without a final batch still
 // gets one, so every window closes) and passes on what a live source learned since the last
@@ -271,9 +290,9 @@ std::vector<std::vector<char>> split_groups(const CompiledPlan& plan, unsigned b
 }
 
 // `threads` workers run the shards; the calling thread is the source: it reads a batch into a
-// pooled Work, routes it and hands it to every shard node, blocking only when the Work it would
-// reuse next (kMaxBatchesInFlight batches back) is still being processed (no barrier between
-// batches).
+// pooled Work, routes it by pid (pid shards) or hands it to the router node (by group), which
+// routes it once for every shard node, blocking only when the Work it would reuse next
+// (kMaxBatchesInFlight batches back) is still being processed (no barrier between batches).
 void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptions& opts, unsigned threads,
                   AnalysisResult& result, OpStatsAccumulator& stats, EngineCounters& counters,
                   std::vector<Chain>& chains) {
@@ -300,8 +319,29 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
   const std::vector<std::vector<char>> group_sets = by_group ? split_groups(compiled, threads, stats_bin,
                                                                             pool[0]->batch.view())
                                                              : std::vector<std::vector<char>>{};
+  // By group, a router walks each batch once for every shard (Shard::route), unless
+  // INGERO_SHARED_ROUTE=0 (benchmarks: docs/performance.md, part 17).
+  const char* shared_env = std::getenv("INGERO_SHARED_ROUTE");
+  const bool use_router = by_group && !(shared_env && std::string_view(shared_env) == "0");
   const bool global = !by_group && compiled.has_global;
   const unsigned n_nodes = by_group ? static_cast<unsigned>(group_sets.size()) : n_pid + (global ? 1 : 0);
+
+  // The join spill budget is the run's: shared out between the shards (at least 1 MiB each).
+  ShardTuning tuning;
+  if (opts.join_resident_bytes > 0)
+    tuning.join_resident_bytes = std::max<size_t>(opts.join_resident_bytes / std::max(n_nodes, 1U), size_t{1} << 20);
+  // The router: a shard of every group that only routes (its own node, below). It keeps the
+  // per-op statistics but for the durations the carrying group's window states hold: the shard
+  // that runs that group adds those.
+  std::unique_ptr<Shard> router;
+  std::vector<char> stats_nodes(group_sets.size(), 0);
+  if (stats_bin < group_sets.size()) stats_nodes[stats_bin] = 1;
+  if (use_router) {
+    router = std::make_unique<Shard>(compiled, ShardTier::kBoth, opts.compute_stats, tuning);
+    const int carried = router->carried_stats_group();
+    for (unsigned i = 0; i < group_sets.size(); ++i)
+      stats_nodes[i] = carried >= 0 && group_sets[i][static_cast<size_t>(carried)] ? 1 : 0;
+  }
 
   // The source thread blocks while workers run: give the arena `threads` workers of its own.
   // oneTBB's default pool has hardware_concurrency - 1 workers; raise it when that is fewer.
@@ -310,17 +350,12 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
   if (tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism) < want)
     more_workers.emplace(tbb::global_control::max_allowed_parallelism, want);
   tbb::task_arena arena(static_cast<int>(threads) + 1, 1);
-
-  // The join spill budget is the run's: shared out between the shards (at least 1 MiB each).
-  ShardTuning tuning;
-  if (opts.join_resident_bytes > 0)
-    tuning.join_resident_bytes = std::max<size_t>(opts.join_resident_bytes / std::max(n_nodes, 1U), size_t{1} << 20);
   std::vector<std::unique_ptr<Shard>> shards;
   for (unsigned i = 0; i < n_pid; ++i)
     shards.push_back(std::make_unique<Shard>(compiled, ShardTier::kPid, opts.compute_stats, tuning));
   if (global) shards.push_back(std::make_unique<Shard>(compiled, ShardTier::kGlobal, false, tuning));
   for (unsigned i = 0; i < group_sets.size(); ++i)
-    shards.push_back(std::make_unique<Shard>(compiled, ShardTier::kBoth, opts.compute_stats && i == stats_bin, tuning,
+    shards.push_back(std::make_unique<Shard>(compiled, ShardTier::kBoth, opts.compute_stats && stats_nodes[i], tuning,
                                              group_sets[i]));
   // Written by each shard's own node at the final batch, read after the graph is done.
   std::vector<ShardOutput> finals(n_nodes);
@@ -363,6 +398,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
               // its input past process().
               if (is_global) {
                 in.owned = EventsPtr(EventsPtr(), &w->batch.view());
+                if (router) in.routed = &w->routed;
               } else {
                 foreign->clear();
                 for (size_t i = 0; i < w->host_wide.size(); ++i)
@@ -391,12 +427,30 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
             // at once: nothing here touches *w after the decrement but the notify).
             if (w->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
               done_events.fetch_add(n_events, std::memory_order_relaxed);
-              w->pending.notify_all();
+              futex_wake_all(w->pending);
             }
             return tbb::flow::continue_msg();
           }));
     }
 
+    // By group: a node of its own routes each batch (serial, so in order) and hands it on to every
+    // shard node. The workers share the routing with the shards: routing on the source thread
+    // made it a third busy thread on two cores (docs/performance.md, part 17).
+    std::unique_ptr<tbb::flow::function_node<Work*, tbb::flow::continue_msg>> router_node;
+    if (router)
+      router_node = std::make_unique<tbb::flow::function_node<Work*, tbb::flow::continue_msg>>(
+          g, tbb::flow::serial, [&](Work* w) {
+            try {
+              router->route(w->batch.view(), w->routed);
+            } catch (...) {
+              // Counted; the shards then see no event of this batch (no half-made lists).
+              node_errors.fetch_add(1);
+              std::fill(w->routed.sizes.begin(), w->routed.sizes.end(), size_t{0});
+              w->routed.exits.clear();
+            }
+            for (auto& node : nodes) node->try_put(w);
+            return tbb::flow::continue_msg();
+          });
     bool saw_final = false;
     uint64_t trace_end = 0;
     const ShardOfPid shard_of_pid(n_pid);
@@ -406,10 +460,14 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
         saw_final = first_final;  // read before the shards were made
       } else {
         // Bound the batches in flight (memory): wait until every node is done with this Work.
+        // With a nudge: oneTBB can miss waking its workers when this thread spawns a task
+        // (try_put below) and then blocks outside the scheduler, leaving the task in this thread's
+        // pool while every worker sleeps (uxlfoundation/oneTBB#1684; seen here once in about 15
+        // two-thread runs of big5m.db). After 20 ms without this Work coming back, an empty
+        // enqueued task wakes a worker, which then steals the stranded one.
         for (unsigned p = w.pending.load(std::memory_order_acquire); p != 0;
-             p = w.pending.load(std::memory_order_acquire)) {
-          w.pending.wait(p, std::memory_order_acquire);
-        }
+             p = w.pending.load(std::memory_order_acquire))
+          if (!futex_wait_for(w.pending, p, 20'000'000)) arena.enqueue([] {});
         // A source may append to the batch it is given: hand it an empty one (capacity kept).
         w.batch.events.clear();
         w.batch.lent = nullptr;
@@ -423,13 +481,19 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
       if (!by_group) route(w, shard_of_pid, trace_end);  // by group, each shard reads the batch as it is
       w.trace_end = trace_end;
       w.pending.store(n_nodes, std::memory_order_release);
-      for (auto& node : nodes) node->try_put(&w);
+      if (router_node) {
+        router_node->try_put(&w);
+      } else {
+        for (auto& node : nodes) node->try_put(&w);
+      }
       if (opts.on_progress && (counters.batches % 8 == 0 || saw_final)) opts.on_progress(done_events.load());
     }
     g.wait_for_all();
   });
   counters.node_errors += node_errors.load();
   for (const auto& f : finals) merge_final(f, result, stats, counters);
+  if (router)
+    if (const auto rs = router->take_stats()) stats.merge(*rs);
 }
 
 }  // namespace

@@ -1044,6 +1044,9 @@ struct Shard::Impl {
   std::vector<std::vector<const Event*>> sink_events;
   std::vector<size_t> sink_sizes;
   std::vector<const Event**> sink_cursor;
+  // Per sink, where this batch's list starts: sink_events[k], or another shard's routing pass
+  // (ShardInput::routed).
+  std::vector<const Event* const*> sink_data;
   // This shard's routes, to sinks (RouteTarget::group holds a sink index here): its tier's plan
   // routes (to the sinks of the window groups' streams, once per stream) plus, for the same codes, the
   // streams the routing pass fills itself instead of compute() scanning the batch once per
@@ -1114,6 +1117,7 @@ struct Shard::Impl {
   // added whole). Given up for good (give_up_stats_group) at a duration of 2^53 ns or more, where
   // the window's quantile takes a rounded value (AggregateState::duration_value).
   int stats_group = -1;
+  uint64_t route_carried_bits = 0;  // route_batch's OR of the carried events' durations
   uint16_t site_key_of(uint64_t stack_id) {
     if (stack_id == 0) return 0;
     if (const auto it = site_memo.find(stack_id); it != site_memo.end()) return it->second;
@@ -1254,13 +1258,17 @@ struct Shard::Impl {
   // (merged now, and not again at their close), and this batch's carried events, which the
   // routing pass gave only their totals, give their durations now. From here on every event is
   // added whole.
-  void give_up_stats_group(const ShardInput& in) {
-    windows[static_cast<size_t>(stats_group)]->for_each_open([&](WinState& w) {
-      if (w.ready) merge_into_stats(w);
-    });
-    for_each_selected(*in.owned, in.indexed, in.owned_at, [&](const Event& e) {
-      if (code_routes[static_cast<unsigned>(e.source) << 8 | e.op].carried) stats->add_duration(e);
-    });
+  // `in` null: the batch was routed by another shard (route()), whose statistics took this
+  // batch's carried durations when it gave up its own carrying.
+  void give_up_stats_group(const ShardInput* in) {
+    if (stats_group >= 0)
+      windows[static_cast<size_t>(stats_group)]->for_each_open([&](WinState& w) {
+        if (w.ready) merge_into_stats(w);
+      });
+    if (in)
+      for_each_selected(*in->owned, in->indexed, in->owned_at, [&](const Event& e) {
+        if (code_routes[static_cast<unsigned>(e.source) << 8 | e.op].carried) stats->add_duration(e);
+      });
     for (CodeRoute& cr : code_routes) cr.carried = 0;
     stats_group = -1;
   }
@@ -1378,6 +1386,7 @@ struct Shard::Impl {
     sink_events.resize(switch_sink + 1);
     sink_sizes.assign(switch_sink + 1, 0);
     sink_cursor.assign(switch_sink + 1, nullptr);
+    sink_data.assign(switch_sink + 1, nullptr);
     build_range_codes();
   }
   // range_codes, range_fields, range_targets (see RangeCode): after the code lists are built.
@@ -1495,7 +1504,7 @@ struct Shard::Impl {
   }
   // Whether the routing pass fills sink k this shard.
   bool sink_active(size_t k) const { return k < switch_sink ? stream_sink[k] != 0 : route_switches; }
-  std::span<const Event* const> sink(size_t k) const { return {sink_events[k].data(), sink_sizes[k]}; }
+  std::span<const Event* const> sink(size_t k) const { return {sink_data[k], sink_sizes[k]}; }
   // The owned events of stream i this batch (computed already unless it is the scan).
   std::span<const Event* const> owned_list(size_t i) const {
     return prerouted[i] ? sink(i) : std::span<const Event* const>(owned_out[i]);
@@ -1733,6 +1742,100 @@ struct Shard::Impl {
     }
   }
 
+  // The routing pass over the batch into `lists` (one per sink, sized here for the whole batch
+  // at most once per growth: they keep their size between batches), which sink() then reads:
+  // the batch's range checks answered, trace end, exits, per-op statistics (carried codes their
+  // totals only, their durations ORed into route_carried_bits) and, per sink, the events its
+  // routes keep (routes_), in batch order.
+  void route_batch(const ShardInput& in, std::vector<std::vector<const Event*>>& lists) {
+    const size_t n = in.indexed ? in.owned_at.size() : in.owned->size();
+    answer_range_checks(in);
+    lists.resize(sink_cursor.size());
+    for (size_t g = 0; g < sink_cursor.size(); ++g) {
+      sink_cursor[g] = nullptr;
+      if (!sink_active(g)) continue;
+      if (lists[g].size() < n) lists[g].resize(n);
+      sink_cursor[g] = lists[g].data();
+    }
+    // What the loop reads or updates per event, in locals (no member reloads after each store).
+    uint64_t end_max = last_ts;
+    OpStatsAccumulator* const op_stats = stats.get();
+    const CodeRoute* const code_route = code_routes.data();
+    const uint32_t* const items = route_items.data();
+    const RouteTarget* const targets = routes_.targets.data();
+    const CheckedTarget* const checked = checked_targets.data();
+    const Event*** const cursors = sink_cursor.data();
+    uint64_t carried_dur_bits = 0;  // OR of the carried events' durations (give_up_stats_group)
+    for_each_selected(*in.owned, in.indexed, in.owned_at, [&] [[gnu::always_inline]] (const Event& e) {
+      end_max = std::max(end_max, e.end_ns());
+      if (e.source == Source::kHost && e.op == op::kProcessExit) [[unlikely]]
+        exited[e.pid] = e.ts_ns;
+      const CodeRoute cr = code_route[static_cast<unsigned>(e.source) << 8 | e.op];
+      if (op_stats) {
+        if (cr.carried) {
+          op_stats->add_totals(e);
+          carried_dur_bits |= e.dur_ns;
+        } else {
+          op_stats->add(e);
+        }
+      }
+      const uint32_t* const it = items + cr.begin;
+      for (uint32_t i = 0; i < cr.plain; ++i) *cursors[it[i]]++ = &e;
+      for (uint32_t i = cr.plain, end = cr.plain + cr.checked; i < end; ++i) [[unlikely]] {
+          const CheckedTarget& ct = checked[it[i]];
+          bool pass;
+          if (ct.mode == CheckedTarget::kRange) {
+            pass = RouteCheck::in_range(RouteCheck::small_field(e, ct.field), ct.lo, ct.span) != ct.negate;
+          } else {
+            pass = (ct.mode != CheckedTarget::kStackFirst || e.stack_id != 0) &&
+                   route_checks_hold(targets[ct.target], e);
+          }
+          if (pass) *cursors[ct.sink]++ = &e;
+        }
+    });
+    last_ts = end_max;
+    route_carried_bits = carried_dur_bits;
+    for (size_t g = 0; g < sink_cursor.size(); ++g) {
+      sink_data[g] = sink_cursor[g] ? lists[g].data() : nullptr;
+      sink_sizes[g] = sink_cursor[g] ? static_cast<size_t>(sink_cursor[g] - lists[g].data()) : 0;
+    }
+  }
+
+  // A batch the router (a shard of every window group, route()) walked for this one: its sinks,
+  // trace end and exits. The router's per-op statistics took every event's total (and the
+  // durations this shard's stats_group does not carry); it says when carrying stops.
+  void take_routed(const RoutedBatch& r) {
+    last_ts = std::max(last_ts, r.end_max);
+    for (const auto& [pid, ts] : r.exits) exited[pid] = ts;
+    for (size_t k = 0; k < sink_data.size(); ++k) {
+      const bool have = sink_active(k) && k < r.sizes.size();
+      sink_data[k] = have ? r.lists[k].data() : nullptr;
+      sink_sizes[k] = have ? r.sizes[k] : 0;
+    }
+    if (r.gave_up_stats && stats) give_up_stats_group(nullptr);
+  }
+
+  void route(const std::vector<Event>& events, RoutedBatch& out) {
+    ShardInput in;
+    in.owned = EventsPtr(EventsPtr(), &events);
+    exited.clear();
+    const uint64_t before = last_ts;
+    last_ts = 0;
+    route_batch(in, out.lists);
+    out.end_max = last_ts;
+    last_ts = std::max(before, last_ts);
+    out.exits.assign(exited.begin(), exited.end());
+    out.sizes.assign(sink_sizes.begin(), sink_sizes.end());
+
+    out.gave_up_stats = false;
+    if (route_carried_bits >> 53) [[unlikely]] {
+      give_up_stats_group(&in);
+      out.gave_up_stats = true;
+    }
+  }
+  int carried_stats_group() const { return stats_group; }
+  std::unique_ptr<OpStatsAccumulator> take_stats() { return std::move(stats); }
+
   ShardOutput process(const ShardInput& in) {
     ShardOutput out;
     ++counters.batches;
@@ -1748,57 +1851,13 @@ struct Shard::Impl {
       // sink in batch order and fed group by group below (feeding each event to all its groups
       // at once measured slower: more branch misses and a larger working set per event).
       counters.events_in += in.indexed ? in.owned_at.size() : in.owned->size();
-      // Every active sink gets room for the whole batch (at most once per sink growth: the
-      // lists keep their size between batches).
-      const size_t n = in.indexed ? in.owned_at.size() : in.owned->size();
-      answer_range_checks(in);
-      for (size_t g = 0; g < sink_events.size(); ++g) {
-        sink_cursor[g] = nullptr;
-        if (!sink_active(g)) continue;
-        if (sink_events[g].size() < n) sink_events[g].resize(n);
-        sink_cursor[g] = sink_events[g].data();
+      if (in.routed) {
+        take_routed(*in.routed);
+      } else {
+        route_batch(in, sink_events);
+        if (route_carried_bits >> 53) [[unlikely]]
+          give_up_stats_group(&in);
       }
-      // What the loop reads or updates per event, in locals (no member reloads after each store).
-      uint64_t end_max = last_ts;
-      OpStatsAccumulator* const op_stats = stats.get();
-      const CodeRoute* const code_route = code_routes.data();
-      const uint32_t* const items = route_items.data();
-      const RouteTarget* const targets = routes_.targets.data();
-      const CheckedTarget* const checked = checked_targets.data();
-      const Event*** const cursors = sink_cursor.data();
-      uint64_t carried_dur_bits = 0;  // OR of the carried events' durations (give_up_stats_group)
-      for_each_selected(*in.owned, in.indexed, in.owned_at, [&] [[gnu::always_inline]] (const Event& e) {
-        end_max = std::max(end_max, e.end_ns());
-        if (e.source == Source::kHost && e.op == op::kProcessExit) [[unlikely]]
-          exited[e.pid] = e.ts_ns;
-        const CodeRoute cr = code_route[static_cast<unsigned>(e.source) << 8 | e.op];
-        if (op_stats) {
-          if (cr.carried) {
-            op_stats->add_totals(e);
-            carried_dur_bits |= e.dur_ns;
-          } else {
-            op_stats->add(e);
-          }
-        }
-        const uint32_t* const it = items + cr.begin;
-        for (uint32_t i = 0; i < cr.plain; ++i) *cursors[it[i]]++ = &e;
-        for (uint32_t i = cr.plain, end = cr.plain + cr.checked; i < end; ++i) [[unlikely]] {
-            const CheckedTarget& ct = checked[it[i]];
-            bool pass;
-            if (ct.mode == CheckedTarget::kRange) {
-              pass = RouteCheck::in_range(RouteCheck::small_field(e, ct.field), ct.lo, ct.span) != ct.negate;
-            } else {
-              pass = (ct.mode != CheckedTarget::kStackFirst || e.stack_id != 0) &&
-                     route_checks_hold(targets[ct.target], e);
-            }
-            if (pass) *cursors[ct.sink]++ = &e;
-          }
-      });
-      last_ts = end_max;
-      for (size_t g = 0; g < sink_events.size(); ++g)
-        if (sink_cursor[g]) sink_sizes[g] = static_cast<size_t>(sink_cursor[g] - sink_events[g].data());
-      if (carried_dur_bits >> 53) [[unlikely]]
-        give_up_stats_group(in);
     }
 
     const uint64_t wm = in.final ? kFinal : in.watermark;
@@ -2304,5 +2363,8 @@ Shard::Shard(const CompiledPlan& plan, ShardTier tier, bool compute_stats, const
     : impl_(std::make_unique<Impl>(plan, tier, compute_stats, tuning, std::move(groups))) {}
 Shard::~Shard() = default;
 ShardOutput Shard::process(const ShardInput& in) { return impl_->process(in); }
+void Shard::route(const std::vector<Event>& events, RoutedBatch& out) { impl_->route(events, out); }
+int Shard::carried_stats_group() const { return impl_->carried_stats_group(); }
+std::unique_ptr<OpStatsAccumulator> Shard::take_stats() { return impl_->take_stats(); }
 
 }  // namespace ingero

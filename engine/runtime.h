@@ -16,6 +16,9 @@
 //   join buffers (owned + broadcast host-wide events), then closes windows at the watermark and
 //   runs their rows through the stages, then evicts and prunes join spans (ShardTuning).
 //   finish() closes everything at the final watermark.
+// - route(batch, out): a router's one routing pass for shards that each run some window groups
+//   (two threads split by group), which then read its lists (ShardInput::routed) instead of
+//   walking the batch.
 #pragma once
 
 #include <cstdint>
@@ -169,6 +172,21 @@ bool is_host_wide(const Event& e);
 
 using EventsPtr = std::shared_ptr<const std::vector<Event>>;
 
+// One batch's routing pass, made once for several shards that read the same events (two threads
+// split by window group: Shard::route in the router's flow-graph node). Per sink (a stream index, or the
+// stream count for the sched_switch list), the batch's events it keeps, in batch order: the first
+// sizes[k] of lists[k], pointers into the batch. A shard handed one (ShardInput::routed) reads its
+// sinks here instead of walking the batch itself.
+struct RoutedBatch {
+  std::vector<std::vector<const Event*>> lists;
+  std::vector<size_t> sizes;
+  std::vector<std::pair<uint32_t, uint64_t>> exits;  // HOST process_exit: pid, its last exit's ts
+  uint64_t end_max = 0;                              // the latest event end (ts + dur) in the batch
+  // The router stopped carrying the per-op statistics' durations in window states at this batch
+  // (a duration of 2^53 ns or more); the shard that carries them stops too (Shard: stats_group).
+  bool gave_up_stats = false;
+};
+
 struct ShardInput {
   EventsPtr owned;    // events this shard owns (windows, stats); shared, never copied
   EventsPtr foreign;  // host-wide events owned by another shard (joins only); may be null
@@ -178,6 +196,9 @@ struct ShardInput {
   // copies instead (measured cheaper at 2 threads: see its run_parallel).
   bool indexed = false;
   std::span<const uint32_t> owned_at, foreign_at;
+  // The routing pass of *owned, made by Shard::route of a shard with every window group (not
+  // indexed then); null: the shard walks the batch itself.
+  const RoutedBatch* routed = nullptr;
   uint64_t watermark = 0;
   bool final = false;
   uint64_t dropped = 0;  // events lost upstream (carried to chains)
@@ -252,6 +273,14 @@ class Shard {
       : Shard(plan, global ? ShardTier::kGlobal : ShardTier::kPid, compute_stats, tuning) {}
   ~Shard();
   ShardOutput process(const ShardInput& in);
+  // A router: a shard of every window group that only walks batches for shards that each run
+  // some of them (ShardInput::routed). route() makes its routing pass over `events` into `out`
+  // (reusing its capacity) and gives its per-op statistics each event's total and the durations
+  // no window group carries; the shard holding the group carried_stats_group() (-1: none) adds
+  // those from its window states. take_stats() hands over the router's statistics after the run.
+  void route(const std::vector<Event>& events, RoutedBatch& out);
+  int carried_stats_group() const;
+  std::unique_ptr<OpStatsAccumulator> take_stats();
 
  private:
   struct Impl;
