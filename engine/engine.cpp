@@ -447,6 +447,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
               node_errors.fetch_add(1);
               std::fill(w->routed.sizes.begin(), w->routed.sizes.end(), size_t{0});
               w->routed.exits.clear();
+              w->routed.gave_up_stats = false;
             }
             for (auto& node : nodes) node->try_put(w);
             return tbb::flow::continue_msg();
@@ -478,7 +479,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
       }
       w.dropped = source.meta().health.dropped_events;
       w.names = feed.names();
-      if (!by_group) route(w, shard_of_pid, trace_end);  // by group, each shard reads the batch as it is
+      if (!by_group) route(w, shard_of_pid, trace_end);  // by group: the router node, or each shard, reads it
       w.trace_end = trace_end;
       w.pending.store(n_nodes, std::memory_order_release);
       if (router_node) {

@@ -1815,18 +1815,16 @@ struct Shard::Impl {
     if (r.gave_up_stats && stats) give_up_stats_group(nullptr);
   }
 
+  // Shard::route: this batch's exits only (exited is cleared per batch), and the latest event end
+  // so far (the shards keep the running maximum too).
   void route(const std::vector<Event>& events, RoutedBatch& out) {
     ShardInput in;
     in.owned = EventsPtr(EventsPtr(), &events);
     exited.clear();
-    const uint64_t before = last_ts;
-    last_ts = 0;
     route_batch(in, out.lists);
     out.end_max = last_ts;
-    last_ts = std::max(before, last_ts);
     out.exits.assign(exited.begin(), exited.end());
     out.sizes.assign(sink_sizes.begin(), sink_sizes.end());
-
     out.gave_up_stats = false;
     if (route_carried_bits >> 53) [[unlikely]] {
       give_up_stats_group(&in);
