@@ -1117,7 +1117,6 @@ struct Shard::Impl {
   // added whole). Given up for good (give_up_stats_group) at a duration of 2^53 ns or more, where
   // the window's quantile takes a rounded value (AggregateState::duration_value).
   int stats_group = -1;
-  uint64_t route_carried_bits = 0;  // route_batch's OR of the carried events' durations
   uint16_t site_key_of(uint64_t stack_id) {
     if (stack_id == 0) return 0;
     if (const auto it = site_memo.find(stack_id); it != site_memo.end()) return it->second;
@@ -1745,9 +1744,9 @@ struct Shard::Impl {
   // The routing pass over the batch into `lists` (one per sink, sized here for the whole batch
   // at most once per growth: they keep their size between batches), which sink() then reads:
   // the batch's range checks answered, trace end, exits, per-op statistics (carried codes their
-  // totals only, their durations ORed into route_carried_bits) and, per sink, the events its
-  // routes keep (routes_), in batch order.
-  void route_batch(const ShardInput& in, std::vector<std::vector<const Event*>>& lists) {
+  // totals only) and, per sink, the events its routes keep (routes_), in batch order. Returns the
+  // OR of the carried events' durations (a bit at 2^53 or above: give_up_stats_group).
+  uint64_t route_batch(const ShardInput& in, std::vector<std::vector<const Event*>>& lists) {
     const size_t n = in.indexed ? in.owned_at.size() : in.owned->size();
     answer_range_checks(in);
     lists.resize(sink_cursor.size());
@@ -1794,11 +1793,11 @@ struct Shard::Impl {
         }
     });
     last_ts = end_max;
-    route_carried_bits = carried_dur_bits;
     for (size_t g = 0; g < sink_cursor.size(); ++g) {
       sink_data[g] = sink_cursor[g] ? lists[g].data() : nullptr;
       sink_sizes[g] = sink_cursor[g] ? static_cast<size_t>(sink_cursor[g] - lists[g].data()) : 0;
     }
+    return carried_dur_bits;
   }
 
   // A batch the router (a shard of every window group, route()) walked for this one: its sinks,
@@ -1821,12 +1820,12 @@ struct Shard::Impl {
     ShardInput in;
     in.owned = EventsPtr(EventsPtr(), &events);
     exited.clear();
-    route_batch(in, out.lists);
+    const uint64_t carried_dur_bits = route_batch(in, out.lists);
     out.end_max = last_ts;
     out.exits.assign(exited.begin(), exited.end());
     out.sizes.assign(sink_sizes.begin(), sink_sizes.end());
     out.gave_up_stats = false;
-    if (route_carried_bits >> 53) [[unlikely]] {
+    if (carried_dur_bits >> 53) [[unlikely]] {
       give_up_stats_group(&in);
       out.gave_up_stats = true;
     }
@@ -1852,8 +1851,7 @@ struct Shard::Impl {
       if (in.routed) {
         take_routed(*in.routed);
       } else {
-        route_batch(in, sink_events);
-        if (route_carried_bits >> 53) [[unlikely]]
+        if (route_batch(in, sink_events) >> 53) [[unlikely]]
           give_up_stats_group(&in);
       }
     }
