@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -141,6 +142,11 @@ void route(Work& w, const ShardOfPid& shard_of_pid, uint64_t& trace_end) {
 // 32 of them raised explain's peak RSS at 2 threads on big5m.db from 99-104 MB to 114-120 MB; 16
 // (with the lists grown by a quarter) gave 102-108 MB.
 constexpr int kMaxBatchesInFlight = 16;
+// When the ring is full, the source sleeps until this many Works are free and then refills them
+// in a row: one wake-up of the source thread per kRefillBatches batches instead of one per batch
+// (a third busy thread on two cores otherwise preempts a worker at every batch; part 18 of
+// docs/performance.md: 3.5x fewer context switches, 2-4 % less CPU at two threads).
+constexpr int kRefillBatches = kMaxBatchesInFlight / 2;
 
 // Waits while `word` holds `seen`, at most `timeout_ns`; false when the time ran out. A wake-up
 // may be spurious: callers check the word again. (std::atomic::wait has no timeout.)
@@ -241,9 +247,10 @@ void run_serial(CompiledPlan& compiled, EventSource& source, const EngineOptions
 // 1, duration sum/min/max 2, a duration quantile 1.6, both 2.6, a call buffer for joins 3 more.
 // Heaviest first into the lightest bin. Returns one mask per bin and, in `stats_bin`, the bin of
 // the heaviest group whose states can carry the per-op statistics' durations (keyed by source and
-// op, with a duration quantile: Shard::Impl::choose_stats_group).
+// op, with a duration quantile: Shard::Impl::choose_stats_group), and in `router_bin` the bin
+// whose shard runs beside the router (run_parallel).
 std::vector<std::vector<char>> split_groups(const CompiledPlan& plan, unsigned bins, unsigned& stats_bin,
-                                            const std::vector<Event>& sample) {
+                                            unsigned& router_bin, const std::vector<Event>& sample) {
   const size_t n = plan.groups.size();
   std::vector<uint64_t> events(n, 0);
   for (size_t g = 0; g < n; ++g)
@@ -286,6 +293,13 @@ std::vector<std::vector<char>> split_groups(const CompiledPlan& plan, unsigned b
       stats_bin = bin;
     }
   }
+  // The lightest bin but the heaviest group's (bin 0, where the first placement put it): that
+  // group costs more than the model says (on big5m.db the tail group's shard took 0.107 s
+  // against 0.047 s for the other five groups', weighed 19.9 k and 20.6 k), so it never runs
+  // beside the router.
+  router_bin = bins > 1 ? 1 : 0;
+  for (unsigned b = 2; b < bins; ++b)
+    if (load[b] < load[router_bin]) router_bin = b;
   return masks;
 }
 
@@ -315,8 +329,8 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
   // balanced on.
   SourceFeed feed(source, compiled);
   const bool first_final = feed.next(pool[0]->batch, counters);
-  unsigned stats_bin = 0;
-  const std::vector<std::vector<char>> group_sets = by_group ? split_groups(compiled, threads, stats_bin,
+  unsigned stats_bin = 0, router_bin = 0;
+  const std::vector<std::vector<char>> group_sets = by_group ? split_groups(compiled, threads, stats_bin, router_bin,
                                                                             pool[0]->batch.view())
                                                              : std::vector<std::vector<char>>{};
   // By group, a router walks each batch once for every shard (Shard::route), unless
@@ -376,7 +390,9 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
       return tbb::flow::continue_msg();
     });
 
-    std::vector<std::unique_ptr<tbb::flow::function_node<Work*, tbb::flow::continue_msg>>> nodes;
+    // What each shard does with a Work: run by its own node, or, for the shard the router runs
+    // (below), by the router's node.
+    std::vector<std::function<void(Work*)>> bodies;
     for (unsigned idx = 0; idx < n_nodes; ++idx) {
       // A global shard or a shard of some groups: reads the whole batch in place.
       const bool is_global = by_group || idx == n_pid;
@@ -384,53 +400,67 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
       // The host-wide events of other pid shards, gathered per batch into a buffer this node
       // reuses (its batches run one at a time).
       auto foreign = std::make_shared<std::vector<Event>>();
-      nodes.push_back(std::make_unique<tbb::flow::function_node<Work*, tbb::flow::continue_msg>>(
-          g, tbb::flow::serial, [&, idx, is_global, shard, foreign](Work* w) {
-            const size_t n_events = w->batch.view().size();
-            try {
-              ShardInput in;
-              in.watermark = w->batch.watermark;
-              in.final = w->batch.final;
-              in.dropped = idx == 0 ? w->dropped : 0;
-              in.process_names = w->names;
-              in.trace_end = w->trace_end;
-              // Borrowed (aliasing pointers that own nothing): the shard keeps no pointer into
-              // its input past process().
-              if (is_global) {
-                in.owned = EventsPtr(EventsPtr(), &w->batch.view());
-                if (router) in.routed = &w->routed;
-              } else {
-                foreign->clear();
-                for (size_t i = 0; i < w->host_wide.size(); ++i)
-                  if (w->host_wide_owner[i] != idx) foreign->push_back(w->host_wide[i]);
-                in.owned = EventsPtr(EventsPtr(), &w->owned[idx]);
-                in.foreign = EventsPtr(EventsPtr(), foreign.get());
-              }
-              ShardOutput out = shard->process(in);
-              if (in.final) {
-                finals[idx].stats = std::move(out.stats);
-                finals[idx].outcomes = std::move(out.outcomes);
-                finals[idx].counters = out.counters;
-                // Every by-group shard counts every event: the run counts them from the first.
-                finals[idx].global = out.global || (by_group && idx != 0);
-              }
-              if (!out.chains.empty()) {
-                auto o = std::make_shared<ShardOutput>();
-                o->chains = std::move(out.chains);
-                collector.try_put(o);
-              }
-            } catch (...) {
-              // An escaping exception would cancel the whole graph: count it and go on.
-              node_errors.fetch_add(1);
-            }
-            // The last node done with the Work hands it back to the source (which may reuse it
-            // at once: nothing here touches *w after the decrement but the notify).
-            if (w->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-              done_events.fetch_add(n_events, std::memory_order_relaxed);
-              futex_wake_all(w->pending);
-            }
-            return tbb::flow::continue_msg();
-          }));
+      bodies.push_back([&, idx, is_global, shard, foreign](Work* w) {
+        const size_t n_events = w->batch.view().size();
+        try {
+          ShardInput in;
+          in.watermark = w->batch.watermark;
+          in.final = w->batch.final;
+          in.dropped = idx == 0 ? w->dropped : 0;
+          in.process_names = w->names;
+          in.trace_end = w->trace_end;
+          // Borrowed (aliasing pointers that own nothing): the shard keeps no pointer into
+          // its input past process().
+          if (is_global) {
+            in.owned = EventsPtr(EventsPtr(), &w->batch.view());
+            if (router) in.routed = &w->routed;
+          } else {
+            foreign->clear();
+            for (size_t i = 0; i < w->host_wide.size(); ++i)
+              if (w->host_wide_owner[i] != idx) foreign->push_back(w->host_wide[i]);
+            in.owned = EventsPtr(EventsPtr(), &w->owned[idx]);
+            in.foreign = EventsPtr(EventsPtr(), foreign.get());
+          }
+          ShardOutput out = shard->process(in);
+          if (in.final) {
+            finals[idx].stats = std::move(out.stats);
+            finals[idx].outcomes = std::move(out.outcomes);
+            finals[idx].counters = out.counters;
+            // Every by-group shard counts every event: the run counts them from the first.
+            finals[idx].global = out.global || (by_group && idx != 0);
+          }
+          if (!out.chains.empty()) {
+            auto o = std::make_shared<ShardOutput>();
+            o->chains = std::move(out.chains);
+            collector.try_put(o);
+          }
+        } catch (...) {
+          // An escaping exception would cancel the whole graph: count it and go on.
+          node_errors.fetch_add(1);
+        }
+        // The last node done with the Work hands it back to the source (which may reuse it
+        // at once: nothing here touches *w after the decrement but the notify).
+        if (w->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+          done_events.fetch_add(n_events, std::memory_order_relaxed);
+          futex_wake_all(w->pending);
+        }
+      });
+    }
+    // With a router, the shard of a light group set (split_groups) runs in the router's node, right after
+    // the routing pass, on the batch that pass has just brought into this core's cache (as its
+    // own node, it read every event again from the other core: 0.047-0.049 s of shard time on
+    // big5m.db against 0.027-0.028 here). The router's node and the heaviest shard's then make
+    // two serial stages of about equal length for two workers (docs/performance.md, part 18).
+    const int in_router = router && n_nodes > 1 ? static_cast<int>(router_bin) : -1;
+    std::vector<std::unique_ptr<tbb::flow::function_node<Work*, tbb::flow::continue_msg>>> nodes;
+    for (unsigned idx = 0; idx < n_nodes; ++idx) {
+      if (static_cast<int>(idx) == in_router) continue;
+      nodes.push_back(
+          std::make_unique<tbb::flow::function_node<Work*, tbb::flow::continue_msg>>(g, tbb::flow::serial,
+                                                                                     [&bodies, idx](Work* w) {
+                                                                                       bodies[idx](w);
+                                                                                       return tbb::flow::continue_msg();
+                                                                                     }));
     }
 
     // By group: a node of its own routes each batch (serial, so in order) and hands it on to every
@@ -450,6 +480,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
               w->routed.gave_up_stats = false;
             }
             for (auto& node : nodes) node->try_put(w);
+            if (in_router >= 0) bodies[static_cast<size_t>(in_router)](w);
             return tbb::flow::continue_msg();
           });
     bool saw_final = false;
@@ -464,11 +495,17 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
         // With a nudge: oneTBB can miss waking its workers when this thread spawns a task
         // (try_put below) and then blocks outside the scheduler, leaving the task in this thread's
         // pool while every worker sleeps (uxlfoundation/oneTBB#1684; seen here once in about 15
-        // two-thread runs of big5m.db). After 20 ms without this Work coming back, an empty
+        // two-thread runs of big5m.db). After 20 ms without a Work coming back, an empty
         // enqueued task wakes a worker, which then steals the stranded one.
-        for (unsigned p = w.pending.load(std::memory_order_acquire); p != 0;
-             p = w.pending.load(std::memory_order_acquire))
-          if (!futex_wait_for(w.pending, p, 20'000'000)) arena.enqueue([] {});
+        auto wait_idle = [&](Work& x) {
+          for (unsigned p = x.pending.load(std::memory_order_acquire); p != 0;
+               p = x.pending.load(std::memory_order_acquire))
+            if (!futex_wait_for(x.pending, p, 20'000'000)) arena.enqueue([] {});
+        };
+        // Works come back in order (every node is serial and takes them in order), so when this
+        // one is busy, waiting for the one kRefillBatches - 1 further on frees that many.
+        if (w.pending.load(std::memory_order_acquire) != 0) wait_idle(*pool[(seq + kRefillBatches - 1) % pool.size()]);
+        wait_idle(w);
         // A source may append to the batch it is given: hand it an empty one (capacity kept).
         w.batch.events.clear();
         w.batch.lent = nullptr;
