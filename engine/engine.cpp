@@ -400,7 +400,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
       // The host-wide events of other pid shards, gathered per batch into a buffer this node
       // reuses (its batches run one at a time).
       auto foreign = std::make_shared<std::vector<Event>>();
-      bodies.push_back([&, idx, is_global, shard, foreign](Work* w) {
+      bodies.emplace_back([&, idx, is_global, shard, foreign](Work* w) {
         const size_t n_events = w->batch.view().size();
         try {
           ShardInput in;
