@@ -145,7 +145,7 @@ constexpr int kMaxBatchesInFlight = 16;
 // When the ring is full, the source sleeps until this many Works are free and then refills them
 // in a row: one wake-up of the source thread per kRefillBatches batches instead of one per batch
 // (a third busy thread on two cores otherwise preempts a worker at every batch; part 18 of
-// docs/performance.md: 3.5x fewer context switches, 2-4 % less CPU at two threads).
+// docs/performance.md: about 5x fewer context switches, 3 % less CPU at two threads).
 constexpr int kRefillBatches = kMaxBatchesInFlight / 2;
 
 // Waits while `word` holds `seen`, at most `timeout_ns`; false when the time ran out. A wake-up
@@ -446,26 +446,28 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
         }
       });
     }
-    // With a router, the shard of a light group set (split_groups) runs in the router's node, right after
-    // the routing pass, on the batch that pass has just brought into this core's cache (as its
-    // own node, it read every event again from the other core: 0.047-0.049 s of shard time on
-    // big5m.db against 0.027-0.028 here). The router's node and the heaviest shard's then make
-    // two serial stages of about equal length for two workers (docs/performance.md, part 18).
+    // With a router, the shard of a light group set (split_groups) runs in the router's node,
+    // right after the routing pass, on the batch that pass has just brought into this core's
+    // cache (in a node of its own it read every event again from the other core: 0.047-0.049 s
+    // of shard time on big5m.db against 0.027-0.028 here). The router's node and the heaviest
+    // shard's then make two serial stages of about equal length for two workers
+    // (docs/performance.md, part 18).
     const int in_router = router && n_nodes > 1 ? static_cast<int>(router_bin) : -1;
     std::vector<std::unique_ptr<tbb::flow::function_node<Work*, tbb::flow::continue_msg>>> nodes;
     for (unsigned idx = 0; idx < n_nodes; ++idx) {
       if (static_cast<int>(idx) == in_router) continue;
+      auto run = [&bodies, idx](Work* w) {
+        bodies[idx](w);
+        return tbb::flow::continue_msg();
+      };
       nodes.push_back(
-          std::make_unique<tbb::flow::function_node<Work*, tbb::flow::continue_msg>>(g, tbb::flow::serial,
-                                                                                     [&bodies, idx](Work* w) {
-                                                                                       bodies[idx](w);
-                                                                                       return tbb::flow::continue_msg();
-                                                                                     }));
+          std::make_unique<tbb::flow::function_node<Work*, tbb::flow::continue_msg>>(g, tbb::flow::serial, run));
     }
 
-    // By group: a node of its own routes each batch (serial, so in order) and hands it on to every
-    // shard node. The workers share the routing with the shards: routing on the source thread
-    // made it a third busy thread on two cores (docs/performance.md, part 17).
+    // By group: a node of its own routes each batch (serial, so in order), hands it on to the
+    // other shard nodes and runs the shard beside it. The workers share the routing with the
+    // shards: routing on the source thread made it a third busy thread on two cores
+    // (docs/performance.md, part 17).
     std::unique_ptr<tbb::flow::function_node<Work*, tbb::flow::continue_msg>> router_node;
     if (router)
       router_node = std::make_unique<tbb::flow::function_node<Work*, tbb::flow::continue_msg>>(
