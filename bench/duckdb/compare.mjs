@@ -2,6 +2,7 @@
 //
 //   node bench/duckdb/compare.mjs [--trace /tmp/big5m.db] [--bin build/ingero-pipeline]
 //        [--work /tmp/ingero-duck] [--reuse-csv] [--ours "bench --json ..."] [--markdown FILE]
+//        [--rounds N]
 //
 // What it does, in one process run:
 // 1. export: DuckDB's sqlite extension is downloaded on demand (it is not in the npm package) and
@@ -16,6 +17,10 @@
 //    tail_offcpu_rule   the same join with the rule pack's threshold (cpu_contention:
 //                   duration >= max(p95, 3 * p50)), to cross-check the counts with our chains
 // 4. ours: `ingero-pipeline bench --trace T --json` under /usr/bin/time, in the same run.
+// 5. --rounds N (N > 1): N more rounds of DuckDB's (a) stats and (b) p99 join on the loaded table,
+//    each followed by `bench --trace T --no-per-rule --json` (its run phase), with each round's
+//    ratio and the median ratio: both sides move by a third between identical runs on a small VM
+//    (docs/performance.md, part 18), so one round says little.
 // Prints one JSON document on stdout; --markdown FILE also writes the side-by-side table.
 import { DuckDBInstance } from '@duckdb/node-api';
 import { spawnSync } from 'node:child_process';
@@ -25,7 +30,7 @@ import path from 'node:path';
 
 function parseArgs(argv) {
   const a = { trace: '/tmp/big5m.db', bin: 'build/ingero-pipeline', work: '/tmp/ingero-duck', reuseCsv: false,
-              ours: null, markdown: null };
+              ours: null, markdown: null, rounds: 1 };
   for (let i = 2; i < argv.length; ++i) {
     const k = argv[i];
     const v = () => { if (i + 1 >= argv.length) throw new Error(`${k} needs a value`); return argv[++i]; };
@@ -35,6 +40,10 @@ function parseArgs(argv) {
     else if (k === '--reuse-csv') a.reuseCsv = true;
     else if (k === '--ours') a.ours = v();
     else if (k === '--markdown') a.markdown = v();
+    else if (k === '--rounds') {
+      a.rounds = Number(v());
+      if (!Number.isInteger(a.rounds) || a.rounds < 1) throw new Error('--rounds needs a whole number >= 1');
+    }
     else throw new Error(`unknown argument ${k}`);
   }
   return a;
@@ -143,6 +152,25 @@ async function main() {
       result: name === 'stats' ? q.value.slice(0, 3) : q.value,
     };
   }
+  // 5. More rounds, each ratio taken in its own round.
+  if (a.rounds > 1) {
+    out.rounds = [];
+    for (let i = 0; i < a.rounds; ++i) {
+      const qa = await timed(async () => (await con.runAndReadAll(QUERIES.stats)).getRowObjectsJson());
+      const qb = await timed(async () => (await con.runAndReadAll(QUERIES.tail_offcpu_p99)).getRowObjectsJson());
+      const args = ['bench', '--trace', a.trace, '--no-per-rule', '--json'];
+      const r = timedCommand(a.bin, args);
+      if (r.status !== 0) throw new Error(`${a.bin} ${args.join(' ')} failed (${r.status}): ${r.stderr}`);
+      const run = JSON.parse(r.stdout).phases.run;
+      const duck = qa.cpu_seconds + qb.cpu_seconds;
+      out.rounds.push({ loadavg: loadavg(), duckdb_ab_cpu_seconds: duck, duckdb_ab_seconds: qa.seconds + qb.seconds,
+                        ours_run_cpu_seconds: run.cpu_seconds, ours_run_seconds: run.seconds,
+                        ratio: duck / run.cpu_seconds });
+    }
+    const sorted = out.rounds.map((x) => x.ratio).sort((x, y) => x - y);
+    const mid = sorted.length >> 1;
+    out.rounds_median_ratio = sorted.length % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
+  }
   con.closeSync?.();
   out.duckdb.process_peak_rss_mib = peakMiB();
 
@@ -187,6 +215,14 @@ function markdown(out, rule) {
   lines.push(`| (a) + (b), load included | ${f(d.load.seconds + s.seconds + t.seconds)} | ${f(d.load.cpu_seconds + s.cpu_seconds + t.cpu_seconds)} | ${f(ph.end_to_end?.seconds)} | ${f(ph.end_to_end?.cpu_seconds)} | ours: end-to-end streamed from the SQLite file, ${rate(ph.end_to_end?.seconds)}; DuckDB excludes the CSV export |`);
   lines.push(`| peak RSS | ${f(d.process_peak_rss_mib, 0)} MiB | | ${f(ph.end_to_end?.peak_rss_bytes / 2 ** 20, 0)} MiB streamed, ${f(b.peak_rss_bytes / 2 ** 20, 0)} MiB with the preloaded trace | | DuckDB: node process (table + queries) |`);
   lines.push('');
+  if (out.rounds) {
+    lines.push(`Rounds (DuckDB's (a) + (b) on the loaded table, then our bench --no-per-rule run phase; ratio of CPU seconds): median ${f(out.rounds_median_ratio, 1)}x.`);
+    lines.push('');
+    lines.push('| round | load average | DuckDB (a) + (b) CPU s | ours, run phase CPU s | ratio |');
+    lines.push('|---:|---|---:|---:|---:|');
+    out.rounds.forEach((x, i) => lines.push(`| ${i + 1} | ${x.loadavg} | ${f(x.duckdb_ab_cpu_seconds)} | ${f(x.ours_run_cpu_seconds)} | ${f(x.ratio, 1)}x |`));
+    lines.push('');
+  }
   return lines.join('\n') + '\n';
 }
 
