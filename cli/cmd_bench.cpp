@@ -136,6 +136,11 @@ class PreloadedSource final : public EventSource {
     return true;
   }
   TraceMeta& meta() override { return meta_; }
+  PrefetchHint upcoming() override {
+    if (pos_ >= batches_.size()) return {};
+    const std::vector<Event>& next = batches_[pos_].events;
+    return {next.data(), next.size() * sizeof(Event)};
+  }
 
  private:
   const std::vector<Batch>& batches_;

@@ -104,6 +104,7 @@ class TapSource final : public EventSource {
     return true;
   }
   TraceMeta& meta() override { return in_.meta(); }
+  PrefetchHint upcoming() override { return in_.upcoming(); }
 
  private:
   EventSource& in_;

@@ -111,6 +111,7 @@ struct Work {
   uint64_t dropped = 0;                   // for shard 0 only
   uint64_t trace_end = 0;                 // latest event end read so far (ShardInput::trace_end)
   std::shared_ptr<const std::map<uint32_t, std::string>> names;
+  PrefetchHint upcoming;             // the source's next batch, as it knew it (EventSource::upcoming)
   std::atomic<unsigned> pending{0};  // shard nodes that have not finished with it yet
 };
 
@@ -219,6 +220,7 @@ void run_serial(CompiledPlan& compiled, EventSource& source, const EngineOptions
     in.watermark = batch.watermark;
     in.final = batch.final;
     in.process_names = feed.names();
+    in.prefetch = source.upcoming();
     for (size_t i = 0; i < shards.size(); ++i) {
       in.dropped = i == 0 ? source.meta().health.dropped_events : 0;
       try {
@@ -390,6 +392,13 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
       return tbb::flow::continue_msg();
     });
 
+    // With a router, the shard of a light group set (split_groups) runs in the router's node,
+    // right after the routing pass, on the batch that pass has just brought into this core's
+    // cache (in a node of its own it read every event again from the other core: 0.047-0.049 s
+    // of shard time on big5m.db against 0.027-0.028 here). The router's node and the heaviest
+    // shard's then make two serial stages of about equal length for two workers
+    // (docs/performance.md, part 18).
+    const int in_router = router && n_nodes > 1 ? static_cast<int>(router_bin) : -1;
     // What each shard does with a Work: run by its own node, or, for the shard the router runs
     // (below), by the router's node.
     std::vector<std::function<void(Work*)>> bodies;
@@ -414,6 +423,9 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
           if (is_global) {
             in.owned = EventsPtr(EventsPtr(), &w->batch.view());
             if (router) in.routed = &w->routed;
+            // The next batch into this core's cache while this one is worked on (the router's
+            // routing pass does it for the shard that runs beside it). Pid shards read copies.
+            if (static_cast<int>(idx) != in_router) in.prefetch = w->upcoming;
           } else {
             foreign->clear();
             for (size_t i = 0; i < w->host_wide.size(); ++i)
@@ -446,13 +458,6 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
         }
       });
     }
-    // With a router, the shard of a light group set (split_groups) runs in the router's node,
-    // right after the routing pass, on the batch that pass has just brought into this core's
-    // cache (in a node of its own it read every event again from the other core: 0.047-0.049 s
-    // of shard time on big5m.db against 0.027-0.028 here). The router's node and the heaviest
-    // shard's then make two serial stages of about equal length for two workers
-    // (docs/performance.md, part 18).
-    const int in_router = router && n_nodes > 1 ? static_cast<int>(router_bin) : -1;
     std::vector<std::unique_ptr<tbb::flow::function_node<Work*, tbb::flow::continue_msg>>> nodes;
     for (unsigned idx = 0; idx < n_nodes; ++idx) {
       if (static_cast<int>(idx) == in_router) continue;
@@ -473,7 +478,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
       router_node = std::make_unique<tbb::flow::function_node<Work*, tbb::flow::continue_msg>>(
           g, tbb::flow::serial, [&](Work* w) {
             try {
-              router->route(w->batch.view(), w->routed);
+              router->route(w->batch.view(), w->routed, w->upcoming);
             } catch (...) {
               // Counted; the shards then see no event of this batch (no half-made lists).
               node_errors.fetch_add(1);
@@ -518,6 +523,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
       }
       w.dropped = source.meta().health.dropped_events;
       w.names = feed.names();
+      w.upcoming = source.upcoming();
       if (!by_group) route(w, shard_of_pid, trace_end);  // by group: the router node, or each shard, reads it
       w.trace_end = trace_end;
       w.pending.store(n_nodes, std::memory_order_release);

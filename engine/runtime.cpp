@@ -290,6 +290,34 @@ void for_each_selected(const std::vector<Event>& events, bool indexed, std::span
 }
 }  // namespace
 
+// Spreads the prefetch of a memory range (ShardInput::prefetch) over a pass of `items` steps:
+// each step requests the next stretch of it, two cache lines at most (about 80 bytes a step when
+// the next batch is as long as this one), and rest() the part still left after the pass. The
+// lines go to L2 (a batch of 4096 events is 320 KB there), not L1, where this pass works.
+class SpreadPrefetch {
+ public:
+  SpreadPrefetch(PrefetchHint h, size_t items)
+      : p_(static_cast<const char*>(h.data)), end_(p_ ? p_ + h.bytes : nullptr) {
+    if (p_ && items) step_ = std::min<size_t>(kMaxStep, std::max<size_t>(kLine, (h.bytes + items - 1) / items));
+    else end_ = p_;  // a pass of no steps: rest() requests it all
+  }
+  [[gnu::always_inline]] void step() {
+    if (p_ >= end_) return;
+    __builtin_prefetch(p_, 0, 2);
+    __builtin_prefetch(p_ + kLine, 0, 2);
+    p_ += step_;
+  }
+  void rest() {
+    for (; p_ < end_; p_ += kLine) __builtin_prefetch(p_, 0, 2);
+  }
+
+ private:
+  static constexpr size_t kLine = 64, kMaxStep = 2 * kLine;
+  const char* p_;
+  const char* end_;
+  size_t step_ = kLine;
+};
+
 bool is_host_wide(const Event& e) {
   switch (e.source) {
     case Source::kIo:
@@ -1642,7 +1670,7 @@ struct Shard::Impl {
   // packing (KeyBy::raw_key: two loads) and packs the real Key only on a miss; a group keyed by
   // site uses the real Key throughout. Sliding windows go to the WindowStore for every event.
   template <bool kCalls, bool kSite, AggregateLayout::Shape S>
-  void feed_events(size_t g, std::span<const Event* const> events) {
+  void feed_events(size_t g, std::span<const Event* const> events, SpreadPrefetch& prefetch) {
     const GroupFeed& gf = feeds[g];
     const uint64_t hi_mask = gf.hi_mask, lo_mask = gf.lo_mask;
     const uint64_t raw_hi_mask = gf.raw_hi_mask, raw_lo_mask = gf.raw_lo_mask;
@@ -1664,6 +1692,7 @@ struct Shard::Impl {
     };
     if (win_cache[g].empty()) {
       for (const Event* e : events) {
+        prefetch.step();
         const bool ok = store.add(e->ts_ns, key_of(*e),
                                   [&](uint64_t, WinState& w) { feed_state<kCalls, S>(g, w, *e); });
         if (!ok) refused(g, *e);
@@ -1679,6 +1708,7 @@ struct Shard::Impl {
     uint64_t k = 0, k_start = 0, k_len = whole ? UINT64_MAX : 0;
     WinCacheEntry* last = cache;
     for (const Event* ep : events) {
+      prefetch.step();
       const Event& e = *ep;
       const Key ident = ident_of(e);
       if (e.ts_ns - k_start >= k_len) [[unlikely]] {  // outside the previous event's window
@@ -1712,24 +1742,25 @@ struct Shard::Impl {
     }
   }
   template <bool kCalls, bool kSite>
-  void feed_events(size_t g, std::span<const Event* const> events) {
+  void feed_events(size_t g, std::span<const Event* const> events, SpreadPrefetch& pf) {
     using Shape = AggregateLayout::Shape;
     switch (feeds[g].layout->shape()) {
-      case Shape::kCount: feed_events<kCalls, kSite, Shape::kCount>(g, events); return;
-      case Shape::kDurStats: feed_events<kCalls, kSite, Shape::kDurStats>(g, events); return;
-      case Shape::kDurQuantile: feed_events<kCalls, kSite, Shape::kDurQuantile>(g, events); return;
-      case Shape::kDurBoth: feed_events<kCalls, kSite, Shape::kDurBoth>(g, events); return;
-      case Shape::kGeneral: feed_events<kCalls, kSite, Shape::kGeneral>(g, events); return;
+      case Shape::kCount: feed_events<kCalls, kSite, Shape::kCount>(g, events, pf); return;
+      case Shape::kDurStats: feed_events<kCalls, kSite, Shape::kDurStats>(g, events, pf); return;
+      case Shape::kDurQuantile: feed_events<kCalls, kSite, Shape::kDurQuantile>(g, events, pf); return;
+      case Shape::kDurBoth: feed_events<kCalls, kSite, Shape::kDurBoth>(g, events, pf); return;
+      case Shape::kGeneral: feed_events<kCalls, kSite, Shape::kGeneral>(g, events, pf); return;
     }
   }
-  void feed_events(size_t g, std::span<const Event* const> events) {
+  // `pf`: a prefetch spread over the feeds (a shard given a routing pass: process()).
+  void feed_events(size_t g, std::span<const Event* const> events, SpreadPrefetch& pf) {
     const GroupFeed& gf = feeds[g];
     if (gf.needs_calls) {
-      if (gf.site_key) feed_events<true, true>(g, events);
-      else feed_events<true, false>(g, events);
+      if (gf.site_key) feed_events<true, true>(g, events, pf);
+      else feed_events<true, false>(g, events, pf);
     } else {
-      if (gf.site_key) feed_events<false, true>(g, events);
-      else feed_events<false, false>(g, events);
+      if (gf.site_key) feed_events<false, true>(g, events, pf);
+      else feed_events<false, false>(g, events, pf);
     }
   }
 
@@ -1765,7 +1796,11 @@ struct Shard::Impl {
     const CheckedTarget* const checked = checked_targets.data();
     const Event*** const cursors = sink_cursor.data();
     uint64_t carried_dur_bits = 0;  // OR of the carried events' durations (give_up_stats_group)
+    // This pass reads the batch from cache (answer_range_checks' pass brought it in): it has the
+    // time to bring the next one in (docs/performance.md, part 19).
+    SpreadPrefetch prefetch(in.prefetch, n);
     for_each_selected(*in.owned, in.indexed, in.owned_at, [&] [[gnu::always_inline]] (const Event& e) {
+      prefetch.step();
       end_max = std::max(end_max, e.end_ns());
       if (e.source == Source::kHost && e.op == op::kProcessExit) [[unlikely]]
         exited[e.pid] = e.ts_ns;
@@ -1792,6 +1827,7 @@ struct Shard::Impl {
           if (pass) *cursors[ct.sink]++ = &e;
         }
     });
+    prefetch.rest();
     last_ts = end_max;
     for (size_t g = 0; g < sink_cursor.size(); ++g) {
       sink_data[g] = sink_cursor[g] ? lists[g].data() : nullptr;
@@ -1816,9 +1852,10 @@ struct Shard::Impl {
 
   // Shard::route: this batch's exits only (exited is cleared per batch), and the latest event end
   // so far (the shards keep the running maximum too).
-  void route(const std::vector<Event>& events, RoutedBatch& out) {
+  void route(const std::vector<Event>& events, RoutedBatch& out, PrefetchHint prefetch) {
     ShardInput in;
     in.owned = EventsPtr(EventsPtr(), &events);
+    in.prefetch = prefetch;
     exited.clear();
     const uint64_t carried_dur_bits = route_batch(in, out.lists);
     out.end_max = last_ts;
@@ -1871,21 +1908,26 @@ struct Shard::Impl {
       for (const auto list : {owned_list(right), std::span<const Event* const>(foreign_out[right])})
         for (const Event* e : list) jb.join->add_right(join_key(jb.key, e->pid, e->tid), *e);
     }
+    // Given a routing pass (in.routed), this shard has no pass of its own to bring the next
+    // batch in during: the feeds do, one step per event fed (the batch's events ahead of those
+    // they feed; see SpreadPrefetch), over as many events as the batch holds.
+    SpreadPrefetch prefetch(in.routed ? in.prefetch : PrefetchHint{}, in.owned ? in.owned->size() : 0);
     for (size_t g = 0; g < plan.groups.size(); ++g) {
       if (!windows[g]) continue;
       // A tight loop per group (its state stays in cache, its branches predictable).
       if (plan.routed[g]) {
-        feed_events(g, sink(static_cast<size_t>(plan.groups[g].stream)));
+        feed_events(g, sink(static_cast<size_t>(plan.groups[g].stream)), prefetch);
       } else {
         const auto stream = static_cast<size_t>(plan.groups[g].stream);
         compute(stream, in);
-        feed_events(g, owned_list(stream));
+        feed_events(g, owned_list(stream), prefetch);
       }
       const uint64_t closed_before = counters.windows_closed;
       close_group(g, wm, out);
       if (counters.windows_closed != closed_before)
         for (auto& ce : win_cache[g]) ce.state = nullptr;
     }
+    prefetch.rest();
     for (auto& jb : join_buffers) jb.join->evict(wm, jb.retain_ns);
 
     if (!in.final) prune_joins(wm);
@@ -2359,7 +2401,9 @@ Shard::Shard(const CompiledPlan& plan, ShardTier tier, bool compute_stats, const
     : impl_(std::make_unique<Impl>(plan, tier, compute_stats, tuning, std::move(groups))) {}
 Shard::~Shard() = default;
 ShardOutput Shard::process(const ShardInput& in) { return impl_->process(in); }
-void Shard::route(const std::vector<Event>& events, RoutedBatch& out) { impl_->route(events, out); }
+void Shard::route(const std::vector<Event>& events, RoutedBatch& out, PrefetchHint prefetch) {
+  impl_->route(events, out, prefetch);
+}
 int Shard::carried_stats_group() const { return impl_->carried_stats_group(); }
 std::unique_ptr<OpStatsAccumulator> Shard::take_stats() { return impl_->take_stats(); }
 

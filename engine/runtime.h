@@ -30,6 +30,7 @@
 
 #include "model/plan.h"
 #include "model/result.h"
+#include "model/trace.h"
 #include "operators/aggregate.h"
 #include "operators/interval_join.h"
 #include "operators/key_by.h"
@@ -209,6 +210,10 @@ struct ShardInput {
   // Process names known when this batch was read, when they changed since the plan was compiled
   // (a live source learns them as processes appear); null: CompiledPlan::process_names.
   std::shared_ptr<const std::map<uint32_t, std::string>> process_names;
+  // The next batch's events, when the source knows where they lie (EventSource::upcoming):
+  // prefetched during this batch's routing pass, or, given a routing pass (`routed`), during the
+  // feeds of its window groups. Never read through.
+  PrefetchHint prefetch;
 };
 
 struct ShardOutput {
@@ -278,7 +283,8 @@ class Shard {
   // (reusing its capacity) and gives its per-op statistics each event's total and the durations
   // no window group carries; the shard holding the group carried_stats_group() (-1: none) adds
   // those from its window states. take_stats() hands over the router's statistics after the run.
-  void route(const std::vector<Event>& events, RoutedBatch& out);
+  // `prefetch`: the next batch, fetched during the pass (ShardInput::prefetch).
+  void route(const std::vector<Event>& events, RoutedBatch& out, PrefetchHint prefetch = {});
   int carried_stats_group() const;
   std::unique_ptr<OpStatsAccumulator> take_stats();
 

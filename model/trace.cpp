@@ -31,10 +31,18 @@ bool next_slice(const std::vector<Event>& events, size_t batch_size, size_t& pos
   done = out.final;
   return true;
 }
+// The slice the next next_slice() copies.
+PrefetchHint next_slice_range(const std::vector<Event>& events, size_t batch_size, size_t pos, bool done) {
+  if (done || pos >= events.size()) return {};
+  return {events.data() + pos, std::min(batch_size, events.size() - pos) * sizeof(Event)};
+}
 }  // namespace
 
 bool VectorSource::next(Batch& out) { return next_slice(events_, batch_size_, pos_, seq_, done_, out); }
 
 bool BorrowedSource::next(Batch& out) { return next_slice(events_, batch_size_, pos_, seq_, done_, out); }
+
+PrefetchHint VectorSource::upcoming() { return next_slice_range(events_, batch_size_, pos_, done_); }
+PrefetchHint BorrowedSource::upcoming() { return next_slice_range(events_, batch_size_, pos_, done_); }
 
 }  // namespace ingero

@@ -82,6 +82,12 @@ struct TraceMeta {
   }
 };
 
+// A range of memory to prefetch (EventSource::upcoming): a hint, never read through.
+struct PrefetchHint {
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+
 // A pull source of batches. Replay readers and the live poller both implement it.
 // next() returns false after the final batch. It must not throw: problems go to meta().health
 // or, if fatal before the first batch, to the reader's open() result.
@@ -90,6 +96,13 @@ class EventSource {
   virtual ~EventSource() = default;
   virtual bool next(Batch& out) = 0;
   virtual TraceMeta& meta() = 0;
+  // Where the events of the next next() already lie in memory, when the source holds them (a
+  // replay from memory, a batch a reader thread has queued): the engine has them fetched into
+  // its core's cache while it works on the current batch, so that its first pass over them does
+  // not wait on memory (docs/performance.md, part 19). Only a hint: nothing reads through it
+  // (a prefetch never faults), so it may go stale. Empty (the default) when the source cannot
+  // tell; pass-through sources forward their input's.
+  virtual PrefetchHint upcoming() { return {}; }
 };
 
 // A source over events already in memory (tests, benchmarks, synthetic demos). Sorts by ts_ns.
@@ -98,6 +111,7 @@ class VectorSource final : public EventSource {
   explicit VectorSource(std::vector<Event> events, size_t batch_size = 4096, TraceMeta meta = {});
   bool next(Batch& out) override;
   TraceMeta& meta() override { return meta_; }
+  PrefetchHint upcoming() override;
 
  private:
   std::vector<Event> events_;
@@ -116,6 +130,7 @@ class BorrowedSource final : public EventSource {
       : events_(sorted), batch_size_(batch_size ? batch_size : 4096) {}
   bool next(Batch& out) override;
   TraceMeta& meta() override { return meta_; }
+  PrefetchHint upcoming() override;
 
  private:
   const std::vector<Event>& events_;

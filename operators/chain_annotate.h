@@ -354,6 +354,7 @@ class AnnotatingSource final : public EventSource {
     return true;
   }
   TraceMeta& meta() override { return in_.meta(); }
+  PrefetchHint upcoming() override { return in_.upcoming(); }
 
  private:
   EventSource& in_;

@@ -101,6 +101,7 @@ class IdentityStampSource final : public EventSource {
     return more;
   }
   TraceMeta& meta() override { return inner_.meta(); }
+  PrefetchHint upcoming() override { return inner_.upcoming(); }
 
  private:
   EventSource& inner_;

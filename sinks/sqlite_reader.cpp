@@ -1842,6 +1842,15 @@ class ReaderThreadSource final : public EventSource {
   }
 
   TraceMeta& meta() override { return inner_->meta(); }
+  // The oldest queued batch, when the reader is ahead: it stays where it is until next() swaps
+  // it out (later batches go into other slots of the ring).
+  PrefetchHint upcoming() override {
+    if (inline_ || !started_) return {};
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ready_.empty()) return {};
+    const std::vector<Event>& next = ready_.front().events;
+    return {next.data(), next.size() * sizeof(Event)};
+  }
 
  private:
   // StreamSource::next() never throws and the queues never allocate: nothing here can throw.

@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -61,11 +63,17 @@ class AppendingSource final : public EventSource {
   TraceMeta meta_;
 };
 
+// What LendingSource::upcoming() says (EventSource::upcoming, a prefetch hint): nothing, the
+// next batch's events, or a range no one may read (unmapped memory): a prefetch never faults, and
+// nothing else may read through a hint.
+enum class Hint { kNone, kTrue, kUnmapped };
+
 // A source over events cut into batches up front that lends every batch (Batch::lent), or, with
 // `mix`, lends odd batches and appends even ones to the batch it is handed.
 class LendingSource final : public EventSource {
  public:
-  LendingSource(const std::vector<Event>& sorted, size_t batch, bool mix) : mix_(mix) {
+  LendingSource(const std::vector<Event>& sorted, size_t batch, bool mix, Hint hint = Hint::kNone)
+      : mix_(mix), hint_(hint) {
     for (size_t pos = 0; pos < sorted.size(); pos += batch) {
       const size_t n = std::min(batch, sorted.size() - pos);
       batches_.emplace_back(sorted.begin() + static_cast<std::ptrdiff_t>(pos),
@@ -88,13 +96,21 @@ class LendingSource final : public EventSource {
     return true;
   }
   TraceMeta& meta() override { return meta_; }
+  PrefetchHint upcoming() override {
+    ++hints_asked_;
+    if (hint_ == Hint::kNone || i_ >= batches_.size()) return {};
+    if (hint_ == Hint::kUnmapped) return {reinterpret_cast<const void*>(uintptr_t{0x1000}), size_t{1} << 20};
+    return {batches_[i_].data(), batches_[i_].size() * sizeof(Event)};
+  }
   size_t handed_used() const { return handed_used_; }
   size_t lent() const { return lent_; }
+  size_t hints_asked() const { return hints_asked_; }
 
  private:
   std::vector<std::vector<Event>> batches_;
   bool mix_;
-  size_t i_ = 0, handed_used_ = 0, lent_ = 0;
+  Hint hint_;
+  size_t i_ = 0, handed_used_ = 0, lent_ = 0, hints_asked_ = 0;
   TraceMeta meta_;
 };
 
@@ -164,6 +180,53 @@ TEST(ParallelSource, LentBatchesGiveTheFilledResult) {
         EXPECT_EQ(r.counters.events_in, t.events.size()) << what;
         EXPECT_TRUE(result_text(r) == base) << what << " differs from the filled one-thread result";
       }
+}
+
+TEST(ParallelSource, PrefetchHintsNeverChangeTheResult) {
+  // The engine asks for the next batch's whereabouts after every read and prefetches them during
+  // the current batch (docs/performance.md, part 19): the result must be the same whatever the
+  // hint says, including a range of unmapped memory (reading through it would crash).
+  const auto& t = io_trace();
+  AppendingSource one_src(t.events, 4096);
+  const std::string base = result_text(run_pack(one_src, 1));
+  for (Hint hint : {Hint::kTrue, Hint::kUnmapped})
+    for (unsigned threads : {1u, 2u, 4u})
+      for (size_t batch : {size_t{1}, size_t{64}, size_t{4096}}) {
+        LendingSource src(t.events, batch, true, hint);
+        const auto r = run_pack(src, threads);
+        const std::string what = std::to_string(threads) + " threads, batch " + std::to_string(batch) +
+                                 (hint == Hint::kTrue ? ", true hints" : ", unmapped hints");
+        EXPECT_GE(src.hints_asked(), t.events.size() / batch) << what << ": the engine did not ask for hints";
+        EXPECT_EQ(r.counters.events_in, t.events.size()) << what;
+        EXPECT_TRUE(result_text(r) == base) << what << " differs from the one-thread result without hints";
+      }
+}
+
+TEST(ParallelSource, VectorSourcesHintAtTheSliceTheyCopyNext) {
+  const auto& ev = io_trace().events;
+  VectorSource owned(ev, 100);
+  BorrowedSource borrowed(ev, 100);
+  for (EventSource* src : {static_cast<EventSource*>(&owned), static_cast<EventSource*>(&borrowed)}) {
+    size_t batches = 0;
+    for (;;) {
+      const PrefetchHint h = src->upcoming();
+      Batch b;
+      if (!src->next(b)) {
+        EXPECT_EQ(h.bytes, 0u) << "a hint after the final batch";
+        break;
+      }
+      ++batches;
+      // The hint is the memory the batch was copied from: the same bytes.
+      ASSERT_EQ(h.bytes, b.events.size() * sizeof(Event)) << "batch " << batches;
+      ASSERT_NE(h.data, nullptr);
+      EXPECT_EQ(std::memcmp(h.data, b.events.data(), h.bytes), 0) << "batch " << batches;
+      if (b.final) {
+        EXPECT_EQ(src->upcoming().bytes, 0u);
+        break;
+      }
+    }
+    EXPECT_EQ(batches, (ev.size() + 99) / 100);
+  }
 }
 
 }  // namespace

@@ -8,9 +8,12 @@
 // table is refused; side tables that are views are ignored; strings are cut with a count.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "model/ops.h"
 #include "sinks/sqlite_store.h"
@@ -269,6 +272,38 @@ TEST(SqliteStream, AKilledWritersTraceWithoutIndexesStreams) {
     std::string error2;
     sink->close(error2);
   }
+}
+
+// The reader thread's hint (EventSource::upcoming): once it has a batch queued, the hint is that
+// batch's events, which the next next() hands over. Polled with a deadline: how far ahead the
+// reader is depends on the scheduler, not on the code.
+TEST(SqliteStream, ReaderThreadHintsAtTheBatchItHandsOverNext) {
+  TempDir dir;
+  const std::string p = dir.file("hint.db");
+  ASSERT_EQ(make_trace(p, 77, 3000, 3'000'000, 0.0, true), "");
+  SqliteReadOptions o;
+  o.batch_size = 100;
+  std::string error;
+  auto src = open_sqlite_trace(p, error, o);
+  ASSERT_NE(src, nullptr) << error;
+  Batch b;
+  ASSERT_TRUE(src->next(b));  // starts the reader thread
+  int compared = 0;
+  while (!b.final) {
+    PrefetchHint h = src->upcoming();
+    for (int waited = 0; !h.bytes && waited < 2000; waited += 5) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      h = src->upcoming();
+    }
+    ASSERT_GT(h.bytes, 0u) << "no batch queued after 2 s";
+    std::vector<char> hinted(static_cast<const char*>(h.data), static_cast<const char*>(h.data) + h.bytes);
+    ASSERT_TRUE(src->next(b));
+    ASSERT_EQ(hinted.size(), b.view().size() * sizeof(Event));
+    EXPECT_EQ(std::memcmp(hinted.data(), b.view().data(), hinted.size()), 0) << "batch " << compared;
+    ++compared;
+  }
+  EXPECT_GT(compared, 20);
+  EXPECT_EQ(src->upcoming().bytes, 0u) << "a hint after the final batch";
 }
 
 TEST(SqliteStream, TooSmallReorderBufferFlagsSpansLateAndCountsThem) {
