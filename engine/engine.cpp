@@ -1,5 +1,6 @@
 // The engine's scheduling: the calling thread reads and routes batches; pid shards (more of them
-// than threads) and one global shard run as serial oneTBB flow-graph nodes on `threads` workers.
+// than threads) and one global shard run as serial oneTBB flow-graph nodes on `threads` workers,
+// and two threads split by window group run as two stages on two threads of their own.
 // See engine.h for the threading and watermark contract and docs/architecture.md for the picture.
 #include "engine/engine.h"
 
@@ -14,10 +15,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string_view>
 #include <thread>
@@ -148,6 +151,8 @@ constexpr int kMaxBatchesInFlight = 16;
 // (a third busy thread on two cores otherwise preempts a worker at every batch; part 18 of
 // docs/performance.md: about 5x fewer context switches, 3 % less CPU at two threads).
 constexpr int kRefillBatches = kMaxBatchesInFlight / 2;
+// Two stages on two threads (run_parallel): how long one spins for the other before it sleeps.
+constexpr int64_t kTwoStageSpinNs = 200'000;
 
 // Waits while `word` holds `seen`, at most `timeout_ns`; false when the time ran out. A wake-up
 // may be spurious: callers check the word again. (std::atomic::wait has no timeout.)
@@ -159,6 +164,75 @@ bool futex_wait_for(std::atomic<unsigned>& word, unsigned seen, long timeout_ns)
 }
 void futex_wake_all(std::atomic<unsigned>& word) {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// A hint to the core that this thread is spinning (frees the pipeline, and the sibling
+// hyper-thread where there is one).
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#else
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+#endif
+}
+
+// Whether a by-group run of two shard sets, one of them beside the router (in_router >= 0), runs
+// as two stages on two threads of its own instead of the flow graph (INGERO_TWO_STAGE=0: the
+// graph; benchmarks and the tests that compare both).
+bool two_stage_threads(int in_router, unsigned n_nodes) {
+  if (in_router < 0 || n_nodes != 2) return false;
+  const char* env = std::getenv("INGERO_TWO_STAGE");
+  return !(env && std::string_view(env) == "0");
+}
+
+// How long a stage of a two-stage run spins before it sleeps when the other has nothing for it
+// yet (INGERO_TWO_STAGE_SPIN_US overrides, for benchmarks).
+int64_t two_stage_spin_ns() {
+  if (const char* env = std::getenv("INGERO_TWO_STAGE_SPIN_US")) return std::atoll(env) * 1000;
+  return kTwoStageSpinNs;
+}
+
+// Waits until ready(word) holds: spins (a pause per look) for up to `spin` first, then sleeps on
+// the word's futex with `asleep` raised, so that the waker knows to wake it (the waker stores the
+// word and then reads `asleep`, both sequentially consistent: no wake-up is lost). Each time
+// 20 ms pass asleep, calls nudge().
+// `spin` adapts (SpinBudget): a wait that ends while spinning keeps the full budget; one that had
+// to sleep cuts it by 4 (down to 1/64), so a stage that keeps waiting long for the other (a run
+// bound by its reader) stops burning a core the reader's threads could use.
+struct SpinBudget {
+  int64_t max_ns = 0;
+  int64_t now_ns = 0;
+};
+template <class Ready>
+void spin_then_sleep(std::atomic<unsigned>& word, std::atomic<unsigned>& asleep, SpinBudget& spin, Ready ready,
+                     const std::function<void()>& nudge) {
+  if (ready(word.load(std::memory_order_acquire))) return;
+  if (spin.now_ns > 0) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin.now_ns);
+    for (unsigned n = 1;; ++n) {
+      cpu_relax();
+      if (ready(word.load(std::memory_order_acquire))) {
+        spin.now_ns = spin.max_ns;
+        return;
+      }
+      if (n % 64 == 0 && std::chrono::steady_clock::now() >= until) break;
+    }
+    spin.now_ns = std::max(spin.now_ns / 4, spin.max_ns / 64);
+  }
+  for (;;) {
+    asleep.fetch_add(1, std::memory_order_seq_cst);
+    const unsigned seen = word.load(std::memory_order_seq_cst);
+    if (ready(seen)) {
+      asleep.fetch_sub(1, std::memory_order_relaxed);
+      return;
+    }
+    const bool woken = futex_wait_for(word, seen, 20'000'000);
+    asleep.fetch_sub(1, std::memory_order_relaxed);
+    if (ready(word.load(std::memory_order_acquire))) return;
+    if (!woken) nudge();
+  }
 }
 
 // The source side of a run: reads the next batch (a source that ends without a final batch still
@@ -377,11 +451,134 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
   std::vector<ShardOutput> finals(n_nodes);
   std::atomic<uint64_t> node_errors{0}, done_events{0};
 
-  arena.execute([&] {
-    tbb::flow::graph g;
-    // Collector: serial, so it needs no locks; chains are sorted after the run.
-    tbb::flow::function_node<Out, tbb::flow::continue_msg> collector(g, tbb::flow::serial, [&](const Out& out) {
+  // With a router, the shard of a light group set (split_groups) runs right after the routing
+  // pass, on the batch that pass has just brought into this core's cache (run apart, it read every
+  // event again from the other core: 0.047-0.049 s of shard time on big5m.db against 0.027-0.028
+  // beside the router). Routing plus that shard is one stage, the heaviest shard the other
+  // (docs/performance.md, part 18).
+  const int in_router = router && n_nodes > 1 ? static_cast<int>(router_bin) : -1;
+  // Chains a shard found go to `deliver`: the graph's collector node, or, with two stages on
+  // threads of their own (below), a locked list (chains are sorted after the run either way).
+  std::function<void(const Out&)> deliver;
+  // The source, when it waits for a Work to come back, says so here; the last shard done with a
+  // Work wakes it only then (a futex wake is a system call per batch otherwise).
+  std::atomic<unsigned> source_asleep{0};
+  // What each shard does with a Work: run by its own node or thread, or, for the shard the router
+  // runs (below), right after the routing pass.
+  std::vector<std::function<void(Work*)>> bodies;
+  for (unsigned idx = 0; idx < n_nodes; ++idx) {
+    // A global shard or a shard of some groups: reads the whole batch in place.
+    const bool is_global = by_group || idx == n_pid;
+    Shard* shard = shards[idx].get();
+    // The host-wide events of other pid shards, gathered per batch into a buffer this node
+    // reuses (its batches run one at a time).
+    auto foreign = std::make_shared<std::vector<Event>>();
+    bodies.emplace_back([&, idx, is_global, shard, foreign](Work* w) {
+      const size_t n_events = w->batch.view().size();
       try {
+        ShardInput in;
+        in.watermark = w->batch.watermark;
+        in.final = w->batch.final;
+        in.dropped = idx == 0 ? w->dropped : 0;
+        in.process_names = w->names;
+        in.trace_end = w->trace_end;
+        // Borrowed (aliasing pointers that own nothing): the shard keeps no pointer into
+        // its input past process().
+        if (is_global) {
+          in.owned = EventsPtr(EventsPtr(), &w->batch.view());
+          if (router) in.routed = &w->routed;
+          // The next batch into this core's cache while this one is worked on (the router's
+          // routing pass does it for the shard that runs beside it). Pid shards read copies.
+          if (static_cast<int>(idx) != in_router) in.prefetch = w->upcoming;
+        } else {
+          foreign->clear();
+          for (size_t i = 0; i < w->host_wide.size(); ++i)
+            if (w->host_wide_owner[i] != idx) foreign->push_back(w->host_wide[i]);
+          in.owned = EventsPtr(EventsPtr(), &w->owned[idx]);
+          in.foreign = EventsPtr(EventsPtr(), foreign.get());
+        }
+        ShardOutput out = shard->process(in);
+        if (in.final) {
+          finals[idx].stats = std::move(out.stats);
+          finals[idx].outcomes = std::move(out.outcomes);
+          finals[idx].counters = out.counters;
+          // Every by-group shard counts every event: the run counts them from the first.
+          finals[idx].global = out.global || (by_group && idx != 0);
+        }
+        if (!out.chains.empty()) {
+          auto o = std::make_shared<ShardOutput>();
+          o->chains = std::move(out.chains);
+          deliver(o);
+        }
+      } catch (...) {
+        // An escaping exception would cancel the whole graph: count it and go on.
+        node_errors.fetch_add(1);
+      }
+      // The last node done with the Work hands it back to the source (which may reuse it
+      // at once: nothing here touches *w after the decrement but the wake-up).
+      if (w->pending.fetch_sub(1, std::memory_order_seq_cst) == 1) {
+        done_events.fetch_add(n_events, std::memory_order_relaxed);
+        if (source_asleep.load(std::memory_order_seq_cst)) futex_wake_all(w->pending);
+      }
+    });
+  }
+  auto route_work = [&](Work* w) {
+    try {
+      router->route(w->batch.view(), w->routed, w->upcoming);
+    } catch (...) {
+      // Counted; the shards then see no event of this batch (no half-made lists).
+      node_errors.fetch_add(1);
+      std::fill(w->routed.sizes.begin(), w->routed.sizes.end(), size_t{0});
+      w->routed.exits.clear();
+      w->routed.gave_up_stats = false;
+    }
+  };
+
+  // The source's part of batch `seq` (Work w): waits until every shard is done with w (spinning
+  // first when `spin` allows; nudge() each time 20 ms pass asleep) and, when w is busy, until the
+  // next `refill` - 1 Works are free too (they come back in order), reads the next batch into it
+  // and fills in what every shard reads. Returns whether it is the run's last batch.
+  uint64_t trace_end = 0;
+  const ShardOfPid shard_of_pid(n_pid);
+  auto prepare = [&](size_t seq, Work& w, SpinBudget& spin, size_t refill, const std::function<void()>& nudge) {
+    bool last = first_final;  // seq 0 was read before the shards were made
+    if (seq != 0) {
+      // Bound the batches in flight (memory): wait until every node is done with this Work.
+      auto wait_idle = [&](Work& x) {
+        spin_then_sleep(
+            x.pending, source_asleep, spin, [](unsigned p) { return p == 0; }, nudge);
+      };
+      if (refill > 1 && w.pending.load(std::memory_order_acquire) != 0)
+        wait_idle(*pool[(seq + refill - 1) % pool.size()]);
+      wait_idle(w);
+      // A source may append to the batch it is given: hand it an empty one (capacity kept).
+      w.batch.events.clear();
+      w.batch.lent = nullptr;
+      w.batch.watermark = 0;
+      w.batch.seq = 0;
+      w.batch.final = false;
+      last = feed.next(w.batch, counters);
+    }
+    w.dropped = source.meta().health.dropped_events;
+    w.names = feed.names();
+    w.upcoming = source.upcoming();
+    if (!by_group) route(w, shard_of_pid, trace_end);  // by group: the router, or each shard, reads it
+    w.trace_end = trace_end;
+    w.pending.store(n_nodes, std::memory_order_release);
+    return last;
+  };
+
+  if (two_stage_threads(in_router, n_nodes)) {
+    // Two stages on two threads of their own, no graph: this thread reads each batch, routes it
+    // and runs the light shard beside the router; one thread runs the heavy shard, taking the
+    // Works in order as they are handed on. Each waits for the other spinning first (a stage's
+    // batch is about 0.1 ms of work; a futex sleep and wake on a VM costs a fair part of that).
+    // In the graph the same two stages ran on two workers beside this thread, a third one that
+    // needed a core to hand on each batch (docs/performance.md, parts 18 and 19).
+    std::mutex chains_mutex;
+    deliver = [&](const Out& out) {
+      try {
+        const std::lock_guard<std::mutex> lock(chains_mutex);
         for (auto& c : out->chains) {
           if (opts.on_chain) opts.on_chain(c);
           chains.push_back(std::move(c));
@@ -389,153 +586,109 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
       } catch (...) {
         node_errors.fetch_add(1);
       }
-      return tbb::flow::continue_msg();
-    });
-
-    // With a router, the shard of a light group set (split_groups) runs in the router's node,
-    // right after the routing pass, on the batch that pass has just brought into this core's
-    // cache (in a node of its own it read every event again from the other core: 0.047-0.049 s
-    // of shard time on big5m.db against 0.027-0.028 here). The router's node and the heaviest
-    // shard's then make two serial stages of about equal length for two workers
-    // (docs/performance.md, part 18).
-    const int in_router = router && n_nodes > 1 ? static_cast<int>(router_bin) : -1;
-    // What each shard does with a Work: run by its own node, or, for the shard the router runs
-    // (below), by the router's node.
-    std::vector<std::function<void(Work*)>> bodies;
-    for (unsigned idx = 0; idx < n_nodes; ++idx) {
-      // A global shard or a shard of some groups: reads the whole batch in place.
-      const bool is_global = by_group || idx == n_pid;
-      Shard* shard = shards[idx].get();
-      // The host-wide events of other pid shards, gathered per batch into a buffer this node
-      // reuses (its batches run one at a time).
-      auto foreign = std::make_shared<std::vector<Event>>();
-      bodies.emplace_back([&, idx, is_global, shard, foreign](Work* w) {
-        const size_t n_events = w->batch.view().size();
+    };
+    const auto heavy = static_cast<size_t>(1 - in_router);
+    SpinBudget heavy_spin{two_stage_spin_ns(), two_stage_spin_ns()};
+    SpinBudget source_spin = heavy_spin;
+    std::atomic<unsigned> handed{0};           // Works handed on to the heavy stage: seq < handed
+    std::atomic<unsigned> heavy_asleep{0};     // the heavy stage sleeps on `handed`
+    std::atomic<unsigned> last_seq{UINT_MAX};  // the last batch's seq, once read
+    auto heavy_stage = [&] {
+      for (unsigned seq = 0;; ++seq) {
+        spin_then_sleep(
+            handed, heavy_asleep, heavy_spin, [seq](unsigned h) { return h > seq; }, [] {});
+        const bool last = last_seq.load(std::memory_order_acquire) == seq;  // w may be reused after the body
+        bodies[heavy](pool[seq % pool.size()].get());
+        if (last) return;
+      }
+    };
+    std::thread heavy_thread;
+    try {
+      heavy_thread = std::thread(heavy_stage);
+    } catch (...) {
+      // No thread to be had: this one runs the heavy shard too, after the light one.
+    }
+    bool last = false;
+    for (size_t seq = 0; !last; ++seq) {
+      Work& w = *pool[seq % pool.size()];
+      // One Work at a time: no third thread here to keep off the cores by refilling in a row.
+      if (!heavy_thread.joinable()) source_spin = SpinBudget{};
+      last = prepare(seq, w, source_spin, 1, [] {});
+      route_work(&w);
+      if (heavy_thread.joinable()) {
+        if (last) last_seq.store(static_cast<unsigned>(seq), std::memory_order_release);
+        handed.store(static_cast<unsigned>(seq + 1), std::memory_order_seq_cst);
+        if (heavy_asleep.load(std::memory_order_seq_cst)) futex_wake_all(handed);
+      }
+      bodies[static_cast<size_t>(in_router)](&w);
+      if (!heavy_thread.joinable()) bodies[heavy](&w);
+      if (opts.on_progress && (counters.batches % 8 == 0 || last)) opts.on_progress(done_events.load());
+    }
+    if (heavy_thread.joinable()) heavy_thread.join();
+  } else {
+    arena.execute([&] {
+      tbb::flow::graph g;
+      // Collector: serial, so it needs no locks; chains are sorted after the run.
+      tbb::flow::function_node<Out, tbb::flow::continue_msg> collector(g, tbb::flow::serial, [&](const Out& out) {
         try {
-          ShardInput in;
-          in.watermark = w->batch.watermark;
-          in.final = w->batch.final;
-          in.dropped = idx == 0 ? w->dropped : 0;
-          in.process_names = w->names;
-          in.trace_end = w->trace_end;
-          // Borrowed (aliasing pointers that own nothing): the shard keeps no pointer into
-          // its input past process().
-          if (is_global) {
-            in.owned = EventsPtr(EventsPtr(), &w->batch.view());
-            if (router) in.routed = &w->routed;
-            // The next batch into this core's cache while this one is worked on (the router's
-            // routing pass does it for the shard that runs beside it). Pid shards read copies.
-            if (static_cast<int>(idx) != in_router) in.prefetch = w->upcoming;
-          } else {
-            foreign->clear();
-            for (size_t i = 0; i < w->host_wide.size(); ++i)
-              if (w->host_wide_owner[i] != idx) foreign->push_back(w->host_wide[i]);
-            in.owned = EventsPtr(EventsPtr(), &w->owned[idx]);
-            in.foreign = EventsPtr(EventsPtr(), foreign.get());
-          }
-          ShardOutput out = shard->process(in);
-          if (in.final) {
-            finals[idx].stats = std::move(out.stats);
-            finals[idx].outcomes = std::move(out.outcomes);
-            finals[idx].counters = out.counters;
-            // Every by-group shard counts every event: the run counts them from the first.
-            finals[idx].global = out.global || (by_group && idx != 0);
-          }
-          if (!out.chains.empty()) {
-            auto o = std::make_shared<ShardOutput>();
-            o->chains = std::move(out.chains);
-            collector.try_put(o);
+          for (auto& c : out->chains) {
+            if (opts.on_chain) opts.on_chain(c);
+            chains.push_back(std::move(c));
           }
         } catch (...) {
-          // An escaping exception would cancel the whole graph: count it and go on.
           node_errors.fetch_add(1);
         }
-        // The last node done with the Work hands it back to the source (which may reuse it
-        // at once: nothing here touches *w after the decrement but the notify).
-        if (w->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-          done_events.fetch_add(n_events, std::memory_order_relaxed);
-          futex_wake_all(w->pending);
-        }
-      });
-    }
-    std::vector<std::unique_ptr<tbb::flow::function_node<Work*, tbb::flow::continue_msg>>> nodes;
-    for (unsigned idx = 0; idx < n_nodes; ++idx) {
-      if (static_cast<int>(idx) == in_router) continue;
-      auto run = [&bodies, idx](Work* w) {
-        bodies[idx](w);
         return tbb::flow::continue_msg();
-      };
-      nodes.push_back(
-          std::make_unique<tbb::flow::function_node<Work*, tbb::flow::continue_msg>>(g, tbb::flow::serial, run));
-    }
-
-    // By group: a node of its own routes each batch (serial, so in order), hands it on to the
-    // other shard nodes and runs the shard beside it. The workers share the routing with the
-    // shards: routing on the source thread made it a third busy thread on two cores
-    // (docs/performance.md, part 17).
-    std::unique_ptr<tbb::flow::function_node<Work*, tbb::flow::continue_msg>> router_node;
-    if (router)
-      router_node = std::make_unique<tbb::flow::function_node<Work*, tbb::flow::continue_msg>>(
-          g, tbb::flow::serial, [&](Work* w) {
-            try {
-              router->route(w->batch.view(), w->routed, w->upcoming);
-            } catch (...) {
-              // Counted; the shards then see no event of this batch (no half-made lists).
-              node_errors.fetch_add(1);
-              std::fill(w->routed.sizes.begin(), w->routed.sizes.end(), size_t{0});
-              w->routed.exits.clear();
-              w->routed.gave_up_stats = false;
-            }
-            for (auto& node : nodes) node->try_put(w);
-            if (in_router >= 0) bodies[static_cast<size_t>(in_router)](w);
-            return tbb::flow::continue_msg();
-          });
-    bool saw_final = false;
-    uint64_t trace_end = 0;
-    const ShardOfPid shard_of_pid(n_pid);
-    for (size_t seq = 0; !saw_final; ++seq) {
-      Work& w = *pool[seq % pool.size()];
-      if (seq == 0) {
-        saw_final = first_final;  // read before the shards were made
-      } else {
-        // Bound the batches in flight (memory): wait until every node is done with this Work.
-        // With a nudge: oneTBB can miss waking its workers when this thread spawns a task
-        // (try_put below) and then blocks outside the scheduler, leaving the task in this thread's
-        // pool while every worker sleeps (uxlfoundation/oneTBB#1684; seen here once in about 15
-        // two-thread runs of big5m.db). After 20 ms without a Work coming back, an empty
-        // enqueued task wakes a worker, which then steals the stranded one.
-        auto wait_idle = [&](Work& x) {
-          for (unsigned p = x.pending.load(std::memory_order_acquire); p != 0;
-               p = x.pending.load(std::memory_order_acquire))
-            if (!futex_wait_for(x.pending, p, 20'000'000)) arena.enqueue([] {});
+      });
+      deliver = [&](const Out& out) { collector.try_put(out); };
+      std::vector<std::unique_ptr<tbb::flow::function_node<Work*, tbb::flow::continue_msg>>> nodes;
+      for (unsigned idx = 0; idx < n_nodes; ++idx) {
+        if (static_cast<int>(idx) == in_router) continue;
+        auto run = [&bodies, idx](Work* w) {
+          bodies[idx](w);
+          return tbb::flow::continue_msg();
         };
-        // Works come back in order (every node is serial and takes them in order), so when this
-        // one is busy, waiting for the one kRefillBatches - 1 further on frees that many.
-        if (w.pending.load(std::memory_order_acquire) != 0) wait_idle(*pool[(seq + kRefillBatches - 1) % pool.size()]);
-        wait_idle(w);
-        // A source may append to the batch it is given: hand it an empty one (capacity kept).
-        w.batch.events.clear();
-        w.batch.lent = nullptr;
-        w.batch.watermark = 0;
-        w.batch.seq = 0;
-        w.batch.final = false;
-        saw_final = feed.next(w.batch, counters);
+        nodes.push_back(
+            std::make_unique<tbb::flow::function_node<Work*, tbb::flow::continue_msg>>(g, tbb::flow::serial, run));
       }
-      w.dropped = source.meta().health.dropped_events;
-      w.names = feed.names();
-      w.upcoming = source.upcoming();
-      if (!by_group) route(w, shard_of_pid, trace_end);  // by group: the router node, or each shard, reads it
-      w.trace_end = trace_end;
-      w.pending.store(n_nodes, std::memory_order_release);
-      if (router_node) {
-        router_node->try_put(&w);
-      } else {
-        for (auto& node : nodes) node->try_put(&w);
+      // By group: a node of its own routes each batch (serial, so in order), hands it on to the
+      // other shard nodes and runs the shard beside it. The workers share the routing with the
+      // shards: routing on the source thread made it a third busy thread on two cores
+      // (docs/performance.md, part 17).
+      std::unique_ptr<tbb::flow::function_node<Work*, tbb::flow::continue_msg>> router_node;
+      if (router)
+        router_node = std::make_unique<tbb::flow::function_node<Work*, tbb::flow::continue_msg>>(
+            g, tbb::flow::serial, [&](Work* w) {
+              route_work(w);
+              for (auto& node : nodes) node->try_put(w);
+              if (in_router >= 0) bodies[static_cast<size_t>(in_router)](w);
+              return tbb::flow::continue_msg();
+            });
+      // With a nudge: oneTBB can miss waking its workers when this thread spawns a task
+      // (try_put below) and then blocks outside the scheduler, leaving the task in this thread's
+      // pool while every worker sleeps (uxlfoundation/oneTBB#1684; seen here once in about 15
+      // two-thread runs of big5m.db). After 20 ms without a Work coming back, an empty enqueued
+      // task wakes a worker, which then steals the stranded one. No spinning: this thread is a
+      // third one beside the workers.
+      const std::function<void()> nudge = [&] { arena.enqueue([] {}); };
+      SpinBudget no_spin;
+      bool last = false;
+      for (size_t seq = 0; !last; ++seq) {
+        Work& w = *pool[seq % pool.size()];
+        // When the Work it would reuse is busy, this thread sleeps until kRefillBatches are free
+        // and refills them in a row: one wake-up of a third busy thread on two cores per
+        // kRefillBatches batches, not one per batch (docs/performance.md, part 18).
+        last = prepare(seq, w, no_spin, kRefillBatches, nudge);
+        if (router_node) {
+          router_node->try_put(&w);
+        } else {
+          for (auto& node : nodes) node->try_put(&w);
+        }
+        if (opts.on_progress && (counters.batches % 8 == 0 || last)) opts.on_progress(done_events.load());
       }
-      if (opts.on_progress && (counters.batches % 8 == 0 || saw_final)) opts.on_progress(done_events.load());
-    }
-    g.wait_for_all();
-  });
+      g.wait_for_all();
+    });
+  }
   counters.node_errors += node_errors.load();
   for (const auto& f : finals) merge_final(f, result, stats, counters);
   if (router)

@@ -26,6 +26,11 @@
 //   EngineCounters::node_errors and goes on.
 // - With threads >= 2 the arena needs threads + 1 slots; when oneTBB's process-wide worker limit
 //   is lower (it defaults to the core count) a tbb::global_control raises it for the run.
+// - threads == 2 (split by window group, the default there): no flow graph. A router's one pass
+//   per batch lists every group's events; the calling thread routes and runs the lighter group
+//   set, one thread of the engine's own runs the heaviest group's shard, each waiting for the
+//   other spinning, then on a futex (INGERO_TWO_STAGE=0: the graph, as at three threads and more).
+//   on_chain is then called from either thread, one call at a time.
 #pragma once
 
 #include <functional>
@@ -55,7 +60,8 @@ struct EngineOptions {
   // trace whose one window spans it all (the spans some held call touches grow with its length)
   // stays flat in memory with it. EngineCounters::join_spill_* say what it did.
   size_t join_resident_bytes = 0;
-  // Called from the merge node as chains are emitted (live view); may be empty.
+  // Called as chains are emitted (live view), one call at a time: from the merge node, or at two
+  // threads split by group from either stage's thread under a lock; may be empty.
   std::function<void(const Chain&)> on_chain;
   // Called on the source thread every 8 batches and after the final one, with the number of
   // events every shard has finished with (progress; non-decreasing, at most the events read).
