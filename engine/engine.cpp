@@ -593,10 +593,13 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
     std::atomic<unsigned> handed{0};           // Works handed on to the heavy stage: seq < handed
     std::atomic<unsigned> heavy_asleep{0};     // the heavy stage sleeps on `handed`
     std::atomic<unsigned> last_seq{UINT_MAX};  // the last batch's seq, once read
+    std::atomic<bool> stop{false};             // the source gave up (an exception): nothing more comes
     auto heavy_stage = [&] {
       for (unsigned seq = 0;; ++seq) {
         spin_then_sleep(
-            handed, heavy_asleep, heavy_spin, [seq](unsigned h) { return h > seq; }, [] {});
+            handed, heavy_asleep, heavy_spin,
+            [&stop, seq](unsigned h) { return h > seq || stop.load(std::memory_order_relaxed); }, [] {});
+        if (handed.load(std::memory_order_acquire) <= seq) return;          // stopped
         const bool last = last_seq.load(std::memory_order_acquire) == seq;  // w may be reused after the body
         bodies[heavy](pool[seq % pool.size()].get());
         if (last) return;
@@ -608,6 +611,20 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
     } catch (...) {
       // No thread to be had: this one runs the heavy shard too, after the light one.
     }
+    // An exception out of this loop (the source, a progress callback) must not leave the heavy
+    // thread waiting: it is told to stop and joined, then the exception goes on, as it would out
+    // of the graph.
+    struct JoinOnThrow {
+      std::thread& t;
+      std::atomic<bool>& stop;
+      std::atomic<unsigned>& handed;
+      ~JoinOnThrow() {
+        if (!t.joinable()) return;
+        stop.store(true, std::memory_order_seq_cst);
+        futex_wake_all(handed);
+        t.join();
+      }
+    } join_on_throw{heavy_thread, stop, handed};
     bool last = false;
     for (size_t seq = 0; !last; ++seq) {
       Work& w = *pool[seq % pool.size()];

@@ -4,7 +4,7 @@
 // waits do, the result is the one-thread result: with no spinning at all (every wait sleeps and
 // is woken), with a source that stalls now and then (the heavy stage outwaits its spin), at batch
 // sizes down to one event; the flow graph (INGERO_TWO_STAGE=0) gives the same; every chain reaches
-// EngineOptions::on_chain once.
+// EngineOptions::on_chain once; an exception from the source stops the heavy stage's thread.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <functional>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -123,6 +124,32 @@ TEST(TwoStage, TheFlowGraphGivesTheSameResult) {
     const ScopedEnv graph("INGERO_TWO_STAGE", "0");
     BorrowedSource b(t.events, 777);
     EXPECT_TRUE(result_text(run_with(b, 2)) == two_stage);
+  }
+}
+
+// A source that throws at its `at`-th batch (a data-plane source never does, but an allocation
+// can fail): the exception leaves run_plan as it would from the flow graph, and the heavy stage's
+// thread is stopped and joined first (a joinable std::thread destroyed would end the process).
+class ThrowingSource final : public EventSource {
+ public:
+  ThrowingSource(const std::vector<Event>& events, size_t batch, size_t at) : inner_(events, batch), at_(at) {}
+  bool next(Batch& out) override {
+    if (++calls_ == at_) throw std::runtime_error("source failed");
+    return inner_.next(out);
+  }
+  TraceMeta& meta() override { return inner_.meta(); }
+
+ private:
+  BorrowedSource inner_;
+  size_t at_;
+  size_t calls_ = 0;
+};
+
+TEST(TwoStage, AnExceptionFromTheSourceStopsTheHeavyStage) {
+  const auto t = synth::make_cpu_contention(true);
+  for (const size_t at : {size_t{2}, size_t{20}, size_t{200}}) {
+    ThrowingSource src(t.events, 64, at);
+    EXPECT_THROW(run_with(src, 2), std::runtime_error) << "at batch " << at;
   }
 }
 
