@@ -458,8 +458,19 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
   // (docs/performance.md, part 18).
   const int in_router = router && n_nodes > 1 ? static_cast<int>(router_bin) : -1;
   // Chains a shard found go to `deliver`: the graph's collector node, or, with two stages on
-  // threads of their own (below), a locked list (chains are sorted after the run either way).
+  // threads of their own (below), collect() under a lock (chains are sorted after the run
+  // either way). collect() runs one call at a time.
   std::function<void(const Out&)> deliver;
+  auto collect = [&](const Out& out) {
+    try {
+      for (auto& c : out->chains) {
+        if (opts.on_chain) opts.on_chain(c);
+        chains.push_back(std::move(c));
+      }
+    } catch (...) {
+      node_errors.fetch_add(1);
+    }
+  };
   // The source, when it waits for a Work to come back, says so here; the last shard done with a
   // Work wakes it only then (a futex wake is a system call per batch otherwise).
   std::atomic<unsigned> source_asleep{0};
@@ -577,15 +588,8 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
     // needed a core to hand on each batch (docs/performance.md, parts 18 and 19).
     std::mutex chains_mutex;
     deliver = [&](const Out& out) {
-      try {
-        const std::lock_guard<std::mutex> lock(chains_mutex);
-        for (auto& c : out->chains) {
-          if (opts.on_chain) opts.on_chain(c);
-          chains.push_back(std::move(c));
-        }
-      } catch (...) {
-        node_errors.fetch_add(1);
-      }
+      const std::lock_guard<std::mutex> lock(chains_mutex);
+      collect(out);
     };
     const auto heavy = static_cast<size_t>(1 - in_router);
     SpinBudget heavy_spin{two_stage_spin_ns(), two_stage_spin_ns()};
@@ -625,11 +629,11 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
         t.join();
       }
     } join_on_throw{heavy_thread, stop, handed};
+    if (!heavy_thread.joinable()) source_spin = SpinBudget{};  // nobody to spin for
     bool last = false;
     for (size_t seq = 0; !last; ++seq) {
       Work& w = *pool[seq % pool.size()];
       // One Work at a time: no third thread here to keep off the cores by refilling in a row.
-      if (!heavy_thread.joinable()) source_spin = SpinBudget{};
       last = prepare(seq, w, source_spin, 1, [] {});
       route_work(&w);
       if (heavy_thread.joinable()) {
@@ -647,14 +651,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
       tbb::flow::graph g;
       // Collector: serial, so it needs no locks; chains are sorted after the run.
       tbb::flow::function_node<Out, tbb::flow::continue_msg> collector(g, tbb::flow::serial, [&](const Out& out) {
-        try {
-          for (auto& c : out->chains) {
-            if (opts.on_chain) opts.on_chain(c);
-            chains.push_back(std::move(c));
-          }
-        } catch (...) {
-          node_errors.fetch_add(1);
-        }
+        collect(out);
         return tbb::flow::continue_msg();
       });
       deliver = [&](const Out& out) { collector.try_put(out); };
