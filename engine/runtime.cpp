@@ -765,6 +765,40 @@ class CallBuffer {
     }
     for (const auto& n : narrow_.items()) fn(wide_of(n));
   }
+  // The kept calls with a duration at or above `bound` (above it when `strict`; compared as
+  // eval() compares `duration >= bound`), appended to `out` in the order visit_calls gives them,
+  // without compacting the buffer first - when at most cap() held calls pass the bound. They are
+  // then exactly the kept calls that pass it: every call slower than one of them is held too
+  // (a call is dropped only below the k-th slowest seen when it came), so each has fewer than
+  // cap() slower calls. Returns false, with `out` as it was, when more pass (the caller visits
+  // the compacted calls instead).
+  bool tail_without_compacting(double bound, bool strict, std::vector<Call>& out) {
+    const size_t first = out.size();
+    auto take = [&](const auto& held, auto as_call) {
+      for (const auto& item : held) {
+        const double d = static_cast<double>(item.dur);
+        if (!(strict ? d > bound : d >= bound)) continue;
+        if (out.size() - first == cap_) return false;
+        out.push_back(as_call(item));
+      }
+      return true;
+    };
+    const bool fits = wide_ ? take(wide_->held(), [](const Call& c) { return c; })
+                            : take(narrow_.held(), [this](const NarrowCall& n) { return wide_of(n); });
+    if (!fits) {
+      out.resize(first);
+      return false;
+    }
+    // visit_calls sorts a full buffer into time order; a filter of it is that order's filter.
+    if (seen_ >= cap_) {
+      const auto begin = out.begin() + static_cast<std::ptrdiff_t>(first);
+      const auto earlier = [](const Call& a, const Call& b) {
+        return a.ts != b.ts ? a.ts < b.ts : a.id != b.id ? a.id < b.id : a.tid < b.tid;
+      };
+      if (!std::is_sorted(begin, out.end(), earlier)) std::sort(begin, out.end(), earlier);
+    }
+    return true;
+  }
   uint64_t seen() const { return seen_; }
   bool capped() const { return seen_ > cap_; }
   size_t kept() const { return static_cast<size_t>(std::min<uint64_t>(seen_, cap_)); }  // once compacted
@@ -2244,6 +2278,9 @@ struct Shard::Impl {
     tail_.bound = bound;
     tail_.strict = strict;
     tail_.calls.clear();
+    // The final compaction of a capped buffer costs more than the tail's filter: skipped while
+    // the tail fits the cap (CallBuffer::tail_without_compacting).
+    if (tuning.tail_from_held && w.calls.tail_without_compacting(bound, strict, tail_.calls)) return tail_.calls;
     w.calls.visit_calls([&](const auto& calls, auto as_call) {
       for (const auto& item : calls) {
         // The comparison eval() makes for `duration >= bound` (or `>`); NaN selects nothing.

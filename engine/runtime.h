@@ -253,6 +253,10 @@ struct ShardTuning {
   // One span buffer for every join stage that reads the same spans (runtime.cpp JoinBuffer);
   // false: a buffer per stage (tests compare).
   bool share_join_buffers = true;
+  // A join's tail (`duration >= bound`, TailCut) is read off a capped call buffer's held calls
+  // without compacting it when the tail fits the cap (CallBuffer::tail_without_compacting);
+  // false: the buffer is compacted first (tests compare).
+  bool tail_from_held = true;
   // Per-op statistics take their durations from a window group's states where one holds them
   // exactly (Shard: stats_group); false: every event is added to them on its own (tests compare).
   bool stats_from_windows = true;

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -70,6 +71,10 @@ class TopK {
     if (n_ > k_ || n_ != items_.size()) settle();
     return items_;
   }
+  // Every held item, without compacting: all of them up to k added, else a superset of the k
+  // greatest (at most k + k/2 + 1 items: every item not yet dropped), in arrival order when
+  // Greater has a primary key. Every item at or above the k-th greatest seen so far is in it.
+  std::span<const T> held() const { return {items_.data(), n_}; }
   uint64_t seen() const { return seen_; }
   bool capped() const { return seen_ > k_; }
   size_t k() const { return k_; }

@@ -6,7 +6,9 @@
 // plans with several off-CPU filters and duplicate joins in pipes of different windows (so one
 // buffer is pruned against the calls of two window groups) give the same chains, evidence (ids
 // included), outcomes and counters with sharing on as with a buffer per stage, at batch sizes
-// from 1 to 4096, with pruning after every batch, by the default trigger and off.
+// from 1 to 4096, with pruning after every batch, by the default trigger and off. The same traces
+// check that a tail read off a capped call buffer's held calls, without compacting it
+// (ShardTuning::tail_from_held), is the tail of the compacted buffer, whether or not it fits the cap.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -184,6 +186,37 @@ TEST(JoinShare, SharedBuffersGiveWhatABufferPerStageGives) {
 TEST(JoinShare, DefaultPackGivesWhatABufferPerStageGives) {
   const size_t evidence = compare_sharing(default_plan(), 7, 4);
   EXPECT_GT(evidence, 0u);
+}
+
+// Tails read without compacting (the default) against tails of the compacted buffer, at caps from
+// 1 (most tails overflow it: the compacted path) to 64 (every tail fits), on traces whose
+// durations tie on a coarse grid (calls equal to the bound, and to each other at the cut).
+TEST(JoinShare, TailFromHeldCallsIsTheCompactedTail) {
+  std::vector<std::string> errors;
+  for (const Plan& plan : {share_plan(), default_plan()}) {
+    const auto cp = compile_plan(plan, errors);
+    ASSERT_TRUE(cp) << (errors.empty() ? "" : errors.front());
+    std::mt19937_64 rng(20261128);
+    size_t evidence = 0;
+    for (int t = 0; t < 4; ++t) {
+      auto ev = random_trace(rng, 2000 + rng() % 2000, t % 2 ? 50 * kUs : 1);
+      if (t >= 2)  // durations on a 20 us grid: ties at the bound and at the cap's cut
+        for (auto& e : ev) e.dur_ns = std::max<uint64_t>(e.dur_ns / (20 * kUs), 1) * 20 * kUs;
+      for (const size_t cap : {size_t{1}, size_t{2}, size_t{3}, size_t{8}, size_t{64}})
+        for (const size_t batch : {size_t{1}, size_t{64}, size_t{4096}}) {
+          SCOPED_TRACE("trace " + std::to_string(t) + " cap " + std::to_string(cap) + " batch " +
+                       std::to_string(batch));
+          ShardTuning held, compacted;
+          held.max_tail_calls = compacted.max_tail_calls = cap;
+          compacted.tail_from_held = false;
+          const std::string a = run(*cp, false, ev, batch, compacted);
+          const std::string b = run(*cp, false, ev, batch, held);
+          ASSERT_EQ(a, b);
+          evidence += count_of(a, " ev ");
+        }
+    }
+    EXPECT_GT(evidence, 0u);
+  }
 }
 
 // Each filter of a shared off-CPU buffer counts its own states only: a call overlapped by one
