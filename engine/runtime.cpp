@@ -790,13 +790,7 @@ class CallBuffer {
       return false;
     }
     // visit_calls sorts a full buffer into time order; a filter of it is that order's filter.
-    if (seen_ >= cap_) {
-      const auto begin = out.begin() + static_cast<std::ptrdiff_t>(first);
-      const auto earlier = [](const Call& a, const Call& b) {
-        return a.ts != b.ts ? a.ts < b.ts : a.id != b.id ? a.id < b.id : a.tid < b.tid;
-      };
-      if (!std::is_sorted(begin, out.end(), earlier)) std::sort(begin, out.end(), earlier);
-    }
+    if (seen_ >= cap_) sort_by_time(out.begin() + static_cast<std::ptrdiff_t>(first), out.end());
     return true;
   }
   uint64_t seen() const { return seen_; }
@@ -810,11 +804,16 @@ class CallBuffer {
   template <class V>
   void sort_if_full(V& v) {
     if (seen_ < cap_ || sorted_) return;
+    sort_by_time(v.begin(), v.end());
+    sorted_ = true;
+  }
+  // Calls (full or narrow) into time order: start, then id and tid (a sort usually a check).
+  template <class It>
+  static void sort_by_time(It begin, It end) {
     const auto earlier = [](const auto& a, const auto& b) {
       return a.ts != b.ts ? a.ts < b.ts : a.id != b.id ? a.id < b.id : a.tid < b.tid;
     };
-    if (!std::is_sorted(v.begin(), v.end(), earlier)) std::sort(v.begin(), v.end(), earlier);
-    sorted_ = true;
+    if (!std::is_sorted(begin, end, earlier)) std::sort(begin, end, earlier);
   }
   Call wide_of(const NarrowCall& n) const { return {n.ts, n.dur, n.id, pid_, n.tid}; }
   void widen() {
