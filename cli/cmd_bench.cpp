@@ -33,10 +33,12 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "cli/bench_scaling.h"
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/config.h"
 #include "cli/pipeline_common.h"
+#include "cli/preloaded_source.h"
 #include "engine/engine.h"
 #include "model/synth.h"
 
@@ -95,6 +97,7 @@ struct BenchArgs {
   bool no_default = false, builtin = false, json = false, replay_only = false, no_per_rule = false, no_warm = false,
        no_preload = false, per_rule_e2e = false;
   unsigned threads = 1;
+  unsigned scaling = 0;  // rounds of --scaling (0: none)
   size_t batch = 4096;
   uint64_t max_preload_mb = 0;  // 0 = half of MemAvailable
 };
@@ -115,38 +118,6 @@ std::unique_ptr<EventSource> open_bench_source(const BenchArgs& a, std::string& 
   if (a.synthetic) return std::make_unique<synth::LargeTraceSource>(a.synthetic, 1, a.batch);
   return open_any_trace(a.trace, error, a.batch);
 }
-
-// Replays batches already in memory, exactly as the reader produced them (watermarks, final
-// flag), with a copy of the reader's metadata. The batches are borrowed and copied out, so the
-// same trace can be replayed for the pack and then for every rule.
-class PreloadedSource final : public EventSource {
- public:
-  PreloadedSource(const std::vector<Batch>& batches, const TraceMeta& meta) : batches_(batches), meta_(meta) {}
-  // Lends each batch's events (Batch::lent) instead of copying them: the run phase times the
-  // analysis, not a copy of every event (400 MB for 5 M events) that no other source makes on the
-  // engine's thread.
-  bool next(Batch& out) override {
-    if (pos_ >= batches_.size()) return false;
-    const Batch& b = batches_[pos_++];
-    out.events.clear();
-    out.lent = &b.events;
-    out.watermark = b.watermark;
-    out.seq = b.seq;
-    out.final = b.final;
-    return true;
-  }
-  TraceMeta& meta() override { return meta_; }
-  PrefetchHint upcoming() override {
-    if (pos_ >= batches_.size()) return {};
-    const std::vector<Event>& next = batches_[pos_].events;
-    return {next.data(), next.size() * sizeof(Event)};
-  }
-
- private:
-  const std::vector<Batch>& batches_;
-  size_t pos_ = 0;
-  TraceMeta meta_;
-};
 
 struct Phase {
   bool measured = false;
@@ -213,6 +184,12 @@ struct PerRule {
 int run_bench(const BenchArgs& a) {
   if (a.trace.empty() == (a.synthetic == 0)) {
     print_error("give --trace FILE (SQLite or LMDB) or --synthetic N");
+    return kExitUsage;
+  }
+  if (a.scaling && (a.threads < 2 || a.replay_only || a.no_preload)) {
+    print_error(
+        "--scaling sets --threads N (2 or more) against one thread on the trace replayed from memory: give "
+        "--threads 2 (or more), without --replay-only or --no-preload");
     return kExitUsage;
   }
   AnalysisSpec spec;
@@ -364,6 +341,40 @@ int run_bench(const BenchArgs& a) {
   }
   const uint64_t process_peak = proc_status_bytes("VmHWM:");
 
+  // 5. --scaling: the engine at --threads N against what this machine gives the same work (last,
+  // and in text mode after the report, each round printed as it ends: it takes a while).
+  std::vector<ScalingRound> scaling;
+  std::string scaling_note;
+  auto measure_scaling_rounds = [&](bool print) {
+    if (!a.scaling) return true;
+    if (mode != "preloaded") {
+      scaling_note = "not measured: the trace was not preloaded (" + fallback_reason + ")";
+      if (print) std::printf("scaling      %s\n", scaling_note.c_str());
+      return true;
+    }
+    if (print) print_scaling_header(a.threads, a.scaling);
+    scaling = measure_scaling(ap.plan, batches, *meta, a.threads, a.scaling, [&](unsigned k, const ScalingRound& r) {
+      if (print) {
+        print_scaling_round(k, r);
+        std::fflush(stdout);
+      }
+    });
+    if (print) print_scaling_summary(a.threads, scaling);
+    // Every run must have seen the whole trace (copies) or all of it between them (slices).
+    for (const auto& r : scaling) {
+      uint64_t sliced = 0;
+      for (const auto& x : r.slices) sliced += x.events;
+      bool ok = r.one.events == events && r.engine.events == events && sliced == events;
+      for (const auto& x : r.copies) ok = ok && x.events == events;
+      if (!ok) {
+        print_error("bench --scaling: a run did not see every event of the trace (" + std::to_string(events) +
+                    "): its times mean nothing");
+        return false;
+      }
+    }
+    return true;
+  };
+
   std::map<std::string, uint64_t> by_category;
   for (const auto& c : result.chains) ++by_category[c.category];
   // Compatibility fields: in streamed mode load = opening, run = the streamed run.
@@ -418,8 +429,13 @@ int run_bench(const BenchArgs& a) {
       prs.push_back(std::move(o));
     }
     j["per_rule"] = prs;
+    const bool scaling_ok = measure_scaling_rounds(false);
+    if (a.scaling) {
+      j["scaling"] = scaling.empty() ? nlohmann::json{{"threads", a.threads}, {"note", scaling_note}}
+                                     : scaling_json(a.threads, scaling);
+    }
     std::cout << j.dump(2) << "\n";
-    return chains_match ? kExitOk : kExitInput;
+    return chains_match && scaling_ok ? kExitOk : kExitInput;
   }
 
   std::printf("trace        %s (%s, %llu events)\n", a.synthetic ? "<synthetic>" : a.trace.c_str(), format.c_str(),
@@ -463,7 +479,9 @@ int run_bench(const BenchArgs& a) {
   std::printf("peak RSS     %s (whole process%s)\n", mib(process_peak).c_str(),
               mode == "preloaded" ? ", including the preloaded trace" : "");
   if (!peak_reset_works) std::printf("* peak RSS could not be reset per phase: values are cumulative\n");
-  return chains_match ? kExitOk : kExitInput;
+  std::fflush(stdout);
+  const bool scaling_ok = measure_scaling_rounds(true);
+  return chains_match && scaling_ok ? kExitOk : kExitInput;
 }
 
 Registrar reg{
@@ -480,7 +498,9 @@ Registrar reg{
           "  ingero-pipeline bench --trace big.lmdb --json             # machines\n"
           "  ingero-pipeline bench --trace big.lmdb --replay-only      # the reader alone\n"
           "  ingero-pipeline bench --trace trace.db --rules my.rules --threads 2\n"
-          "  ingero-pipeline bench --synthetic 5000000                 # no file: generated events");
+          "  ingero-pipeline bench --synthetic 5000000                 # no file: generated events\n"
+          "  ingero-pipeline bench --trace big.db --threads 2 --scaling 8 --no-per-rule\n"
+          "                    # does 2 threads fall short, or does this machine? (docs/performance.md)");
       cmd->add_option("--trace", args->trace, "Captured trace (SQLite or LMDB, detected from the file)");
       cmd->add_option("--synthetic", args->synthetic, "Generate N events in memory instead of a file");
       cmd->add_option("--rules", args->rules, "Rule files, added to the default rules");
@@ -502,6 +522,11 @@ Registrar reg{
                       "MemAvailable)");
       add_quiet_flag(cmd);
       cmd->add_flag("--no-warm", args->no_warm, "LMDB: do not pre-read the file into the page cache");
+      cmd->add_option("--scaling", args->scaling,
+                      "N rounds setting --threads T against one thread and against what this machine gives T\n"
+                      "copies of the one-thread run at once (its capacity) and T runs over alternate batches\n"
+                      "(a split of time); needs --threads 2 or more")
+          ->check(CLI::Range(1u, 1000u));
       cmd->callback([args, &rc] { rc = run_bench(*args); });
     }};
 

@@ -2,6 +2,7 @@
 #include <sys/wait.h>
 
 #include "tests/util/run_command.h"
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -189,6 +190,59 @@ TEST(Cli, BenchStreamsWhenAskedOrOverItsMemoryCap) {
     ASSERT_TRUE(pr.contains("end_to_end")) << pr.dump();
     EXPECT_EQ(pr["end_to_end"]["events"], 3807);
   }
+}
+
+// bench --scaling: rounds of one thread, the engine at --threads N, N copies of the one-thread
+// run at once and N runs over alternate batches, each run's events counted (a run that read
+// nothing would look fast), the ratios derived from the times, and a clear refusal without
+// --threads 2 or more.
+TEST(Cli, BenchScalingSetsTheEngineAgainstTheMachine) {
+  if (!std::filesystem::exists(kSample)) GTEST_SKIP() << "missing " << kSample;
+  // Batches of 64 events: both slices get some of the trace's 3807.
+  const auto r = run("bench --json --no-per-rule --threads 2 --scaling 2 --batch 64 --trace " + kSample);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j.contains("scaling")) << r.out;
+  const auto& sc = j["scaling"];
+  EXPECT_EQ(sc["threads"], 2);
+  ASSERT_EQ(sc["rounds"].size(), 2u);
+  std::vector<double> speedups;
+  for (const auto& round : sc["rounds"]) {
+    EXPECT_EQ(round["one_thread"]["events"], 3807);
+    EXPECT_EQ(round["engine"]["events"], 3807);
+    ASSERT_EQ(round["copies"].size(), 2u);
+    for (const auto& c : round["copies"]) EXPECT_EQ(c["events"], 3807) << "each copy runs the whole trace";
+    ASSERT_EQ(round["slices"].size(), 2u);
+    uint64_t sliced = 0;
+    for (const auto& x : round["slices"]) {
+      EXPECT_GT(x["events"].get<uint64_t>(), 0u);
+      sliced += x["events"].get<uint64_t>();
+    }
+    EXPECT_EQ(sliced, 3807u) << "the slices share the trace out between them";
+    const double one = round["one_thread"]["seconds"], engine = round["engine"]["seconds"];
+    const double copies = round["copies_wall_seconds"], slices = round["slices_wall_seconds"];
+    ASSERT_GT(one, 0);
+    ASSERT_GT(engine, 0);
+    ASSERT_GT(copies, 0);
+    ASSERT_GT(slices, 0);
+    for (const auto& c : round["copies"]) EXPECT_LE(c["seconds"].get<double>(), copies + 1e-9);
+    EXPECT_NEAR(round["speedup"].get<double>(), one / engine, 1e-9);
+    EXPECT_NEAR(round["capacity"].get<double>(), 2 * one / copies, 1e-9);
+    EXPECT_NEAR(round["time_split_bound"].get<double>(), one / slices, 1e-9);
+    EXPECT_NEAR(round["efficiency"].get<double>(), (one / engine) / (2 * one / copies), 1e-9);
+    speedups.push_back(one / engine);
+  }
+  std::sort(speedups.begin(), speedups.end());
+  EXPECT_NEAR(sc["median"]["speedup"].get<double>(), (speedups[0] + speedups[1]) / 2, 1e-9);
+
+  const auto t = run("bench --no-per-rule --threads 2 --scaling 1 --trace " + kSample);
+  ASSERT_EQ(t.status, 0) << t.err;
+  for (const char* text : {"scaling", "capacity", "time split bound", "median"})
+    EXPECT_NE(t.out.find(text), std::string::npos) << text << "\n" << t.out;
+
+  const auto one = run("bench --no-per-rule --scaling 2 --trace " + kSample);
+  EXPECT_NE(one.status, 0);
+  EXPECT_NE(one.err.find("--threads 2"), std::string::npos) << one.err;
 }
 
 // --quiet is accepted by the long commands and leaves their results alone (the progress line it
