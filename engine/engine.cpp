@@ -535,11 +535,12 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
   }
   auto route_work = [&](Work* w) {
     try {
-      router->route(w->batch.view(), w->routed, w->upcoming);
+      router->route(w->batch.view(), w->routed, w->upcoming, w->batch.final);
     } catch (...) {
       // Counted; the shards then see no event of this batch (no half-made lists).
       node_errors.fetch_add(1);
       std::fill(w->routed.sizes.begin(), w->routed.sizes.end(), size_t{0});
+      for (auto& spans : w->routed.spans) spans.clear();
       w->routed.exits.clear();
       w->routed.gave_up_stats = false;
     }

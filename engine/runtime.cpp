@@ -1019,8 +1019,12 @@ struct Shard::Impl {
   // (pointers into the shared list, in its order). builder_of: per stream, its index, or -1.
   struct SharedSpans {
     std::unique_ptr<OffCpuSpanBuilder> builder;
-    std::vector<Event> spans;  // this batch's
-    bool built = false;        // this batch
+    std::vector<Event> spans;  // this batch's, when this shard builds them
+    // This batch's spans: `spans`, or the router's (RoutedBatch::spans, take_routed).
+    std::span<const Event> view;
+    const std::vector<Event>* routed = nullptr;  // the router's this batch, if it built them
+    bool built = false;                          // this batch
+    bool prebuild = false;                       // route(): this shard builds them for others
   };
   std::vector<SharedSpans> shared_spans;
   std::vector<int> builder_of;
@@ -1200,7 +1204,10 @@ struct Shard::Impl {
       if (!node) continue;
       const auto [it, fresh] = builder_index.try_emplace({plan.streams[i].parent, node->min_ns},
                                                          static_cast<int>(shared_spans.size()));
-      if (fresh) shared_spans.push_back({std::make_unique<OffCpuSpanBuilder>(OffCpuNode{node->min_ns, {}}), {}, false});
+      if (fresh) {
+        shared_spans.emplace_back();
+        shared_spans.back().builder = std::make_unique<OffCpuSpanBuilder>(OffCpuNode{node->min_ns, {}});
+      }
       builder_of[i] = it->second;
     }
     group_of_pipe.assign(plan.pipes.size(), 0);
@@ -1359,7 +1366,10 @@ struct Shard::Impl {
         if (st.kind != StageKind::kJoin || st.right_stream < 0) continue;
         const auto r = static_cast<size_t>(st.right_stream);
         const StreamDef& d = plan.streams[r];
-        if (d.offcpu && d.parent >= 0 && is_scan(static_cast<size_t>(d.parent))) route_switches = true;
+        if (d.offcpu && d.parent >= 0 && is_scan(static_cast<size_t>(d.parent))) {
+          route_switches = true;
+          shared_spans[static_cast<size_t>(builder_of[r])].prebuild = true;
+        }
         if (prerouted[r] || d.offcpu || is_scan(r)) continue;
         keep_code[r] = chain_mask(r);
         prerouted[r] = keep_code[r].empty() ? 0 : 1;
@@ -1599,7 +1609,10 @@ struct Shard::Impl {
     const auto parent = static_cast<size_t>(s.parent);
     if (s.offcpu) {
       SharedSpans& sh = shared_spans[static_cast<size_t>(builder_of[i])];
-      if (!sh.built) {
+      if (!sh.built && sh.routed) {
+        sh.built = true;
+        sh.view = *sh.routed;
+      } else if (!sh.built) {
         sh.built = true;
         sh.spans.clear();
         auto add = [&](const Event* e) {
@@ -1612,9 +1625,10 @@ struct Shard::Impl {
           each_event(parent, in, true, add);
         }
         if (in.final) sh.builder->finish(last_ts, sh.spans);
+        sh.view = sh.spans;
       }
       const auto& states = s.offcpu->states;  // the filter OffCpuSpanBuilder::emit would apply
-      for (const auto& e : sh.spans)
+      for (const auto& e : sh.view)
         if (states.empty() || std::find(states.begin(), states.end(), e.prev_state) != states.end()) own.push_back(&e);
       return;  // off-CPU spans are never host-wide
     }
@@ -1883,16 +1897,31 @@ struct Shard::Impl {
       sink_sizes[k] = have ? r.sizes[k] : 0;
     }
     if (r.gave_up_stats && stats) give_up_stats_group(nullptr);
+    for (size_t b = 0; b < shared_spans.size(); ++b)
+      if (b < r.spans_built.size() && r.spans_built[b]) shared_spans[b].routed = &r.spans[b];
   }
 
   // Shard::route: this batch's exits only (exited is cleared per batch), and the latest event end
   // so far (the shards keep the running maximum too).
-  void route(const std::vector<Event>& events, RoutedBatch& out, PrefetchHint prefetch) {
+  void route(const std::vector<Event>& events, RoutedBatch& out, PrefetchHint prefetch, bool final) {
     ShardInput in;
     in.owned = EventsPtr(EventsPtr(), &events);
     in.prefetch = prefetch;
     exited.clear();
     const uint64_t carried_dur_bits = route_batch(in, out.lists);
+    // The off-CPU spans of the joins over the scan, from the sched_switch events just listed
+    // (still in this core's cache), as a shard's compute() would build them.
+    out.spans.resize(shared_spans.size());
+    out.spans_built.assign(shared_spans.size(), 0);
+    for (size_t b = 0; b < shared_spans.size(); ++b) {
+      SharedSpans& sh = shared_spans[b];
+      if (!sh.prebuild) continue;
+      auto& spans = out.spans[b];
+      spans.clear();
+      for (const Event* e : sink(switch_sink)) sh.builder->add(*e, spans);
+      if (final) sh.builder->finish(last_ts, spans);
+      out.spans_built[b] = 1;
+    }
     out.end_max = last_ts;
     out.exits.assign(exited.begin(), exited.end());
     out.sizes.assign(sink_sizes.begin(), sink_sizes.end());
@@ -1912,7 +1941,10 @@ struct Shard::Impl {
     last_ts = std::max(last_ts, in.trace_end);
     if (in.process_names) names = in.process_names;
     computed.assign(plan.streams.size(), 0);
-    for (auto& sh : shared_spans) sh.built = false;
+    for (auto& sh : shared_spans) {
+      sh.built = false;
+      sh.routed = nullptr;  // take_routed() sets it when the router built them
+    }
     std::fill(sink_sizes.begin(), sink_sizes.end(), size_t{0});
     if (in.owned) {
       // One pass over the batch: trace end, exits, per-op statistics, and the events of every
@@ -1936,7 +1968,7 @@ struct Shard::Impl {
       const size_t right = jb.right_stream;
       compute(right, in);
       if (jb.builder >= 0) {  // every span the builder made this batch (off-CPU spans are never host-wide)
-        for (const Event& e : shared_spans[static_cast<size_t>(jb.builder)].spans)
+        for (const Event& e : shared_spans[static_cast<size_t>(jb.builder)].view)
           jb.join->add_right(join_key(jb.key, e.pid, e.tid), e);
         continue;
       }
@@ -2439,8 +2471,8 @@ Shard::Shard(const CompiledPlan& plan, ShardTier tier, bool compute_stats, const
     : impl_(std::make_unique<Impl>(plan, tier, compute_stats, tuning, std::move(groups))) {}
 Shard::~Shard() = default;
 ShardOutput Shard::process(const ShardInput& in) { return impl_->process(in); }
-void Shard::route(const std::vector<Event>& events, RoutedBatch& out, PrefetchHint prefetch) {
-  impl_->route(events, out, prefetch);
+void Shard::route(const std::vector<Event>& events, RoutedBatch& out, PrefetchHint prefetch, bool final) {
+  impl_->route(events, out, prefetch, final);
 }
 int Shard::carried_stats_group() const { return impl_->carried_stats_group(); }
 std::unique_ptr<OpStatsAccumulator> Shard::take_stats() { return impl_->take_stats(); }

@@ -18,7 +18,7 @@
 //   finish() closes everything at the final watermark.
 // - route(batch, out): a router's one routing pass for shards that each run some window groups
 //   (two threads split by group), which then read its lists (ShardInput::routed) instead of
-//   walking the batch.
+//   walking the batch, and the batch's off-CPU spans, which they read instead of building them.
 #pragma once
 
 #include <cstdint>
@@ -186,6 +186,12 @@ struct RoutedBatch {
   // The router stopped carrying the per-op statistics' durations in window states at this batch
   // (a duration of 2^53 ns or more); the shard that carries them stops too (Shard: stats_group).
   bool gave_up_stats = false;
+  // Per off-CPU span builder (the plan's, in stream order: every shard numbers them alike), this
+  // batch's spans when the router built them (built[b]): a shard given this batch reads them
+  // instead of building its own, so the routing stage, which has the sched_switch events in
+  // cache, pays for them once (docs/performance.md, parts 20 and 21).
+  std::vector<std::vector<Event>> spans;
+  std::vector<char> spans_built;
 };
 
 struct ShardInput {
@@ -288,7 +294,8 @@ class Shard {
   // no window group carries; the shard holding the group carried_stats_group() (-1: none) adds
   // those from its window states. take_stats() hands over the router's statistics after the run.
   // `prefetch`: the next batch, fetched during the pass (ShardInput::prefetch).
-  void route(const std::vector<Event>& events, RoutedBatch& out, PrefetchHint prefetch = {});
+  // `final`: the run's last batch (the router's span builders close their open spans then).
+  void route(const std::vector<Event>& events, RoutedBatch& out, PrefetchHint prefetch = {}, bool final = false);
   int carried_stats_group() const;
   std::unique_ptr<OpStatsAccumulator> take_stats();
 

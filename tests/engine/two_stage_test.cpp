@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "model/ops.h"
 #include "model/synth.h"
 #include "rules/pack.h"
 #include "tests/util/pack_run.h"
@@ -125,6 +126,64 @@ TEST(TwoStage, TheFlowGraphGivesTheSameResult) {
     BorrowedSource b(t.events, 777);
     EXPECT_TRUE(result_text(run_with(b, 2)) == two_stage);
   }
+}
+
+// `events` with every whole off-CPU span (a HOST sched_switch with a duration) given as a
+// switch-out half and a switch-in half, as a live source delivers them, in time order, up to
+// `cut`: a switch back in after it is left out (the thread is still off CPU when the trace ends),
+// and so is its switch-out unless keep_open.
+std::vector<Event> as_halves_cut_at(const std::vector<Event>& events, uint64_t cut, bool keep_open) {
+  std::vector<Event> out;
+  for (const Event& e : events) {
+    if (e.ts_ns > cut) continue;
+    if (e.source != Source::kHost || e.op != op::kSchedSwitch || e.dur_ns == 0) {
+      out.push_back(e);
+      continue;
+    }
+    const bool open = e.ts_ns + e.dur_ns > cut;
+    if (open && !keep_open) continue;
+    Event half = e;
+    half.dur_ns = 0;
+    half.flags = event_flags::kSwitchOut;
+    out.push_back(half);
+    if (open) continue;
+    half.flags = event_flags::kSwitchIn;
+    half.ts_ns = e.ts_ns + e.dur_ns;
+    out.push_back(half);
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Event& x, const Event& y) { return x.ts_ns < y.ts_ns; });
+  for (size_t i = 0; i < out.size(); ++i) out[i].id = i + 1;
+  return out;
+}
+
+TEST(TwoStage, ThreadsStillOffCpuWhenTheTraceEndsGiveTheOneThreadResult) {
+  // The router builds the off-CPU spans for both stages (runtime.h, RoutedBatch::spans): a span
+  // still open at the last batch is closed there, at the trace's end, as a shard closes its own.
+  // The CPU contention trace, its spans in halves, cut inside each of its preempted calls of the
+  // fault window in turn: the last one's switch back in is cut, and its call, recorded with its
+  // whole duration, overlaps the span that only the close at the end makes.
+  const auto t = synth::make_cpu_contention(true);
+  std::vector<uint64_t> cuts;
+  for (const Event& e : t.events)
+    if (e.source == Source::kHost && e.op == op::kSchedSwitch && e.prev_state == OffCpuState::kPreempted)
+      cuts.push_back(e.ts_ns + e.dur_ns / 2);
+  ASSERT_GE(cuts.size(), 8u);
+  size_t open_span_matters = 0;
+  for (const size_t k : {size_t{2}, cuts.size() / 2, cuts.size() - 1}) {
+    const std::vector<Event> events = as_halves_cut_at(t.events, cuts[k], true);
+    SCOPED_TRACE(k);
+    BorrowedSource one_src(events, 4096);
+    const auto one = run_with(one_src, 1);
+    // Whether the open span shows in the result at all (the trace without it gives another).
+    const std::vector<Event> without = as_halves_cut_at(t.events, cuts[k], false);
+    BorrowedSource without_src(without, 4096);
+    if (result_text(run_with(without_src, 1)) != result_text(one)) ++open_span_matters;
+    for (const size_t batch : {size_t{64}, size_t{4096}}) {
+      BorrowedSource src(events, batch);
+      EXPECT_TRUE(result_text(run_with(src, 2)) == result_text(one)) << "batch " << batch;
+    }
+  }
+  EXPECT_GT(open_span_matters, 0u) << "no cut's open span changes the result: the test proves nothing";
 }
 
 // A source that throws at its `at`-th batch (a data-plane source never does, but an allocation
