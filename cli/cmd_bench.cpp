@@ -353,12 +353,16 @@ int run_bench(const BenchArgs& a) {
       return true;
     }
     if (print) print_scaling_header(a.threads, a.scaling);
+    // With --json nothing is printed until the end: a line on a terminal's stderr says how far it is.
+    const bool progress = !print && ::isatty(STDERR_FILENO) == 1 && !quiet_requested();
     scaling = measure_scaling(ap.plan, batches, *meta, a.threads, a.scaling, [&](unsigned k, const ScalingRound& r) {
       if (print) {
         print_scaling_round(k, r);
         std::fflush(stdout);
       }
+      if (progress) std::fprintf(stderr, "\rbench --scaling: round %u of %u done", k + 1, a.scaling);
     });
+    if (progress) std::fprintf(stderr, "\r\033[K");
     if (print) print_scaling_summary(a.threads, scaling);
     // Every run must have seen the whole trace (copies) or all of it between them (slices).
     for (const auto& r : scaling) {
