@@ -34,14 +34,21 @@ double run_together(const Plan& plan, const std::vector<const std::vector<Batch>
   std::atomic<size_t> arrived{0};
   std::vector<std::thread> workers;
   workers.reserve(n);
-  for (size_t i = 0; i < n; ++i)
-    workers.emplace_back([&, i] {
-      arrived.fetch_add(1);
-      while (arrived.load() < n) std::this_thread::yield();
-      start[i] = Clock::now();
-      out[i] = run_once(plan, *inputs[i], meta, 1);
-      end[i] = Clock::now();
-    });
+  try {
+    for (size_t i = 0; i < n; ++i)
+      workers.emplace_back([&, i] {
+        arrived.fetch_add(1);
+        while (arrived.load() < n) std::this_thread::yield();
+        start[i] = Clock::now();
+        out[i] = run_once(plan, *inputs[i], meta, 1);
+        end[i] = Clock::now();
+      });
+  } catch (...) {
+    // No thread to be had: release the ones started (they wait for all n), join them, report.
+    arrived.store(n);
+    for (auto& w : workers) w.join();
+    throw;
+  }
   for (auto& w : workers) w.join();
   const auto first = *std::min_element(start.begin(), start.end());
   const auto last = *std::max_element(end.begin(), end.end());
