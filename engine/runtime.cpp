@@ -1609,23 +1609,23 @@ struct Shard::Impl {
     const auto parent = static_cast<size_t>(s.parent);
     if (s.offcpu) {
       SharedSpans& sh = shared_spans[static_cast<size_t>(builder_of[i])];
-      if (!sh.built && sh.routed) {
+      if (!sh.built) {
         sh.built = true;
-        sh.view = *sh.routed;
-      } else if (!sh.built) {
-        sh.built = true;
-        sh.spans.clear();
-        auto add = [&](const Event* e) {
-          if (e->source == Source::kHost && e->op == op::kSchedSwitch) sh.builder->add(*e, sh.spans);
-        };
-        if (route_switches && is_scan(parent)) {  // the routing pass listed the scan's sched_switch events
-          for (const Event* e : sink(switch_sink)) add(e);
+        if (sh.routed) {  // the router built them (take_routed)
+          sh.view = *sh.routed;
         } else {
-          if (!is_scan(parent)) compute(parent, in);
-          each_event(parent, in, true, add);
+          sh.spans.clear();
+          if (route_switches && is_scan(parent)) {  // the routing pass listed the scan's sched_switch events
+            build_switch_spans(sh, in.final, sh.spans);
+          } else {
+            if (!is_scan(parent)) compute(parent, in);
+            each_event(parent, in, true, [&](const Event* e) {
+              if (e->source == Source::kHost && e->op == op::kSchedSwitch) sh.builder->add(*e, sh.spans);
+            });
+            if (in.final) sh.builder->finish(last_ts, sh.spans);
+          }
+          sh.view = sh.spans;
         }
-        if (in.final) sh.builder->finish(last_ts, sh.spans);
-        sh.view = sh.spans;
       }
       const auto& states = s.offcpu->states;  // the filter OffCpuSpanBuilder::emit would apply
       for (const auto& e : sh.view)
@@ -1901,6 +1901,14 @@ struct Shard::Impl {
       if (b < r.spans_built.size() && r.spans_built[b]) shared_spans[b].routed = &r.spans[b];
   }
 
+  // Pairs the sched_switch events the routing pass listed this batch into off-CPU spans with
+  // sh's builder, appended to `out`; at the final batch, closes the spans still open at the
+  // trace's end. A shard's compute() and the router's route() both build spans this way.
+  void build_switch_spans(SharedSpans& sh, bool final, std::vector<Event>& out) {
+    for (const Event* e : sink(switch_sink)) sh.builder->add(*e, out);
+    if (final) sh.builder->finish(last_ts, out);
+  }
+
   // Shard::route: this batch's exits only (exited is cleared per batch), and the latest event end
   // so far (the shards keep the running maximum too).
   void route(const std::vector<Event>& events, RoutedBatch& out, PrefetchHint prefetch, bool final) {
@@ -1914,12 +1922,9 @@ struct Shard::Impl {
     out.spans.resize(shared_spans.size());
     out.spans_built.assign(shared_spans.size(), 0);
     for (size_t b = 0; b < shared_spans.size(); ++b) {
-      SharedSpans& sh = shared_spans[b];
-      if (!sh.prebuild) continue;
-      auto& spans = out.spans[b];
-      spans.clear();
-      for (const Event* e : sink(switch_sink)) sh.builder->add(*e, spans);
-      if (final) sh.builder->finish(last_ts, spans);
+      if (!shared_spans[b].prebuild) continue;
+      out.spans[b].clear();
+      build_switch_spans(shared_spans[b], final, out.spans[b]);
       out.spans_built[b] = 1;
     }
     out.end_max = last_ts;
