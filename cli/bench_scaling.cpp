@@ -9,6 +9,7 @@
 
 #include "cli/preloaded_source.h"
 #include "engine/engine.h"
+#include "operators/peer.h"
 
 namespace ingero::cli {
 namespace {
@@ -69,19 +70,12 @@ std::vector<Batch> slice(const std::vector<Batch>& batches, size_t i, size_t n) 
   return out;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
-
 template <typename F>
-double median_of(const std::vector<ScalingRound>& rounds, F&& f) {
+double median_over(const std::vector<ScalingRound>& rounds, F&& f) {
   std::vector<double> v;
   v.reserve(rounds.size());
   for (const auto& r : rounds) v.push_back(f(r));
-  return median(std::move(v));
+  return median_of(std::move(v));
 }
 
 nlohmann::json runs_json(const std::vector<ScalingRun>& runs) {
@@ -137,12 +131,12 @@ nlohmann::json scaling_json(unsigned threads, const std::vector<ScalingRound>& r
   return {{"threads", threads},
           {"rounds", rs},
           {"median",
-           {{"one_thread_seconds", median_of(rounds, [](const ScalingRound& r) { return r.one.seconds; })},
-            {"engine_seconds", median_of(rounds, [](const ScalingRound& r) { return r.engine.seconds; })},
-            {"speedup", median_of(rounds, [](const ScalingRound& r) { return r.speedup(); })},
-            {"capacity", median_of(rounds, [](const ScalingRound& r) { return r.capacity(); })},
-            {"time_split_bound", median_of(rounds, [](const ScalingRound& r) { return r.time_split_bound(); })},
-            {"efficiency", median_of(rounds, [](const ScalingRound& r) { return r.efficiency(); })}}}};
+           {{"one_thread_seconds", median_over(rounds, [](const ScalingRound& r) { return r.one.seconds; })},
+            {"engine_seconds", median_over(rounds, [](const ScalingRound& r) { return r.engine.seconds; })},
+            {"speedup", median_over(rounds, [](const ScalingRound& r) { return r.speedup(); })},
+            {"capacity", median_over(rounds, [](const ScalingRound& r) { return r.capacity(); })},
+            {"time_split_bound", median_over(rounds, [](const ScalingRound& r) { return r.time_split_bound(); })},
+            {"efficiency", median_over(rounds, [](const ScalingRound& r) { return r.efficiency(); })}}}};
 }
 
 void print_scaling_header(unsigned threads, unsigned rounds) {

@@ -23,4 +23,8 @@ struct PeerScore {
 
 std::vector<PeerScore> evaluate_peers(const PeerNode& node, const std::vector<double>& values);
 
+// The median of `v` (the mean of the two middle values for an even count); 0 when empty. Also
+// bench --scaling's medians.
+double median_of(std::vector<double> v);
+
 }  // namespace ingero
