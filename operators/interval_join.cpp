@@ -445,6 +445,15 @@ ProbeResult IntervalJoin::probe(uint64_t key, uint64_t call_ts, uint64_t call_en
     }
   }
   std::vector<std::pair<uint64_t, uint64_t>> pieces;
+  // Hits that start at the same instant are listed by id: the buffer keeps them in the order they
+  // were added, which differs between a shard that reads a batch whole and one that adds its own
+  // host-wide events before another shard's (engine.cpp, pid shards).
+  uint64_t run_ts = 0;
+  size_t run_from = 0;
+  auto close_run = [&] {
+    if (r.right_ids.size() - run_from > 1)
+      std::sort(r.right_ids.begin() + static_cast<std::ptrdiff_t>(run_from), r.right_ids.end());
+  };
   for (; b < blocks.size(); ++b, i = 0) {
     if (blocks[b].base_ts > hi) break;
     const Block& blk = view(blocks[b]);  // a spilled block read back (cached), else itself
@@ -468,6 +477,11 @@ ProbeResult IntervalJoin::probe(uint64_t key, uint64_t call_ts, uint64_t call_en
       const bool hit = instant ? (ts >= lo && ts <= hi) : (ts < hi && end > lo);
       if (!hit) continue;
       if (with_tags ? (tag_mask >> blk.tags[i] & 1) == 0 : !untagged_counts) continue;
+      if (r.right_ids.empty() || ts != run_ts) {
+        close_run();
+        run_ts = ts;
+        run_from = r.right_ids.size();
+      }
       r.right_ids.push_back(id);
       r.right_ns += end - ts;
       if (with_arg0) r.sum_arg0 += blk.arg0[i];
@@ -478,6 +492,7 @@ ProbeResult IntervalJoin::probe(uint64_t key, uint64_t call_ts, uint64_t call_en
     }
     if (i < n) break;  // a span past hi: every later one starts after it
   }
+  close_run();
   if (kind_ == JoinKind::kWithin) {
     r.overlap_ns = r.right_ids.empty() ? 0 : call_end - call_ts;
     return r;

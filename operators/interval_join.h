@@ -4,7 +4,9 @@
 // Contract:
 // - add_right(key, event): buffers a right span under key, kept sorted by start (insertion is by
 //   ts, so out-of-order spans from the off-CPU builder are fine).
-// - probe(key, call): the union of the call's intersections with the key's right spans.
+// - probe(key, call): the union of the call's intersections with the key's right spans; the ids
+//   of the spans it counts in start order, spans with the same start by id (never by the order
+//   they were added: shards add host-wide spans in different orders).
 //   kOverlap: a right span [s, e) counts where it intersects [call.ts, call.end).
 //   kWithin:  a right span counts where it intersects [call.ts - within, call.end + within]; an
 //   instant (dur 0) counts when inside that range. For kWithin a hit covers the whole call.

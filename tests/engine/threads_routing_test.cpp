@@ -172,6 +172,47 @@ TEST(ThreadsRouting, JoinSpillGivesTheInMemoryResult) {
   EXPECT_EQ(unusable.counters.join_spill_errors, 1u);  // one shard, one failed creation
 }
 
+// Host-wide events of several processes at the same instant: a pid shard adds its own before
+// those other shards own, one thread adds them in batch order, and a join exemplar names the
+// first five. The TCP scenario with every retransmit sent by six processes at once (the
+// trainer's last, so by id it comes last and a shard that adds its own first would name it
+// first): the chain's evidence is the one-thread evidence at every thread count and split
+// (engine_parity_fuzz found four threads naming other retransmits).
+TEST(ThreadsRouting, HostWideEventsAtOneInstantGiveTheOneThreadEvidence) {
+  const auto t = synth::make_tcp_retransmit(true);
+  std::vector<Event> ev;
+  for (const Event& e : t.events) {
+    if (e.source == Source::kTcp)
+      for (uint32_t other = 4001; other <= 4005; ++other) {
+        Event copy = e;
+        copy.pid = copy.tid = other;
+        ev.push_back(copy);
+      }
+    ev.push_back(e);
+  }
+  for (size_t i = 0; i < ev.size(); ++i) ev[i].id = i + 1;  // in batch order: the copies first
+  const auto one = run_pack(ev, 1, 4096);
+  const std::string base = result_text(one);
+  ASSERT_FALSE(one.chains.empty());
+  size_t tcp_evidence = 0;
+  for (const auto& c : one.chains)
+    for (const auto& e : c.evidence) tcp_evidence += e.kind == "tcp" && e.event_ids.size() > 2 ? 1 : 0;
+  ASSERT_GT(tcp_evidence, 0u);  // the comparison covers retransmits named as evidence
+  static const Plan plan = rules::default_rule_pack_plan();
+  for (const ShardSplit split : {ShardSplit::kByPid, ShardSplit::kByGroup})
+    for (const unsigned threads : {2u, 3u, 4u}) {
+      BorrowedSource src(ev, 777);
+      EngineOptions o;
+      o.threads = threads;
+      o.split = split;
+      std::vector<std::string> errors;
+      const auto r = run_plan(plan, src, o, &errors);
+      ASSERT_TRUE(errors.empty());
+      EXPECT_TRUE(result_text(r) == base)
+          << (split == ShardSplit::kByPid ? "by pid, " : "by group, ") << threads << " threads";
+    }
+}
+
 // The runtime contract the engine relies on: a pid shard fed the shared batch through position
 // lists gives exactly what it gives when fed gathered copies of the same events.
 TEST(ThreadsRouting, IndexedShardInputMatchesGatheredCopies) {

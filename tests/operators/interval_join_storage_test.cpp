@@ -45,16 +45,19 @@ class RefJoin {
     if (it == bufs_.end()) return r;
     const uint64_t lo = kind_ == JoinKind::kWithin ? (call_ts > within_ ? call_ts - within_ : 0) : call_ts;
     const uint64_t hi = kind_ == JoinKind::kWithin ? call_end + within_ : call_end;
-    std::vector<std::pair<uint64_t, uint64_t>> pieces;
+    std::vector<std::pair<uint64_t, uint64_t>> pieces, hits;
     for (const S& s : it->second.spans) {  // every span: no search bound to get wrong
       const bool hit = s.end == s.ts ? (s.ts >= lo && s.ts <= hi) : (s.ts < hi && s.end > lo);
       if (!hit || !(tag_mask >> s.tag & 1)) continue;
-      r.right_ids.push_back(s.id);
+      hits.emplace_back(s.ts, s.id);
       r.right_ns += s.end - s.ts;
       r.sum_arg0 += s.arg0;
       const uint64_t a = std::max(s.ts, call_ts), b = std::min(s.end, call_end);
       if (b > a) pieces.emplace_back(a, b);
     }
+    // The ids in start order, equal starts by id (whatever order they were added in).
+    std::sort(hits.begin(), hits.end());
+    for (const auto& [ts, id] : hits) r.right_ids.push_back(id);
     if (kind_ == JoinKind::kWithin) {
       r.overlap_ns = r.right_ids.empty() ? 0 : call_end - call_ts;
       return r;

@@ -49,6 +49,33 @@ TEST(IntervalJoin, OutOfOrderInsertStaysSorted) {
   EXPECT_EQ(j.probe(1, 95, 115).right_ids, std::vector<uint64_t>{1});
 }
 
+// Spans that start at the same instant are listed by id whatever order they were added in: a pid
+// shard adds its own host-wide events before those another shard owns, a one-thread run in batch
+// order, and a join's exemplar keeps only the first five ids (engine_parity_fuzz found four
+// threads naming other retransmits than one thread did).
+TEST(IntervalJoin, SpansStartingTogetherAreListedById) {
+  for (const JoinKind kind : {JoinKind::kWithin, JoinKind::kOverlap}) {
+    IntervalJoin j(kind, 100);
+    j.add_right(0, span(1000, 20, 9));
+    j.add_right(0, span(1000, 20, 4));
+    j.add_right(0, span(900, 500, 7));  // earlier start: first, whatever its id
+    j.add_right(0, span(1000, 20, 6));
+    j.add_right(0, span(1050, 20, 1));
+    j.add_right(0, span(1050, 20, 3));
+    j.add_right(0, span(1050, 20, 2));
+    const auto r = j.probe(0, 990, 1100);
+    EXPECT_EQ(r.right_ids, (std::vector<uint64_t>{7, 4, 6, 9, 1, 2, 3}))
+        << (kind == JoinKind::kWithin ? "within" : "overlap");
+  }
+  // Across blocks (256 spans each): a run of equal starts split between two blocks.
+  IntervalJoin big(JoinKind::kOverlap, 0);
+  for (uint64_t i = 0; i < 250; ++i) big.add_right(0, span(i, 1, 10000 + i));
+  for (uint64_t id = 20; id > 0; --id) big.add_right(0, span(5000, 10, id));
+  std::vector<uint64_t> want;
+  for (uint64_t id = 1; id <= 20; ++id) want.push_back(id);
+  EXPECT_EQ(big.probe(0, 5000, 5010).right_ids, want);
+}
+
 TEST(IntervalJoin, WithinCountsInstantsNearTheCall) {
   IntervalJoin j(JoinKind::kWithin, 100);
   j.add_right(0, span(1150, 0, 1, 4096));  // 50 after the call ends
