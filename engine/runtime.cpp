@@ -1036,10 +1036,15 @@ struct Shard::Impl {
   uint64_t last_ts = 0;
   uint64_t dropped = 0;
   std::shared_ptr<const std::map<uint32_t, std::string>> names;  // latest from the input, if any
-  // pid -> when it exited (HOST process_exit): a window keyed by pid ends there for rates.
-  // Entries older than every window still open are pruned (exit_horizon), so a capture of many
-  // short-lived processes does not grow it without bound.
-  std::unordered_map<uint32_t, uint64_t> exited;
+  // pid -> when it exited (HOST process_exit), every exit in time order: a window keyed by pid
+  // ends at the pid's last exit inside it, for rates. Every exit, not the latest: a window closes
+  // some batches after its end, and by then the pid may have exited again (pid reuse, or a trace
+  // that records thread exits), so the latest exit would depend on where the batches were cut.
+  // Exits older than every time window still open are pruned (exit_horizon; whole-trace windows
+  // never read exits), so a capture of many short-lived processes does not grow it without bound.
+  std::unordered_map<uint32_t, std::vector<uint64_t>> exited;
+  size_t exits_held = 0;                                   // the exit times in `exited`
+  std::vector<std::pair<uint32_t, uint64_t>> batch_exits;  // route_batch's: this batch's, in order
   uint64_t exit_horizon = 0;
   // Per-batch stream outputs, as pointers into the input batch (filters copy nothing) or into
   // shared_spans (off-CPU spans built this batch): owned and foreign events separately.
@@ -1196,7 +1201,8 @@ struct Shard::Impl {
       : plan(p), tier(tr), group_mask(std::move(mask)), compute_stats(cs), tuning(t), stack_matcher(p.stacks.get()) {
     if (tuning.max_tail_calls == 0) tuning.max_tail_calls = 1;
     for (const auto& grp : plan.groups)
-      exit_horizon = std::max(exit_horizon, grp.window.size_ns + grp.window.lateness_ns);
+      if (grp.window.kind != WindowKind::kWhole)
+        exit_horizon = std::max(exit_horizon, grp.window.size_ns + grp.window.lateness_ns);
     builder_of.assign(plan.streams.size(), -1);
     std::map<std::pair<int, uint64_t>, int> builder_index;  // (parent, min_ns) -> shared builder
     for (size_t i = 0; i < plan.streams.size(); ++i) {
@@ -1852,7 +1858,7 @@ struct Shard::Impl {
       prefetch.step();
       end_max = std::max(end_max, e.end_ns());
       if (e.source == Source::kHost && e.op == op::kProcessExit) [[unlikely]]
-        exited[e.pid] = e.ts_ns;
+        batch_exits.emplace_back(e.pid, e.ts_ns);
       const CodeRoute cr = code_route[static_cast<unsigned>(e.source) << 8 | e.op];
       if (op_stats) {
         if (cr.carried) {
@@ -1885,12 +1891,49 @@ struct Shard::Impl {
     return carried_dur_bits;
   }
 
+  // Records a batch's process exits, keeping each pid's in time order (they come in order from a
+  // source that keeps the Batch contract; one that does not costs an insert, not a wrong answer).
+  void add_exits(const std::vector<std::pair<uint32_t, uint64_t>>& exits) {
+    for (const auto& [pid, ts] : exits) {
+      auto& v = exited[pid];
+      if (v.empty() || v.back() <= ts) v.push_back(ts);
+      else v.insert(std::upper_bound(v.begin(), v.end(), ts), ts);
+    }
+    exits_held += exits.size();
+  }
+  // Drops the exits before `floor` (no time window still open starts that early).
+  void prune_exits(uint64_t floor) {
+    exits_held = 0;
+    for (auto it = exited.begin(); it != exited.end();) {
+      auto& v = it->second;
+      v.erase(v.begin(), std::lower_bound(v.begin(), v.end(), floor));
+      if (v.empty()) {
+        it = exited.erase(it);
+      } else {
+        exits_held += v.size();
+        ++it;
+      }
+    }
+  }
+  // The pid's last exit in (start, start + covered), or 0 when it has none there.
+  uint64_t last_exit_inside(uint32_t pid, uint64_t start, uint64_t covered) const {
+    const auto it = exited.find(pid);
+    if (it == exited.end()) return 0;
+    const auto& v = it->second;
+    const uint64_t end = covered > std::numeric_limits<uint64_t>::max() - start ? std::numeric_limits<uint64_t>::max()
+                                                                                : start + covered;
+    auto at = std::lower_bound(v.begin(), v.end(), end);  // the first at or past the end
+    if (at == v.begin()) return 0;
+    --at;
+    return *at > start ? *at : 0;
+  }
+
   // A batch the router (a shard of every window group, route()) walked for this one: its sinks,
   // trace end and exits. The router's per-op statistics took every event's total (and the
   // durations this shard's stats_group does not carry); it says when carrying stops.
   void take_routed(const RoutedBatch& r) {
     last_ts = std::max(last_ts, r.end_max);
-    for (const auto& [pid, ts] : r.exits) exited[pid] = ts;
+    add_exits(r.exits);
     for (size_t k = 0; k < sink_data.size(); ++k) {
       const bool have = sink_active(k) && k < r.sizes.size();
       sink_data[k] = have ? r.lists[k].data() : nullptr;
@@ -1909,13 +1952,13 @@ struct Shard::Impl {
     if (final) sh.builder->finish(last_ts, out);
   }
 
-  // Shard::route: this batch's exits only (exited is cleared per batch), and the latest event end
-  // so far (the shards keep the running maximum too).
+  // Shard::route: this batch's exits, and the latest event end so far (the shards keep the running
+  // maximum too).
   void route(const std::vector<Event>& events, RoutedBatch& out, PrefetchHint prefetch, bool final) {
     ShardInput in;
     in.owned = EventsPtr(EventsPtr(), &events);
     in.prefetch = prefetch;
-    exited.clear();
+    batch_exits.clear();
     const uint64_t carried_dur_bits = route_batch(in, out.lists);
     // The off-CPU spans of the joins over the scan, from the sched_switch events just listed
     // (still in this core's cache), as a shard's compute() would build them.
@@ -1928,7 +1971,7 @@ struct Shard::Impl {
       out.spans_built[b] = 1;
     }
     out.end_max = last_ts;
-    out.exits.assign(exited.begin(), exited.end());
+    out.exits.assign(batch_exits.begin(), batch_exits.end());
     out.sizes.assign(sink_sizes.begin(), sink_sizes.end());
     out.gave_up_stats = false;
     if (carried_dur_bits >> 53) [[unlikely]] {
@@ -1960,14 +2003,15 @@ struct Shard::Impl {
       if (in.routed) {
         take_routed(*in.routed);
       } else {
+        batch_exits.clear();
         if (route_batch(in, sink_events) >> 53) [[unlikely]]
           give_up_stats_group(&in);
+        add_exits(batch_exits);
       }
     }
 
     const uint64_t wm = in.final ? kFinal : in.watermark;
-    if (exited.size() > 1024 && !in.final && wm > exit_horizon)
-      std::erase_if(exited, [&](const auto& kv) { return kv.second + exit_horizon < wm; });
+    if (exits_held > 1024 && !in.final && wm > exit_horizon) prune_exits(wm - exit_horizon);
     // Right sides first, so a window closing in this batch sees this batch's spans.
     for (auto& jb : join_buffers) {
       const size_t right = jb.right_stream;
@@ -2176,8 +2220,8 @@ struct Shard::Impl {
         // Likewise a process that exited inside the window: its rate is over the time it lived,
         // or every job that ends while the capture goes on would end in a "throughput drop".
         if (covered && def.keys.has(Field::kPid)) {
-          const auto ex = exited.find(key.pid());
-          if (ex != exited.end() && ex->second > start && ex->second - start < covered) covered = ex->second - start;
+          const uint64_t ex = last_exit_inside(key.pid(), start, covered);
+          if (ex) covered = ex - start;
         }
         w.agg.values(covered, row.values.data() + def.slot_aggs);
         if (waits[i].stage >= 0 && !waits[i].rows.empty() && k != waits[i].window) flush(i);

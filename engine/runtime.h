@@ -181,7 +181,7 @@ using EventsPtr = std::shared_ptr<const std::vector<Event>>;
 struct RoutedBatch {
   std::vector<std::vector<const Event*>> lists;
   std::vector<size_t> sizes;
-  std::vector<std::pair<uint32_t, uint64_t>> exits;  // HOST process_exit: pid, its last exit's ts
+  std::vector<std::pair<uint32_t, uint64_t>> exits;  // HOST process_exit: pid and ts of every one, in order
   uint64_t end_max = 0;                              // the latest event end (ts + dur) so far
   // The router stopped carrying the per-op statistics' durations in window states at this batch
   // (a duration of 2^53 ns or more); the shard that carries them stops too (Shard: stats_group).

@@ -345,6 +345,51 @@ TEST(Engine, ProcessExitingMidWindowIsNotAThroughputDrop) {
   EXPECT_FALSE(has(exited, "throughput_drop")) << testing::PrintToString(categories(exited));
 }
 
+// The same pid exits again 5.5 s later (pid reuse; some traces record every thread's exit), in
+// the next window. The window the process ended in must still end at its first exit, whether the
+// second one was read before that window closed (one batch of the whole trace) or after (small
+// batches): the rate used to come from the latest exit seen, so the chain depended on the batch
+// size (engine_parity_fuzz found it).
+TEST(Engine, AProcessExitingAgainKeepsTheRateOfTheWindowItEndedIn) {
+  auto ev = job_ends_mid_window(true);
+  Event again = ev.back();
+  for (const Event& e : ev)
+    if (e.op == op::kProcessExit && e.source == Source::kHost) again = e;
+  again.ts_ns = kT0 + 41'000 * kMs;
+  again.id = ev.size() + 1;
+  ev.insert(std::upper_bound(ev.begin(), ev.end(), again,
+                             [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; }),
+            again);
+  for (const size_t batch : {size_t{16}, size_t{4096}, size_t{1} << 20})
+    for (const unsigned threads : {1u, 2u}) {
+      const auto r = analyse(ev, threads, batch);
+      EXPECT_FALSE(has(r, "throughput_drop"))
+          << "batch " << batch << ", " << threads << " threads: " << testing::PrintToString(categories(r));
+    }
+}
+
+// 1,500 short-lived processes exit along the trace too, so the shard prunes the exits it holds
+// (past 1,024, those older than every open window): the exit of pid 10's last window is still
+// there when that window closes, at every batch size.
+TEST(Engine, PruningExitsKeepsTheOnesOpenWindowsNeed) {
+  auto ev = job_ends_mid_window(true);
+  uint64_t id = ev.size() + 1;
+  for (uint32_t p = 0; p < 1500; ++p) {
+    Event exit;
+    exit.source = Source::kHost;
+    exit.op = op::kProcessExit;
+    exit.pid = exit.tid = 1000 + p;
+    exit.ts_ns = kT0 + p * 36 * kMs + 7 * kUs;
+    exit.id = id++;
+    ev.push_back(exit);
+  }
+  std::stable_sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+  for (const size_t batch : {size_t{16}, size_t{4096}, size_t{1} << 20}) {
+    const auto r = analyse(ev, 1, batch);
+    EXPECT_FALSE(has(r, "throughput_drop")) << "batch " << batch << ": " << testing::PrintToString(categories(r));
+  }
+}
+
 // Twelve processes (more than any shard count divides evenly) plus host-wide block I/O.
 std::vector<Event> many_process_trace() {
   std::vector<Event> ev;
