@@ -44,7 +44,8 @@
 #include "model/ops.h"
 #include "model/trace.h"
 #include "rules/pack.h"
-#include "sinks/report.h"
+#include "tests/util/result_text.h"
+#include "tests/util/shard_run.h"
 
 namespace {
 
@@ -222,29 +223,13 @@ const Plan& pack() {
   return plan;
 }
 
-std::string ops_text(const AnalysisResult& r) {
-  std::string s;
-  for (const auto& o : r.ops)
-    s += std::to_string(static_cast<int>(o.source)) + "/" + std::to_string(o.op) + " n=" + std::to_string(o.count) +
-         " err=" + std::to_string(o.errors) + " p50=" + std::to_string(o.p50_ns) + " p95=" + std::to_string(o.p95_ns) +
-         " p99=" + std::to_string(o.p99_ns) + " min=" + std::to_string(o.min_ns) + " max=" + std::to_string(o.max_ns) +
-         " total=" + std::to_string(o.total_ns) + "\n";
-  return s;
-}
-
-// What a run reports, as text: explain's JSON with the counters that legitimately differ
-// between thread counts and batchings blanked, and the per-op statistics.
-std::string result_text(AnalysisResult r) {
-  r.counters.threads = 0;
-  r.counters.batches = 0;
-  return explain_json(r).dump() + "\n" + ops_text(r);
-}
-
 void setenv_or_clear(const char* name, const char* value) {
   if (value) ::setenv(name, value, 1);
   else ::unsetenv(name);
 }
 
+// What a run reports, as text: explain's JSON (counters `threads` and `batches` blanked) and the
+// per-op statistics.
 std::string run_engine(EventSource& src, const EngineOptions& o) {
   std::vector<std::string> errors;
   auto r = run_plan(pack(), src, o, &errors);
@@ -257,50 +242,25 @@ std::string run_engine(EventSource& src, const EngineOptions& o) {
                  o.threads);
     std::abort();
   }
-  return result_text(std::move(r));
-}
-
-std::string num_text(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
+  return test::result_text(r) + "\n" + test::ops_text(r);
 }
 
 // The cut through one Shard of both tiers with `tuning`: everything it reports but the span
-// counters (as tests/util/shard_run.h's shard_text).
+// counters (tests/util/shard_run.h).
 std::string run_shard(const CompiledPlan& cp, const Cut& cut, const ShardTuning& tuning) {
   Shard shard(cp, ShardTier::kBoth, false, tuning);
-  const uint64_t trace_end = cut.in_order.empty() ? 0 : [&] {
-    uint64_t end = 0;
-    for (const auto& e : cut.in_order) end = std::max(end, e.end_ns());
-    return end;
-  }();
-  std::string s;
+  uint64_t trace_end = 0;
+  for (const auto& e : cut.in_order) trace_end = std::max(trace_end, e.end_ns());
+  std::vector<ShardOutput> outs;
   for (size_t j = 0; j < cut.batches.size(); ++j) {
     ShardInput in;
     in.owned = std::make_shared<const std::vector<Event>>(cut.batches[j]);
     in.final = j + 1 == cut.batches.size();
     in.watermark = cut.watermarks[j];
     in.trace_end = trace_end;
-    const ShardOutput out = shard.process(in);
-    for (const auto& c : out.chains) {
-      s += c.id + " " + c.rule + " " + c.summary + "\n";
-      for (const auto& [name, v] : c.values) s += " " + name + "=" + num_text(v);
-      s += "\n";
-      for (const auto& e : c.evidence) {
-        s += " ev " + e.kind + " " + num_text(e.value) + " " + e.detail + " ids";
-        for (uint64_t id : e.event_ids) s += " " + std::to_string(id);
-        s += "\n";
-      }
-    }
-    for (const auto& o : out.outcomes)
-      s += "outcome " + o.rule + " " + std::to_string(o.windows) + " " + std::to_string(o.chains) + " " + o.miss_key +
-           "\n";
-    s += "windows " + std::to_string(out.counters.windows_closed) + " late " +
-         std::to_string(out.counters.late_events) + " capped " + std::to_string(out.counters.tail_windows_capped) +
-         "\n";
+    outs.push_back(shard.process(in));
   }
-  return s;
+  return test::shard_text(outs);
 }
 
 // Reports where two result texts part (400 characters of each from a little before), and aborts.
@@ -321,62 +281,41 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const size_t kCaps[] = {1, 2, 3, 8, 16, 64};
   const size_t batch = kBatches[data[1] % 7];
   const Cut cut = decode(data, size, batch);
-  const unsigned variant = data[0] % 14;
-
-  if (variant < 10) {
-    setenv_or_clear("INGERO_TWO_STAGE", nullptr);
-    setenv_or_clear("INGERO_SHARED_ROUTE", nullptr);
-    setenv_or_clear("INGERO_TWO_STAGE_SPIN_US", nullptr);
+  // The engine variants: each against the one-thread run over the same batches.
+  struct EngineVariant {
+    const char* what;
+    unsigned threads;
+    ShardSplit split;
+    const char* env = nullptr;  // an engine switch set to "0" for the run (engine.cpp)
+    size_t resident = 0;        // EngineOptions::join_resident_bytes
+  };
+  static const EngineVariant kEngine[] = {
+      {"two stages", 2, ShardSplit::kAuto},
+      {"two threads through the flow graph", 2, ShardSplit::kAuto, "INGERO_TWO_STAGE"},
+      {"two threads by pid", 2, ShardSplit::kByPid},
+      {"three threads by pid", 3, ShardSplit::kAuto},
+      {"three threads by group", 3, ShardSplit::kByGroup},
+      {"four threads", 4, ShardSplit::kAuto},
+      {"two threads with no shared router", 2, ShardSplit::kAuto, "INGERO_SHARED_ROUTE"},
+      {"one thread spilling every join block", 1, ShardSplit::kAuto, nullptr, 1},
+      {"one thread over batches of 4096", 1, ShardSplit::kAuto},
+      {"two stages that never spin (every wait sleeps)", 2, ShardSplit::kAuto, "INGERO_TWO_STAGE_SPIN_US"},
+  };
+  constexpr unsigned kRebatched = 8;
+  constexpr unsigned kEngineVariants = sizeof kEngine / sizeof kEngine[0];
+  const unsigned variant = data[0] % (kEngineVariants + 4);
+  if (variant < kEngineVariants) {
+    const EngineVariant& v = kEngine[variant];
+    if (variant == kRebatched && cut.late) return 0;  // lateness depends on the cut: nothing to compare
     CutSource ref_src(cut);
-    EngineOptions one;
-    const std::string ref = run_engine(ref_src, one);
+    const std::string ref = run_engine(ref_src, EngineOptions{});
     EngineOptions o;
-    o.threads = 2;
-    const char* what = "two stages";
-    switch (variant) {
-      case 0: break;
-      case 1:
-        setenv_or_clear("INGERO_TWO_STAGE", "0");
-        what = "two threads through the flow graph";
-        break;
-      case 2:
-        o.split = ShardSplit::kByPid;
-        what = "two threads by pid";
-        break;
-      case 3:
-        o.threads = 3;
-        what = "three threads by pid";
-        break;
-      case 4:
-        o.threads = 3;
-        o.split = ShardSplit::kByGroup;
-        what = "three threads by group";
-        break;
-      case 5:
-        o.threads = 4;
-        what = "four threads";
-        break;
-      case 6:
-        setenv_or_clear("INGERO_SHARED_ROUTE", "0");
-        what = "two threads with no shared router";
-        break;
-      case 7:
-        o.threads = 1;
-        o.join_resident_bytes = 1;
-        what = "one thread spilling every join block";
-        break;
-      case 9:
-        setenv_or_clear("INGERO_TWO_STAGE_SPIN_US", "0");
-        what = "two stages that never spin (every wait sleeps)";
-        break;
-      default:
-        o.threads = 1;
-        what = "one thread over batches of 4096";
-        break;
-    }
+    o.threads = v.threads;
+    o.split = v.split;
+    o.join_resident_bytes = v.resident;
+    if (v.env) setenv_or_clear(v.env, "0");
     std::string got;
-    if (variant == 8) {
-      if (cut.late) return 0;  // lateness depends on the cut: nothing to compare
+    if (variant == kRebatched) {
       TraceMeta meta;
       meta.process_names = CutSource::names();
       VectorSource src(cut.in_order, 4096, std::move(meta));  // first and last ts as CutSource's
@@ -385,10 +324,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       CutSource src(cut);
       got = run_engine(src, o);
     }
-    setenv_or_clear("INGERO_TWO_STAGE", nullptr);
-    setenv_or_clear("INGERO_SHARED_ROUTE", nullptr);
-    setenv_or_clear("INGERO_TWO_STAGE_SPIN_US", nullptr);
-    if (got != ref) differ(what, ref, got);
+    if (v.env) setenv_or_clear(v.env, nullptr);
+    if (got != ref) differ(v.what, ref, got);
     return 0;
   }
 
@@ -404,16 +341,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ShardTuning a, b;
   a.max_tail_calls = b.max_tail_calls = kCaps[data[2] % 6];
   const char* what = "";
-  switch (variant) {
-    case 10:
+  switch (variant - kEngineVariants) {
+    case 0:
       b.tail_from_held = false;
       what = "tail read off the held calls vs the compacted buffer";
       break;
-    case 11:
+    case 1:
       b.narrow_calls = false;
       what = "narrow vs full call buffers";
       break;
-    case 12:
+    case 2:
       b.share_join_buffers = false;
       what = "shared join buffers vs one per stage";
       break;

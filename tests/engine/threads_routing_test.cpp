@@ -90,45 +90,41 @@ TEST(ThreadsRouting, RulePackChainsAreTheOneThreadChains) {
   }
 }
 
+// The pack over `ev` in batches of `batch` at `threads` threads split as `split`; plan errors
+// fail the calling test.
+AnalysisResult run_split(const std::vector<Event>& ev, unsigned threads, ShardSplit split, size_t batch) {
+  static const Plan plan = rules::default_rule_pack_plan();
+  BorrowedSource src(ev, batch);
+  EngineOptions o;
+  o.threads = threads;
+  o.split = split;
+  std::vector<std::string> errors;
+  auto r = run_plan(plan, src, o, &errors);
+  EXPECT_TRUE(errors.empty());
+  return r;
+}
+
 // Both ways of splitting a run between shards (ShardSplit: pid shards plus the global shard, or
 // shards of some window groups each over every event) give the one-thread result at 2 and 3
 // threads (3 group sets: a set may be all light groups) and two batch sizes, on the large trace
 // and the scenario traces (chains from pid-keyed and from global rules).
-// The per-op statistics as text (explain's JSON leaves them out: result_text does not cover them).
-std::string ops_text(const AnalysisResult& r) {
-  std::string s;
-  for (const auto& o : r.ops)
-    s += std::to_string(static_cast<int>(o.source)) + "/" + std::to_string(o.op) + " n=" + std::to_string(o.count) +
-         " err=" + std::to_string(o.errors) + " p50=" + std::to_string(o.p50_ns) + " p95=" + std::to_string(o.p95_ns) +
-         " p99=" + std::to_string(o.p99_ns) + " min=" + std::to_string(o.min_ns) + " max=" + std::to_string(o.max_ns) +
-         " total=" + std::to_string(o.total_ns) + "\n";
-  return s;
-}
-
 TEST(ThreadsRouting, BothShardSplitsGiveTheOneThreadResult) {
   std::vector<const std::vector<Event>*> traces = {&large_trace()};
   const synth::SynthTrace scenarios[] = {synth::make_cpu_contention(true), synth::make_checkpoint_io(true),
                                          synth::make_straggler(true)};
   for (const auto& t : scenarios) traces.push_back(&t.events);
-  static const Plan plan = rules::default_rule_pack_plan();
   for (const auto* ev : traces) {
     const auto one = run_pack(*ev, 1, 4096);
-    const std::string base = result_text(one), base_ops = ops_text(one);
+    const std::string base = result_text(one), base_ops = test::ops_text(one);
     ASSERT_FALSE(one.ops.empty());
     for (const ShardSplit split : {ShardSplit::kByPid, ShardSplit::kByGroup})
       for (const unsigned threads : {2u, 3u})
         for (const size_t batch : {size_t{4096}, size_t{777}}) {
-          BorrowedSource src(*ev, batch);
-          EngineOptions o;
-          o.threads = threads;
-          o.split = split;
-          std::vector<std::string> errors;
-          const auto r = run_plan(plan, src, o, &errors);
-          ASSERT_TRUE(errors.empty());
+          const auto r = run_split(*ev, threads, split, batch);
           EXPECT_EQ(r.counters.events_in, ev->size());
           EXPECT_TRUE(result_text(r) == base) << (split == ShardSplit::kByPid ? "by pid, " : "by group, ") << threads
                                               << " threads, batch " << batch << ", " << ev->size() << " events";
-          EXPECT_EQ(ops_text(r), base_ops)
+          EXPECT_EQ(test::ops_text(r), base_ops)
               << (split == ShardSplit::kByPid ? "by pid, " : "by group, ") << threads << " threads, batch " << batch;
         }
   }
@@ -198,16 +194,9 @@ TEST(ThreadsRouting, HostWideEventsAtOneInstantGiveTheOneThreadEvidence) {
   for (const auto& c : one.chains)
     for (const auto& e : c.evidence) tcp_evidence += e.kind == "tcp" && e.event_ids.size() > 2 ? 1 : 0;
   ASSERT_GT(tcp_evidence, 0u);  // the comparison covers retransmits named as evidence
-  static const Plan plan = rules::default_rule_pack_plan();
   for (const ShardSplit split : {ShardSplit::kByPid, ShardSplit::kByGroup})
     for (const unsigned threads : {2u, 3u, 4u}) {
-      BorrowedSource src(ev, 777);
-      EngineOptions o;
-      o.threads = threads;
-      o.split = split;
-      std::vector<std::string> errors;
-      const auto r = run_plan(plan, src, o, &errors);
-      ASSERT_TRUE(errors.empty());
+      const auto r = run_split(ev, threads, split, 777);
       EXPECT_TRUE(result_text(r) == base)
           << (split == ShardSplit::kByPid ? "by pid, " : "by group, ") << threads << " threads";
     }
