@@ -90,18 +90,22 @@ TEST(ThreadsRouting, RulePackChainsAreTheOneThreadChains) {
   }
 }
 
-// The pack over `ev` in batches of `batch` at `threads` threads split as `split`; plan errors
-// fail the calling test.
-AnalysisResult run_split(const std::vector<Event>& ev, unsigned threads, ShardSplit split, size_t batch) {
+// The pack over `ev` in batches of `batch` with options `o`; plan errors fail the calling test.
+AnalysisResult run_with(const std::vector<Event>& ev, size_t batch, const EngineOptions& o) {
   static const Plan plan = rules::default_rule_pack_plan();
   BorrowedSource src(ev, batch);
-  EngineOptions o;
-  o.threads = threads;
-  o.split = split;
   std::vector<std::string> errors;
   auto r = run_plan(plan, src, o, &errors);
   EXPECT_TRUE(errors.empty());
   return r;
+}
+
+// The same at `threads` threads split as `split`.
+AnalysisResult run_split(const std::vector<Event>& ev, unsigned threads, ShardSplit split, size_t batch) {
+  EngineOptions o;
+  o.threads = threads;
+  o.split = split;
+  return run_with(ev, batch, o);
 }
 
 // Both ways of splitting a run between shards (ShardSplit: pid shards plus the global shard, or
@@ -136,17 +140,12 @@ TEST(ThreadsRouting, BothShardSplitsGiveTheOneThreadResult) {
 // memory, counts one failure and gives the same result.
 TEST(ThreadsRouting, JoinSpillGivesTheInMemoryResult) {
   const auto& ev = large_trace();
-  static const Plan plan = rules::default_rule_pack_plan();
   const std::string base = result_text(run_pack(ev, 1, 4096));
   const auto run = [&](unsigned threads, size_t budget) {
-    BorrowedSource src(ev, 4096);
     EngineOptions o;
     o.threads = threads;
     o.join_resident_bytes = budget;
-    std::vector<std::string> errors;
-    auto r = run_plan(plan, src, o, &errors);
-    EXPECT_TRUE(errors.empty());
-    return r;
+    return run_with(ev, 4096, o);
   };
   const auto one = run(1, 1);
   EXPECT_EQ(result_text(one), base);
