@@ -2391,8 +2391,14 @@ struct Shard::Impl {
       jo = cached->outcome;
     } else if (w) {
       if (w->calls.capped()) ++counters.tail_windows_capped;
+      // Spans from the instant the window is due to close on are not counted, whatever batch
+      // closed it (IntervalJoin::probe's horizon): a call longer than its window's lateness would
+      // otherwise see more of them when one batch holds more of the trace.
+      const uint64_t lateness = def.window.lateness_ns;
+      const uint64_t horizon = row.end == kFinal || row.end > kFinal - lateness ? kFinal : row.end + lateness;
       auto probe_call = [&](const Call& c) {
-        const auto r = ps.joins[s]->probe(join_key(st.join->key, c.pid, c.tid), c.ts, c.ts + c.dur, ps.join_tags[s]);
+        const auto r = ps.joins[s]->probe(join_key(st.join->key, c.pid, c.tid), c.ts, c.ts + c.dur, ps.join_tags[s],
+                                          horizon);
         jo.add(c.id, c.dur, r, st.join->max_exemplars);
       };
       if (cut.fast) {

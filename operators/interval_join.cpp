@@ -422,7 +422,8 @@ size_t IntervalJoin::span_bytes() const {
   return n;
 }
 
-ProbeResult IntervalJoin::probe(uint64_t key, uint64_t call_ts, uint64_t call_end, uint64_t tag_mask) const {
+ProbeResult IntervalJoin::probe(uint64_t key, uint64_t call_ts, uint64_t call_end, uint64_t tag_mask,
+                                uint64_t horizon) const {
   ProbeResult r;
   auto it = buffers_.find(key);
   if (it == buffers_.end()) return r;
@@ -464,7 +465,7 @@ ProbeResult IntervalJoin::probe(uint64_t key, uint64_t call_ts, uint64_t call_en
     for (; i < n; ++i) {
       const Packed& p = blk.spans[i];
       const uint64_t ts = blk.base_ts + p.ts_off;
-      if (ts > hi) break;
+      if (ts > hi || ts >= horizon) break;  // spans are in start order: every later one is too
       uint64_t end = 0, id = 0;
       if (p.dur != kLongDur) {
         end = ts + p.dur;

@@ -6,7 +6,11 @@
 //   ts, so out-of-order spans from the off-CPU builder are fine).
 // - probe(key, call): the union of the call's intersections with the key's right spans; the ids
 //   of the spans it counts in start order, spans with the same start by id (never by the order
-//   they were added: shards add host-wide spans in different orders).
+//   they were added: shards add host-wide spans in different orders). Spans that start at or
+//   after `horizon` are not counted: the engine passes the instant the call's window is due to
+//   close (its end + lateness), so a call that outlasts its window is judged on the spans every
+//   run has by then, however the batches were cut (a run that reads the whole trace in one batch
+//   would otherwise see spans a streaming run never does).
 //   kOverlap: a right span [s, e) counts where it intersects [call.ts, call.end).
 //   kWithin:  a right span counts where it intersects [call.ts - within, call.end + within]; an
 //   instant (dur 0) counts when inside that range. For kWithin a hit covers the whole call.
@@ -88,7 +92,8 @@ class IntervalJoin {
   // first add_right(); `f` must outlive the join. Null: everything stays in memory.
   void set_spill(SpillFile* f) { spill_ = f; }
   void add_right(uint64_t key, const Event& e);
-  ProbeResult probe(uint64_t key, uint64_t call_ts, uint64_t call_end, uint64_t tag_mask = kAllTags) const;
+  ProbeResult probe(uint64_t key, uint64_t call_ts, uint64_t call_end, uint64_t tag_mask = kAllTags,
+                    uint64_t horizon = ~uint64_t{0}) const;
   void evict(uint64_t watermark, uint64_t retain);
   // A call a prune must not break: [ts, end) on the join key it is probed with.
   struct CallRange {

@@ -13,6 +13,7 @@
 
 #include "engine/engine.h"
 #include "engine/runtime.h"
+#include "model/ops.h"
 #include "model/synth.h"
 #include "operators/key_by.h"
 #include "rules/pack.h"
@@ -199,6 +200,42 @@ TEST(ThreadsRouting, HostWideEventsAtOneInstantGiveTheOneThreadEvidence) {
       EXPECT_TRUE(result_text(r) == base)
           << (split == ShardSplit::kByPid ? "by pid, " : "by group, ") << threads << " threads";
     }
+}
+
+// A call that outlasts its window's lateness: an 8 s launch from 1 s before window 1 ends, and
+// the thread preempted 4 s after window 1 ended (2 s after the window is due to close). A run in
+// small batches closes window 1 before it reads that span; one that reads the trace in one batch
+// has it at the close. Both must judge the call on the spans that start before the window is due
+// (IntervalJoin::probe's horizon), so the result does not depend on the batches (engine_parity_fuzz
+// found a page allocation counted only in one batch).
+TEST(ThreadsRouting, ACallOutlastingItsWindowIsJudgedOnTheSameSpansInAnyBatches) {
+  auto ev = synth::make_cpu_contention(true).events;
+  constexpr uint64_t kSec = 1'000'000'000ull;
+  const uint64_t w2 = synth::kSynthEpochNs + 20 * kSec;  // window 2's start (10 s windows)
+  Event call = ev.front();
+  for (const Event& e : ev)
+    if (e.source == Source::kCuda) call = e;
+  call.ts_ns = w2 - kSec;
+  call.dur_ns = 8 * kSec;
+  call.id = ev.size() + 1;
+  Event span;
+  span.source = Source::kHost;
+  span.op = op::kSchedSwitch;
+  span.pid = call.pid;
+  span.tid = call.tid;
+  span.ts_ns = w2 + 4 * kSec;
+  span.dur_ns = 50'000'000;
+  span.prev_state = OffCpuState::kPreempted;
+  span.id = ev.size() + 2;
+  ev.push_back(call);
+  ev.push_back(span);
+  std::stable_sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+  const auto small = run_split(ev, 1, ShardSplit::kAuto, 777);
+  ASSERT_FALSE(small.chains.empty());
+  const std::string base = result_text(small);
+  EXPECT_TRUE(result_text(run_split(ev, 1, ShardSplit::kAuto, ev.size())) == base) << "one batch";
+  EXPECT_TRUE(result_text(run_split(ev, 2, ShardSplit::kAuto, ev.size())) == base) << "one batch, two threads";
+  EXPECT_TRUE(result_text(run_split(ev, 3, ShardSplit::kAuto, 64)) == base) << "batches of 64, three threads";
 }
 
 // The runtime contract the engine relies on: a pid shard fed the shared batch through position

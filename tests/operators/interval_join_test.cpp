@@ -76,6 +76,29 @@ TEST(IntervalJoin, SpansStartingTogetherAreListedById) {
   EXPECT_EQ(big.probe(0, 5000, 5010).right_ids, want);
 }
 
+// A horizon: spans starting at or after it do not count, whatever they overlap; one starting just
+// before it counts whole (its overlap is not cut at the horizon).
+TEST(IntervalJoin, SpansFromTheHorizonOnDoNotCount) {
+  IntervalJoin over(JoinKind::kOverlap, 0);
+  over.add_right(1, span(100, 50, 1));  // [100, 150)
+  over.add_right(1, span(199, 20, 2));  // [199, 219): starts just before the horizon
+  over.add_right(1, span(200, 10, 3));  // at the horizon
+  over.add_right(1, span(250, 10, 4));
+  const auto r = over.probe(1, 90, 300, IntervalJoin::kAllTags, 200);
+  EXPECT_EQ(r.right_ids, (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(r.overlap_ns, 70u);                                                      // 50 + 20
+  EXPECT_EQ(over.probe(1, 90, 300).right_ids, (std::vector<uint64_t>{1, 2, 3, 4}));  // no horizon
+  EXPECT_TRUE(over.probe(1, 90, 300, IntervalJoin::kAllTags, 100).right_ids.empty());
+
+  IntervalJoin within(JoinKind::kWithin, 100);
+  within.add_right(0, span(1150, 0, 1));  // instants after the call, inside `within`
+  within.add_right(0, span(1160, 0, 2));
+  EXPECT_EQ(within.probe(0, 1000, 1100, IntervalJoin::kAllTags, 1160).right_ids, std::vector<uint64_t>{1});
+  const auto none = within.probe(0, 1000, 1100, IntervalJoin::kAllTags, 1150);
+  EXPECT_TRUE(none.right_ids.empty());
+  EXPECT_EQ(none.overlap_ns, 0u);
+}
+
 TEST(IntervalJoin, WithinCountsInstantsNearTheCall) {
   IntervalJoin j(JoinKind::kWithin, 100);
   j.add_right(0, span(1150, 0, 1, 4096));  // 50 after the call ends
