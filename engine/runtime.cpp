@@ -1036,14 +1036,13 @@ struct Shard::Impl {
   uint64_t last_ts = 0;
   uint64_t dropped = 0;
   std::shared_ptr<const std::map<uint32_t, std::string>> names;  // latest from the input, if any
-  // pid -> when it exited (HOST process_exit), every exit in time order: a window keyed by pid
+  // Every process exit (HOST process_exit) as (pid, ts), in that order: a window keyed by pid
   // ends at the pid's last exit inside it, for rates. Every exit, not the latest: a window closes
   // some batches after its end, and by then the pid may have exited again (pid reuse, or a trace
   // that records thread exits), so the latest exit would depend on where the batches were cut.
   // Exits older than every time window still open are pruned (exit_horizon; whole-trace windows
   // never read exits), so a capture of many short-lived processes does not grow it without bound.
-  std::unordered_map<uint32_t, std::vector<uint64_t>> exited;
-  size_t exits_held = 0;                                   // the exit times in `exited`
+  std::set<std::pair<uint32_t, uint64_t>> exited;
   std::vector<std::pair<uint32_t, uint64_t>> batch_exits;  // route_batch's: this batch's, in order
   uint64_t exit_horizon = 0;
   // Per-batch stream outputs, as pointers into the input batch (filters copy nothing) or into
@@ -1891,41 +1890,14 @@ struct Shard::Impl {
     return carried_dur_bits;
   }
 
-  // Records a batch's process exits, keeping each pid's in time order (they come in order from a
-  // source that keeps the Batch contract; one that does not costs an insert, not a wrong answer).
-  void add_exits(const std::vector<std::pair<uint32_t, uint64_t>>& exits) {
-    for (const auto& [pid, ts] : exits) {
-      auto& v = exited[pid];
-      if (v.empty() || v.back() <= ts) v.push_back(ts);
-      else v.insert(std::upper_bound(v.begin(), v.end(), ts), ts);
-    }
-    exits_held += exits.size();
-  }
-  // Drops the exits before `floor` (no time window still open starts that early).
-  void prune_exits(uint64_t floor) {
-    exits_held = 0;
-    for (auto it = exited.begin(); it != exited.end();) {
-      auto& v = it->second;
-      v.erase(v.begin(), std::lower_bound(v.begin(), v.end(), floor));
-      if (v.empty()) {
-        it = exited.erase(it);
-      } else {
-        exits_held += v.size();
-        ++it;
-      }
-    }
-  }
   // The pid's last exit in (start, start + covered), or 0 when it has none there.
   uint64_t last_exit_inside(uint32_t pid, uint64_t start, uint64_t covered) const {
-    const auto it = exited.find(pid);
-    if (it == exited.end()) return 0;
-    const auto& v = it->second;
     const uint64_t end = covered > std::numeric_limits<uint64_t>::max() - start ? std::numeric_limits<uint64_t>::max()
                                                                                 : start + covered;
-    auto at = std::lower_bound(v.begin(), v.end(), end);  // the first at or past the end
-    if (at == v.begin()) return 0;
+    auto at = exited.lower_bound({pid, end});  // the first of the pid at or past the end, or later
+    if (at == exited.begin()) return 0;
     --at;
-    return *at > start ? *at : 0;
+    return at->first == pid && at->second > start ? at->second : 0;
   }
 
   // A batch the router (a shard of every window group, route()) walked for this one: its sinks,
@@ -1933,7 +1905,7 @@ struct Shard::Impl {
   // durations this shard's stats_group does not carry); it says when carrying stops.
   void take_routed(const RoutedBatch& r) {
     last_ts = std::max(last_ts, r.end_max);
-    add_exits(r.exits);
+    exited.insert(r.exits.begin(), r.exits.end());
     for (size_t k = 0; k < sink_data.size(); ++k) {
       const bool have = sink_active(k) && k < r.sizes.size();
       sink_data[k] = have ? r.lists[k].data() : nullptr;
@@ -2006,12 +1978,13 @@ struct Shard::Impl {
         batch_exits.clear();
         if (route_batch(in, sink_events) >> 53) [[unlikely]]
           give_up_stats_group(&in);
-        add_exits(batch_exits);
+        exited.insert(batch_exits.begin(), batch_exits.end());
       }
     }
 
     const uint64_t wm = in.final ? kFinal : in.watermark;
-    if (exits_held > 1024 && !in.final && wm > exit_horizon) prune_exits(wm - exit_horizon);
+    if (exited.size() > 1024 && !in.final && wm > exit_horizon)
+      std::erase_if(exited, [&](const auto& e) { return e.second + exit_horizon < wm; });
     // Right sides first, so a window closing in this batch sees this batch's spans.
     for (auto& jb : join_buffers) {
       const size_t right = jb.right_stream;

@@ -129,6 +129,7 @@ bool may_be_late(const Event& e) {
 }
 
 Cut decode(const uint8_t* data, size_t size, size_t batch) {
+  const auto by_start = [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; };
   Cut cut;
   std::vector<Event> main;
   std::vector<std::pair<Event, uint8_t>> late;  // the event and its record's last byte
@@ -177,15 +178,13 @@ Cut decode(const uint8_t* data, size_t size, size_t batch) {
   }
   for (size_t j = 0; j < nb; ++j) {
     auto& f = firsts[j];
-    std::stable_sort(f.begin(), f.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+    std::stable_sort(f.begin(), f.end(), by_start);
     cut.batches[j].insert(cut.batches[j].begin(), f.begin(), f.end());
   }
-  std::stable_sort(cut.batches[0].begin(), cut.batches[0].end(),
-                   [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+  std::stable_sort(cut.batches[0].begin(), cut.batches[0].end(), by_start);
   cut.watermarks.back() = std::numeric_limits<uint64_t>::max();
   for (const auto& b : cut.batches) cut.in_order.insert(cut.in_order.end(), b.begin(), b.end());
-  std::stable_sort(cut.in_order.begin(), cut.in_order.end(),
-                   [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+  std::stable_sort(cut.in_order.begin(), cut.in_order.end(), by_start);
   return cut;
 }
 
