@@ -1,4 +1,4 @@
-// Cost of stamping ranks on live batches (sinks/process_identity.h): what `trace` adds per event
+// Cost of stamping ranks on live batches (sinks/fleet/process_identity.h): what `trace` adds per event
 // between the live source and the engine. The identities come from a fake /proc (one environ
 // file per pid, written once); after the first event of each pid the cost is one hash lookup.
 // Arg: distinct pids in the stream.
@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "sinks/process_identity.h"
+#include "sinks/fleet/process_identity.h"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "model/synth.h"
-#include "sinks/lmdb_store.h"
+#include "sinks/store/lmdb_store.h"
 
 namespace ingero {
 namespace {

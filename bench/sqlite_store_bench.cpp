@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "model/ops.h"
-#include "sinks/spooling_writer.h"
-#include "sinks/sqlite_store.h"
+#include "sinks/store/spooling_writer.h"
+#include "sinks/store/sqlite_store.h"
 
 namespace {
 

@@ -8,8 +8,8 @@
 #include "cli/common.h"
 #include "cli/config.h"
 #include "cli/pipeline_common.h"
-#include "sinks/lmdb_store.h"
-#include "sinks/sqlite_store.h"
+#include "sinks/store/lmdb_store.h"
+#include "sinks/store/sqlite_store.h"
 
 namespace ingero::cli {
 namespace {

@@ -11,9 +11,9 @@
 #include "cli/pipeline_common.h"
 #include "engine/engine.h"
 #include "model/synth.h"
-#include "sinks/lmdb_store.h"
-#include "sinks/report.h"
-#include "sinks/sqlite_store.h"
+#include "sinks/report/text_report.h"
+#include "sinks/store/lmdb_store.h"
+#include "sinks/store/sqlite_store.h"
 
 namespace ingero::cli {
 namespace {

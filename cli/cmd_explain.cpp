@@ -8,9 +8,9 @@
 #include "cli/pipeline_common.h"
 #include "engine/engine.h"
 #include "operators/chain_annotate.h"
-#include "sinks/html_report.h"
-#include "sinks/report.h"
-#include "sinks/sqlite_store.h"
+#include "sinks/report/html_report.h"
+#include "sinks/report/text_report.h"
+#include "sinks/store/sqlite_store.h"
 
 namespace ingero::cli {
 namespace {
@@ -24,7 +24,7 @@ struct ExplainArgs {
   bool no_default_rules = false;
   std::string why_not;
   std::string save;
-  std::string html;  // --html: the self-contained report (sinks/html_report.h)
+  std::string html;  // --html: the self-contained report (sinks/report/html_report.h)
   size_t limit = 0;
   bool verbose = false;
   bool builtin = false;

@@ -1,5 +1,5 @@
 // `ingero-pipeline export --format perfetto`: a trace and its causal chains as a Perfetto /
-// chrome://tracing timeline (sinks/perfetto.h).
+// chrome://tracing timeline (sinks/report/perfetto.h).
 //
 // Two passes over the trace, both streaming: the first runs the default analyses (the chains and
 // their exemplar events) and counts what the filters keep, so a filter that keeps nothing or an
@@ -18,8 +18,8 @@
 #include "engine/engine.h"
 #include "model/ops.h"
 #include "operators/chain_annotate.h"
-#include "sinks/perfetto.h"
-#include "sinks/report.h"
+#include "sinks/report/perfetto.h"
+#include "sinks/report/text_report.h"
 
 namespace ingero::cli {
 namespace {

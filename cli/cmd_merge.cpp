@@ -1,5 +1,5 @@
 // `ingero-pipeline merge A B ... -o OUT`: per-node traces into one multi-node trace, each node's
-// clock corrected onto the reference node's (sinks/merge.h has the contract, docs/fleet.md the
+// clock corrected onto the reference node's (sinks/fleet/merge.h has the contract, docs/fleet.md the
 // method). Exit 0 on success, 3 on an unreadable input or a node conflict, 2 on bad arguments.
 #include <cstdio>
 
@@ -7,7 +7,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
-#include "sinks/merge.h"
+#include "sinks/fleet/merge.h"
 
 namespace ingero::cli {
 namespace {

@@ -1,10 +1,10 @@
 // `ingero-pipeline query`: one read-only SQL statement over a trace database, through the same
-// hardened runner as the MCP run_sql tool (sinks/sql_query.h).
+// hardened runner as the MCP run_sql tool (sinks/store/sql_query.h).
 #include <iostream>
 
 #include "cli/command.h"
 #include "cli/common.h"
-#include "sinks/sql_query.h"
+#include "sinks/store/sql_query.h"
 
 namespace ingero::cli {
 namespace {

@@ -24,11 +24,11 @@
 #include "engine/engine.h"
 #include "model/synth.h"
 #include "operators/chain_annotate.h"
-#include "sinks/lmdb_store.h"
-#include "sinks/perfetto.h"
-#include "sinks/report.h"
-#include "sinks/spooling_writer.h"
-#include "sinks/sqlite_store.h"
+#include "sinks/report/perfetto.h"
+#include "sinks/report/text_report.h"
+#include "sinks/store/lmdb_store.h"
+#include "sinks/store/spooling_writer.h"
+#include "sinks/store/sqlite_store.h"
 
 #ifdef INGERO_HAVE_IP_BPF
 #include "bpf/live_source.h"
@@ -52,7 +52,7 @@ struct RunArgs {
 
 struct SinkRt {
   const SinkConfig* cfg = nullptr;
-  // sqlite and mcp: the database is written on its own thread (sinks/spooling_writer.h), so a
+  // sqlite and mcp: the database is written on its own thread (sinks/store/spooling_writer.h), so a
   // live source never waits for SQLite.
   std::unique_ptr<SpoolingWriter> sqlite;
   std::unique_ptr<LmdbSink> lmdb;

@@ -6,7 +6,7 @@
 #include "cli/common.h"
 #include "cli/pipeline_common.h"
 #include "engine/engine.h"
-#include "sinks/report.h"
+#include "sinks/report/text_report.h"
 
 namespace ingero::cli {
 namespace {

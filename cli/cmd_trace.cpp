@@ -25,11 +25,11 @@
 #include "model/format.h"
 #include "model/ops.h"
 #include "operators/chain_annotate.h"
-#include "sinks/clock_anchors.h"
-#include "sinks/process_identity.h"
-#include "sinks/report.h"
-#include "sinks/spooling_writer.h"
-#include "sinks/sqlite_store.h"
+#include "sinks/fleet/clock_anchors.h"
+#include "sinks/fleet/process_identity.h"
+#include "sinks/report/text_report.h"
+#include "sinks/store/spooling_writer.h"
+#include "sinks/store/sqlite_store.h"
 #ifdef INGERO_HAVE_BPF
 #include "bpf/live_source.h"
 #include "bpf/tap_source.h"
@@ -331,7 +331,7 @@ int run_trace(const TraceArgs& a) {
     src->stop();
     return kExitUsage;
   }
-  // Clock anchors every 10 s (sinks/clock_anchors.h), written to --db at the end for `merge`.
+  // Clock anchors every 10 s (sinks/fleet/clock_anchors.h), written to --db at the end for `merge`.
   std::vector<ClockAnchor> anchors{sample_clock_anchor(src->converter().offset())};
   for (const auto& l : src->libraries())
     std::fprintf(stderr, "tracing %s %s (%s)\n", bpf::lib_kind_name(l.kind), l.path.c_str(), l.found_by.c_str());
@@ -344,7 +344,7 @@ int run_trace(const TraceArgs& a) {
   ViewState view;
   bool meta_written = false;
   // Rank / local rank / world size / job id of each traced process, read from its environment at
-  // its first event and stamped on every event of it (sinks/process_identity.h).
+  // its first event and stamped on every event of it (sinks/fleet/process_identity.h).
   ProcessIdentityCache identities;
   IdentityStampSource stamped(*src, identities);
   bpf::TapSource tap(stamped, [&](const Batch& b) {

@@ -10,7 +10,7 @@
 #include <mutex>
 
 #include "cli/pipeline_common.h"
-#include "sinks/sqlite_store.h"
+#include "sinks/store/sqlite_store.h"
 
 #ifdef INGERO_SAMPLE_DB
 // The sample database, linked into the binary so the default run needs no files.

@@ -59,7 +59,7 @@ void use_one_malloc_arena();
 
 // --quiet for long commands (explain, convert, stats, merge, bench): no progress line on stderr.
 // Progress is only ever drawn when stderr is a terminal; the SQLite reader decides when a trace
-// is opened, from the INGERO_QUIET environment variable (sinks/sqlite_reader.cpp). So the flag
+// is opened, from the INGERO_QUIET environment variable (sinks/store/sqlite_reader.cpp). So the flag
 // sets INGERO_QUIET=1 in this process's environment while the command line is parsed, before
 // any trace is opened (children inherit it). `quiet`, when given, also receives the flag's value
 // for the command's own output (e.g. a summary line). Returns the option (`-q,--quiet`).

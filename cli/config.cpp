@@ -570,7 +570,7 @@ void check_sink(Checker& c, const YNode& n, size_t index, const std::string& dir
   else if (type.value == "mcp") s.kind = SinkKind::kMcp;
   else if (type.value == "jsonl") s.kind = SinkKind::kJsonl;
   else if (type.value == "report") s.kind = SinkKind::kReport;
-  else if (type.value == "perfetto") s.kind = SinkKind::kPerfetto;  // trace-event JSON (sinks/perfetto.h)
+  else if (type.value == "perfetto") s.kind = SinkKind::kPerfetto;  // trace-event JSON (sinks/report/perfetto.h)
   else {
     c.error(type, "C0206", "unknown sink type `" + type.value + "`", suggest(type.value, kTypes));
     return;

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
-#include "sinks/fleet_query.h"
+#include "sinks/mcp/fleet_query.h"
 
 namespace ingero::cli {
 namespace {

@@ -1,6 +1,6 @@
 // `explain --nodes URL,...`: ask several nodes' MCP HTTP endpoints (`mcp --http`) for their
 // chains at once and print them together, each with its node, worst first; a node that is down
-// or slower than --node-timeout becomes a warning, not a failure (sinks/fleet_query.h).
+// or slower than --node-timeout becomes a warning, not a failure (sinks/mcp/fleet_query.h).
 // Exit 0 when at least one node answered, 3 when none did.
 #pragma once
 

@@ -8,7 +8,7 @@
 #ifdef INGERO_HAVE_IP_METRICS
 #include "sinks/metrics/prometheus_exporter.h"
 #endif
-#include "sinks/sqlite_store.h"
+#include "sinks/store/sqlite_store.h"
 
 namespace ingero::cli {
 

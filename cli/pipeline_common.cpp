@@ -9,7 +9,7 @@
 
 #include "cli/common.h"
 #include "model/ops.h"
-#include "sinks/lmdb_store.h"
+#include "sinks/store/lmdb_store.h"
 
 #ifdef INGERO_HAVE_IP_RULES
 #include "rules/pack.h"

@@ -116,7 +116,7 @@ self_test() {
   expect legacy_ops 1
   mk legacy_tbb/engine/trace.cpp '#include <tbb/flow_graph.h>'
   expect legacy_tbb 1
-  mk moved_up/model/plan.h '#include "sinks/report.h"'
+  mk moved_up/model/plan.h '#include "sinks/report/text_report.h"'
   expect moved_up 1
   mk moved_runtime/engine/model/plan.h '#include "engine/engine.h"'
   expect moved_runtime 1

@@ -1,4 +1,4 @@
-// Unnamed temporary files: the spill files of the spooling writer (sinks/spooling_writer.h) and of
+// Unnamed temporary files: the spill files of the spooling writer (sinks/store/spooling_writer.h) and of
 // the chain annotator (operators/spill_file.h).
 //
 // Contract:

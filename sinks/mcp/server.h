@@ -31,7 +31,7 @@
 
 #include "model/plan.h"
 #include "operators/chain_annotate.h"
-#include "sinks/sql_query.h"
+#include "sinks/store/sql_query.h"
 
 namespace ingero::mcp {
 
@@ -65,7 +65,7 @@ struct ServerOptions {
   int max_depth = 64;                   // JSON nesting limit (the parser recurses)
   SqlLimits sql;                        // caps of run_sql
   unsigned engine_threads = 1;
-  // query_fleet (sinks/fleet_query.h): the nodes asked when a call names none, and their token.
+  // query_fleet (sinks/mcp/fleet_query.h): the nodes asked when a call names none, and their token.
   std::vector<std::string> fleet_nodes;
   std::string fleet_token;
 };

@@ -1,6 +1,6 @@
 #include "sinks/mcp/trace_tools.h"
 
-#include "sinks/fleet_query.h"
+#include "sinks/mcp/fleet_query.h"
 
 #include <cxxabi.h>
 #include <sys/stat.h>
@@ -18,8 +18,8 @@
 #include "model/stack.h"
 #include "operators/chain_annotate.h"
 #include "sinks/mcp/rule_inspect.h"
-#include "sinks/report.h"
-#include "sinks/sqlite_store.h"
+#include "sinks/report/text_report.h"
+#include "sinks/store/sqlite_store.h"
 #ifdef INGERO_MCP_HAVE_DSL
 #include "dsl/compiler.h"
 #include "rules/pack.h"

@@ -2,7 +2,7 @@
 //
 // Contract:
 // - Every tool is read-only (annotations.readOnlyHint = true) and reads the trace through the
-//   hardened SqlQueryRunner (sinks/sql_query.h) or the analysis of the trace (open_sqlite_trace +
+//   hardened SqlQueryRunner (sinks/store/sql_query.h) or the analysis of the trace (open_sqlite_trace +
 //   run_plan(options.plan or default_plan())), computed once on first use and cached.
 // - Arguments are checked against the same table that produces each tool's inputSchema; a bad or
 //   unknown argument is a tool error (isError = true) naming the argument and what was expected,
@@ -23,7 +23,7 @@
 
 #include "model/result.h"
 #include "sinks/mcp/server.h"
-#include "sinks/sql_query.h"
+#include "sinks/store/sql_query.h"
 
 namespace ingero::mcp {
 

@@ -16,7 +16,7 @@
 #include <set>
 #include <string>
 
-#include "sinks/sqlite_store.h"
+#include "sinks/store/sqlite_store.h"
 #include "tests/util/run_command.h"
 
 namespace {

@@ -19,7 +19,7 @@
 
 #include "model/ops.h"
 #include "model/stack.h"
-#include "sinks/sqlite_store.h"
+#include "sinks/store/sqlite_store.h"
 #include "tests/util/run_command.h"
 
 namespace {

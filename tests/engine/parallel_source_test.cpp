@@ -21,7 +21,7 @@
 #include "engine/runtime.h"
 #include "model/synth.h"
 #include "rules/pack.h"
-#include "sinks/report.h"
+#include "sinks/report/text_report.h"
 #include "tests/util/pack_run.h"
 
 namespace ingero {

@@ -9,7 +9,7 @@
 
 #include "engine/default_plans.h"
 #include "engine/engine.h"
-#include "sinks/sqlite_store.h"
+#include "sinks/store/sqlite_store.h"
 
 namespace ingero {
 namespace {

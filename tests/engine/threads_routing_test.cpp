@@ -17,7 +17,7 @@
 #include "model/synth.h"
 #include "operators/key_by.h"
 #include "rules/pack.h"
-#include "sinks/report.h"
+#include "sinks/report/text_report.h"
 #include "tests/util/pack_run.h"
 #include "tests/util/shard_run.h"
 

@@ -1,5 +1,5 @@
 // What a run of the rule pack reports, as text, for comparing runs that must agree (thread
-// counts, splits, batch sizes): the parity tests and sinks/fuzz/engine_parity_fuzz.cpp. No gtest,
+// counts, splits, batch sizes): the parity tests and tests/engine/fuzz/engine_parity_fuzz.cpp. No gtest,
 // so the fuzzer can include it.
 //
 // Contract:
@@ -13,7 +13,7 @@
 #include <string>
 
 #include "model/result.h"
-#include "sinks/report.h"
+#include "sinks/report/text_report.h"
 
 namespace ingero::test {
 

@@ -1,6 +1,6 @@
 # Calls the real CUDA runtime (libcudart, no GPU needed: the calls fail fast but the uprobes fire)
 # through ctypes from known file:function:line sites, for the live stack tests
-# (tests/bpf/test_live_stacks.cpp). The test finds the lines by their "SITE:" markers, so edit
+# (tests/bpf/live_stacks_test.cpp). The test finds the lines by their "SITE:" markers, so edit
 # freely but keep one marker per site.
 #
 # Usage: python cuda_stacks.py LIBCUDART MODE [N]

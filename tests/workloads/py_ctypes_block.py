@@ -1,4 +1,4 @@
-# Target for test_stacks_userspace: a Python call into C through ctypes (libffi), two levels deep,
+# Target for stacks_userspace_test: a Python call into C through ctypes (libffi), two levels deep,
 # that blocks in libc read() with the GIL released, so a test can stop the thread and unwind its
 # native stack through libffi, _ctypes and the interpreter. Lines are found by the "@" markers.
 import ctypes

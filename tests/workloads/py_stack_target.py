@@ -1,4 +1,4 @@
-# Target for test_stacks_userspace: known Python stacks at known lines, on the main thread and on a
+# Target for stacks_userspace_test: known Python stacks at known lines, on the main thread and on a
 # threading.Thread, blocked in C (os.read / time.sleep) so a walker sees them stand still.
 # The lines are found by the markers in the comments ("@name"); keep one marker per line.
 # Non-ASCII function names exercise the compact non-ASCII str kinds 1 and 2.

@@ -1,0 +1,256 @@
+// read_result: loads stored analysis results (ours from ip_*, Ingero's from causal_chains).
+#include <algorithm>
+#include <cstdlib>
+
+#include <nlohmann/json.hpp>
+
+#include "model/ops.h"
+#include "model/predicate_json.h"
+#include "sinks/report/text_report.h"
+#include "sinks/store/sqlite_store.h"
+#include "sinks/store/sqlite_util.h"
+
+namespace ingero {
+namespace {
+
+using nlohmann::json;
+using sqlite_detail::Stmt;
+
+Severity parse_severity(const std::string& s) {
+  if (s == "HIGH") return Severity::kHigh;
+  if (s == "LOW") return Severity::kLow;
+  return Severity::kMedium;
+}
+
+json parse_json(const std::string& text, const json& fallback) {
+  auto j = json::parse(text, nullptr, false);
+  return j.is_discarded() ? fallback : j;
+}
+
+double num(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
+}
+
+std::string str(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+std::vector<uint64_t> ids(const json& j) {
+  std::vector<uint64_t> out;
+  if (auto it = j.find("event_ids"); it != j.end() && it->is_array())
+    for (const auto& x : *it)
+      if (x.is_number_unsigned() || x.is_number_integer()) out.push_back(x.get<uint64_t>());
+  return out;
+}
+
+std::vector<std::string> strings(const json& j) {
+  std::vector<std::string> out;
+  if (j.is_array())
+    for (const auto& x : j)
+      if (x.is_string()) out.push_back(x.get<std::string>());
+  return out;
+}
+
+bool read_ours(sqlite3* db, AnalysisResult& r, std::string& error) {
+  {
+    Stmt s(db, "SELECT key, value FROM ip_meta");
+    while (s.ok() && s.step() == SQLITE_ROW) {
+      const std::string k = s.text(0), v = s.text(1);
+      if (k == "format") {
+        r.meta.format = v;
+      } else if (k == "nodes") {
+        const json j = parse_json(v, json::array());
+        if (j.is_array() && !j.empty()) {
+          r.meta.nodes.clear();
+          for (const auto& x : j) r.meta.nodes.push_back(x.is_string() ? x.get<std::string>() : "");
+        }
+      } else if (k == "engine_counters") {
+        const json j = parse_json(v, json::object());
+        auto u = [&](const char* key) {
+          auto it = j.find(key);
+          return it != j.end() && it->is_number() ? it->get<uint64_t>() : uint64_t{0};
+        };
+        r.counters.events_in = u("events_in");
+        r.counters.batches = u("batches");
+        r.counters.windows_closed = u("windows_closed");
+        r.counters.late_events = u("late_events");
+        r.counters.node_errors = u("node_errors");
+        r.counters.evicted_spans = u("evicted_spans");
+        r.counters.tail_windows_capped = u("tail_windows_capped");
+        r.counters.threads = static_cast<unsigned>(u("threads"));
+      } else if (k == "first_ts") {
+        r.meta.first_ts = std::strtoull(v.c_str(), nullptr, 10);
+      } else if (k == "last_ts") {
+        r.meta.last_ts = std::strtoull(v.c_str(), nullptr, 10);
+      }
+    }
+  }
+  if (sqlite_detail::table_exists(db, "ip_op_stats")) {
+    Stmt s(db,
+           "SELECT source, op, count, p50_ns, p95_ns, p99_ns, min_ns, max_ns, total_ns, "
+           "tail_ratio, exact, rel_error, errors FROM ip_op_stats ORDER BY source, op");
+    if (!s.ok()) return error = "cannot read ip_op_stats: " + s.error(), false;
+    int rc;
+    while ((rc = s.step()) == SQLITE_ROW) {
+      OpStats o;
+      o.source = static_cast<Source>(s.i64(0));
+      o.op = static_cast<uint8_t>(s.i64(1));
+      o.count = static_cast<uint64_t>(s.i64(2));
+      o.p50_ns = static_cast<uint64_t>(s.i64(3));
+      o.p95_ns = static_cast<uint64_t>(s.i64(4));
+      o.p99_ns = static_cast<uint64_t>(s.i64(5));
+      o.min_ns = static_cast<uint64_t>(s.i64(6));
+      o.max_ns = static_cast<uint64_t>(s.i64(7));
+      o.total_ns = static_cast<uint64_t>(s.i64(8));
+      o.tail_ratio = s.f64(9);
+      o.exact = s.i64(10) != 0;
+      o.rel_error = s.f64(11);
+      o.errors = static_cast<uint64_t>(s.i64(12));
+      r.ops.push_back(o);
+    }
+    if (rc != SQLITE_DONE) return error = sqlite_detail::describe_sqlite_error(db, rc), false;
+  }
+  // threads/stacks/time_split were added later: older databases read without them.
+  const auto chain_cols = sqlite_detail::table_columns(db, "ip_chains");
+  const bool has_where = std::find(chain_cols.begin(), chain_cols.end(), "stacks") != chain_cols.end();
+  Stmt s(db, std::string("SELECT id, rule, rule_hash, severity, category, source, op, pid, tid, node_index, rank, "
+                         "window_start, window_end, summary, root_cause, explanation, recommendations, evidence, "
+                         "predicates, slot_values, p50_ns, p99_ns, tail_ratio, dropped_events, ") +
+                 (has_where ? "threads, stacks, time_split" : "'[]', '[]', 'null'") +
+                 " FROM ip_chains ORDER BY position, rowid");
+  if (!s.ok()) return error = "cannot read ip_chains: " + s.error(), false;
+  int rc;
+  while ((rc = s.step()) == SQLITE_ROW) {
+    Chain c;
+    c.id = s.text(0);
+    c.rule = s.text(1);
+    c.rule_hash = s.text(2);
+    c.severity = parse_severity(s.text(3));
+    c.category = s.text(4);
+    c.source = static_cast<Source>(s.i64(5));
+    c.op = static_cast<uint8_t>(s.i64(6));
+    c.pid = static_cast<uint32_t>(s.i64(7));
+    c.tid = static_cast<uint32_t>(s.i64(8));
+    c.node = static_cast<uint16_t>(s.i64(9));
+    c.rank = s.is_null(10) ? int16_t{-1} : static_cast<int16_t>(s.i64(10));
+    c.window_start = static_cast<uint64_t>(s.i64(11));
+    c.window_end = static_cast<uint64_t>(s.i64(12));
+    c.summary = s.text(13);
+    c.root_cause = s.text(14);
+    c.explanation = s.text(15);
+    c.recommendations = strings(parse_json(s.text(16), json::array()));
+    for (const auto& e : parse_json(s.text(17), json::array()))
+      if (e.is_object())
+        c.evidence.push_back({str(e, "kind"), str(e, "detail"), num(e, "value"), str(e, "unit"), ids(e)});
+    for (const auto& p : parse_json(s.text(18), json::array()))
+      if (p.is_object()) c.predicates.push_back(predicate_from_json(p));
+    for (const auto& v : parse_json(s.text(19), json::array()))
+      if (v.is_object()) c.values.emplace_back(str(v, "name"), num(v, "value"));
+    c.p50_ns = static_cast<uint64_t>(s.i64(20));
+    c.p99_ns = static_cast<uint64_t>(s.i64(21));
+    c.tail_ratio = s.f64(22);
+    c.dropped_events = static_cast<uint64_t>(s.i64(23));
+    chain_where_from_json(parse_json(s.text(24), json::array()), parse_json(s.text(25), json::array()),
+                          parse_json(s.text(26), json(nullptr)), c);
+    r.chains.push_back(std::move(c));
+  }
+  if (rc != SQLITE_DONE) return error = sqlite_detail::describe_sqlite_error(db, rc), false;
+  if (!sqlite_detail::table_exists(db, "ip_rule_outcomes")) return true;  // written before it existed
+  Stmt ro(db,
+          "SELECT rule, rule_hash, category, windows, chains, has_miss, miss_stage, miss, miss_key, "
+          "miss_window_start, miss_window_end, miss_values FROM ip_rule_outcomes "
+          "ORDER BY position, rowid");
+  if (!ro.ok()) return error = "cannot read ip_rule_outcomes: " + ro.error(), false;
+  while ((rc = ro.step()) == SQLITE_ROW) {
+    RuleOutcome o;
+    o.rule = ro.text(0);
+    o.rule_hash = ro.text(1);
+    o.category = ro.text(2);
+    o.windows = static_cast<uint64_t>(ro.i64(3));
+    o.chains = static_cast<uint64_t>(ro.i64(4));
+    o.has_miss = ro.i64(5) != 0;
+    o.miss_stage = static_cast<int>(ro.i64(6));
+    const json m = parse_json(ro.text(7), json::object());
+    if (m.is_object()) o.miss = predicate_from_json(m);
+    o.miss_key = ro.text(8);
+    o.miss_window_start = static_cast<uint64_t>(ro.i64(9));
+    o.miss_window_end = static_cast<uint64_t>(ro.i64(10));
+    for (const auto& v : parse_json(ro.text(11), json::array()))
+      if (v.is_object()) o.miss_values.emplace_back(str(v, "name"), num(v, "value"));
+    r.rules.push_back(std::move(o));
+  }
+  if (rc != SQLITE_DONE) return error = sqlite_detail::describe_sqlite_error(db, rc), false;
+  return true;
+}
+
+// Ingero's own chains: what its live correlator concluded. No predicates or exemplars exist;
+// the timeline rows become evidence items.
+bool read_ingero(sqlite3* db, AnalysisResult& r, std::string& error) {
+  const auto cols = sqlite_detail::table_columns(db, "causal_chains");
+  const bool has_node = std::find(cols.begin(), cols.end(), "node") != cols.end();
+  Stmt s(db, std::string("SELECT id, detected_at, severity, summary, root_cause, explanation, "
+                         "recommendations, cuda_op, cuda_p99_us, cuda_p50_us, tail_ratio, timeline, ") +
+                 (has_node ? "node" : "''") + " FROM causal_chains ORDER BY detected_at, id");
+  if (!s.ok()) return error = "cannot read causal_chains: " + s.error(), false;
+  r.meta.format = has_node ? "ingero-0.9" : "ingero-0.8";
+  int rc;
+  while ((rc = s.step()) == SQLITE_ROW) {
+    Chain c;
+    c.id = s.text(0);
+    c.rule = "ingero";
+    c.window_end = static_cast<uint64_t>(s.i64(1));
+    c.window_start = c.window_end;
+    c.severity = parse_severity(s.text(2));
+    c.summary = s.text(3);
+    c.root_cause = s.text(4);
+    c.explanation = s.text(5);
+    c.recommendations = strings(parse_json(s.text(6), json::array()));
+    if (const auto* info = find_op(s.text(7))) {
+      c.source = info->source;
+      c.op = info->op;
+    }
+    c.p99_ns = static_cast<uint64_t>(s.i64(8)) * 1000;
+    c.p50_ns = static_cast<uint64_t>(s.i64(9)) * 1000;
+    c.tail_ratio = s.f64(10);
+    for (const auto& t : parse_json(s.text(11), json::array())) {
+      if (!t.is_object()) continue;
+      const std::string op = str(t, "op");
+      std::string kind = op == "sched_switch" ? "offcpu" : op == "block_io" ? "block_io" : op;
+      if (find_op(op) && find_op(op)->source == c.source && c.op && find_op(op)->op == c.op) kind = "tail";
+      c.evidence.push_back({kind, str(t, "detail"), num(t, "dur_us") * 1000, "ns", {}});
+    }
+    c.node = r.meta.node_index(s.text(12));
+    r.chains.push_back(std::move(c));
+  }
+  if (rc != SQLITE_DONE) return error = sqlite_detail::describe_sqlite_error(db, rc), false;
+  return true;
+}
+
+}  // namespace
+
+bool read_result(const std::string& path, AnalysisResult& result, std::string& error) {
+  const std::string shown = path.empty() ? "(empty path)" : path;
+  try {
+    const auto probe = sqlite_detail::probe_sqlite_file(path);
+    if (!probe.problem.empty()) return error = shown + ": " + probe.problem, false;
+    std::string why;
+    auto db = sqlite_detail::open_readonly(path, probe, why);
+    if (!db) return error = shown + ": " + why, false;
+    AnalysisResult r;
+    r.meta.path = path;
+    bool ok;
+    if (sqlite_detail::table_exists(db.get(), "ip_chains")) ok = read_ours(db.get(), r, why);
+    else if (sqlite_detail::table_exists(db.get(), "causal_chains")) ok = read_ingero(db.get(), r, why);
+    else return error = shown + ": no stored results (neither ip_chains nor causal_chains table)", false;
+    if (!ok) return error = shown + ": " + why, false;
+    result = std::move(r);
+    return true;
+  } catch (const std::exception& e) {
+    error = shown + ": cannot load results (" + e.what() + ")";
+    return false;
+  }
+}
+
+}  // namespace ingero
