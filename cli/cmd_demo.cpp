@@ -10,6 +10,7 @@
 #include "cli/common.h"
 #include "cli/pipeline_common.h"
 #include "engine/engine.h"
+#include "model/result_json.h"
 #include "model/synth.h"
 #include "sinks/report/text_report.h"
 #include "sinks/store/lmdb_store.h"

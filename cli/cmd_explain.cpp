@@ -7,6 +7,7 @@
 #include "cli/fleet_explain.h"
 #include "cli/pipeline_common.h"
 #include "engine/engine.h"
+#include "model/result_json.h"
 #include "operators/chain_annotate.h"
 #include "sinks/report/html_report.h"
 #include "sinks/report/text_report.h"

@@ -17,9 +17,9 @@
 #include "cli/pipeline_common.h"
 #include "engine/engine.h"
 #include "model/ops.h"
+#include "model/result_json.h"
 #include "operators/chain_annotate.h"
 #include "sinks/report/perfetto.h"
-#include "sinks/report/text_report.h"
 
 namespace ingero::cli {
 namespace {

@@ -22,6 +22,7 @@
 #include "cli/metrics_cli.h"
 #include "cli/pipeline_common.h"
 #include "engine/engine.h"
+#include "model/result_json.h"
 #include "model/synth.h"
 #include "operators/chain_annotate.h"
 #include "sinks/report/perfetto.h"

@@ -6,6 +6,7 @@
 #include "cli/common.h"
 #include "cli/pipeline_common.h"
 #include "engine/engine.h"
+#include "model/result_json.h"
 #include "sinks/report/text_report.h"
 
 namespace ingero::cli {

@@ -130,9 +130,4 @@ IdentityTables read_identity(const std::string& path);
 // there and `tables`).
 bool write_identity(const std::string& path, const IdentityTables& tables, std::string& error);
 
-// LMDB side values (defined in sinks/store/lmdb_store.cpp, which owns the store's layout): a string
-// under `key` in the meta database of an existing, closed store.
-bool lmdb_put_meta_value(const std::string& path, const std::string& key, const std::string& value, std::string& error);
-bool lmdb_get_meta_value(const std::string& path, const std::string& key, std::string& value);
-
 }  // namespace ingero

@@ -15,10 +15,10 @@
 #include "engine/default_plans.h"
 #include "engine/engine.h"
 #include "model/ops.h"
+#include "model/result_json.h"
 #include "model/stack.h"
 #include "operators/chain_annotate.h"
 #include "sinks/mcp/rule_inspect.h"
-#include "sinks/report/text_report.h"
 #include "sinks/store/sqlite_store.h"
 #ifdef INGERO_MCP_HAVE_DSL
 #include "dsl/compiler.h"

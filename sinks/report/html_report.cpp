@@ -13,6 +13,7 @@
 #include "model/format.h"
 #include "model/ops.h"
 #include "model/plan.h"
+#include "model/result_json.h"
 #include "model/stack.h"
 #include "sinks/report/text_report.h"
 

@@ -14,8 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/predicate_json.h"
-#include "sinks/fleet/process_identity.h"
-#include "sinks/report/text_report.h"
+#include "model/result_json.h"
 
 namespace ingero {
 namespace {
@@ -958,7 +957,7 @@ bool LmdbSink::close(std::string& error) {
   return ok;
 }
 
-// --- side values (sinks/fleet/process_identity.h): one string under a key of the meta database ------
+// --- side values (sinks/store/lmdb_store.h): one string under a key of the meta database ---------
 // Used for the fleet identity tables, which the event log has no place for. Readers of older
 // stores simply find no such key.
 

@@ -131,4 +131,9 @@ class LmdbSink {
   bool closed_ = false;
 };
 
+// LMDB side values (the store owns its layout; the fleet's identity and merge keep values here): a string
+// under `key` in the meta database of an existing, closed store.
+bool lmdb_put_meta_value(const std::string& path, const std::string& key, const std::string& value, std::string& error);
+bool lmdb_get_meta_value(const std::string& path, const std::string& key, std::string& value);
+
 }  // namespace ingero

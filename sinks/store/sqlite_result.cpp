@@ -6,7 +6,7 @@
 
 #include "model/ops.h"
 #include "model/predicate_json.h"
-#include "sinks/report/text_report.h"
+#include "model/result_json.h"
 #include "sinks/store/sqlite_store.h"
 #include "sinks/store/sqlite_util.h"
 

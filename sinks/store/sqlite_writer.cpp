@@ -16,7 +16,7 @@
 #include "model/format.h"
 #include "model/ops.h"
 #include "model/predicate_json.h"
-#include "sinks/report/text_report.h"
+#include "model/result_json.h"
 #include "sinks/store/sqlite_schema.h"
 #include "sinks/store/sqlite_store.h"
 #include "sinks/store/sqlite_util.h"
@@ -549,7 +549,7 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
     pc.bind_u64(26, c.p99_ns);
     pc.bind(27, c.tail_ratio);
     pc.bind_u64(28, c.dropped_events);
-    // Where in the code: the same shapes as explain --json (sinks/report/text_report.h).
+    // Where in the code: the same shapes as explain --json (model/result_json.h).
     pc.bind(29, threads_json(c.threads).dump());
     json stacks = json::array();
     for (const auto& st : c.stacks) stacks.push_back(chain_stack_json(st));

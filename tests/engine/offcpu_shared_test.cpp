@@ -16,7 +16,7 @@
 #include "engine/default_plans.h"
 #include "engine/engine.h"
 #include "model/ops.h"
-#include "sinks/report/text_report.h"
+#include "model/result_json.h"
 
 namespace ingero {
 namespace {

@@ -19,9 +19,9 @@
 
 #include "engine/engine.h"
 #include "engine/runtime.h"
+#include "model/result_json.h"
 #include "model/synth.h"
 #include "rules/pack.h"
-#include "sinks/report/text_report.h"
 #include "tests/util/pack_run.h"
 
 namespace ingero {

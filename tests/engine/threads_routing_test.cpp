@@ -14,10 +14,10 @@
 #include "engine/engine.h"
 #include "engine/runtime.h"
 #include "model/ops.h"
+#include "model/result_json.h"
 #include "model/synth.h"
 #include "operators/key_by.h"
 #include "rules/pack.h"
-#include "sinks/report/text_report.h"
 #include "tests/util/pack_run.h"
 #include "tests/util/shard_run.h"
 

@@ -18,6 +18,7 @@
 #include "engine/default_plans.h"
 #include "engine/engine.h"
 #include "model/ops.h"
+#include "model/result_json.h"
 #include "model/stack.h"
 #include "model/synth.h"
 #include "operators/chain_annotate.h"

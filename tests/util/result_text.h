@@ -13,7 +13,7 @@
 #include <string>
 
 #include "model/result.h"
-#include "sinks/report/text_report.h"
+#include "model/result_json.h"
 
 namespace ingero::test {
 

@@ -1,0 +1,302 @@
+#include "model/result_json.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+
+#include "model/format.h"
+#include "model/ops.h"
+#include "model/stack.h"
+
+namespace ingero {
+namespace {
+
+using nlohmann::json;
+
+json num_or_null(double v) { return v == v && std::isfinite(v) ? json(v) : json(nullptr); }
+
+uint64_t trace_span(const TraceMeta& m) { return m.last_ts > m.first_ts ? m.last_ts - m.first_ts : 0; }
+
+}  // namespace
+
+std::string process_label(const TraceMeta& meta, uint32_t pid) {
+  auto it = meta.process_names.find(pid);
+  if (it != meta.process_names.end() && !it->second.empty()) return it->second;
+  return "pid " + std::to_string(pid);
+}
+
+json health_json(const InputHealth& h) {
+  json reasons = json::object();
+  for (const auto& [reason, n] : h.reasons) reasons[reason] = n;
+  return {{"rows_read", h.rows_read},
+          {"rows_skipped", h.rows_skipped},
+          {"skip_reasons", reasons},
+          {"dropped_events", h.dropped_events}};
+}
+
+json trace_json(const TraceMeta& meta, const AnalysisResult& r) {
+  json nodes = json::array();
+  for (const auto& n : meta.nodes)
+    if (!n.empty()) nodes.push_back(n);
+  std::set<uint32_t> pids;
+  for (const auto& c : r.chains) pids.insert(c.pid);
+  json procs = json::array();
+  for (const auto& [pid, name] : meta.process_names) procs.push_back({{"pid", pid}, {"name", name}});
+  return {{"path", meta.path},
+          {"format", meta.format},
+          {"events", r.counters.events_in},
+          {"first_ts_ns", meta.first_ts},
+          {"last_ts_ns", meta.last_ts},
+          {"duration_ns", trace_span(meta)},
+          {"nodes", nodes},
+          {"processes", procs}};
+}
+
+json op_stats_json(const OpStats& s) {
+  return {{"source", source_name(s.source)},
+          {"op", op_name(s.source, s.op)},
+          {"count", s.count},
+          {"p50_ns", s.p50_ns},
+          {"p95_ns", s.p95_ns},
+          {"p99_ns", s.p99_ns},
+          {"max_ns", s.max_ns},
+          {"min_ns", s.min_ns},
+          {"total_ns", s.total_ns},
+          {"tail_ratio", s.tail_ratio},
+          {"errors", s.errors},
+          {"exact", s.exact},
+          {"relative_error", s.rel_error}};
+}
+
+json frame_json(const StackFrame& f) {
+  json j = {{"kind", frame_kind_name(f.kind)},
+            {"function", f.function},
+            {"file", f.file},
+            {"line", f.line},
+            {"module", f.module}};
+  if (f.function.empty() && f.ip) {  // an unresolved native frame: its address
+    char buf[24];
+    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(f.ip));
+    j["ip"] = buf;
+  }
+  return j;
+}
+
+json chain_stack_json(const ChainStack& s) {
+  json frames = json::array();
+  for (const auto& f : s.frames) frames.push_back(frame_json(f));
+  return {{"role", s.role},   {"stack_id", s.stack_id},   {"share", num_or_null(s.share)},
+          {"calls", s.calls}, {"truncated", s.truncated}, {"frames", frames}};
+}
+
+json time_split_json(const TimeSplit& t) {
+  if (!t.present) return nullptr;
+  return {{"tid", t.tid},
+          {"start_ns", t.start_ns},
+          {"end_ns", t.end_ns},
+          {"in_calls", num_or_null(t.in_calls)},
+          {"off_cpu_preempted", num_or_null(t.off_cpu_preempted)},
+          {"off_cpu_blocked", num_or_null(t.off_cpu_blocked)},
+          {"off_cpu_unknown", num_or_null(t.off_cpu_unknown)},
+          {"on_cpu", num_or_null(t.on_cpu)},
+          {"dominant", t.dominant}};
+}
+
+json threads_json(const std::vector<ThreadShare>& threads) {
+  json out = json::array();
+  for (const auto& t : threads) out.push_back({{"tid", t.tid}, {"name", t.name}, {"share", num_or_null(t.share)}});
+  return out;
+}
+
+namespace {
+
+uint64_t u64_of(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end()) return 0;
+  if (it->is_number_unsigned()) return it->get<uint64_t>();
+  if (it->is_number_integer()) return static_cast<uint64_t>(std::max<int64_t>(0, it->get<int64_t>()));
+  return 0;
+}
+
+double num_of(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
+}
+
+std::string str_of(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+FrameKind frame_kind_of(const std::string& k) {
+  if (k == "python") return FrameKind::kPython;
+  if (k == "kernel") return FrameKind::kKernel;
+  return FrameKind::kNative;
+}
+
+}  // namespace
+
+void chain_where_from_json(const json& threads, const json& stacks, const json& split, Chain& c) {
+  if (threads.is_array())
+    for (const auto& t : threads)
+      if (t.is_object())
+        c.threads.push_back({static_cast<uint32_t>(u64_of(t, "tid")), str_of(t, "name"), num_of(t, "share")});
+  if (stacks.is_array())
+    for (const auto& st : stacks) {
+      if (!st.is_object()) continue;
+      ChainStack cs;
+      cs.role = str_of(st, "role");
+      cs.stack_id = u64_of(st, "stack_id");
+      cs.share = num_of(st, "share");
+      cs.calls = u64_of(st, "calls");
+      auto tr = st.find("truncated");
+      cs.truncated = tr != st.end() && tr->is_boolean() && tr->get<bool>();
+      if (auto fr = st.find("frames"); fr != st.end() && fr->is_array())
+        for (const auto& f : *fr) {
+          if (!f.is_object()) continue;
+          StackFrame sf;
+          sf.kind = frame_kind_of(str_of(f, "kind"));
+          sf.function = str_of(f, "function");
+          sf.file = str_of(f, "file");
+          sf.line = static_cast<uint32_t>(std::min<uint64_t>(u64_of(f, "line"), UINT32_MAX));
+          sf.module = str_of(f, "module");
+          cs.frames.push_back(std::move(sf));
+        }
+      c.stacks.push_back(std::move(cs));
+    }
+  if (split.is_object()) {
+    TimeSplit& t = c.time_split;
+    t.present = true;
+    t.tid = static_cast<uint32_t>(u64_of(split, "tid"));
+    t.start_ns = u64_of(split, "start_ns");
+    t.end_ns = u64_of(split, "end_ns");
+    t.in_calls = num_of(split, "in_calls");
+    t.off_cpu_preempted = num_of(split, "off_cpu_preempted");
+    t.off_cpu_blocked = num_of(split, "off_cpu_blocked");
+    t.off_cpu_unknown = num_of(split, "off_cpu_unknown");
+    t.on_cpu = num_of(split, "on_cpu");
+    t.dominant = str_of(split, "dominant");
+  }
+}
+
+std::string chain_call_site(const Chain& c) {
+  // A rate/gap chain points where its launching thread's time went: sampled stacks when it was on
+  // CPU, off-CPU stacks when it was off CPU, the calls' stacks when it was inside calls.
+  std::vector<const char*> roles = {"call", "sample", "offcpu"};
+  if (c.time_split.present && c.time_split.dominant == "on_cpu") roles = {"sample", "call", "offcpu"};
+  else if (c.time_split.present && c.time_split.dominant.rfind("off_cpu", 0) == 0) roles = {"offcpu", "sample", "call"};
+  for (const char* role : roles)
+    for (const auto& s : c.stacks) {
+      if (s.role != role || s.frames.empty()) continue;
+      ParsedStack p;
+      p.frames = s.frames;
+      if (const StackFrame* f = call_site(p)) return "from " + frame_label(*f);
+    }
+  return {};
+}
+
+json chain_json(const Chain& c, const TraceMeta& meta) {
+  json evidence = json::array();
+  for (const auto& e : c.evidence)
+    evidence.push_back({{"kind", e.kind},
+                        {"detail", e.detail},
+                        {"value", num_or_null(e.value)},
+                        {"unit", e.unit},
+                        {"event_ids", e.event_ids}});
+  json predicates = json::array();
+  for (const auto& p : c.predicates)
+    predicates.push_back({{"label", p.label},
+                          {"value", num_or_null(p.lhs)},
+                          {"threshold", num_or_null(p.rhs)},
+                          {"margin", num_or_null(p.margin)},
+                          {"passed", p.passed},
+                          {"value_text", p.lhs_text},
+                          {"threshold_text", p.rhs_text}});
+  json values = json::object();
+  for (const auto& [k, v] : c.values) values[k] = num_or_null(v);
+  const std::string node = c.node < meta.nodes.size() ? meta.nodes[c.node] : "";
+  json stacks = json::array();
+  for (const auto& st : c.stacks) stacks.push_back(chain_stack_json(st));
+  return {{"id", c.id},
+          {"rule", c.rule},
+          {"rule_hash", c.rule_hash},
+          {"severity", severity_name(c.severity)},
+          {"category", c.category},
+          {"source", c.op || c.source != Source::kUnknown ? source_name(c.source) : ""},
+          {"op", c.op ? op_name(c.source, c.op) : ""},
+          {"pid", c.pid},
+          {"tid", c.tid},
+          {"process", c.pid ? process_label(meta, c.pid) : ""},
+          {"node", node},
+          {"rank", c.rank},
+          {"window_start_ns", c.window_start},
+          {"window_end_ns", c.window_end},
+          {"summary", c.summary},
+          {"root_cause", c.root_cause},
+          {"explanation", c.explanation},
+          {"recommendations", c.recommendations},
+          {"evidence", evidence},
+          {"predicates", predicates},
+          {"values", values},
+          {"p50_ns", c.p50_ns},
+          {"p99_ns", c.p99_ns},
+          {"tail_ratio", num_or_null(c.tail_ratio)},
+          {"dropped_events", c.dropped_events},
+          {"threads", threads_json(c.threads)},
+          {"stacks", stacks},
+          {"time_split", time_split_json(c.time_split)}};
+}
+
+json rule_outcome_json(const RuleOutcome& o) {
+  json j = {{"rule", o.rule},
+            {"rule_hash", o.rule_hash},
+            {"category", o.category},
+            {"windows", o.windows},
+            {"chains", o.chains}};
+  if (o.has_miss) {
+    json values = json::object();
+    for (const auto& [k, v] : o.miss_values) values[k] = num_or_null(v);
+    j["closest_miss"] = {{"stage", o.miss_stage},
+                         {"predicate", o.miss.label},
+                         {"value", num_or_null(o.miss.lhs)},
+                         {"threshold", num_or_null(o.miss.rhs)},
+                         {"margin", num_or_null(o.miss.margin)},
+                         {"key", o.miss_key},
+                         {"window_start_ns", o.miss_window_start},
+                         {"window_end_ns", o.miss_window_end},
+                         {"values", values}};
+  } else {
+    j["closest_miss"] = nullptr;
+  }
+  return j;
+}
+
+json stats_json(const AnalysisResult& r) {
+  json ops = json::array();
+  for (const auto& s : r.ops) ops.push_back(op_stats_json(s));
+  return {{"trace", trace_json(r.meta, r)}, {"ops", ops}, {"health", health_json(r.meta.health)}};
+}
+
+json explain_json(const AnalysisResult& r) {
+  json chains = json::array();
+  for (const auto& c : r.chains) chains.push_back(chain_json(c, r.meta));
+  json rules = json::array();
+  for (const auto& o : r.rules) rules.push_back(rule_outcome_json(o));
+  json counts = {{"HIGH", 0}, {"MEDIUM", 0}, {"LOW", 0}};
+  for (const auto& c : r.chains) counts[severity_name(c.severity)] = counts[severity_name(c.severity)].get<int>() + 1;
+  return {{"trace", trace_json(r.meta, r)},
+          {"chains", chains},
+          {"severity_counts", counts},
+          {"rules", rules},
+          {"health", health_json(r.meta.health)},
+          {"engine",
+           {{"threads", r.counters.threads},
+            {"batches", r.counters.batches},
+            {"windows_closed", r.counters.windows_closed},
+            {"late_events", r.counters.late_events},
+            {"tail_windows_capped", r.counters.tail_windows_capped},
+            {"node_errors", r.counters.node_errors}}}};
+}
+
+}  // namespace ingero
