@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Interleaved A/B rounds of bench's run phase (docs/performance.md, parts 14-21): for each round,
+# Interleaved A/B rounds of bench's run phase (docs/history/issue-12.md, parts 14-21): for each round,
 # each binary, one and two threads, `bench --trace TRACE --no-per-rule --json` with the trace
 # preloaded (INGERO_SQLITE_STREAM=0), one line per run:
 #
@@ -10,7 +10,7 @@
 # -c PROBE: run PROBE (build/ingero-pair-capacity) right after each run and print what it
 # measured: the two vCPUs' capacity (2.0: two whole cores) and the latency of handing a cache line
 # from one to the other (tens of ns: they share an L3; over 100: they do not). On a VM both change
-# from one second to the next (docs/performance.md, part 20).
+# from one second to the next (docs/history/issue-12.md, part 20).
 # -S N: instead, each round runs each binary once as `bench --threads 2 --scaling N` and prints a
 # line per scaling round, then each binary's medians over all of them:
 #

@@ -1,5 +1,5 @@
 // ingero-pair-capacity: how much two threads on two CPUs get done together, right now, against
-// one thread alone (docs/performance.md, part 20).
+// one thread alone (docs/history/issue-12.md, part 20).
 //
 // On a small VM the two vCPUs are not always two whole cores: for seconds at a time the host runs
 // them so that each goes slower while the other is busy (seen here: the same work 1.2-1.37x slower

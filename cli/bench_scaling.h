@@ -2,7 +2,7 @@
 // gives the same work in the same moment.
 //
 // A speedup alone does not say whether the engine or the machine falls short: on a shared VM two
-// busy vCPUs may not give two cores' worth (docs/performance.md, part 21: two copies of the same
+// busy vCPUs may not give two cores' worth (docs/history/issue-12.md, part 21: two copies of the same
 // one-thread run at once took up to 1.5x as long as one alone). So each round, from the batches
 // already in memory, runs back to back:
 // - one: the analysis on one thread, alone, first and again last in the round: the faster of the

@@ -53,7 +53,7 @@ void keep_large_buffers_out_of_the_heap();
 // process. A replay's batches are filled on its reader thread and freed on the engine's, and with
 // an arena per thread each keeps what the others freed: `explain --threads 2` of a 50 M-event
 // trace peaked at 83.7-94.9 MB RSS with 62.1 MB of live heap (heaptrack), 71.4 MB with one arena
-// (docs/performance.md, part 10). Nothing on the replay paths allocates per event, so the one
+// (docs/history/issue-12.md, part 10). Nothing on the replay paths allocates per event, so the one
 // arena's lock costs no measurable time. Live capture keeps glibc's default. Call before starting threads.
 void use_one_malloc_arena();
 

@@ -149,7 +149,7 @@ constexpr int kMaxBatchesInFlight = 16;
 // When the ring is full, the source sleeps until this many Works are free and then refills them
 // in a row: one wake-up of the source thread per kRefillBatches batches instead of one per batch
 // (a third busy thread on two cores otherwise preempts a worker at every batch; part 18 of
-// docs/performance.md: about 5x fewer context switches, 3 % less CPU at two threads).
+// docs/history/issue-12.md: about 5x fewer context switches, 3 % less CPU at two threads).
 constexpr int kRefillBatches = kMaxBatchesInFlight / 2;
 // Two stages on two threads (run_parallel): how long one spins for the other before it sleeps.
 constexpr int64_t kTwoStageSpinNs = 200'000;
@@ -319,7 +319,7 @@ void run_serial(CompiledPlan& compiled, EventSource& source, const EngineOptions
 // The window groups split into `bins` sets for shards of ShardSplit::kByGroup, balanced by their
 // estimated cost on `sample` (the run's first batch): the events routed to each group (routed
 // groups; any other group counts as the whole batch) times a cost per event by what its states do,
-// from a callgrind profile of the rule pack on /tmp/big5m.db (docs/performance.md, part 8): a count
+// from a callgrind profile of the rule pack on /tmp/big5m.db (docs/history/issue-12.md, part 8): a count
 // 1, duration sum/min/max 2, a duration quantile 1.6, both 2.6, a call buffer for joins 3 more.
 // Heaviest first into the lightest bin. Returns one mask per bin and, in `stats_bin`, the bin of
 // the heaviest group whose states can carry the per-op statistics' durations (keyed by source and
@@ -410,7 +410,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
                                                                             pool[0]->batch.view())
                                                              : std::vector<std::vector<char>>{};
   // By group, a router walks each batch once for every shard (Shard::route), unless
-  // INGERO_SHARED_ROUTE=0 (benchmarks: docs/performance.md, part 17).
+  // INGERO_SHARED_ROUTE=0 (benchmarks: docs/history/issue-12.md, part 17).
   const char* shared_env = std::getenv("INGERO_SHARED_ROUTE");
   const bool use_router = by_group && !(shared_env && std::string_view(shared_env) == "0");
   const bool global = !by_group && compiled.has_global;
@@ -455,7 +455,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
   // pass, on the batch that pass has just brought into this core's cache (run apart, it read every
   // event again from the other core: 0.047-0.049 s of shard time on big5m.db against 0.027-0.028
   // beside the router). Routing plus that shard is one stage, the heaviest shard the other
-  // (docs/performance.md, part 18).
+  // (docs/history/issue-12.md, part 18).
   const int in_router = router && n_nodes > 1 ? static_cast<int>(router_bin) : -1;
   // Chains a shard found go to `deliver`: the graph's collector node, or, with two stages on
   // threads of their own (below), collect() under a lock (chains are sorted after the run
@@ -586,7 +586,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
     // Works in order as they are handed on. Each waits for the other spinning first (a stage's
     // batch is about 0.1 ms of work; a futex sleep and wake on a VM costs a fair part of that).
     // In the graph the same two stages ran on two workers beside this thread, a third one that
-    // needed a core to hand on each batch (docs/performance.md, parts 18 and 19).
+    // needed a core to hand on each batch (docs/history/issue-12.md, parts 18 and 19).
     std::mutex chains_mutex;
     deliver = [&](const Out& out) {
       const std::lock_guard<std::mutex> lock(chains_mutex);
@@ -669,7 +669,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
       // By group: a node of its own routes each batch (serial, so in order), hands it on to the
       // other shard nodes and runs the shard beside it. The workers share the routing with the
       // shards: routing on the source thread made it a third busy thread on two cores
-      // (docs/performance.md, part 17).
+      // (docs/history/issue-12.md, part 17).
       std::unique_ptr<tbb::flow::function_node<Work*, tbb::flow::continue_msg>> router_node;
       if (router)
         router_node = std::make_unique<tbb::flow::function_node<Work*, tbb::flow::continue_msg>>(
@@ -692,7 +692,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
         Work& w = *pool[seq % pool.size()];
         // When the Work it would reuse is busy, this thread sleeps until kRefillBatches are free
         // and refills them in a row: one wake-up of a third busy thread on two cores per
-        // kRefillBatches batches, not one per batch (docs/performance.md, part 18).
+        // kRefillBatches batches, not one per batch (docs/history/issue-12.md, part 18).
         last = prepare(seq, w, no_spin, kRefillBatches, nudge);
         if (router_node) {
           router_node->try_put(&w);

@@ -1851,7 +1851,7 @@ struct Shard::Impl {
     const Event*** const cursors = sink_cursor.data();
     uint64_t carried_dur_bits = 0;  // OR of the carried events' durations (give_up_stats_group)
     // This pass reads the batch from cache (answer_range_checks' pass brought it in): it has the
-    // time to bring the next one in (docs/performance.md, part 19).
+    // time to bring the next one in (docs/history/issue-12.md, part 19).
     SpreadPrefetch prefetch(in.prefetch, n);
     for_each_selected(*in.owned, in.indexed, in.owned_at, [&] [[gnu::always_inline]] (const Event& e) {
       prefetch.step();

@@ -189,7 +189,7 @@ struct RoutedBatch {
   // Per off-CPU span builder (the plan's, in stream order: every shard numbers them alike), this
   // batch's spans when the router built them (built[b]): a shard given this batch reads them
   // instead of building its own, so the routing stage, which has the sched_switch events in
-  // cache, pays for them once (docs/performance.md, parts 20 and 21).
+  // cache, pays for them once (docs/history/issue-12.md, parts 20 and 21).
   std::vector<std::vector<Event>> spans;
   std::vector<char> spans_built;
 };

@@ -99,7 +99,7 @@ class EventSource {
   // Where the events of the next next() already lie in memory, when the source holds them (a
   // replay from memory, a batch a reader thread has queued): the engine has them fetched into
   // its core's cache while it works on the current batch, so that its first pass over them does
-  // not wait on memory (docs/performance.md, part 19). Only a hint: nothing reads through it
+  // not wait on memory (docs/history/issue-12.md, part 19). Only a hint: nothing reads through it
   // (a prefetch never faults), so it may go stale. Empty (the default) when the source cannot
   // tell; pass-through sources forward their input's.
   virtual PrefetchHint upcoming() { return {}; }

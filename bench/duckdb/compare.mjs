@@ -20,7 +20,7 @@
 // 5. --rounds N (N > 1): N more rounds of DuckDB's (a) stats and (b) p99 join on the loaded table,
 //    each followed by `bench --trace T --no-per-rule --json` (its run phase), with each round's
 //    ratio and the median ratio: both sides move by a third between identical runs on a small VM
-//    (docs/performance.md, part 18), so one round says little.
+//    (docs/history/issue-12.md, part 18), so one round says little.
 // Prints one JSON document on stdout; --markdown FILE also writes the side-by-side table.
 import { DuckDBInstance } from '@duckdb/node-api';
 import { spawnSync } from 'node:child_process';

@@ -160,7 +160,7 @@ thread_local RowTarget t_row_target;
 // thread's RowTarget and returns NULL. One function call per row instead of one
 // sqlite3_column_value() per column (each an API entry and exit): 2,500 instructions a row
 // against 3,150 for a table scan of an Ingero 0.8 trace, 3,070 against 3,720 over its timestamp
-// index (callgrind, run500k.db; docs/performance.md, issue 12 part 13).
+// index (callgrind, run500k.db; docs/history/issue-12.md, part 13).
 void ingero_row(sqlite3_context* /*ctx*/, int argc, sqlite3_value** argv) {
   const RowTarget t = t_row_target;
   if (!t.row || argc != t.n + 1) return;

@@ -184,7 +184,7 @@ TEST(ParallelSource, LentBatchesGiveTheFilledResult) {
 
 TEST(ParallelSource, PrefetchHintsNeverChangeTheResult) {
   // The engine asks for the next batch's whereabouts after every read and prefetches them during
-  // the current batch (docs/performance.md, part 19): the result must be the same whatever the
+  // the current batch (docs/history/issue-12.md, part 19): the result must be the same whatever the
   // hint says, including a range of unmapped memory (reading through it would crash).
   const auto& t = io_trace();
   AppendingSource one_src(t.events, 4096);
