@@ -5,7 +5,16 @@
  * frames down to the newest one of the same op, so nested calls (cudaMemcpy -> cuMemcpyHtoD) and
  * recursion pair correctly, and a return whose entry was missed (attached mid-call) is counted
  * instead of corrupting the stack. Arguments are captured at entry because the registers are gone
- * at return. */
+ * at return.
+ *
+ * Entries whose return never comes (a return probe missing while its entry probe is in, a thread
+ * that left a call by longjmp) would fill the stack and leave the thread unpaired for good; a
+ * full stack is emptied instead (its frames counted as lost), so pairing recovers at the next
+ * call. The loader attaches every return probe of a library before its entry probes, so a call
+ * entered while probes go in is never left without its return.
+ *
+ * Self-check: each link's cookie is its library's slot; entries, returns, unmatched returns, lost
+ * entries and ring drops are counted per library (lib_counts) and per thread (in call_stacks). */
 #include "stack.bpf.h"
 
 /* Calls at least this long get their stacks captured (rate-limited per thread); ~0 = none. */
@@ -15,6 +24,29 @@ struct {
   __uint(type, BPF_MAP_TYPE_RINGBUF);
   __uint(max_entries, 8 << 20);
 } gpu_events SEC(".maps");
+
+/* Set by the loader while it attaches a library's probes: between its return probes and its entry
+ * probes going in, every return is one without its entry, expected and not a thread's miss. */
+__u32 attaching = 0;
+
+/* Per-library probe-hit counters (IP_LC_*), read by the self-check in user space. */
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, IP_MAX_LIBS * IP_LC_NUM);
+  __type(key, __u32);
+  __type(value, __u64);
+} lib_counts SEC(".maps");
+
+static __always_inline __u32 lib_slot(struct pt_regs* ctx) {
+  __u64 c = bpf_get_attach_cookie(ctx);
+  return c < IP_MAX_LIBS ? (__u32)c : IP_MAX_LIBS - 1;
+}
+
+static __always_inline void lib_count(__u32 lib, __u32 what, __u64 n) {
+  __u32 idx = (lib & (IP_MAX_LIBS - 1)) * IP_LC_NUM + what;
+  __u64* v = bpf_map_lookup_elem(&lib_counts, &idx);
+  if (v) *v += n; /* per-CPU slot: no atomics needed */
+}
 
 /* Argument selectors: 0-5 = integer registers, 6.. = stack slots (7th integer argument onward,
  * or a by-value struct that went to memory), -1 = none. */
@@ -52,34 +84,46 @@ static __always_inline int pid_wanted(__u32 tgid) {
   return tgid_traced(tgid);
 }
 
-static const struct ip_call_stack empty_stack;
+/* The thread's call stack, created empty (and owned by `tgid`) on first use; null when the map
+ * is full (counted). */
+static __always_inline struct ip_call_stack* thread_stack(__u32 tgid, __u32 tid) {
+  struct ip_call_stack* st = bpf_map_lookup_elem(&call_stacks, &tid);
+  if (st) return st;
+  struct ip_call_stack fresh = {};
+  fresh.tgid = tgid;
+  bpf_map_update_elem(&call_stacks, &tid, &fresh, BPF_NOEXIST);
+  st = bpf_map_lookup_elem(&call_stacks, &tid);
+  if (!st) count(IP_CNT_NO_SLOT, 1);
+  return st;
+}
 
 static __always_inline int on_enter(struct pt_regs* ctx, __u8 src, __u8 op, __u64 a0, __u64 a1,
                                     __u64 a2) {
   __u64 id = bpf_get_current_pid_tgid();
   __u32 tgid = id >> 32, tid = (__u32)id;
   if (!pid_wanted(tgid)) return 0;
-  struct ip_call_stack* st = bpf_map_lookup_elem(&call_stacks, &tid);
-  if (!st) {
-    bpf_map_update_elem(&call_stacks, &tid, &empty_stack, BPF_NOEXIST);
-    st = bpf_map_lookup_elem(&call_stacks, &tid);
-    if (!st) {
-      count(IP_CNT_NO_SLOT, 1);
-      return 0;
-    }
-  }
+  __u32 lib = lib_slot(ctx);
+  lib_count(lib, IP_LC_ENTER, 1);
+  struct ip_call_stack* st = thread_stack(tgid, tid);
+  if (!st) return 0;
   __u32 d = st->depth;
-  st->depth = d + 1;
   if (d >= IP_MAX_DEPTH) {
+    /* Full: no probed API nests this deep, so these frames lost their returns. Drop them
+     * (counted, per library and per thread) and start again, rather than stay unpaired. */
     count(IP_CNT_DEPTH, 1);
-    return 0;
+#pragma unroll
+    for (int i = 0; i < IP_MAX_DEPTH; i++) lib_count(st->frames[i].lib, IP_LC_LOST, 1);
+    st->lost += IP_MAX_DEPTH;
+    d = 0;
   }
+  st->depth = d + 1;
   struct ip_frame* f = &st->frames[d & (IP_MAX_DEPTH - 1)];
   f->arg0 = a0;
   f->arg1 = a1;
   f->arg2 = a2;
   f->source = src;
   f->op = op;
+  f->lib = (__u8)lib;
   f->ts = bpf_ktime_get_ns(); /* last: the entry timestamp excludes our own bookkeeping */
   return 0;
 }
@@ -98,7 +142,7 @@ static __always_inline void fill(struct ip_record* r, struct pt_regs* ctx, struc
   r->ret = (__s32)PT_REGS_RC(ctx);
   r->source = src;
   r->op = op;
-  r->state = 0;
+  r->state = f->lib;
   r->flags = 0;
   if (src == IP_SRC_NCCL && op == 7 /* ncclCommInitRank */ && r->ret == 0 && f->arg2) {
     /* The communicator handle exists only after the call: read *comm so user space can map
@@ -114,15 +158,23 @@ static __always_inline int on_exit(struct pt_regs* ctx, __u8 src, __u8 op) {
   __u64 id = bpf_get_current_pid_tgid();
   __u32 tgid = id >> 32, tid = (__u32)id;
   struct ip_call_stack* st = bpf_map_lookup_elem(&call_stacks, &tid);
-  if (!st || st->depth == 0) {
-    if (filter_mode != IP_FILTER_PIDS || tgid_traced(tgid)) count(IP_CNT_UNMATCHED, 1);
+  __u32 d = st ? st->depth : 0;
+  if (d == 0 || d > IP_MAX_DEPTH) {
+    if (filter_mode != IP_FILTER_CUDA && !tgid_traced(tgid)) return 0;
+    __u32 lib = lib_slot(ctx);
+    lib_count(lib, IP_LC_RETURN, 1);
+    lib_count(lib, IP_LC_UNMATCHED, 1);
+    count(IP_CNT_UNMATCHED, 1);
+    if (attaching) return 0;
+    if (!st) st = thread_stack(tgid, tid); /* so the self-check can name the thread */
+    if (st) {
+      st->unmatched += 1;
+      if (st->depth > IP_MAX_DEPTH) st->depth = 0;
+    }
     return 0;
   }
-  __u32 d = st->depth;
-  if (d > IP_MAX_DEPTH) { /* this return belongs to an untimed frame above the limit */
-    st->depth = d - 1;
-    return 0;
-  }
+  __u32 lib = lib_slot(ctx);
+  lib_count(lib, IP_LC_RETURN, 1);
   /* Pop down to the newest frame of this op; frames above it lost their returns. */
   int found = -1;
 #pragma unroll
@@ -132,9 +184,18 @@ static __always_inline int on_exit(struct pt_regs* ctx, __u8 src, __u8 op) {
   }
   if (found < 0) {
     count(IP_CNT_UNMATCHED, 1);
+    lib_count(lib, IP_LC_UNMATCHED, 1);
+    st->unmatched += 1;
     return 0;
   }
-  if ((__u32)found != d - 1) count(IP_CNT_UNMATCHED, d - 1 - found);
+  if ((__u32)found != d - 1) {
+    /* The frames above lost their returns. */
+    count(IP_CNT_UNMATCHED, d - 1 - found);
+#pragma unroll
+    for (int i = 1; i < IP_MAX_DEPTH; i++)
+      if ((__u32)i > (__u32)found && (__u32)i < d) lib_count(st->frames[i].lib, IP_LC_LOST, 1);
+    st->lost += d - 1 - found;
+  }
   st->depth = found;
   struct ip_frame* f = &st->frames[found & (IP_MAX_DEPTH - 1)];
 
@@ -155,6 +216,7 @@ static __always_inline int on_exit(struct pt_regs* ctx, __u8 src, __u8 op) {
   struct ip_record* r = bpf_ringbuf_reserve(&gpu_events, sizeof(*r), 0);
   if (!r) {
     count(IP_CNT_DROP_GPU, 1);
+    lib_count(lib, IP_LC_DROP, 1);
     return 0;
   }
   fill(r, ctx, f, now, tgid, tid, src, op);

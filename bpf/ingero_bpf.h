@@ -20,6 +20,7 @@
 #define IP_MAX_DEPTH 8       /* nested/recursive probed calls tracked per thread */
 #define IP_MAX_THREADS 32768 /* threads with open calls or off-CPU spans */
 #define IP_MAX_TRACED 8192   /* traced processes */
+#define IP_MAX_LIBS 16       /* libraries with uprobes: a link's cookie is its library's slot */
 
 /* Sources (model/ops.h Source). */
 #define IP_SRC_CUDA 1
@@ -65,6 +66,16 @@
 #define IP_CNT_SAMPLES 12   /* CPU-clock samples of traced threads */
 #define IP_NUM_COUNTERS 16
 
+/* Per-library counters of probe hits (per-CPU array map `lib_counts`, index
+ * slot * IP_LC_NUM + IP_LC_*), for the capture's self-check (docs/live-capture.md): every entry
+ * of a traced process's call is either still open, lost (IP_LC_LOST), or paired with its return,
+ * and every paired return is a record (or a counted ring drop). */
+#define IP_LC_ENTER 0     /* entries (traced processes) */
+#define IP_LC_RETURN 1    /* returns (traced processes) */
+#define IP_LC_UNMATCHED 2 /* returns without their entry */
+#define IP_LC_LOST 3      /* entries dropped without a return (the thread's call stack was full) */
+#define IP_LC_DROP 4      /* paired calls whose record found the ring full */
+#define IP_LC_NUM 5
 /* Classic tracepoint fields whose offsets the loader reads from tracefs (host.bpf.c). */
 #define IP_OFF_SW_PREV_PID 0
 #define IP_OFF_SW_PREV_STATE 1
@@ -102,7 +113,7 @@ struct ip_record {
   __s32 ret; /* return code (CUDA error, -errno) */
   __u8 source;
   __u8 op;
-  __u8 state; /* off-CPU state for sched_switch spans */
+  __u8 state; /* off-CPU state for sched_switch spans; the library slot for probed calls */
   __u8 flags;
 };
 
@@ -111,12 +122,17 @@ struct ip_frame {
   __u64 ts;
   __u64 arg0, arg1, arg2;
   __u8 source, op;
-  __u8 pad[6];
+  __u8 lib; /* the library's slot (the uprobe link's cookie) */
+  __u8 pad[5];
 };
 
+/* A thread's open probed calls, and its share of the self-check: calls whose return or entry was
+ * not seen (user space sums them per process). */
 struct ip_call_stack {
-  __u32 depth; /* frames pushed, may exceed IP_MAX_DEPTH (those are not timed) */
-  __u32 pad;
+  __u32 depth; /* open frames, at most IP_MAX_DEPTH */
+  __u32 tgid;
+  __u32 lost;      /* entries dropped because no return came (the stack filled up) */
+  __u32 unmatched; /* returns without their entry: up to IP_MAX_DEPTH are calls open at attach */
   struct ip_frame frames[IP_MAX_DEPTH];
 };
 

@@ -477,6 +477,7 @@ BpfProbes::~BpfProbes() {
   for (bpf_link* l : sample_links_) bpf_link__destroy(l);
   for (int fd : perf_fds_) ::close(fd);
   if (sample_) ip_sample_bpf__destroy(sample_);
+  for (const UprobeLink& u : uprobe_links_) bpf_link__destroy(u.link);
   for (bpf_link* l : links_) bpf_link__destroy(l);
   if (rb_) ring_buffer__free(rb_);
   if (gpu_) ip_gpu_bpf__destroy(gpu_);
@@ -491,6 +492,9 @@ void BpfProbes::trace_pid(uint32_t pid) {
 int BpfProbes::attach_library(const CudaLibrary& lib) {
   if (!gpu_) return 0;
   if (!attached_.insert({lib.dev, lib.ino}).second) return 0;
+  // The library's slot in lib_counts: every link of it carries the slot as its cookie. Past
+  // IP_MAX_LIBS libraries, the last slot is shared (the self-check then sums them).
+  const uint32_t slot = static_cast<uint32_t>(std::min<size_t>(lib_slots_.size(), IP_MAX_LIBS - 1));
   // Pair the programs by symbol: enter_X and exit_X.
   std::map<std::string, std::pair<bpf_program*, bpf_program*>> pairs;
   bpf_program* prog = nullptr;
@@ -502,29 +506,45 @@ int BpfProbes::attach_library(const CudaLibrary& lib) {
     if (symbol_library(sym) != lib.kind) continue;
     (enter ? pairs[sym].first : pairs[sym].second) = prog;
   }
-  int attached = 0;
+  // Every return probe goes in before any entry probe: a process already running calls these
+  // functions while we attach, and an entry seen before its function's return probe is in would
+  // be a frame that never pops. This order makes the worst case a return without its entry, which
+  // on_exit counts (calls in flight at attach). Symbols missing from the library fail here.
   std::vector<std::string> missing;
+  std::vector<std::pair<std::string, bpf_program*>> ready;  // symbol, entry program
+  if (gpu_->bss) gpu_->bss->attaching = 1;  // returns without entry are expected until the entries are in
   for (auto& [sym, pr] : pairs) {
     if (!pr.first || !pr.second) continue;
-    LIBBPF_OPTS(bpf_uprobe_opts, eo, .retprobe = false, .func_name = sym.c_str());
-    bpf_link* e = bpf_program__attach_uprobe_opts(pr.first, -1, lib.path.c_str(), 0, &eo);
-    if (!e) {
+    LIBBPF_OPTS(bpf_uprobe_opts, xo, .bpf_cookie = slot, .retprobe = true, .func_name = sym.c_str());
+    bpf_link* x = bpf_program__attach_uprobe_opts(pr.second, -1, lib.path.c_str(), 0, &xo);
+    if (!x) {
       missing.push_back(sym);
       continue;
     }
-    LIBBPF_OPTS(bpf_uprobe_opts, xo, .retprobe = true, .func_name = sym.c_str());
-    bpf_link* x = bpf_program__attach_uprobe_opts(pr.second, -1, lib.path.c_str(), 0, &xo);
-    if (!x) {
-      bpf_link__destroy(e);  // an entry without its return would only fill the call stacks
+    uprobe_links_.push_back({slot, sym, true, x});
+    ready.emplace_back(sym, pr.first);
+  }
+  int attached = 0;
+  for (auto& [sym, entry] : ready) {
+    LIBBPF_OPTS(bpf_uprobe_opts, eo, .bpf_cookie = slot, .retprobe = false, .func_name = sym.c_str());
+    bpf_link* e = bpf_program__attach_uprobe_opts(entry, -1, lib.path.c_str(), 0, &eo);
+    if (!e) {
+      // A return probe without its entry only counts unmatched returns: take it out again.
+      for (auto it = uprobe_links_.begin(); it != uprobe_links_.end(); ++it)
+        if (it->slot == slot && it->ret && it->symbol == sym) {
+          bpf_link__destroy(it->link);
+          uprobe_links_.erase(it);
+          break;
+        }
       warnings_.push_back(std::string(lib_kind_name(lib.kind)) + " " + lib.path + ": " + sym +
-                          ": uretprobe attach failed: " + std::strerror(errno) + "; not traced");
+                          ": uprobe attach failed: " + std::strerror(errno) + "; not traced");
       continue;
     }
-    links_.push_back(e);
-    links_.push_back(x);
+    uprobe_links_.push_back({slot, sym, false, e});
     links_uprobe_ += 2;
     ++attached;
   }
+  if (gpu_->bss) gpu_->bss->attaching = 0;
   if (!missing.empty()) {
     std::string w = std::string(lib_kind_name(lib.kind)) + " " + lib.path + ": symbol" +
                     (missing.size() > 1 ? "s " : " ");
@@ -532,7 +552,51 @@ int BpfProbes::attach_library(const CudaLibrary& lib) {
     w += " not found; not traced";
     warnings_.push_back(w);
   }
+  if (attached > 0 && lib_slots_.size() < IP_MAX_LIBS) lib_slots_.push_back({lib, monotonic_ns()});
   return attached;
+}
+
+std::vector<LibrarySlot> BpfProbes::library_slots() const { return lib_slots_; }
+
+
+std::vector<LibCounts> BpfProbes::lib_counts() const {
+  std::vector<LibCounts> out(lib_slots_.size());
+  if (!gpu_ || out.empty()) return out;
+  const int ncpu = libbpf_num_possible_cpus();
+  if (ncpu <= 0) return out;
+  std::vector<uint64_t> vals(static_cast<size_t>(ncpu));
+  const int fd = bpf_map__fd(gpu_->maps.lib_counts);
+  for (uint32_t slot = 0; slot < out.size(); ++slot)
+    for (uint32_t k = 0; k < IP_LC_NUM; ++k) {
+      const uint32_t idx = slot * IP_LC_NUM + k;
+      if (bpf_map_lookup_elem(fd, &idx, vals.data()) != 0) continue;
+      for (uint64_t v : vals) out[slot].v[k] += v;
+    }
+  return out;
+}
+
+uint64_t BpfProbes::uprobe_recursion_misses() const {
+  uint64_t n = 0;
+  if (!gpu_) return n;
+  bpf_program* prog = nullptr;
+  bpf_object__for_each_program(prog, gpu_->obj) {
+    const int fd = bpf_program__fd(prog);
+    if (fd < 0) continue;
+    bpf_prog_info info{};
+    uint32_t len = sizeof(info);
+    if (bpf_obj_get_info_by_fd(fd, &info, &len) == 0) n += info.recursion_misses;
+  }
+  return n;
+}
+
+bool BpfProbes::detach_probe(const std::string& symbol, bool retprobe) {
+  for (auto it = uprobe_links_.begin(); it != uprobe_links_.end(); ++it)
+    if (it->symbol == symbol && it->ret == retprobe) {
+      bpf_link__destroy(it->link);
+      uprobe_links_.erase(it);
+      return true;
+    }
+  return false;
 }
 
 int BpfProbes::poll(int timeout_ms) {
@@ -612,6 +676,24 @@ uint64_t BpfProbes::oldest_open(uint64_t now_mono, uint64_t call_max_age_ns, uin
   if (families_.block) scan_ts(host_->maps.blk_reqs);
   if (families_.net) scan_ts(host_->maps.net_calls);
   return oldest;
+}
+
+std::map<uint32_t, ProcessMisses> BpfProbes::process_misses(std::vector<uint64_t>* open_by_slot) const {
+  std::map<uint32_t, ProcessMisses> out;
+  if (!gpu_) return out;
+  scan_map(host_->maps.call_stacks, [&](const uint8_t* p) {
+    ip_call_stack s;
+    std::memcpy(&s, p, sizeof(s));
+    if (open_by_slot)
+      for (uint32_t i = 0; i < s.depth && i < IP_MAX_DEPTH; ++i)
+        if (s.frames[i].lib < open_by_slot->size()) ++(*open_by_slot)[s.frames[i].lib];
+    const uint64_t excess = s.unmatched > IP_MAX_DEPTH ? s.unmatched - IP_MAX_DEPTH : 0;
+    if (s.lost == 0 && excess == 0) return;
+    ProcessMisses& m = out[s.tgid];
+    m.lost_entries += s.lost;
+    m.unmatched_returns += excess;
+  });
+  return out;
 }
 
 }  // namespace ingero::bpf

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -87,6 +88,26 @@ struct ProbeCounters {
   uint64_t v[IP_NUM_COUNTERS] = {};
 };
 
+// Sums over CPUs of one library's probe-hit counters (IP_LC_*), for the self-check.
+struct LibCounts {
+  uint64_t v[IP_LC_NUM] = {};
+};
+
+// A library with uprobes, by slot (its links' cookie): which file, and when its probes were all in
+// (CLOCK_MONOTONIC ns): calls that start after that are captured whole.
+struct LibrarySlot {
+  CudaLibrary lib;
+  uint64_t attached_mono = 0;
+};
+
+// Calls one process's live threads lost (from their call stacks): entries dropped because no
+// return came, and returns without their entry beyond the IP_MAX_DEPTH per thread that can be
+// calls in flight at attach.
+struct ProcessMisses {
+  uint64_t lost_entries = 0;
+  uint64_t unmatched_returns = 0;
+};
+
 class BpfProbes {
  public:
   using RecordFn = std::function<void(const ip_record&)>;
@@ -104,7 +125,21 @@ class BpfProbes {
   // Attaches every enabled uprobe pair whose symbol the library exports. Returns the number of
   // functions attached; missing symbols become warnings. A library already attached (same
   // device and inode) is skipped.
+  // Every return probe of the library is attached before any entry probe (see gpu.bpf.c).
   int attach_library(const CudaLibrary& lib);
+  // Libraries with probes, by slot, and their probe-hit counters (same order).
+  std::vector<LibrarySlot> library_slots() const;
+  std::vector<LibCounts> lib_counts() const;
+  // Per process (tgid), the misses its live threads counted (processes with none are left out);
+  // with `open_by_slot` (sized to library_slots()), also the calls open now, per library slot.
+  std::map<uint32_t, ProcessMisses> process_misses(std::vector<uint64_t>* open_by_slot = nullptr) const;
+  // Probe hits the kernel did not run our uprobe programs for, because another BPF program was
+  // running on that CPU (bpf_prog_info.recursion_misses, summed over the uprobe programs): each is
+  // a call's entry or return lost before any counter of ours sees it.
+  uint64_t uprobe_recursion_misses() const;
+  // Detaches one uprobe (the entry, or the return, of `symbol` in the first library that has it).
+  // For the self-check's tests: a probe lost mid-trace. False when no such link.
+  bool detach_probe(const std::string& symbol, bool retprobe);
 
   // Waits up to `timeout_ms` (records are submitted without wakeups, so usually the whole time),
   // then consumes every ring (calls on_record for each); returns the number consumed or a
@@ -159,7 +194,15 @@ class BpfProbes {
   std::vector<bpf_link*> sample_links_;
   std::vector<int> perf_fds_;
   StackFn on_stack_;
-  std::vector<bpf_link*> links_;
+  std::vector<bpf_link*> links_;  // tracepoints
+  struct UprobeLink {
+    uint32_t slot;
+    std::string symbol;
+    bool ret;
+    bpf_link* link;
+  };
+  std::vector<UprobeLink> uprobe_links_;
+  std::vector<LibrarySlot> lib_slots_;
   size_t links_uprobe_ = 0;
   size_t exit_syscalls_attached_ = 0;
   size_t exit_syscalls_missing_ = 0;
