@@ -3,6 +3,7 @@
 
 #include <sys/sysinfo.h>
 #include <sys/utsname.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 
 #include "model/ops.h"
 
@@ -23,6 +25,32 @@ struct LiveSource::Queue {
 };
 
 namespace {
+bool probed_call(uint8_t source) {
+  return source == IP_SRC_CUDA || source == IP_SRC_DRIVER || source == IP_SRC_GRAPH || source == IP_SRC_NCCL;
+}
+
+// When a process started, in unix ns, from /proc/<pid>/stat's starttime (clock ticks since boot);
+// 0 when it cannot be read (the process is gone).
+uint64_t process_start_unix(uint32_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return 0;
+  const size_t paren = stat.rfind(')');  // the command name may hold spaces and parentheses
+  if (paren == std::string::npos) return 0;
+  std::istringstream rest(stat.substr(paren + 2));
+  std::string field;
+  // Fields 3.. follow the name; starttime is field 22.
+  for (int i = 3; i < 22 && rest >> field;) ++i;
+  unsigned long long ticks = 0;
+  if (!(rest >> ticks)) return 0;
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  timespec boot{}, real{};
+  if (hz <= 0 || ::clock_gettime(CLOCK_BOOTTIME, &boot) != 0 || ::clock_gettime(CLOCK_REALTIME, &real) != 0) return 0;
+  const auto ns = [](const timespec& t) { return static_cast<uint64_t>(t.tv_sec) * 1'000'000'000ull + t.tv_nsec; };
+  const uint64_t boot_unix = ns(real) - ns(boot);
+  return boot_unix + ticks * (1'000'000'000ull / static_cast<uint64_t>(hz));
+}
+
 std::string read_first_line(const std::string& path) {
   std::ifstream in(path);
   std::string s;
@@ -56,6 +84,7 @@ LiveSource::LiveSource(const LiveOptions& opts)
 std::unique_ptr<LiveSource> LiveSource::start(const LiveOptions& opts, std::string& error) {
   std::unique_ptr<LiveSource> s(new LiveSource(opts));
   LiveSource* self = s.get();
+  s->trace_started_unix_ = s->conv_.to_unix(monotonic_ns());
   const StackOptions& so = opts.probes.stacks;
   const bool stacks = so.call_min_ns != UINT64_MAX || so.offcpu_min_ns != UINT64_MAX || so.sample_hz > 0;
   s->probes_ = BpfProbes::open(
@@ -75,6 +104,10 @@ std::unique_ptr<LiveSource> LiveSource::start(const LiveOptions& opts, std::stri
         }
         if (r.source == IP_SRC_HOST && r.op == op::kProcessExit && r.pid == r.tid)
           self->forget_at_[r.pid] = monotonic_ns() + 5'000'000'000ull;
+        if (probed_call(r.source)) {
+          self->lib_received_[r.state & (IP_MAX_LIBS - 1)].fetch_add(1, std::memory_order_relaxed);
+          self->note_capture(r.pid, r.state);
+        }
         self->on_event(e);
       },
       error,
@@ -87,6 +120,10 @@ std::unique_ptr<LiveSource> LiveSource::start(const LiveOptions& opts, std::stri
           return;
         }
         if (self->resolver_) e.stack_id = self->resolver_->resolve(r, len);
+        if (probed_call(r.rec.source)) {
+          self->lib_received_[r.rec.state & (IP_MAX_LIBS - 1)].fetch_add(1, std::memory_order_relaxed);
+          self->note_capture(r.rec.pid, r.rec.state);
+        }
         self->on_event(e, r.comm);
       });
   if (!s->probes_) return nullptr;
@@ -127,7 +164,7 @@ std::unique_ptr<LiveSource> LiveSource::start(const LiveOptions& opts, std::stri
   m.path = "<live>";
   m.format = "ingero-pipeline-live";
   SessionInfo si;
-  si.started_at = s->conv_.to_unix(monotonic_ns());
+  si.started_at = s->trace_started_unix_;
   utsname u{};
   if (::uname(&u) == 0) si.kernel = std::string(u.sysname) + " " + u.release;
   si.os_release = read_first_line("/etc/debian_version");
@@ -205,6 +242,106 @@ void LiveSource::on_event(Event& e, const char* comm16) {
   pending_.push_back(e);
 }
 
+void LiveSource::request_detach(const std::string& symbol, bool retprobe) {
+  std::lock_guard<std::mutex> lk(mu_);
+  detach_requests_.emplace_back(symbol, retprobe);
+}
+
+void LiveSource::note_capture(uint32_t pid, uint32_t slot) {
+  uint32_t& seen = capture_slots_[pid];
+  const uint32_t bit = 1u << (slot & (IP_MAX_LIBS - 1));
+  if (seen & bit) return;
+  const bool first = seen == 0;
+  seen |= bit;
+  // Capture through this library is complete from the moment its probes were all in; for the
+  // process, from the latest such moment of the libraries its calls came through, or its start.
+  const std::vector<LibrarySlot> slots = probes_->library_slots();
+  uint64_t attached_mono = 0;
+  for (uint32_t i = 0; i < slots.size(); ++i)
+    if (seen & (1u << i)) attached_mono = std::max(attached_mono, slots[i].attached_mono);
+  if (first) started_of_[pid] = process_start_unix(pid);
+  ProcessCapture c;
+  c.attached_at = conv_.to_unix(attached_mono);
+  c.started_at = started_of_[pid];
+  c.predates = c.started_at != 0 && c.started_at < trace_started_unix_;
+  if (c.started_at > c.attached_at) c.attached_at = c.started_at;
+  std::lock_guard<std::mutex> lk(mu_);
+  new_captures_.emplace_back(pid, c);
+}
+
+void LiveSource::self_check(uint64_t now_mono) {
+  const std::vector<LibrarySlot> slots = probes_->library_slots();
+  const std::vector<LibCounts> counts = probes_->lib_counts();
+  std::vector<uint64_t> open(slots.size(), 0);
+  const std::map<uint32_t, ProcessMisses> procs = probes_->process_misses(&open);
+  std::map<std::string, uint64_t> missed;
+  uint64_t total = 0;
+  for (size_t i = 0; i < slots.size() && i < counts.size(); ++i) {
+    const LibCounts& c = counts[i];
+    const uint64_t enter = c.v[IP_LC_ENTER], ret = c.v[IP_LC_RETURN], unmatched = c.v[IP_LC_UNMATCHED];
+    const uint64_t drop = c.v[IP_LC_DROP];
+    const uint64_t paired = ret > unmatched ? ret - unmatched : 0;
+    const uint64_t received = lib_received_[i].load(std::memory_order_relaxed);
+    // Entries that neither returned nor are still open: their returns were not seen.
+    const uint64_t no_return = enter > paired + open[i] ? enter - paired - open[i] : 0;
+    // Returns without their entry, beyond those of calls in flight at attach (the first second).
+    CheckState& cs = check_[i];
+    if (!cs.based && now_mono >= slots[i].attached_mono + 1'000'000'000ull) {
+      cs.based = true;
+      cs.unmatched_base = unmatched;
+    }
+    const uint64_t no_entry = cs.based && unmatched > cs.unmatched_base ? unmatched - cs.unmatched_base : 0;
+    // Paired calls whose record neither arrived nor was counted as a ring drop (the rings were
+    // just drained; a few may be in flight between the counter and the ring).
+    const uint64_t no_record = paired > received + drop ? paired - received - drop : 0;
+    const std::string lib = std::string(lib_kind_name(slots[i].lib.kind)) + " " + slots[i].lib.path;
+    // Tolerance: a call can be open on a thread that exits, a record can be in flight.
+    const uint64_t slack = std::max<uint64_t>(16, enter / 10000);
+    auto report = [&](uint64_t n, uint64_t& warned, const char* what) {
+      if (n <= slack) return;
+      missed[lib + ": " + what] = n;
+      total += n;
+      if (n > warned + slack) {
+        warn("self-check: " + lib + ": " + std::to_string(n) + " " + what + " (kernel counted " +
+             std::to_string(enter) + " entries, " + std::to_string(ret) + " returns; " + std::to_string(received) +
+             " calls delivered); those calls are missing from the trace");
+        warned = n;
+      }
+    };
+    report(no_return, cs.warned_returns, "calls entered whose return was not seen");
+    report(no_entry, cs.warned_entries, "returns whose entry was not seen (after the first second)");
+    report(no_record, cs.warned_records, "paired calls whose record never arrived");
+  }
+  // Hits the kernel skipped (a BPF program already running on that CPU: an uprobe program that
+  // was preempted, a tracepoint's): counted by the kernel per program, not per library.
+  const uint64_t skipped = probes_->uprobe_recursion_misses();
+  if (skipped > 0) {
+    const std::string what = "uprobes: probe hits the kernel skipped (another BPF program was running on that CPU)";
+    missed[what] = skipped;
+    total += skipped;
+    if (skipped > warned_skipped_ + std::max<uint64_t>(16, skipped / 100)) {
+      warn("self-check: " + std::to_string(skipped) + " " + what + "; those calls' entries or returns are missing");
+      warned_skipped_ = skipped;
+    }
+  }
+  for (const auto& [pid, m] : procs) {
+    const uint64_t n = m.lost_entries + m.unmatched_returns;
+    if (n <= 16) continue;
+    std::string name = read_first_line("/proc/" + std::to_string(pid) + "/comm");
+    const std::string who = "pid " + std::to_string(pid) + (name.empty() ? "" : " (" + name + ")");
+    missed[who + ": calls lost on its threads (entries without returns, returns without entries)"] = n;
+    uint64_t& warned = warned_procs_[pid];
+    if (n > warned + 16) {
+      warn("self-check: " + who + ": " + std::to_string(m.lost_entries) + " calls entered without a return, " +
+           std::to_string(m.unmatched_returns) + " returns without an entry; its calls are being missed");
+      warned = n;
+    }
+  }
+  missed_.store(total, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lk(mu_);
+  missed_now_ = std::move(missed);
+}
+
 void LiveSource::attach_found(const std::vector<CudaLibrary>& libs) {
   for (const auto& lib : libs) {
     const int n = probes_->attach_library(lib);
@@ -244,6 +381,7 @@ void LiveSource::poller() {
     pending_.clear();
   };
   uint64_t scan_time = 0;
+  uint64_t next_check = monotonic_ns() + 1'000'000'000ull;
   for (;;) {
     const bool last = stop_.load();
     probes_->poll(last ? 0 : opts_.poll_timeout_ms);
@@ -305,6 +443,10 @@ void LiveSource::poller() {
         if (drop_timeline_.size() < 2 || drop_timeline_.back().second != total) drop_timeline_.emplace_back(t, total);
         else drop_timeline_.back().first = t;  // unchanged: extend the last sample
       }
+      if (last || scan_time >= next_check) {
+        self_check(scan_time);
+        next_check = scan_time + 1'000'000'000ull;
+      }
       if (opts_.probes.families.memory && (last || t - page_start >= opts_.page_interval_ns)) {
         // Page allocations are summed in the kernel; one host-wide event per interval.
         const uint64_t db = c.v[IP_CNT_PAGE_BYTES] - page_bytes;
@@ -331,6 +473,14 @@ void LiveSource::poller() {
     wm = wm > opts_.lag_ns ? wm - opts_.lag_ns : 0;
     if (wm > wm_mono_.load(std::memory_order_relaxed)) wm_mono_.store(wm, std::memory_order_release);
     if (last) break;
+
+    std::vector<std::pair<std::string, bool>> detach;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      detach.swap(detach_requests_);
+    }
+    for (const auto& [sym, ret] : detach)
+      if (!probes_->detach_probe(sym, ret)) warn("request_detach: no " + std::string(ret ? "return" : "entry") + " probe on " + sym);
 
     if (clock::now() >= next_discovery) {
       next_discovery = clock::now() + std::chrono::nanoseconds(opts_.rediscover_interval_ns);
@@ -400,6 +550,9 @@ bool LiveSource::next(Batch& out) {
         new_stacks_.clear();
         for (auto& [tid, name] : new_threads_) meta_.thread_names.emplace(tid, std::move(name));
         new_threads_.clear();
+        for (auto& [pid, c] : new_captures_) meta_.captures[pid] = c;  // a later one supersedes
+        new_captures_.clear();
+        meta_.health.missed = missed_now_;
       }
       for (Event& e : out.events) {
         e.id = ++next_id_;
@@ -460,6 +613,7 @@ LiveStats LiveSource::stats() const {
   s.stacks_unique = stacks_unique_.load();
   s.python_stacks = python_stacks_.load();
   s.python_procs = python_procs_.load();
+  s.missed = missed_.load();
   std::lock_guard<std::mutex> lk(mu_);
   s.libraries = libs_.size();
   s.uprobes = probes_->uprobes_attached();

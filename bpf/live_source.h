@@ -23,6 +23,17 @@
 //   seen) go to meta().thread_names the same way. Every traced process is noted (maps + ELFs
 //   kept, Python layout validated) when first seen, or at start with --pid, and forgotten a few
 //   seconds after its exit record.
+// - Attach to running processes: a library's return probes go in before its entry probes
+//   (BpfProbes::attach_library), so processes already calling it are captured from then on, on
+//   every thread. Per process, meta().captures says from when (`attached_at`: the latest attach
+//   time of the libraries its calls came through, or its start if later) and whether it was
+//   running before the trace (docs/live-capture.md, "Attaching to running processes").
+// - Self-check, once a second on the poller: per library, the probe hits the kernel counted
+//   (entries, returns, returns without entry, lost entries, ring drops) against the records
+//   delivered to user space and the calls still open; per process, the calls its threads lost.
+//   Growth past a small tolerance is a warning (take_warnings()), and the totals go to
+//   meta().health.missed and LiveStats::missed: a capture that is missing calls never reads as
+//   "dropped 0".
 // - The poller thread also re-runs library discovery every `rediscover_interval` (bounded cost)
 //   and attaches uprobes to new libraries; warnings (missing library/symbol) are queued for the
 //   caller (take_warnings()).
@@ -36,6 +47,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "bpf/discovery.h"
@@ -79,6 +91,9 @@ struct LiveStats {
   uint64_t stacks_rate_limited = 0;  // slow calls whose stack the per-thread rate limit skipped
   uint64_t samples = 0;              // CPU-clock samples of traced threads
   uint64_t stacks_resolved = 0, stacks_unique = 0, python_stacks = 0, python_procs = 0;
+  // Self-check: probe hits counted in the kernel that did not become events (the library rows of
+  // meta().health.missed, plus the hits the kernel skipped), as of the last check.
+  uint64_t missed = 0;
 };
 
 class LiveSource final : public EventSource {
@@ -100,6 +115,9 @@ class LiveSource final : public EventSource {
   std::vector<std::string> take_warnings();
   const RecordConverter& converter() const { return conv_; }
   const BpfProbes& probes() const { return *probes_; }
+  // Asks the poller to detach one uprobe (BpfProbes::detach_probe): a planted fault for the
+  // self-check's tests. Takes effect within a poll.
+  void request_detach(const std::string& symbol, bool retprobe);
 
  private:
   explicit LiveSource(const LiveOptions& opts);
@@ -110,6 +128,10 @@ class LiveSource final : public EventSource {
   // Poller: process/thread first sight (thread name from `comm16` when BPF read it), then into
   // pending_.
   void on_event(Event& e, const char* comm16 = nullptr);
+  // Poller: a probed call of `pid` through library `slot`: when its capture began.
+  void note_capture(uint32_t pid, uint32_t slot);
+  // Poller: compares the kernel's probe-hit counts with what was delivered (see the contract).
+  void self_check(uint64_t now_mono);
 
   struct Queue;
   LiveOptions opts_;
@@ -127,6 +149,19 @@ class LiveSource final : public EventSource {
   std::unique_ptr<StackResolver> resolver_;                 // poller-owned; null when no stacks are captured
   std::set<uint32_t> seen_pids_, named_tids_, tried_tids_;  // poller-local
   std::map<uint32_t, uint64_t> forget_at_;                  // poller-local: pid -> mono ns to forget it
+  std::unordered_map<uint32_t, uint32_t> capture_slots_;    // poller-local: pid -> library slots seen (bits)
+  std::unordered_map<uint32_t, uint64_t> started_of_;       // poller-local: pid -> its start, unix ns (0 unknown)
+  uint64_t trace_started_unix_ = 0;
+  std::atomic<uint64_t> lib_received_[IP_MAX_LIBS] = {};    // probed-call records received, per library slot
+  struct CheckState {                                       // poller-local: per library slot
+    uint64_t unmatched_base = 0;  // returns without entry once the library's first second had passed
+    bool based = false;
+    uint64_t warned_returns = 0, warned_entries = 0, warned_records = 0;
+  };
+  CheckState check_[IP_MAX_LIBS];
+  std::map<uint32_t, uint64_t> warned_procs_;  // poller-local: pid -> calls lost already warned about
+  uint64_t warned_skipped_ = 0;                // poller-local: kernel-skipped hits already warned about
+  std::atomic<uint64_t> missed_{0};
   std::atomic<uint64_t> stacks_resolved_{0}, stacks_unique_{0}, python_stacks_{0}, python_procs_{0}, stack_records_{0},
       stacks_rate_{0}, samples_{0};
 
@@ -136,6 +171,9 @@ class LiveSource final : public EventSource {
   std::vector<std::pair<uint64_t, uint64_t>> drop_timeline_;   // (mono ns, cumulative drops)
   std::vector<std::pair<uint64_t, StackTrace>> new_stacks_;    // for meta_.stacks
   std::vector<std::pair<uint32_t, std::string>> new_threads_;  // for meta_.thread_names
+  std::vector<std::pair<uint32_t, ProcessCapture>> new_captures_;  // for meta_.captures
+  std::map<std::string, uint64_t> missed_now_;                 // for meta_.health.missed
+  std::vector<std::pair<std::string, bool>> detach_requests_;  // request_detach(), for the poller
 
   // Engine-thread state (next()).
   ReorderBuffer reorder_;

@@ -177,13 +177,13 @@ void render(ViewState& v, const bpf::LiveSource& src, const SpoolingWriter* writ
   char line[256];
   std::snprintf(line, sizeof(line),
                 "ingero-pipeline trace  %.0fs  events %llu (%.0f/s)  drops gpu=%llu host=%llu "
-                "queue=%llu  late=%llu  libs=%zu uprobes=%zu\n",
+                "queue=%llu  late=%llu  missed=%llu  libs=%zu uprobes=%zu\n",
                 elapsed_s, static_cast<unsigned long long>(st.delivered),
                 elapsed_s > 0 ? static_cast<double>(st.delivered) / elapsed_s : 0.0,
                 static_cast<unsigned long long>(st.dropped[IP_RING_GPU]),
                 static_cast<unsigned long long>(st.dropped[IP_RING_HOST]),
                 static_cast<unsigned long long>(st.queue_dropped), static_cast<unsigned long long>(st.late),
-                st.libraries, st.uprobes);
+                static_cast<unsigned long long>(st.missed), st.libraries, st.uprobes);
   out += line;
   if (writer) out += db_text(writer) + "\n";
   if (!tty) {  // a log line per refresh when not on a terminal
@@ -440,7 +440,7 @@ int run_trace(const TraceArgs& a) {
   std::fprintf(stderr,
                "trace: %.1fs, %llu events (%llu records), dropped gpu=%llu host=%llu queue=%llu, "
                "late=%llu (long spans delivered late: %llu, unused by the engine: %llu), "
-               "unmatched returns=%llu, reorder peak=%zu events, %zu chains%s%s%s\n"
+               "unmatched returns=%llu, missed by the self-check=%llu, reorder peak=%zu events, %zu chains%s%s%s\n"
                "trace: stacks %llu captured (%llu distinct, %llu with Python frames; %llu skipped "
                "by the per-thread rate limit, %llu lost to a full stack ring), %llu CPU samples, "
                "%llu Python processes\n",
@@ -450,7 +450,8 @@ int run_trace(const TraceArgs& a) {
                static_cast<unsigned long long>(st.queue_dropped), static_cast<unsigned long long>(st.late),
                static_cast<unsigned long long>(st.late_delivered),
                static_cast<unsigned long long>(result.counters.late_events),
-               static_cast<unsigned long long>(st.unmatched), st.reorder_peak, result.chains.size(),
+               static_cast<unsigned long long>(st.unmatched), static_cast<unsigned long long>(st.missed),
+               st.reorder_peak, result.chains.size(),
                a.db.empty() ? "" : ", written to ", a.db.c_str(), db_summary.c_str(),
                static_cast<unsigned long long>(st.stacks_resolved), static_cast<unsigned long long>(st.stacks_unique),
                static_cast<unsigned long long>(st.python_stacks),

@@ -29,10 +29,16 @@ std::string process_label(const TraceMeta& meta, uint32_t pid) {
 json health_json(const InputHealth& h) {
   json reasons = json::object();
   for (const auto& [reason, n] : h.reasons) reasons[reason] = n;
-  return {{"rows_read", h.rows_read},
-          {"rows_skipped", h.rows_skipped},
-          {"skip_reasons", reasons},
-          {"dropped_events", h.dropped_events}};
+  json out = {{"rows_read", h.rows_read},
+              {"rows_skipped", h.rows_skipped},
+              {"skip_reasons", reasons},
+              {"dropped_events", h.dropped_events}};
+  if (!h.missed.empty()) {  // only live captures' self-check writes these
+    json missed = json::object();
+    for (const auto& [reason, n] : h.missed) missed[reason] = n;
+    out["missed_by_self_check"] = missed;
+  }
+  return out;
 }
 
 json trace_json(const TraceMeta& meta, const AnalysisResult& r) {
@@ -42,7 +48,15 @@ json trace_json(const TraceMeta& meta, const AnalysisResult& r) {
   std::set<uint32_t> pids;
   for (const auto& c : r.chains) pids.insert(c.pid);
   json procs = json::array();
-  for (const auto& [pid, name] : meta.process_names) procs.push_back({{"pid", pid}, {"name", name}});
+  for (const auto& [pid, name] : meta.process_names) {
+    json p = {{"pid", pid}, {"name", name}};
+    if (auto c = meta.captures.find(pid); c != meta.captures.end()) {
+      p["attached_at_ns"] = c->second.attached_at;
+      p["started_at_ns"] = c->second.started_at;
+      p["predates_trace"] = c->second.predates;
+    }
+    procs.push_back(std::move(p));
+  }
   return {{"path", meta.path},
           {"format", meta.format},
           {"events", r.counters.events_in},

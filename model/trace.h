@@ -56,10 +56,24 @@ struct InputHealth {
   uint64_t rows_skipped = 0;                // total of the reasons below
   std::map<std::string, uint64_t> reasons;  // "unknown op id (source 1, op 42)" -> count
   uint64_t dropped_events = 0;              // lost before they reached us (ring overflow, sampling)
+  // Live capture's self-check: probe hits the kernel counted that never became events, by
+  // library or process and why ("libcudart /usr/.../libcudart.so.13: calls entered whose return
+  // was not seen") -> count. Not in rows_skipped: these never were rows.
+  std::map<std::string, uint64_t> missed;
   void skip(const std::string& reason, uint64_t n = 1) {
     rows_skipped += n;
     reasons[reason] += n;
   }
+};
+
+// Live capture of one process's probed calls: from when it is complete. A process already running
+// when the trace started (`predates`) has no record of its calls before `attached_at`; one that
+// started later is captured from its start. A call in flight at attach is not invented: its
+// return without an entry is counted (LiveStats::unmatched).
+struct ProcessCapture {
+  uint64_t attached_at = 0;  // unix ns: calls that start from here on are captured
+  uint64_t started_at = 0;   // unix ns the process started (0: unknown)
+  bool predates = false;     // running before the trace started
 };
 
 struct TraceMeta {
@@ -68,6 +82,7 @@ struct TraceMeta {
   std::vector<std::string> nodes{""};  // Event::node indexes this; 0 = local / unnamed
   std::map<uint32_t, std::string> process_names;
   std::map<uint32_t, std::string> thread_names;  // tid -> comm, when the source knows it
+  std::map<uint32_t, ProcessCapture> captures;   // pid -> when its capture began (live traces)
   std::map<uint64_t, StackTrace> stacks;         // by Event::stack_id (model/stack.h parses them)
   std::vector<SessionInfo> sessions;
   std::vector<SystemSnapshot> snapshots;

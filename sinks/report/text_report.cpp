@@ -57,6 +57,21 @@ static std::string header_line(const AnalysisResult& r) {
     for (const auto& [reason, n] : m.health.reasons)
       o << "    " << format_count(static_cast<double>(n)) << " x " << reason << "\n";
   }
+  if (!m.health.missed.empty()) {
+    o << "  warning: the capture's self-check found probe hits that are not in this trace:\n";
+    for (const auto& [reason, n] : m.health.missed)
+      o << "    " << format_count(static_cast<double>(n)) << " x " << reason << "\n";
+  }
+  // Processes whose capture began after they started: their earlier calls are not here.
+  for (const auto& [pid, c] : m.captures) {
+    if (!c.predates && !(c.started_at && c.attached_at > c.started_at + 1'000'000)) continue;
+    auto name = m.process_names.find(pid);
+    o << "  note: pid " << pid;
+    if (name != m.process_names.end() && !name->second.empty()) o << " (" << name->second << ")";
+    o << (c.predates ? " was running before the trace started" : " started while the tracer was attaching")
+      << ": its calls are captured from " << trace_offset(m, c.attached_at)
+      << " (attached_at); calls it made before that are not in this trace\n";
+  }
   return o.str();
 }
 

@@ -245,6 +245,7 @@ class Reader {
   void read_side_tables() {
     read_process_names();
     read_thread_names();
+    read_captures();
     read_stacks();
     read_sessions();
     read_snapshots();
@@ -604,6 +605,27 @@ class Reader {
     if (rc != SQLITE_DONE) side_table_failed("ip_thread_names", rc);
   }
 
+  // Ours only (ip_process_capture): when live capture of each process's calls began.
+  void read_captures() {
+    if (!side_table("ip_process_capture")) return;
+    Stmt s(db_, "SELECT pid, attached_at, started_at, predates FROM ip_process_capture");
+    if (!s.ok()) return side_table_failed("ip_process_capture", sqlite3_errcode(db_));
+    int rc;
+    while ((rc = s.step()) == SQLITE_ROW) {
+      if (s.type(0) != SQLITE_INTEGER || s.i64(0) < 0 || s.i64(0) > std::numeric_limits<uint32_t>::max()) continue;
+      if (meta_.captures.size() >= 1'000'000) {
+        count_cut("ip_process_capture beyond 1000000 rows: ignored");
+        continue;
+      }
+      ProcessCapture c;
+      c.attached_at = static_cast<uint64_t>(std::max<int64_t>(0, s.i64(1)));
+      c.started_at = static_cast<uint64_t>(std::max<int64_t>(0, s.i64(2)));
+      c.predates = s.i64(3) != 0;
+      meta_.captures[static_cast<uint32_t>(s.i64(0))] = c;
+    }
+    if (rc != SQLITE_DONE) side_table_failed("ip_process_capture", rc);
+  }
+
   void read_stacks() {
     if (!side_table("stack_traces")) return;
     const auto cols = sqlite_detail::table_columns(db_, "stack_traces");
@@ -723,6 +745,7 @@ class Reader {
       const auto n = static_cast<uint64_t>(std::max<int64_t>(0, s.i64(2)));
       if (kind == "drop") meta_.health.dropped_events += n;
       else if (kind == "skip") meta_.health.skip(capped_text(s, 1, kMaxTextBytes, cut), n);
+      else if (kind == "miss") meta_.health.missed[capped_text(s, 1, kMaxTextBytes, cut)] += n;
     }
   }
 

@@ -148,8 +148,14 @@ CREATE TABLE ip_thread_names (              -- thread names (comm) when the reco
   tid  INTEGER PRIMARY KEY,
   name TEXT NOT NULL
 );
+CREATE TABLE ip_process_capture (           -- live capture: when each process's calls are captured from
+  pid         INTEGER PRIMARY KEY,
+  attached_at INTEGER NOT NULL,              -- unix ns: calls that start from here on are in the trace
+  started_at  INTEGER NOT NULL DEFAULT 0,    -- unix ns the process started (0 unknown)
+  predates    INTEGER NOT NULL DEFAULT 0     -- 1: running before the trace started
+);
 CREATE TABLE ip_health (
-  kind   TEXT NOT NULL,                  -- 'skip' (odd input rows), 'drop' (lost before us)
+  kind   TEXT NOT NULL,                  -- 'skip' (odd input rows), 'drop' (lost before us), 'miss' (probe hits the self-check found undelivered)
   reason TEXT NOT NULL,
   count  INTEGER NOT NULL,
   PRIMARY KEY (kind, reason)

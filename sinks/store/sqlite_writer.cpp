@@ -190,7 +190,7 @@ std::unique_ptr<SqliteSink> SqliteSink::create(const std::string& path, std::str
         {"sched_switch_note",
          "HOST sched_switch rows follow Ingero: timestamp = switch-in time (end of the off-CPU "
          "interval), duration = time off CPU. prev_state says why the thread was off CPU."},
-        {"ip_note", "ip_* tables are ingero-pipeline's: ip_chains, ip_op_stats, ip_meta, ip_health, ip_thread_names."},
+        {"ip_note", "ip_* tables are ingero-pipeline's: ip_chains, ip_op_stats, ip_meta, ip_health, ip_thread_names, ip_process_capture."},
     };
     for (const auto& [k, v] : rows) {
       info.bind(1, k);
@@ -323,7 +323,7 @@ bool SqliteSink::write_events(std::span<const Event> events) {
 bool SqliteSink::write_health(const InputHealth& health) {
   sqlite3* db = impl_->db.get();
   std::string why;
-  if (!sqlite_detail::exec(db, "DELETE FROM ip_health WHERE kind IN ('skip', 'drop')", why))
+  if (!sqlite_detail::exec(db, "DELETE FROM ip_health WHERE kind IN ('skip', 'drop', 'miss')", why))
     return fail("write health: " + why);
   Stmt ins(db, "INSERT OR REPLACE INTO ip_health(kind, reason, count) VALUES(?1, ?2, ?3)");
   if (!ins.ok()) return fail("write health: " + ins.error());
@@ -339,6 +339,8 @@ bool SqliteSink::write_health(const InputHealth& health) {
     if (!put("skip", reason, n)) return fail("write health: " + std::string(sqlite3_errmsg(db)));
   if (health.dropped_events && !put("drop", "events lost before they reached the pipeline", health.dropped_events))
     return fail("write health: " + std::string(sqlite3_errmsg(db)));
+  for (const auto& [reason, n] : health.missed)
+    if (!put("miss", reason, n)) return fail("write health: " + std::string(sqlite3_errmsg(db)));
   return true;
 }
 
@@ -352,6 +354,9 @@ bool SqliteSink::write_meta(const TraceMeta& meta) {
   Stmt kv(db, "INSERT OR REPLACE INTO ip_meta(key, value) VALUES(?1, ?2)");
   Stmt pn(db, "INSERT OR REPLACE INTO process_names(pid, name, seen_at) VALUES(?1, ?2, 0)");
   Stmt tn(db, "INSERT OR REPLACE INTO ip_thread_names(tid, name) VALUES(?1, ?2)");
+  Stmt cap(db,
+           "INSERT OR REPLACE INTO ip_process_capture(pid, attached_at, started_at, predates) "
+           "VALUES(?1, ?2, ?3, ?4)");
   Stmt stk(db, "INSERT OR REPLACE INTO stack_traces(hash, ips, frames) VALUES(?1, ?2, ?3)");
   Stmt snap(db,
             "INSERT OR REPLACE INTO system_snapshots(timestamp, cpu_pct, mem_pct, mem_avail, "
@@ -360,7 +365,7 @@ bool SqliteSink::write_meta(const TraceMeta& meta) {
            "INSERT INTO sessions(started_at, stopped_at, gpu_model, gpu_driver, cpu_model, "
            "cpu_cores, mem_total, kernel, os_release, cuda_ver, python_ver, ingero_ver, "
            "pid_filter, flags) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)");
-  for (const Stmt* s : {&kv, &pn, &tn, &stk, &snap, &ses})
+  for (const Stmt* s : {&kv, &pn, &tn, &cap, &stk, &snap, &ses})
     if (!s->ok()) return fail("write meta: " + s->error());
   auto done = [&](Stmt& s) {
     const int rc = s.step();
@@ -391,6 +396,13 @@ bool SqliteSink::write_meta(const TraceMeta& meta) {
     tn.bind(1, static_cast<int64_t>(tid));
     tn.bind(2, name);
     if (!done(tn)) return err();
+  }
+  for (const auto& [pid, c] : meta.captures) {
+    cap.bind(1, static_cast<int64_t>(pid));
+    cap.bind_u64(2, c.attached_at);
+    cap.bind_u64(3, c.started_at);
+    cap.bind(4, static_cast<int64_t>(c.predates ? 1 : 0));
+    if (!done(cap)) return err();
   }
   for (const auto& [hash, st] : meta.stacks) {
     stk.bind_u64(1, hash);
