@@ -8,22 +8,35 @@
 //   ip-cuda-workload loop --calls M [--rate R] [--wait]
 //       one thread, M cudaLaunchKernel calls (paced to R calls/s when given); prints
 //       "ns_per_call <x>" measured around the loop (the overhead benchmark's number).
+//   ip-cuda-workload paced --threads N --period-us P --seconds S --log FILE
+//       N threads (created at once) each call cudaLaunchKernel then cudaStreamSynchronize every P
+//       microseconds for S seconds or until SIGUSR1; prints "ready" when every thread is running,
+//       and at the end writes FILE: one line per call, "<tid> <op> <unix ns just before the
+//       call>" (op: launch, sync), so a test can count the calls made after any instant (a
+//       tracer's attach).
 //   --wait: print "ready" and wait for a line on stdin before calling (so a tracer can attach to
 //   this pid first).
 #include <cuda_runtime_api.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <iostream>
 #include <string>
 #include <thread>
 #include <vector>
 
 namespace {
+
+std::atomic<bool> g_stop{false};
+void on_usr1(int) { g_stop.store(true); }
 
 const void* kernel_address() { return reinterpret_cast<const void*>(&kernel_address); }
 
@@ -81,6 +94,56 @@ int main(int argc, char** argv) {
     for (auto& t : ts) t.join();
     for (long i = 0; i < threads; ++i) std::printf("thread %ld tid %ld calls %ld\n", i, tids[i], (i + 1) * calls);
     std::printf("ops %d\n", kMixedOps);
+    return 0;
+  }
+  if (mode == "paced") {
+    const long period_us = arg_long(argc, argv, "--period-us", 500);
+    const long seconds = arg_long(argc, argv, "--seconds", 5);
+    std::string log;
+    for (int i = 1; i + 1 < argc; ++i)
+      if (std::strcmp(argv[i], "--log") == 0) log = argv[i + 1];
+    struct Call {
+      long tid;
+      char op;  // 'l' launch, 's' sync
+      long long ts;
+    };
+    std::signal(SIGUSR1, on_usr1);
+    std::vector<std::vector<Call>> calls_of(threads);
+    std::atomic<long> running{0};
+    const auto unix_ns = [] {
+      timespec t{};
+      clock_gettime(CLOCK_REALTIME, &t);
+      return static_cast<long long>(t.tv_sec) * 1'000'000'000LL + t.tv_nsec;
+    };
+    std::vector<std::thread> ts;
+    const void* k = kernel_address();
+    for (long i = 0; i < threads; ++i)
+      ts.emplace_back([&, i] {
+        const long tid = syscall(SYS_gettid);
+        auto& mine = calls_of[i];
+        mine.reserve(std::min<size_t>(static_cast<size_t>(seconds * 2'000'000 / std::max(1L, period_us) + 16), 1u << 22));
+        running.fetch_add(1);
+        const auto t0 = std::chrono::steady_clock::now();
+        const auto end = t0 + std::chrono::seconds(seconds);
+        for (long n = 1;; ++n) {
+          mine.push_back({tid, 'l', unix_ns()});
+          cudaLaunchKernel(k, dim3(1), dim3(1), nullptr, 0, nullptr);
+          mine.push_back({tid, 's', unix_ns()});
+          cudaStreamSynchronize(nullptr);
+          const auto due = t0 + std::chrono::microseconds(period_us * n);
+          if (due >= end || g_stop.load(std::memory_order_relaxed)) break;
+          std::this_thread::sleep_until(due);
+        }
+      });
+    while (running.load() < threads) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::printf("ready\n");
+    std::fflush(stdout);
+    for (auto& t : ts) t.join();
+    if (FILE* f = log.empty() ? nullptr : std::fopen(log.c_str(), "w")) {
+      for (const auto& mine : calls_of)
+        for (const Call& c : mine) std::fprintf(f, "%ld %s %lld\n", c.tid, c.op == 'l' ? "launch" : "sync", c.ts);
+      std::fclose(f);
+    }
     return 0;
   }
   if (mode == "loop") {

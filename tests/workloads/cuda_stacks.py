@@ -9,12 +9,15 @@
 #   MODE exit     two calls on the main thread, then os._exit(0) at once
 #   MODE block    one call, then the main thread waits 0.3 s on a threading.Event (a futex)
 #   MODE busy     N rounds (default 20) of 50 calls then ~30 ms of pure-Python work in spin()
+#   MODE paced    step() every 2 ms on the main thread and on a threading.Thread started first,
+#                 for N seconds (default 4) or until SIGUSR1 (a job a tracer attaches to while it runs)
 #   MODE phases   N rounds (default 3) of 1 s of cudaLaunchKernel calls then 1 s in spin(): the
 #                 launching thread stops launching because it is busy on CPU in Python
 # Protocol: prints "ready" and waits for a line on stdin before calling; prints "tid <main> <worker>"
 # at the end.
 import ctypes
 import os
+import signal
 import sys
 import threading
 import time
@@ -80,6 +83,20 @@ def run():
             for _ in range(50):
                 launch()
             spin(0.03)  # SITE:busy
+    elif mode == "paced":
+        end = time.perf_counter() + (arg or 4)
+        stop = threading.Event()
+        signal.signal(signal.SIGUSR1, lambda *_: stop.set())
+
+        def pace():
+            while time.perf_counter() < end and not stop.is_set():
+                step()  # SITE:paced
+                time.sleep(0.002)
+        t = threading.Thread(target=pace)
+        t.start()
+        worker_tid = t.native_id if hasattr(t, "native_id") else 0
+        pace()
+        t.join()
     elif mode == "phases":
         for _ in range(arg or 3):
             end = time.perf_counter() + 1.0
