@@ -1,9 +1,9 @@
 // LiveSource: poller thread, queue, reorder buffer and watermark; see live_source.h.
 #include "bpf/live_source.h"
 
+#include <ctime>
 #include <sys/sysinfo.h>
 #include <sys/utsname.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -480,7 +480,8 @@ void LiveSource::poller() {
       detach.swap(detach_requests_);
     }
     for (const auto& [sym, ret] : detach)
-      if (!probes_->detach_probe(sym, ret)) warn("request_detach: no " + std::string(ret ? "return" : "entry") + " probe on " + sym);
+      if (!probes_->detach_probe(sym, ret))
+        warn("request_detach: no " + std::string(ret ? "return" : "entry") + " probe on " + sym);
 
     if (clock::now() >= next_discovery) {
       next_discovery = clock::now() + std::chrono::nanoseconds(opts_.rediscover_interval_ns);

@@ -152,8 +152,8 @@ class LiveSource final : public EventSource {
   std::unordered_map<uint32_t, uint32_t> capture_slots_;    // poller-local: pid -> library slots seen (bits)
   std::unordered_map<uint32_t, uint64_t> started_of_;       // poller-local: pid -> its start, unix ns (0 unknown)
   uint64_t trace_started_unix_ = 0;
-  std::atomic<uint64_t> lib_received_[IP_MAX_LIBS] = {};    // probed-call records received, per library slot
-  struct CheckState {                                       // poller-local: per library slot
+  std::atomic<uint64_t> lib_received_[IP_MAX_LIBS] = {};  // probed-call records received, per library slot
+  struct CheckState {                                     // poller-local: per library slot
     uint64_t unmatched_base = 0;  // returns without entry once the library's first second had passed
     bool based = false;
     uint64_t warned_returns = 0, warned_entries = 0, warned_records = 0;
@@ -168,12 +168,12 @@ class LiveSource final : public EventSource {
   mutable std::mutex mu_;  // guards the members below
   std::vector<std::string> warnings_;
   std::vector<CudaLibrary> libs_;
-  std::vector<std::pair<uint64_t, uint64_t>> drop_timeline_;   // (mono ns, cumulative drops)
-  std::vector<std::pair<uint64_t, StackTrace>> new_stacks_;    // for meta_.stacks
-  std::vector<std::pair<uint32_t, std::string>> new_threads_;  // for meta_.thread_names
+  std::vector<std::pair<uint64_t, uint64_t>> drop_timeline_;       // (mono ns, cumulative drops)
+  std::vector<std::pair<uint64_t, StackTrace>> new_stacks_;        // for meta_.stacks
+  std::vector<std::pair<uint32_t, std::string>> new_threads_;      // for meta_.thread_names
   std::vector<std::pair<uint32_t, ProcessCapture>> new_captures_;  // for meta_.captures
-  std::map<std::string, uint64_t> missed_now_;                 // for meta_.health.missed
-  std::vector<std::pair<std::string, bool>> detach_requests_;  // request_detach(), for the poller
+  std::map<std::string, uint64_t> missed_now_;                     // for meta_.health.missed
+  std::vector<std::pair<std::string, bool>> detach_requests_;      // request_detach(), for the poller
 
   // Engine-thread state (next()).
   ReorderBuffer reorder_;

@@ -558,7 +558,6 @@ int BpfProbes::attach_library(const CudaLibrary& lib) {
 
 std::vector<LibrarySlot> BpfProbes::library_slots() const { return lib_slots_; }
 
-
 std::vector<LibCounts> BpfProbes::lib_counts() const {
   std::vector<LibCounts> out(lib_slots_.size());
   if (!gpu_ || out.empty()) return out;

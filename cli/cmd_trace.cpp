@@ -451,10 +451,9 @@ int run_trace(const TraceArgs& a) {
                static_cast<unsigned long long>(st.late_delivered),
                static_cast<unsigned long long>(result.counters.late_events),
                static_cast<unsigned long long>(st.unmatched), static_cast<unsigned long long>(st.missed),
-               st.reorder_peak, result.chains.size(),
-               a.db.empty() ? "" : ", written to ", a.db.c_str(), db_summary.c_str(),
-               static_cast<unsigned long long>(st.stacks_resolved), static_cast<unsigned long long>(st.stacks_unique),
-               static_cast<unsigned long long>(st.python_stacks),
+               st.reorder_peak, result.chains.size(), a.db.empty() ? "" : ", written to ", a.db.c_str(),
+               db_summary.c_str(), static_cast<unsigned long long>(st.stacks_resolved),
+               static_cast<unsigned long long>(st.stacks_unique), static_cast<unsigned long long>(st.python_stacks),
                static_cast<unsigned long long>(st.stacks_rate_limited), static_cast<unsigned long long>(st.stacks_lost),
                static_cast<unsigned long long>(st.samples), static_cast<unsigned long long>(st.python_procs));
   const ProcessIdentityCache::Stats& is = identities.stats();

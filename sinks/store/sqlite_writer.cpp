@@ -190,7 +190,9 @@ std::unique_ptr<SqliteSink> SqliteSink::create(const std::string& path, std::str
         {"sched_switch_note",
          "HOST sched_switch rows follow Ingero: timestamp = switch-in time (end of the off-CPU "
          "interval), duration = time off CPU. prev_state says why the thread was off CPU."},
-        {"ip_note", "ip_* tables are ingero-pipeline's: ip_chains, ip_op_stats, ip_meta, ip_health, ip_thread_names, ip_process_capture."},
+        {"ip_note",
+         "ip_* tables are ingero-pipeline's: ip_chains, ip_op_stats, ip_meta, ip_health, ip_thread_names, "
+         "ip_process_capture."},
     };
     for (const auto& [k, v] : rows) {
       info.bind(1, k);

@@ -9,8 +9,8 @@
 //   that names the library and how many calls were missed.
 // Each test skips with the reason when not root, BPF cannot be used, or libcudart is absent.
 #include <fcntl.h>
-#include <signal.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sqlite3.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -74,8 +74,15 @@ struct Tracer {
     const int err_fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(null_fd, 1);
     ::dup2(err_fd, 2);
-    std::vector<std::string> args = {IP_PIPELINE_BIN, "trace",   "-q",        "--duration", duration,
-                                      "--db",          db,        "--disable", "driver,nccl,block,tcp,net,memory"};
+    std::vector<std::string> args = {IP_PIPELINE_BIN,
+                                     "trace",
+                                     "-q",
+                                     "--duration",
+                                     duration,
+                                     "--db",
+                                     db,
+                                     "--disable",
+                                     "driver,nccl,block,tcp,net,memory"};
     args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -164,9 +171,9 @@ Counts logged_between(const std::vector<Call>& calls, uint64_t t0, uint64_t t1) 
 }
 Counts traced_between(const Db& db, uint32_t pid, uint64_t t0, uint64_t t1) {
   Counts n;
-  for (const auto& r : db.rows("SELECT tid, op, count(*) FROM events WHERE source = 1 AND pid = " +
-                               std::to_string(pid) + " AND timestamp >= " + std::to_string(t0) +
-                               " AND timestamp < " + std::to_string(t1) + " GROUP BY tid, op"))
+  for (const auto& r : db.rows(
+           "SELECT tid, op, count(*) FROM events WHERE source = 1 AND pid = " + std::to_string(pid) +
+           " AND timestamp >= " + std::to_string(t0) + " AND timestamp < " + std::to_string(t1) + " GROUP BY tid, op"))
     n[{static_cast<uint32_t>(r[0]), static_cast<int>(r[1])}] = r[2];
   return n;
 }

@@ -21,13 +21,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
-#include <csignal>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -121,7 +121,8 @@ int main(int argc, char** argv) {
       ts.emplace_back([&, i] {
         const long tid = syscall(SYS_gettid);
         auto& mine = calls_of[i];
-        mine.reserve(std::min<size_t>(static_cast<size_t>(seconds * 2'000'000 / std::max(1L, period_us) + 16), 1u << 22));
+        mine.reserve(
+            std::min<size_t>(static_cast<size_t>(seconds * 2'000'000 / std::max(1L, period_us) + 16), 1u << 22));
         running.fetch_add(1);
         const auto t0 = std::chrono::steady_clock::now();
         const auto end = t0 + std::chrono::seconds(seconds);
