@@ -150,10 +150,10 @@ static __always_inline void flush_done(__u32 tid) {
 }
 
 static __always_inline void switch_out(void* ctx, __u32 tgid, __u32 tid, __u32 next_tid,
-                                       __u8 state, __u64 now) {
+                                       __u32 next_tgid, __u8 state, __u64 now) {
   if (offcpu_user_at_exit) flush_done(tid);
   struct ip_offcpu o = {.ts = now, .tgid = tgid, .next_tid = next_tid, .state = state,
-                        .kstack = -1, .ustack = -1};
+                        .kstack = -1, .ustack = -1, .next_tgid = next_tgid};
   if (offcpu_stack_min_ns != ~0ULL && state != IP_STATE_PREEMPTED) {
     /* Runs in the context of the thread going off CPU: these are its stacks. Only for a thread
      * that blocks (sleep, disk wait): a preempted thread did not choose to wait, so where it was
@@ -170,6 +170,7 @@ static __always_inline void switch_in(__u32 tid, __u64 now, __u8 flags) {
   struct ip_record rec = {};
   rec.ts = o->ts;
   rec.dur = now - o->ts;
+  rec.arg0 = o->next_tgid;
   rec.arg1 = o->next_tid;
   rec.pid = o->tgid;
   rec.tid = tid;
@@ -262,12 +263,50 @@ static __always_inline __u8 offcpu_state(bool preempt, __u64 st) {
   return IP_STATE_OTHER;
 }
 
+/* Tasks whose command name user space has: tid -> the task's start time (a reused tid, or a task
+ * that exec()ed, is named again). Bounded: an evicted task is named again when next seen. */
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, 16384);
+  __type(key, __u32);
+  __type(value, __u64);
+} named_tasks SEC(".maps");
+
+/* The task that runs instead of a traced thread is named, even when it never touches the GPU (a
+ * CPU hog pinned to the feeding thread's core): its pid alone may be reused or gone by the time
+ * anyone asks. One small record per task, not per switch. */
+static __always_inline void name_task(struct task_struct* t, __u64 now) {
+  __u32 tid = t->pid;
+  if (tid == 0) return; /* the idle task */
+  __u64 start = t->start_time;
+  /* An exec changes the name, not the start time: mix in the first bytes of the name. */
+  __u64 head = 0;
+  bpf_probe_read_kernel(&head, sizeof(head), t->comm);
+  __u64 key = start ^ head;
+  __u64* seen = bpf_map_lookup_elem(&named_tasks, &tid);
+  if (seen && *seen == key) return;
+  struct ip_record* r = reserve();
+  if (!r) return;
+  r->ts = now;
+  r->pid = t->tgid;
+  r->tid = tid;
+  r->source = IP_SRC_HOST;
+  r->op = IP_OP_TASK_NAME;
+  bpf_probe_read_kernel(&r->arg0, 16, t->comm); /* arg0..arg1: 16 bytes */
+  r->arg2 = start;
+  bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+  bpf_map_update_elem(&named_tasks, &tid, &key, BPF_ANY);
+}
+
 SEC("tp_btf/sched_switch")
 int BPF_PROG(btf_sched_switch, bool preempt, struct task_struct* prev, struct task_struct* next,
              unsigned int prev_state) {
   __u64 now = bpf_ktime_get_ns();
-  if (task_traced(prev))
-    switch_out(ctx, prev->tgid, prev->pid, next->pid, offcpu_state(preempt, prev_state), now);
+  if (task_traced(prev)) {
+    switch_out(ctx, prev->tgid, prev->pid, next->pid, next->tgid, offcpu_state(preempt, prev_state),
+               now);
+    name_task(next, now);
+  }
   switch_in(next->pid, now, 0);
   return 0;
 }
@@ -282,7 +321,7 @@ int tp_sched_switch(void* ctx) {
     __u64 st = field(ctx, IP_OFF_SW_PREV_STATE, 8);
     __u8 s = (st & ~0xffULL) ? IP_STATE_PREEMPTED : offcpu_state(false, st & 0xff);
     switch_out(ctx, bpf_get_current_pid_tgid() >> 32, field(ctx, IP_OFF_SW_PREV_PID, 4),
-               field(ctx, IP_OFF_SW_NEXT_PID, 4), s, now);
+               field(ctx, IP_OFF_SW_NEXT_PID, 4), 0, s, now);
   }
   switch_in(field(ctx, IP_OFF_SW_NEXT_PID, 4), now, IP_REC_CLASSIC);
   return 0;

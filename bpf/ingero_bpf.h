@@ -97,6 +97,11 @@
 #define IP_OFF_TCP_DADDR6 17
 #define IP_NUM_OFF 18
 
+/* A host record that is not an event: the command name of a task that ran instead of a traced
+ * thread (arg0..arg1 = comm, 16 bytes; arg2 = the task's start time, to tell a reused tid; pid/tid
+ * = the task's). Sent once per task (and again when its tid is reused or it execs a new name). */
+#define IP_OP_TASK_NAME 200
+
 /* record flags */
 #define IP_REC_CLASSIC 1  /* produced by a classic (non-BTF) tracepoint */
 #define IP_REC_STACKIDS 2 /* off-CPU span: arg2 = stack_ids ids + 1 (kernel low, user high) */
@@ -143,9 +148,9 @@ struct ip_offcpu {
   __u32 next_tid; /* the task that ran instead */
   __u8 state;
   __u8 pad[3];
-  __s32 kstack; /* stack_ids id of the kernel stack at switch-out, <0 none */
-  __s32 ustack; /* stack_ids id of the frame-pointer user stack, <0 none */
-  __u32 pad2;
+  __s32 kstack;    /* stack_ids id of the kernel stack at switch-out, <0 none */
+  __s32 ustack;    /* stack_ids id of the frame-pointer user stack, <0 none */
+  __u32 next_tgid; /* the process of the task that ran instead (0: unknown, classic tracepoint) */
 };
 
 /* ---- Stacks ------------------------------------------------------------------------------

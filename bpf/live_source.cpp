@@ -91,6 +91,10 @@ std::unique_ptr<LiveSource> LiveSource::start(const LiveOptions& opts, std::stri
       opts.probes,
       [self](const ip_record& r) {
         self->records_.fetch_add(1, std::memory_order_relaxed);
+        if (r.source == IP_SRC_HOST && r.op == IP_OP_TASK_NAME) {  // a name, not an event
+          self->note_task_name(r);
+          return;
+        }
         Event e;
         std::string reason;
         if (!self->conv_.convert(r, e, reason)) {
@@ -240,6 +244,16 @@ void LiveSource::on_event(Event& e, const char* comm16) {
     }
   }
   pending_.push_back(e);
+}
+
+void LiveSource::note_task_name(const ip_record& r) {
+  char comm[17] = {};
+  std::memcpy(comm, &r.arg0, 16);  // arg0..arg1
+  std::string name(comm, strnlen(comm, 16));
+  if (name.empty()) return;
+  named_tids_.insert(r.tid);  // on_event need not read /proc for it
+  std::lock_guard<std::mutex> lk(mu_);
+  new_task_names_.emplace_back(r.tid, std::move(name));
 }
 
 void LiveSource::request_detach(const std::string& symbol, bool retprobe) {
@@ -551,6 +565,9 @@ bool LiveSource::next(Batch& out) {
         new_stacks_.clear();
         for (auto& [tid, name] : new_threads_) meta_.thread_names.emplace(tid, std::move(name));
         new_threads_.clear();
+        // Names of tasks that ran instead of traced threads: the latest wins (a reused tid).
+        for (auto& [tid, name] : new_task_names_) meta_.thread_names[tid] = std::move(name);
+        new_task_names_.clear();
         for (auto& [pid, c] : new_captures_) meta_.captures[pid] = c;  // a later one supersedes
         new_captures_.clear();
         meta_.health.missed = missed_now_;

@@ -22,7 +22,10 @@
 //   (next() merges the new stacks in). Thread names (comm per tid, read when a thread is first
 //   seen) go to meta().thread_names the same way. Every traced process is noted (maps + ELFs
 //   kept, Python layout validated) when first seen, or at start with --pid, and forgotten a few
-//   seconds after its exit record.
+//   seconds after its exit record. The task that runs instead of a traced thread is named too
+//   (IP_OP_TASK_NAME records, once per task; a reused tid is named again and the latest name
+//   wins), so a CPU hog that never touches the GPU has a name in meta().thread_names; an
+//   off-CPU span's arg0 is that task's process (tgid), arg1 its tid.
 // - Attach to running processes: a library's return probes go in before its entry probes
 //   (BpfProbes::attach_library), so processes already calling it are captured from then on, on
 //   every thread. Per process, meta().captures says from when (`attached_at`: the latest attach
@@ -128,6 +131,8 @@ class LiveSource final : public EventSource {
   // Poller: process/thread first sight (thread name from `comm16` when BPF read it), then into
   // pending_.
   void on_event(Event& e, const char* comm16 = nullptr);
+  // Poller: the name of a task that ran instead of a traced thread (an IP_OP_TASK_NAME record).
+  void note_task_name(const ip_record& r);
   // Poller: a probed call of `pid` through library `slot`: when its capture began.
   void note_capture(uint32_t pid, uint32_t slot);
   // Poller: compares the kernel's probe-hit counts with what was delivered (see the contract).
@@ -172,6 +177,7 @@ class LiveSource final : public EventSource {
   std::vector<std::pair<uint64_t, StackTrace>> new_stacks_;        // for meta_.stacks
   std::vector<std::pair<uint32_t, std::string>> new_threads_;      // for meta_.thread_names
   std::vector<std::pair<uint32_t, ProcessCapture>> new_captures_;  // for meta_.captures
+  std::vector<std::pair<uint32_t, std::string>> new_task_names_;   // IP_OP_TASK_NAME, for meta_.thread_names
   std::map<std::string, uint64_t> missed_now_;                     // for meta_.health.missed
   std::vector<std::pair<std::string, bool>> detach_requests_;      // request_detach(), for the poller
 

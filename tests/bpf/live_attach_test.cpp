@@ -6,16 +6,20 @@
 // - a Python (ctypes) workload started before `trace`: its calls, on both threads, with Python
 //   frames on their stacks;
 // - the self-check: a probe detached mid-trace (a planted fault) is a warning and a health row
-//   that names the library and how many calls were missed.
+//   that names the library and how many calls were missed;
+// - a task that ran instead of a traced thread, never touching the GPU, is named.
 // Each test skips with the reason when not root, BPF cannot be used, or libcudart is absent.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sqlite3.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -384,6 +388,83 @@ TEST(LiveAttach, SelfCheckReportsAProbeDetachedMidTrace) {
   EXPECT_GT(no_return, 500u) << testing::PrintToString(missed);
   EXPECT_GT(no_entry, 500u) << testing::PrintToString(missed);
   EXPECT_GE(src->stats().missed, no_return + no_entry);
+}
+// The task that ran instead of a traced thread is named, though it never touches the GPU: a CPU
+// hog pinned to the feeding thread's CPU appears in its preempted off-CPU spans by pid (arg0), tid
+// (arg1) and command name (meta().thread_names).
+TEST(LiveNames, AHogThatNeverCallsCudaIsNamed) {
+  std::string why;
+  if (skip_reason(why)) GTEST_SKIP() << why;
+  const pid_t hog = ::fork();
+  ASSERT_GE(hog, 0);
+  if (hog == 0) {
+    ::prctl(PR_SET_NAME, "ip-hog-named", 0, 0, 0);
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(0, &one);
+    ::sched_setaffinity(0, sizeof(one), &one);
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    volatile uint64_t x = 0;
+    while (std::chrono::steady_clock::now() < end) x = x + 1;
+    ::_exit(0);
+  }
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reap{hog};
+  Child job;
+  if (::access("/usr/bin/taskset", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/taskset";
+  // The job, every thread of it from its start, on the hog's CPU (taskset execs it: same pid).
+  ASSERT_TRUE(job.spawn({"/usr/bin/taskset", "-c", "0", IP_CUDA_WORKLOAD, "paced", "--threads", "1", "--period-us", "0",
+                         "--seconds", "120"}));
+  bpf::LiveOptions o;
+  o.probes.filter = bpf::FilterMode::kPids;
+  o.probes.pids = {static_cast<uint32_t>(job.pid)};
+  auto& f = o.probes.families;
+  f.driver = f.nccl = f.block = f.tcp = f.net = f.memory = f.wakeup = false;
+  o.discovery.explicit_paths = {IP_REAL_CUDART};
+  o.discovery.use_maps = o.discovery.use_ldcache = o.discovery.use_toolkit = o.discovery.use_wheels = false;
+  std::string err;
+  auto src = bpf::LiveSource::start(o, err);
+  if (!src) GTEST_SKIP() << "BPF unavailable: " << err;
+  std::vector<Event> spans;
+  std::atomic<long> hog_spans{0};
+  std::thread drain([&] {
+    Batch b;
+    while (src->next(b)) {
+      for (const Event& e : b.events)
+        if (e.source == Source::kHost && e.op == op::kSchedSwitch) {
+          spans.push_back(e);
+          if (e.arg1 == static_cast<uint64_t>(hog)) hog_spans.fetch_add(1);
+        }
+      if (b.final) break;
+    }
+  });
+  // Until the hog has displaced the job's thread a few times (at once on a quiet machine; beside
+  // other builds the scheduler may pick other tasks first), at most 10 s.
+  for (int i = 0; i < 100 && hog_spans.load() < 5; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  src->stop();
+  drain.join();
+  EXPECT_EQ(stop_job(job), 0);
+  long by_hog = 0;
+  for (const Event& e : spans)
+    if (e.prev_state == OffCpuState::kPreempted && e.arg1 == static_cast<uint64_t>(hog)) {
+      ++by_hog;
+      EXPECT_EQ(e.arg0, static_cast<uint64_t>(hog)) << "the process that ran instead";
+    }
+  // On a quiet machine most preemptions are the hog's; beside other builds, a few suffice.
+  std::map<uint64_t, long> by_task;
+  for (const Event& e : spans)
+    if (e.prev_state == OffCpuState::kPreempted) ++by_task[e.arg1];
+  ASSERT_GT(by_hog, 0) << spans.size() << " off-CPU spans, none by the hog (pid " << hog
+                       << "); preempted by (tid: spans): " << testing::PrintToString(by_task);
+  const auto& names = src->meta().thread_names;
+  ASSERT_TRUE(names.count(static_cast<uint32_t>(hog)));
+  EXPECT_EQ(names.at(static_cast<uint32_t>(hog)), "ip-hog-named");
 }
 #else
 TEST(LiveAttach, Skipped) { GTEST_SKIP() << "built without the pipeline binary, ip-cuda-workload or libcudart"; }
