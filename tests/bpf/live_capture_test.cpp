@@ -29,6 +29,7 @@
 #include "engine/engine.h"
 #include "model/ops.h"
 #include "sinks/store/sqlite_store.h"
+#include "tests/util/child_process.h"
 #include "tests/util/run_command.h"
 
 extern char** environ;
@@ -38,62 +39,7 @@ using namespace ingero::bpf;
 
 namespace {
 
-// A workload started with --wait: it prints "ready" and blocks until we write a line.
-struct Child {
-  pid_t pid = -1;
-  int in = -1, out = -1;
-  std::string output;
-
-  bool spawn(const std::vector<std::string>& args) {
-    int pin[2], pout[2];
-    if (::pipe(pin) != 0 || ::pipe(pout) != 0) return false;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, pin[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, pout[1], 1);
-    posix_spawn_file_actions_addclose(&fa, pin[1]);
-    posix_spawn_file_actions_addclose(&fa, pout[0]);
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    ::close(pin[0]);
-    ::close(pout[1]);
-    in = pin[1];
-    out = pout[0];
-    if (rc != 0) return false;
-    return read_line() == "ready";
-  }
-  std::string read_line() {
-    std::string line;
-    char c;
-    while (::read(out, &c, 1) == 1 && c != '\n') line += c;
-    return line;
-  }
-  void go() {
-    (void)!::write(in, "go\n", 3);
-    ::close(in);
-    in = -1;
-  }
-  int finish() {
-    char buf[4096];
-    ssize_t n;
-    while ((n = ::read(out, buf, sizeof(buf))) > 0) output.append(buf, static_cast<size_t>(n));
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    ::close(out);
-    pid = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-  ~Child() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-    if (in >= 0) ::close(in);
-  }
-};
+using ingero::test::Child;
 
 LiveOptions options_for(uint32_t pid, const std::string& lib) {
   LiveOptions o;
