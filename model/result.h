@@ -9,6 +9,7 @@
 #include "model/event.h"
 #include "model/plan.h"
 #include "model/stack.h"
+#include "model/steps.h"
 #include "model/trace.h"
 
 namespace ingero {
@@ -147,6 +148,9 @@ struct AnalysisResult {
   std::vector<RuleOutcome> rules;  // one per rule (Emit node), in plan order
   EngineCounters counters;
   TraceMeta meta;
+  // Per process (and rank): the inferred step period (operators/step_inference.h), by node, pid,
+  // rank. Empty unless a StepInference observer ran.
+  std::vector<ProcessSteps> steps;
 };
 
 }  // namespace ingero

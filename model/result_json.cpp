@@ -292,6 +292,22 @@ json stats_json(const AnalysisResult& r) {
   return {{"trace", trace_json(r.meta, r)}, {"ops", ops}, {"health", health_json(r.meta.health)}};
 }
 
+json steps_json(const std::vector<ProcessSteps>& steps, const TraceMeta& meta) {
+  json out = json::array();
+  for (const auto& s : steps)
+    out.push_back({{"pid", s.pid},
+                   {"node", s.node < meta.nodes.size() ? meta.nodes[s.node] : std::string()},
+                   {"rank", s.rank},
+                   {"count", s.count},
+                   {"period_ns", s.period_ns},
+                   {"p50_ns", s.p50_ns},
+                   {"p99_ns", s.p99_ns},
+                   {"method", s.method},
+                   {"confidence", num_or_null(s.confidence)},
+                   {"reason", s.reason}});
+  return out;
+}
+
 json explain_json(const AnalysisResult& r) {
   json chains = json::array();
   for (const auto& c : r.chains) chains.push_back(chain_json(c, r.meta));
@@ -299,18 +315,20 @@ json explain_json(const AnalysisResult& r) {
   for (const auto& o : r.rules) rules.push_back(rule_outcome_json(o));
   json counts = {{"HIGH", 0}, {"MEDIUM", 0}, {"LOW", 0}};
   for (const auto& c : r.chains) counts[severity_name(c.severity)] = counts[severity_name(c.severity)].get<int>() + 1;
-  return {{"trace", trace_json(r.meta, r)},
-          {"chains", chains},
-          {"severity_counts", counts},
-          {"rules", rules},
-          {"health", health_json(r.meta.health)},
-          {"engine",
-           {{"threads", r.counters.threads},
-            {"batches", r.counters.batches},
-            {"windows_closed", r.counters.windows_closed},
-            {"late_events", r.counters.late_events},
-            {"tail_windows_capped", r.counters.tail_windows_capped},
-            {"node_errors", r.counters.node_errors}}}};
+  json out = {{"trace", trace_json(r.meta, r)},
+              {"chains", chains},
+              {"severity_counts", counts},
+              {"rules", rules},
+              {"health", health_json(r.meta.health)},
+              {"engine",
+               {{"threads", r.counters.threads},
+                {"batches", r.counters.batches},
+                {"windows_closed", r.counters.windows_closed},
+                {"late_events", r.counters.late_events},
+                {"tail_windows_capped", r.counters.tail_windows_capped},
+                {"node_errors", r.counters.node_errors}}}};
+  if (!r.steps.empty()) out["steps"] = steps_json(r.steps, r.meta);
+  return out;
 }
 
 }  // namespace ingero

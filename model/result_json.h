@@ -38,7 +38,14 @@ std::string chain_call_site(const Chain& c);
 nlohmann::json rule_outcome_json(const RuleOutcome& o);
 nlohmann::json health_json(const InputHealth& h);
 
+// The inferred steps (model/steps.h), one object per process and rank:
+// [{pid, node, rank, count, period_ns, p50_ns, p99_ns, method, confidence, reason}]; `node` is the
+// node's name ("" local), `reason` says why there is no period when method is "none" ("" otherwise).
+// Boundaries are not in the JSON.
+nlohmann::json steps_json(const std::vector<ProcessSteps>& steps, const TraceMeta& meta);
+
 nlohmann::json stats_json(const AnalysisResult& r);
+// Holds "steps" (steps_json) only when r.steps is non-empty.
 nlohmann::json explain_json(const AnalysisResult& r);
 
 // "python3" or "pid 2233"

@@ -127,6 +127,40 @@ std::string why_not_text(const RuleOutcome& o) {
   return s.str();
 }
 
+namespace {
+// "48.2 ms", "1.52 s", "850 us": the steps line's durations.
+std::string step_dur(double ns) {
+  char buf[48];
+  if (ns >= 1e9) std::snprintf(buf, sizeof buf, "%.2f s", ns / 1e9);
+  else if (ns >= 1e6) std::snprintf(buf, sizeof buf, "%.1f ms", ns / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.0f us", ns / 1e3);
+  return buf;
+}
+}  // namespace
+
+std::string steps_text(const AnalysisResult& r) {
+  std::ostringstream o;
+  for (const auto& s : r.steps) {
+    o << "pid " << s.pid << " (" << process_label(r.meta, s.pid) << ")";
+    if (s.rank >= 0) o << " rank " << s.rank;
+    if (s.node && s.node < r.meta.nodes.size()) o << " node " << r.meta.nodes[s.node];
+    o << ": ";
+    if (s.method == "none" || s.period_ns == 0) {
+      o << "no period: " << (s.reason.empty() ? "not recognised" : s.reason);
+      if (s.fallback_interval_ns)
+        o << "; fixed " << step_dur(static_cast<double>(s.fallback_interval_ns)) << " intervals instead";
+      o << "\n";
+      continue;
+    }
+    char conf[16];
+    std::snprintf(conf, sizeof conf, "%.2f", s.confidence);
+    o << format_count(static_cast<double>(s.count)) << " steps, period " << step_dur(static_cast<double>(s.period_ns))
+      << " (p50 " << step_dur(static_cast<double>(s.p50_ns)) << ", p99 " << step_dur(static_cast<double>(s.p99_ns))
+      << "), recognised by " << s.method << ", confidence " << conf << "\n";
+  }
+  return o.str();
+}
+
 std::string explain_text(const AnalysisResult& r, const ReportOptions& opt) {
   std::ostringstream o;
   o << header_line(r);
@@ -139,6 +173,11 @@ std::string explain_text(const AnalysisResult& r, const ReportOptions& opt) {
     o << "\n"
       << r.chains.size() << " causal chain(s): " << counts[2] << " HIGH, " << counts[1] << " MEDIUM, " << counts[0]
       << " LOW (worst first)\n";
+  }
+  if (!r.steps.empty()) {
+    o << "\nSteps (inferred from sync and launch timing, no markers):\n";
+    std::istringstream lines(steps_text(r));
+    for (std::string line; std::getline(lines, line);) o << "  " << line << "\n";
   }
   size_t shown = 0;
   for (const auto& c : r.chains) {

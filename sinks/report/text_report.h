@@ -20,6 +20,11 @@ struct ReportOptions {
 
 std::string stats_text(const AnalysisResult& r, const ReportOptions& o = {});
 std::string explain_text(const AnalysisResult& r, const ReportOptions& o = {});
+// The inferred steps (r.steps), one line per process and rank:
+// "pid 4242 (python3): 1,204 steps, period 48.2 ms (p50 48.0 ms, p99 61.3 ms), recognised by
+// cudaStreamSynchronize x1, confidence 0.97", or "pid 77 (server): no period: <reason>; fixed 1 s
+// intervals instead". "" when there are none. explain_text appends it when r.steps is non-empty.
+std::string steps_text(const AnalysisResult& r);
 // The closest miss of one rule, for `explain --why-not RULE`.
 std::string why_not_text(const RuleOutcome& o);
 
