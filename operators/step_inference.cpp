@@ -1,0 +1,428 @@
+#include "operators/step_inference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <numeric>
+#include <utility>
+
+#include "model/ops.h"
+
+namespace ingero {
+namespace {
+
+struct SyncOp {
+  Source source;
+  uint8_t op;
+  const char* name;  // the API symbol a GPU engineer knows
+  int cls;           // 0 blocking wait, 1 NCCL collective
+};
+
+constexpr std::array<SyncOp, StepInference::kSyncSlots> kSyncOps{{
+    {Source::kCuda, op::kCudaStreamSync, "cudaStreamSynchronize", 0},
+    {Source::kCuda, op::kCudaDeviceSync, "cudaDeviceSynchronize", 0},
+    {Source::kCuda, op::kCudaEventSync, "cudaEventSynchronize", 0},
+    {Source::kDriver, op::kCuCtxSynchronize, "cuCtxSynchronize", 0},
+    {Source::kDriver, op::kCuStreamSynchronize, "cuStreamSynchronize", 0},
+    {Source::kCuda, op::kCudaMemcpy, "cudaMemcpy", 0},
+    {Source::kDriver, op::kCuMemcpy, "cuMemcpy", 0},
+    {Source::kDriver, op::kCuMemcpyDtoH, "cuMemcpyDtoH", 0},
+    {Source::kNccl, op::kNcclAllReduce, "ncclAllReduce", 1},
+    {Source::kNccl, op::kNcclAllGather, "ncclAllGather", 1},
+    {Source::kNccl, op::kNcclReduceScatter, "ncclReduceScatter", 1},
+    {Source::kNccl, op::kNcclBroadcast, "ncclBroadcast", 1},
+    {Source::kNccl, op::kNcclSend, "ncclSend", 1},
+    {Source::kNccl, op::kNcclRecv, "ncclRecv", 1},
+}};
+
+constexpr int kClassBursts = 2;
+constexpr double kMinShare = 0.8;
+
+int sync_slot(Source s, uint8_t o) {
+  for (size_t i = 0; i < kSyncOps.size(); ++i)
+    if (kSyncOps[i].source == s && kSyncOps[i].op == o) return static_cast<int>(i);
+  return -1;
+}
+
+bool is_launch(Source s, uint8_t o) {
+  return (s == Source::kCuda && o == op::kCudaLaunchKernel) || (s == Source::kDriver && o == op::kCuLaunchKernel) ||
+         (s == Source::kGraph && o == op::kGraphLaunch);
+}
+
+uint64_t burst_threshold(size_t j) {
+  uint64_t t = StepInference::kBurstBaseNs;
+  for (size_t i = 0; i < j; ++i) t *= 4;
+  return t;
+}
+
+uint64_t key_of(const Event& e) {
+  return (static_cast<uint64_t>(e.node) << 48) | (static_cast<uint64_t>(static_cast<uint16_t>(e.rank)) << 32) | e.pid;
+}
+
+std::string fmt_dur(double ns) {
+  char buf[48];
+  if (ns >= 1e9) std::snprintf(buf, sizeof buf, "%.2f s", ns / 1e9);
+  else if (ns >= 1e6) std::snprintf(buf, sizeof buf, "%.1f ms", ns / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.0f us", ns / 1e3);
+  return buf;
+}
+
+double median_of(std::vector<double>& v) {
+  if (v.empty()) return 0;
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
+  return v[mid];
+}
+
+uint64_t nearest_rank(std::vector<uint64_t> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  auto idx = static_cast<size_t>(std::ceil(p * static_cast<double>(v.size())));
+  idx = idx == 0 ? 0 : idx - 1;
+  return v[std::min(idx, v.size() - 1)];
+}
+
+// One series judged: the chosen lag, its dispersion, the boundaries and what they give.
+struct Candidate {
+  bool ok = false;
+  int cls = 0;
+  size_t slot = 0;
+  bool ends = true;
+  size_t k = 0;
+  double dispersion = std::numeric_limits<double>::infinity();
+  double confidence = 0;
+  uint64_t period = 0, p50 = 0, p99 = 0, count = 0;
+  size_t steps = 0;
+  std::vector<uint64_t> boundaries;
+  std::string method;
+};
+
+// Judge one marker series: t sorted ascending, w the wait of each marker (aligned with t).
+Candidate judge(const std::vector<uint64_t>& t, const std::vector<uint64_t>& w, uint64_t total, uint64_t key_span) {
+  Candidate c;
+  const size_t n = t.size();
+  if (n < StepInference::kMinSteps + 1) return c;
+  std::vector<double> disp(StepInference::kMaxLag + 1, std::numeric_limits<double>::infinity());
+  std::vector<double> med(StepInference::kMaxLag + 1, 0), mad(StepInference::kMaxLag + 1, 0);
+  std::vector<double> share(StepInference::kMaxLag + 1, 0);  // of the k-step intervals within 10% of their median
+  std::vector<double> iv, dev;
+  double best_norm = std::numeric_limits<double>::infinity();
+  for (size_t k = 1; k <= StepInference::kMaxLag && (n - 1) / k >= StepInference::kMinSteps; ++k) {
+    iv.clear();
+    for (size_t i = 0; i + k < n; ++i) iv.push_back(static_cast<double>(t[i + k] - t[i]));
+    const double m = median_of(iv);
+    if (m <= 0) continue;
+    dev.clear();
+    for (double x : iv) dev.push_back(std::fabs(x - m));
+    size_t near = 0;
+    for (double x : dev) near += x <= 0.1 * m ? 1 : 0;
+    share[k] = static_cast<double>(near) / static_cast<double>(dev.size());
+    const double a = median_of(dev);
+    med[k] = m;
+    mad[k] = a;
+    disp[k] = a / m;
+    best_norm = std::min(best_norm, disp[k] * std::sqrt(static_cast<double>(k)));
+  }
+  if (!std::isfinite(best_norm)) return c;
+  // The smallest lag whose k-step intervals are nearly all within 10% of their median; else (jitter
+  // over 10%) the smallest whose normalised dispersion is near the best.
+  size_t k = 0;
+  for (size_t j = 1; j <= StepInference::kMaxLag && !k; ++j)
+    if (std::isfinite(disp[j]) && share[j] >= kMinShare && disp[j] <= StepInference::kMaxDispersion) k = j;
+  for (size_t j = 1; j <= StepInference::kMaxLag && !k; ++j)
+    if (std::isfinite(disp[j]) && disp[j] * std::sqrt(static_cast<double>(j)) <= 1.5 * best_norm + 0.005) k = j;
+  c.k = k;
+  c.dispersion = disp[k];
+  if (disp[k] > StepInference::kMaxDispersion) return c;
+
+  // The period: the mean of the regular k-step intervals (within 3 scaled MADs of the median).
+  const double tol_iv = std::max(3 * 1.4826 * mad[k], 0.005 * med[k]);
+  double sum = 0;
+  size_t used = 0;
+  for (size_t i = 0; i + k < n; ++i) {
+    const auto x = static_cast<double>(t[i + k] - t[i]);
+    if (std::fabs(x - med[k]) <= tol_iv) {
+      sum += x;
+      ++used;
+    }
+  }
+  const double period = used ? sum / static_cast<double>(used) : med[k];
+
+  // The phase: the residue whose markers wait longest (median).
+  size_t phase = 0;
+  double best_wait = -1;
+  for (size_t r = 0; r < k; ++r) {
+    std::vector<double> ws;
+    for (size_t i = r; i < n; i += k) ws.push_back(static_cast<double>(w[i]));
+    const double mw = median_of(ws);
+    if (mw > best_wait) {
+      best_wait = mw;
+      phase = r;
+    }
+  }
+
+  // Track the boundaries from the first marker of that phase.
+  const double tol = 0.2 * period;
+  size_t i = phase;
+  c.boundaries.push_back(t[i]);
+  std::vector<uint64_t> step_times;
+  size_t regular = 0;
+  double regular_ns = 0;  // time covered by regular steps
+  while (i + 1 < n) {
+    size_t best = n;
+    double best_err = std::numeric_limits<double>::infinity();
+    for (size_t j = i + 1; j < n && j <= i + 2 * k; ++j) {
+      const double err = std::fabs(static_cast<double>(t[j] - t[i]) - period);
+      if (err < best_err) {
+        best_err = err;
+        best = j;
+      }
+    }
+    size_t next = 0;
+    if (best < n && best_err <= tol) {
+      next = best;
+      ++regular;
+      regular_ns += static_cast<double>(t[next] - t[i]);
+    } else if (i + k < n) {
+      next = i + k;
+    } else {
+      break;
+    }
+    step_times.push_back(t[next] - t[i]);
+    c.boundaries.push_back(t[next]);
+    i = next;
+  }
+  c.steps = step_times.size();
+  if (c.steps < StepInference::kMinSteps) return c;
+  const double q = std::max(0.0, 1.0 - (c.dispersion / 0.2) * (c.dispersion / 0.2));
+  const double reg = static_cast<double>(regular) / static_cast<double>(c.steps);
+  const double coverage = key_span ? std::min(1.0, 2.0 * regular_ns / static_cast<double>(key_span)) : 1.0;
+  const double size = std::min(1.0, 0.5 + static_cast<double>(c.steps) / 40.0);
+  c.confidence = q * reg * coverage * size;
+  c.period = static_cast<uint64_t>(std::llround(period));
+  c.p50 = nearest_rank(step_times, 0.50);
+  c.p99 = nearest_rank(step_times, 0.99);
+  c.count = c.steps + (total > n ? (total - n) / k : 0);
+  c.ok = c.confidence >= StepInference::kMinConfidence;
+  return c;
+}
+
+// A series may change pace (warm-up, then training; a fast phase, then a starved one): judge it
+// whole and its latest 2/3, 4/9, ... (at least kMinSteps + 1 markers); a shorter one replaces a
+// longer one only when that was not accepted or when it is more confident by over 0.1. A suffix's
+// count is its own steps.
+Candidate judge_phases(const std::vector<uint64_t>& t, const std::vector<uint64_t>& w, uint64_t total,
+                       uint64_t key_span) {
+  Candidate best = judge(t, w, total, key_span);
+  std::vector<uint64_t> ts, ws;
+  for (size_t n = t.size() * 2 / 3; n >= StepInference::kMinSteps + 1; n = n * 2 / 3) {
+    ts.assign(t.end() - static_cast<std::ptrdiff_t>(n), t.end());
+    ws.assign(w.end() - static_cast<std::ptrdiff_t>(n), w.end());
+    Candidate c = judge(ts, ws, n, key_span);
+    const bool c_better = c.ok != best.ok ? c.ok
+                          : c.ok          ? c.confidence > best.confidence + 0.1
+                                          : c.k && (!best.k || c.dispersion < best.dispersion);
+    if (c_better) best = std::move(c);
+  }
+  return best;
+}
+
+// The series' markers in time order: (time, wait), by start or by end.
+void linearise(const StepInference::Series& s, bool ends, std::vector<uint64_t>& t, std::vector<uint64_t>& w) {
+  const size_t n = s.ts.size();
+  std::vector<std::pair<uint64_t, uint64_t>> m;
+  m.reserve(n);
+  for (size_t j = 0; j < n; ++j) {
+    const size_t at = (s.head + j) % n;  // oldest first once the ring has wrapped
+    m.emplace_back(ends ? s.ts[at] + s.dur[at] : s.ts[at], s.dur[at]);
+  }
+  std::sort(m.begin(), m.end());
+  t.clear();
+  w.clear();
+  for (const auto& [a, b] : m) {
+    t.push_back(a);
+    w.push_back(b);
+  }
+}
+
+bool better(const Candidate& a, const Candidate& b, double best_conf) {
+  // Within 0.1 of the best confidence: class, ends before starts, more steps, smaller k, slot.
+  const bool a_top = a.confidence >= best_conf - 0.1, b_top = b.confidence >= best_conf - 0.1;
+  if (a_top != b_top) return a_top;
+  if (!a_top) return a.confidence > b.confidence;
+  if (a.cls != b.cls) return a.cls < b.cls;
+  if (a.ends != b.ends) return a.ends;
+  if (a.count != b.count) return a.count > b.count;
+  if (a.k != b.k) return a.k < b.k;
+  return a.slot < b.slot;
+}
+
+ProcessSteps infer(const StepInference::KeyState& s) {
+  ProcessSteps out;
+  out.pid = s.pid;
+  out.rank = s.rank;
+  out.node = s.node;
+  out.first_ns = s.first_ns;
+  out.last_ns = s.last_ns;
+  const uint64_t key_span = s.last_ns > s.first_ns ? s.last_ns - s.first_ns : 0;
+  std::vector<Candidate> cands;
+  std::vector<uint64_t> t, w;
+  size_t markers = 0;
+  Candidate closest;  // the most regular rejected series, for the reason
+  std::string closest_name;
+  auto consider = [&](Candidate c, std::string name) {
+    if (c.ok) {
+      c.method = std::move(name);
+      cands.push_back(std::move(c));
+    } else if (c.k && (c.dispersion < closest.dispersion ||
+                       (c.dispersion == closest.dispersion && c.confidence > closest.confidence))) {
+      closest = std::move(c);
+      closest_name = std::move(name);
+    }
+  };
+  for (size_t i = 0; i < kSyncOps.size(); ++i) {
+    const auto& series = s.sync[i];
+    if (!series || series->ts.empty()) continue;
+    markers += series->ts.size();
+    for (const bool ends : {true, false}) {
+      linearise(*series, ends, t, w);
+      Candidate c = judge_phases(t, w, series->total, key_span);
+      c.cls = kSyncOps[i].cls;
+      c.slot = i;
+      c.ends = ends;
+      std::string name = std::string(kSyncOps[i].name) + " x" + std::to_string(c.k) + (ends ? "" : " (call starts)");
+      consider(std::move(c), std::move(name));
+    }
+  }
+  for (size_t j = 0; j < s.bursts.size(); ++j) {
+    const auto& series = s.bursts[j];
+    if (!series || series->ts.empty()) continue;
+    markers += series->ts.size();
+    linearise(*series, false, t, w);
+    Candidate c = judge_phases(t, w, series->total, key_span);
+    c.cls = kClassBursts;
+    c.slot = kSyncOps.size() + j;
+    c.ends = true;  // a burst start is its only time
+    std::string name = "launch bursts x" + std::to_string(c.k) +
+                       " (gap >= " + fmt_dur(static_cast<double>(burst_threshold(j))) + ")";
+    consider(std::move(c), std::move(name));
+  }
+  if (!cands.empty()) {
+    double best_conf = 0;
+    for (const auto& c : cands) best_conf = std::max(best_conf, c.confidence);
+    const Candidate* pick = &cands[0];
+    for (const auto& c : cands)
+      if (better(c, *pick, best_conf)) pick = &c;
+    out.count = pick->count;
+    out.period_ns = pick->period;
+    out.p50_ns = pick->p50;
+    out.p99_ns = pick->p99;
+    out.method = pick->method;
+    out.confidence = std::round(pick->confidence * 1000.0) / 1000.0;
+    out.boundaries = pick->boundaries;
+    return out;
+  }
+  out.method = "none";
+  if (markers == 0) {
+    out.reason = "no synchronisation or kernel launch among its " + std::to_string(s.gpu_calls) + " GPU call(s)";
+  } else if (!closest.k) {
+    out.reason = "too few markers for " + std::to_string(StepInference::kMinSteps) + " steps (" +
+                 std::to_string(markers) + " sync/launch-burst markers)";
+  } else {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "no regular spacing (most regular: %s, dispersion %.2f, confidence %.2f)",
+                  closest_name.c_str(), closest.dispersion, closest.confidence);
+    out.reason = buf;
+  }
+  // The fallback: fixed intervals from the first GPU call, the last kMaxMarkers of them.
+  out.fallback_interval_ns = StepInference::kFallbackIntervalNs;
+  const uint64_t intervals = key_span / StepInference::kFallbackIntervalNs + 1;
+  const uint64_t from = intervals > StepInference::kMaxMarkers ? intervals - StepInference::kMaxMarkers : 0;
+  for (uint64_t g = from; g <= intervals; ++g)
+    out.boundaries.push_back(s.first_ns + g * StepInference::kFallbackIntervalNs);
+  return out;
+}
+
+}  // namespace
+
+void StepInference::Series::add(uint64_t t, uint64_t d) {
+  if (total == 0) first_ts = t;
+  ++total;
+  if (ts.size() < kMaxMarkers) {
+    ts.push_back(t);
+    dur.push_back(d);
+    return;
+  }
+  ts[head] = t;
+  dur[head] = d;
+  head = (head + 1) % kMaxMarkers;
+}
+
+StepInference::StepInference() = default;
+StepInference::~StepInference() = default;
+
+StepInference::KeyState& StepInference::state(const Event& e) {
+  const uint64_t k = key_of(e);
+  if (k == last_key_ && last_state_) return *last_state_;
+  auto& slot = keys_[k];
+  if (!slot) {
+    slot = std::make_unique<KeyState>();
+    slot->pid = e.pid;
+    slot->rank = e.rank;
+    slot->node = e.node;
+  }
+  last_key_ = k;
+  last_state_ = slot.get();
+  return *slot;
+}
+
+void StepInference::observe(const Event* events, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const Event& e = events[i];
+    if (!is_gpu_api(e.source)) continue;
+    KeyState& s = state(e);
+    ++s.gpu_calls;
+    s.first_ns = std::min(s.first_ns, e.ts_ns);
+    s.last_ns = std::max(s.last_ns, e.end_ns());
+    if (is_launch(e.source, e.op)) {
+      const uint64_t gap = s.launched && e.ts_ns > s.last_launch ? e.ts_ns - s.last_launch : 0;
+      for (size_t j = 0; j < kBurstLadder; ++j) {
+        if (s.launched && gap < burst_threshold(j)) continue;
+        auto& series = s.bursts[j];
+        if (!series) series = std::make_unique<Series>();
+        series->add(e.ts_ns, gap);
+      }
+      s.launched = true;
+      s.last_launch = std::max(s.last_launch, e.ts_ns);
+      continue;
+    }
+    const int slot = sync_slot(e.source, e.op);
+    if (slot < 0) continue;
+    auto& series = s.sync[static_cast<size_t>(slot)];
+    if (!series) series = std::make_unique<Series>();
+    series->add(e.ts_ns, e.dur_ns);
+  }
+}
+
+std::vector<ProcessSteps> StepInference::results() const {
+  std::vector<const KeyState*> states;
+  states.reserve(keys_.size());
+  for (const auto& [k, s] : keys_) states.push_back(s.get());
+  std::sort(states.begin(), states.end(), [](const KeyState* a, const KeyState* b) {
+    if (a->node != b->node) return a->node < b->node;
+    if (a->pid != b->pid) return a->pid < b->pid;
+    return a->rank < b->rank;
+  });
+  std::vector<ProcessSteps> out;
+  out.reserve(states.size());
+  for (const KeyState* s : states) out.push_back(infer(*s));
+  return out;
+}
+
+void StepInference::finish(const TraceMeta& /*meta*/, AnalysisResult& result) {
+  auto steps = results();
+  result.steps.insert(result.steps.end(), std::make_move_iterator(steps.begin()), std::make_move_iterator(steps.end()));
+}
+
+}  // namespace ingero

@@ -1,0 +1,142 @@
+// Steps, inferred with no instrumentation: the period of each process's training/inference
+// iteration, found from the GPU calls it already makes (issue 40, item 3).
+//
+// Contract:
+// - An EventObserver: observe() takes every batch in source order (sorted by ts_ns); finish()
+//   appends one ProcessSteps (model/steps.h) per (node, pid, rank) that made a GPU API call to
+//   result.steps, sorted by node, pid, rank. Events of other sources are ignored (a process that
+//   never called the GPU gets no entry). One pass; deterministic; the result does not depend on
+//   batch sizes, and shifting every timestamp by a constant shifts the boundaries by it and
+//   changes nothing else.
+// - Memory: per key, per marker series, the last kMaxMarkers markers (a ring: 16 bytes each) plus
+//   a total count. So O(keys x series x min(markers, kMaxMarkers)): bounded on any trace length.
+//   Boundaries, step times and percentiles are of the kept (latest) markers; `count` adds the
+//   dropped markers / k. The last markers rather than a reservoir: boundaries stay contiguous
+//   (a reservoir would leave holes, and step times need consecutive markers).
+// - Never invents a period: a key whose markers are not regular gets method "none", a reason,
+//   confidence 0, and the fallback grid of fixed kFallbackIntervalNs intervals (model/steps.h).
+//
+// Marker series (candidates), per key:
+// - each blocking synchronisation op, by (source, op): cudaStreamSynchronize,
+//   cudaDeviceSynchronize, cudaEventSynchronize, cuCtxSynchronize, cuStreamSynchronize, the
+//   synchronous copies (cudaMemcpy, cuMemcpy, cuMemcpyDtoH: `.item()` and other device-to-host
+//   reads are one of these or a copy plus a stream sync); a marker is the call's end (when the
+//   GPU work it waited for was done) and, as a second candidate, its start;
+// - each NCCL collective op (all-reduce, all-gather, reduce-scatter, broadcast, send, recv), by
+//   its start and end likewise;
+// - launch bursts: the first launch (cudaLaunchKernel, cuLaunchKernel, cudaGraphLaunch) after a
+//   launch-free gap >= T, one series per T in a ladder x4 from 64 us to 4.2 s, so a burst gap is
+//   found at any step length from about 0.2 ms to minutes without a tuned threshold.
+//
+// Period of a series (t sorted, n markers): several markers may fall in one step, so for each
+// lag k in 1..kMaxLag with at least kMinSteps steps ((n-1)/k >= 5) take the k-step intervals
+// t[i+k]-t[i] (every phase), their robust dispersion d_k = MAD / median and the share of them
+// within 10% of the median. With k markers per step the k-step intervals are step lengths; with
+// any other k they mix the gaps between markers at different positions in the step: d_k is large
+// and the share small. Multiples of the true k are regular too (and, summing m steps, have d about
+// d_k / sqrt(m): "smallest d" would pick them), so the chosen k is the smallest with share >= 0.8
+// and d_k <= kMaxDispersion; when none (jitter over 10%), the smallest whose d_k * sqrt(k) is
+// within 1.5x (+0.005) of the smallest d_j * sqrt(j). Over Poisson (serving) calls d_k is about
+// 0.67 / sqrt(k) (>= 0.19 at k = 12) and the share about 0.3: no lag looks regular. Accepted when
+// d_k <= kMaxDispersion (0.10). The period is the mean of the k-step intervals within 3 scaled
+// MADs of their median (the mean beats the median on uniform jitter; the MAD cut keeps it robust).
+//
+// Phases: a process may change pace (warm-up then training, a fast phase then a starved one), so
+// each series is judged whole and on its latest 2/3, 4/9, ... (>= kMinSteps + 1 markers); a
+// shorter suffix wins only when the longer was not accepted or it is more confident by over 0.1.
+// The result then describes the latest regular phase (its count is that phase's steps).
+//
+// Phase and boundaries: of the k residues, the one whose markers have the largest median wait
+// (sync duration; for launch bursts, the gap before the burst) is the step boundary, by
+// convention: the wait that drains the step's queue, or the idle gap before the step's first
+// launch. The boundaries are then tracked from the first such marker: the next boundary is the
+// marker among the next 2k closest to one period later when within 20% of a period (an extra or a
+// missing marker does not shift the phase), else the k-th next marker (a stall is a long step, not
+// a lost phase). Step times are the intervals between consecutive boundaries.
+//
+// Choosing among series: the highest confidence; within 0.1 of it, blocking syncs before NCCL
+// collectives before launch bursts (a sync's end is the step's end; a collective's enqueue sits
+// mid-step), then call ends before starts, then more steps (the iteration, not a multiple of it).
+//
+// Confidence = q(d) x regular x coverage x size, each in 0..1: q(d) = 1 - (d / 0.2)^2; regular =
+// the share of tracked steps within 20% of the period; coverage = min(1, 2 x the time the regular
+// steps cover / the key's active span, first GPU call to last) (steps that cover under half of
+// the process's GPU time count less); size = min(1, 0.5 + steps / 40). A period is reported only
+// with confidence >= kMinConfidence.
+//
+// Limits: timing alone cannot tell a step from a repeated half-step with identical markers
+// (markers evenly spaced in the step give period/k); gradient accumulation reports the
+// micro-step; the phase is a convention (the longest wait), not a marker the program set.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "model/event.h"
+#include "model/result.h"
+#include "model/steps.h"
+#include "operators/event_observer.h"
+
+namespace ingero {
+
+class StepInference final : public EventObserver {
+ public:
+  static constexpr size_t kMaxMarkers = 4096;     // per (key, series): the ring's capacity
+  static constexpr size_t kMaxLag = 12;           // markers per step tried: 1..12
+  static constexpr size_t kMinSteps = 5;          // steps a series must span to be judged
+  static constexpr double kMaxDispersion = 0.10;  // MAD / median of the k-step intervals
+  static constexpr double kMinConfidence = 0.3;
+  static constexpr uint64_t kFallbackIntervalNs = 1'000'000'000;  // "none": fixed 1 s intervals
+  static constexpr size_t kBurstLadder = 10;                      // launch-gap thresholds 64 us x 4^j
+  static constexpr uint64_t kBurstBaseNs = 64'000;
+
+  // Marker series slots of one key: the sync and NCCL ops, then the launch-burst ladder.
+  static constexpr size_t kSyncSlots = 14;
+
+  StepInference();
+  ~StepInference() override;
+  StepInference(const StepInference&) = delete;
+  StepInference& operator=(const StepInference&) = delete;
+
+  void observe(const Event* events, size_t n) override;
+  void finish(const TraceMeta& meta, AnalysisResult& result) override;
+
+  // The same analysis without an AnalysisResult (tests): one entry per key, sorted.
+  std::vector<ProcessSteps> results() const;
+
+  // A ring of the last kMaxMarkers markers (start, duration) of one series.
+  struct Series {
+    std::vector<uint64_t> ts, dur;
+    size_t head = 0;     // next slot to overwrite once full
+    uint64_t total = 0;  // markers ever added
+    uint64_t first_ts = 0;
+    void add(uint64_t t, uint64_t d);
+  };
+
+  // What one (node, pid, rank) has seen.
+  struct KeyState {
+    uint32_t pid = 0;
+    int16_t rank = -1;
+    uint16_t node = 0;
+    uint64_t first_ns = UINT64_MAX, last_ns = 0;
+    uint64_t gpu_calls = 0;
+    uint64_t last_launch = 0;
+    bool launched = false;
+    std::array<std::unique_ptr<Series>, kSyncSlots> sync;
+    std::array<std::unique_ptr<Series>, kBurstLadder> bursts;
+  };
+
+ private:
+  KeyState& state(const Event& e);
+
+  std::unordered_map<uint64_t, std::unique_ptr<KeyState>> keys_;
+  uint64_t last_key_ = UINT64_MAX;
+  KeyState* last_state_ = nullptr;
+};
+
+}  // namespace ingero
