@@ -254,6 +254,7 @@ TEST(StepInference, PoissonCallsHaveNoPeriod) {
     std::exponential_distribution<double> sync_gap(1.0 / (20.0 * kMs)), launch_gap(1.0 / (0.5 * kMs));
     std::uniform_real_distribution<double> u01(0, 1);
     std::vector<Event> ev;
+    ev.reserve(3000);
     auto x = static_cast<double>(kT0);
     for (int i = 0; i < 3000; ++i) {
       x += sync_gap(rng);
@@ -280,6 +281,7 @@ TEST(StepInference, PoissonCallsHaveNoPeriod) {
 
 TEST(StepInference, TooFewCallsAndNoMarkersSayWhy) {
   std::vector<Event> ev;
+  ev.reserve(14);
   for (int i = 0; i < 3; ++i)
     ev.push_back(call(10, -1, Source::kCuda, op::kCudaStreamSync, kT0 + static_cast<uint64_t>(i) * 50 * kMs, kMs));
   for (int i = 0; i < 10; ++i)
