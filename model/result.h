@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "model/accounting.h"
 #include "model/event.h"
 #include "model/plan.h"
 #include "model/stack.h"
@@ -151,6 +152,9 @@ struct AnalysisResult {
   // Per process (and rank): the inferred step period (operators/step_inference.h), by node, pid,
   // rank. Empty unless a StepInference observer ran.
   std::vector<ProcessSteps> steps;
+  // Where the main GPU-feeding threads' time went (operators/time_accounting.h): wall time desc,
+  // at most 16; empty when no accounting observer ran.
+  std::vector<ThreadAccounting> accounting;
 };
 
 }  // namespace ingero

@@ -1,0 +1,54 @@
+// Where a GPU-feeding thread's wall time went (operators/time_accounting.h computes it; the JSON is
+// model/result_json.h accounting_json; docs/accounting.md explains the buckets).
+//
+// Contract: for every thread the parts add up to the wall time exactly, in integer ns:
+//   wall_ns = sum(in_calls_ns) + on_cpu_ns + preempted_ns + sum(blocked_ns) + unknown_ns
+// and sum(preempted_by[].ns) <= preempted_ns (only the top tasks are listed).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ingero {
+
+// A task that ran while the thread was preempted, with the time it took.
+struct PreemptedBy {
+  uint32_t pid = 0;  // 0 when the trace never shows that task's process
+  uint32_t tid = 0;
+  std::string comm;  // thread name, else process name, else ""
+  uint64_t ns = 0;
+};
+
+struct ThreadAccounting {
+  uint32_t pid = 0, tid = 0;
+  std::string comm;  // thread name (comm) when known, else the process name, else ""
+  uint16_t node = 0;
+  int16_t rank = -1;
+  uint64_t start_ns = 0, end_ns = 0;  // the interval accounted: [first event start, last event end] clipped
+  uint64_t wall_ns = 0;               // end_ns - start_ns
+  // Inside GPU API calls, by the kind of the outermost call: every key of kCallKinds, zeros kept.
+  std::map<std::string, uint64_t> in_calls_ns;
+  uint64_t on_cpu_ns = 0;                      // outside calls, not off CPU (the process has scheduler spans)
+  uint64_t preempted_ns = 0;                   // off CPU while runnable
+  std::vector<PreemptedBy> preempted_by;       // top 5 by ns, desc (then tid)
+  std::map<std::string, uint64_t> blocked_ns;  // by reason: every key of kBlockReasons
+  uint64_t unknown_ns = 0;                     // off CPU in an unknown state, or outside calls with no scheduler data
+
+  uint64_t in_calls_total() const {
+    uint64_t s = 0;
+    for (const auto& [k, v] : in_calls_ns) s += v;
+    return s;
+  }
+  uint64_t blocked_total() const {
+    uint64_t s = 0;
+    for (const auto& [k, v] : blocked_ns) s += v;
+    return s;
+  }
+};
+
+inline constexpr const char* kCallKinds[] = {"launch", "copy", "sync", "alloc", "collective", "other"};
+inline constexpr const char* kBlockReasons[] = {"lock", "io", "network", "sleep", "other"};
+
+}  // namespace ingero

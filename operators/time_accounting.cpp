@@ -1,0 +1,291 @@
+#include "operators/time_accounting.h"
+
+#include <algorithm>
+#include <string_view>
+
+#include "model/ops.h"
+
+namespace ingero {
+
+CallKind call_kind(Source s, uint8_t op) {
+  switch (s) {
+    case Source::kCuda:
+      switch (op) {
+        case op::kCudaLaunchKernel: return CallKind::kLaunch;
+        case op::kCudaMemcpy:
+        case op::kCudaMemcpyAsync: return CallKind::kCopy;
+        case op::kCudaStreamSync:
+        case op::kCudaDeviceSync:
+        case op::kCudaEventSync: return CallKind::kSync;
+        case op::kCudaMalloc:
+        case op::kCudaFree:
+        case op::kCudaMallocManaged: return CallKind::kAlloc;
+        default: return CallKind::kOther;
+      }
+    case Source::kDriver:
+      switch (op) {
+        case op::kCuLaunchKernel: return CallKind::kLaunch;
+        case op::kCuMemcpy:
+        case op::kCuMemcpyAsync:
+        case op::kCuMemcpyHtoD:
+        case op::kCuMemcpyDtoH:
+        case op::kCuMemcpyHtoDAsync:
+        case op::kCuMemcpyDtoHAsync: return CallKind::kCopy;
+        case op::kCuCtxSynchronize:
+        case op::kCuStreamSynchronize: return CallKind::kSync;
+        case op::kCuMemAlloc:
+        case op::kCuMemAllocManaged:
+        case op::kCuMemFree: return CallKind::kAlloc;
+        default: return CallKind::kOther;
+      }
+    case Source::kGraph: return op == op::kGraphLaunch ? CallKind::kLaunch : CallKind::kOther;
+    case Source::kNccl: return CallKind::kCollective;
+    default: return CallKind::kOther;
+  }
+}
+
+namespace {
+
+bool starts(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+
+// The reason one frame names, or nothing (kOther is "no match" here).
+bool frame_reason(std::string_view f, BlockReason& r) {
+  if (starts(f, "futex_wait")) {
+    r = BlockReason::kLock;
+  } else if (f == "sk_wait_data" || f == "tcp_recvmsg" || starts(f, "sock_") || starts(f, "unix_stream_")) {
+    r = BlockReason::kNetwork;
+  } else if (f == "hrtimer_nanosleep" || f == "do_nanosleep" || starts(f, "schedule_hrtimeout")) {
+    r = BlockReason::kSleep;
+  } else if (starts(f, "io_schedule") || starts(f, "blk_") || starts(f, "folio_wait")) {
+    r = BlockReason::kIo;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+BlockReason block_reason(const ParsedStack& st) {
+  // Kernel frames first (they are the wait); a stack whose kernel part was not marked as such
+  // (Ingero's own stacks) is read whole.
+  BlockReason r = BlockReason::kOther;
+  bool any_kernel = false;
+  for (const auto& f : st.frames) {
+    if (f.kind != FrameKind::kKernel) continue;
+    any_kernel = true;
+    if (frame_reason(f.function, r)) return r;
+  }
+  if (any_kernel) return BlockReason::kOther;
+  for (const auto& f : st.frames)
+    if (frame_reason(f.function, r)) return r;
+  return BlockReason::kOther;
+}
+
+TimeAccounting::Thread& TimeAccounting::thread(const Event& e) {
+  const uint64_t k = key(e.node, e.tid);
+  if (k == last_key_) return *last_;
+  auto [it, fresh] = threads_.try_emplace(k);
+  Thread& t = it->second;
+  if (fresh) {
+    t.pid = e.pid;
+    t.tid = e.tid;
+    t.node = e.node;
+  }
+  last_key_ = k;
+  last_ = &t;
+  return t;
+}
+
+void TimeAccounting::add(Thread& t, uint8_t lane, uint64_t s, uint64_t e, uint64_t tag, bool by_stack, uint64_t started,
+                         uint64_t ended) {
+  Lane& ln = t.lanes[lane];
+  if (s < t.settled) s = t.settled;  // a late context interval: only what is not settled yet
+  if (lane == kLaneCall) {
+    // Equal starts (before clipping): the longer call is the outer one (a runtime call and the
+    // driver call inside it), so it takes over what the call that owns the last segment got.
+    if (!ln.segs.empty() && started == t.call_s && ended > t.call_e) {
+      Seg& last = ln.segs.back();
+      last.e = std::max(last.e, e);
+      last.tag = tag;
+      ln.cover = std::max(ln.cover, e);
+      t.call_e = ended;
+      return;
+    }
+  }
+  const uint64_t from = std::max(s, ln.cover);  // an earlier interval of this level owns what lies before
+  if (e <= from) return;
+  ln.segs.push_back(Seg{from, e, tag, by_stack});
+  ln.cover = e;
+  if (lane == kLaneCall) {
+    t.call_s = started;
+    t.call_e = ended;
+  }
+  ++t.pending;
+}
+
+void TimeAccounting::credit(Thread& t, int lane, const Seg* g, uint64_t d) {
+  switch (lane) {
+    case kLanePreempted:
+      t.preempted += d;
+      t.by[static_cast<uint32_t>(g->tag)] += d;
+      break;
+    case kLaneCall: t.calls[g->tag] += d; break;
+    case kLaneBlocked:
+      if (g->by_stack) t.by_stack[g->tag] += d;
+      else t.blocked[g->tag] += d;
+      break;
+    case kLaneUnknown: t.unknown += d; break;
+    default: t.rest += d; break;
+  }
+}
+
+// Gives [t.settled, upto) to the buckets: at each instant the highest-precedence lane covering it,
+// else the rest. Lanes hold disjoint segments in start order, so this is a merge of four lists.
+void TimeAccounting::settle(Thread& t, uint64_t upto) {
+  uint64_t now = t.settled;
+  while (now < upto) {
+    int owner = -1;
+    const Seg* og = nullptr;
+    uint64_t next = upto;
+    for (int l = 0; l < kLanes; ++l) {
+      Lane& ln = t.lanes[l];
+      while (ln.head < ln.segs.size() && ln.segs[ln.head].e <= now) ++ln.head;
+      if (ln.head == ln.segs.size()) continue;
+      const Seg& g = ln.segs[ln.head];
+      if (g.s <= now) {
+        owner = l;
+        og = &g;
+        next = std::min(next, g.e);
+        break;
+      }
+      next = std::min(next, g.s);  // a higher level starts there
+    }
+    credit(t, owner, og, next - now);
+    now = next;
+  }
+  t.settled = std::max(t.settled, upto);
+  size_t pending = 0;
+  for (auto& ln : t.lanes) {
+    while (ln.head < ln.segs.size() && ln.segs[ln.head].e <= t.settled) ++ln.head;
+    ln.segs.erase(ln.segs.begin(), ln.segs.begin() + static_cast<std::ptrdiff_t>(ln.head));
+    ln.head = 0;
+    pending += ln.segs.size();
+  }
+  t.pending = pending;
+}
+
+void TimeAccounting::observe(const Event* events, size_t n) {
+  const uint64_t from = opt_.from_ns, to = opt_.to_ns;
+  for (size_t i = 0; i < n; ++i) {
+    const Event& e = events[i];
+    const bool call = is_gpu_api(e.source);
+    if (!call && !(e.source == Source::kHost && e.op == op::kSchedSwitch &&
+                   !(e.flags & (event_flags::kSwitchOut | event_flags::kSwitchIn))))
+      continue;
+    if (e.ts_ns > to || e.end_ns() < from) continue;  // outside the interval
+    const uint64_t s = std::max(e.ts_ns, from);
+    const uint64_t end = std::min(e.end_ns(), to);
+    Thread& t = thread(e);
+    if (!t.feeds && !t.sched) {  // the thread's first event in the interval
+      t.start = t.end = t.settled = s;
+    }
+    t.end = std::max(t.end, end);
+    if (call) {
+      t.feeds = true;
+      if (e.rank >= 0) t.rank = e.rank;
+      add(t, kLaneCall, s, end, static_cast<uint64_t>(call_kind(e.source, e.op)), false, e.ts_ns, e.end_ns());
+    } else {
+      t.sched = true;
+      switch (e.prev_state) {
+        case OffCpuState::kPreempted: add(t, kLanePreempted, s, end, e.arg1 & 0xffffffffu, false); break;
+        case OffCpuState::kUnknown: add(t, kLaneUnknown, s, end, 0, false); break;
+        case OffCpuState::kDiskWait:
+          add(t, kLaneBlocked, s, end, static_cast<uint64_t>(BlockReason::kIo), false);
+          break;
+        default:
+          if (e.stack_id) add(t, kLaneBlocked, s, end, e.stack_id, true);
+          else add(t, kLaneBlocked, s, end, static_cast<uint64_t>(BlockReason::kOther), false);
+          break;
+      }
+    }
+    // Nothing that comes later starts before s: what lies before it is decided.
+    if (t.pending >= 64) settle(t, s);
+  }
+}
+
+std::vector<ThreadAccounting> TimeAccounting::accounts(const TraceMeta& meta) {
+  // Processes with scheduler data: their threads' time outside calls and spans was on CPU.
+  std::unordered_map<uint64_t, bool> sched_pids;
+  for (auto& [k, t] : threads_)
+    if (t.sched) sched_pids[key(t.node, t.pid)] = true;
+  auto name_of = [&meta](uint32_t tid, uint32_t pid) -> std::string {
+    if (auto it = meta.thread_names.find(tid); it != meta.thread_names.end() && !it->second.empty()) return it->second;
+    if (pid) {
+      if (auto it = meta.process_names.find(pid); it != meta.process_names.end()) return it->second;
+    } else if (auto it = meta.process_names.find(tid); it != meta.process_names.end()) {
+      return it->second;
+    }
+    return "";
+  };
+  std::unordered_map<uint64_t, BlockReason> reasons;  // by stack id
+  std::vector<ThreadAccounting> out;
+  for (auto& [k, t] : threads_) {
+    if (!t.feeds) continue;
+    settle(t, t.end);
+    ThreadAccounting a;
+    a.pid = t.pid;
+    a.tid = t.tid;
+    a.node = t.node;
+    a.rank = t.rank;
+    a.comm = name_of(t.tid, t.pid);
+    a.start_ns = t.start;
+    a.end_ns = t.end;
+    a.wall_ns = t.end - t.start;
+    for (size_t i = 0; i < kCallKindCount; ++i) a.in_calls_ns[kCallKinds[i]] = t.calls[i];
+    uint64_t blocked[kBlockReasonCount];
+    std::copy(std::begin(t.blocked), std::end(t.blocked), blocked);
+    for (const auto& [stack, ns] : t.by_stack) {
+      auto it = reasons.find(stack);
+      if (it == reasons.end()) {
+        BlockReason r = BlockReason::kOther;
+        if (auto st = meta.stacks.find(stack); st != meta.stacks.end()) r = block_reason(parse_stack(st->second));
+        it = reasons.emplace(stack, r).first;
+      }
+      blocked[static_cast<size_t>(it->second)] += ns;
+    }
+    for (size_t i = 0; i < kBlockReasonCount; ++i) a.blocked_ns[kBlockReasons[i]] = blocked[i];
+    a.preempted_ns = t.preempted;
+    a.unknown_ns = t.unknown;
+    if (sched_pids.count(key(t.node, t.pid))) a.on_cpu_ns = t.rest;
+    else a.unknown_ns += t.rest;
+    std::vector<std::pair<uint32_t, uint64_t>> by(t.by.begin(), t.by.end());
+    std::sort(by.begin(), by.end(), [](const auto& x, const auto& y) {
+      return x.second != y.second ? x.second > y.second : x.first < y.first;
+    });
+    if (by.size() > opt_.top_preemptors) by.resize(opt_.top_preemptors);
+    for (const auto& [tid, ns] : by) {
+      PreemptedBy p;
+      p.tid = tid;
+      if (auto it = threads_.find(key(t.node, tid)); it != threads_.end()) p.pid = it->second.pid;
+      p.comm = name_of(tid, p.pid);
+      p.ns = ns;
+      a.preempted_by.push_back(std::move(p));
+    }
+    out.push_back(std::move(a));
+  }
+  std::sort(out.begin(), out.end(), [](const ThreadAccounting& x, const ThreadAccounting& y) {
+    if (x.wall_ns != y.wall_ns) return x.wall_ns > y.wall_ns;
+    if (x.node != y.node) return x.node < y.node;
+    return x.tid < y.tid;
+  });
+  return out;
+}
+
+void TimeAccounting::finish(const TraceMeta& meta, AnalysisResult& result) {
+  std::vector<ThreadAccounting> all = accounts(meta);
+  if (all.size() > opt_.max_threads) all.resize(opt_.max_threads);
+  result.accounting = std::move(all);
+}
+
+}  // namespace ingero
