@@ -9,6 +9,7 @@
 #include "engine/engine.h"
 #include "model/result_json.h"
 #include "operators/chain_annotate.h"
+#include "operators/time_accounting.h"
 #include "sinks/report/html_report.h"
 #include "sinks/report/text_report.h"
 #include "sinks/store/sqlite_store.h"
@@ -93,13 +94,17 @@ int run_explain(const ExplainArgs& a) {
   // from the annotator's built-in detector.
   // Warm-up (`param warmup`) and the tail re-judgement follow the pack's params and --param.
   LiveChainAnnotator annotator(annotate_options(analysis, LiveChainAnnotator::replay_defaults()));
-  EventSource& annotated = annotator.tap(tee);
+  // Where each main GPU-feeding thread's time went (operators/time_accounting.h): result.accounting.
+  TimeAccounting accounting;
+  ObservingSource observed(tee, {&accounting});
+  EventSource& annotated = annotator.tap(observed);
   opts.on_chain = [&annotator](const Chain& c) { annotator.annotate(c); };
   AnalysisResult r = run_plan(plan, annotated, opts, &errors);
   if (!errors.empty()) {
     for (const auto& e : errors) print_error("plan: " + e);
     return kExitInput;
   }
+  observed.finish(r);
   annotator.finish(r);
   if (const std::string w = annotator_spill_warning(annotator.spill_counters()); !w.empty())
     std::fprintf(stderr, "warning: %s\n", w.c_str());

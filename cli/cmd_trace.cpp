@@ -25,6 +25,7 @@
 #include "model/format.h"
 #include "model/ops.h"
 #include "operators/chain_annotate.h"
+#include "operators/time_accounting.h"
 #include "sinks/fleet/clock_anchors.h"
 #include "sinks/fleet/process_identity.h"
 #include "sinks/report/text_report.h"
@@ -367,7 +368,10 @@ int run_trace(const TraceArgs& a) {
   // horizon the annotator keeps.
   // Warm-up and the tail re-judgement follow the pack's params and --param.
   LiveChainAnnotator annotator(annotate_options(analysis, LiveChainAnnotator::defaults()));
-  EventSource& annotated = annotator.tap(tap);
+  // Where each main GPU-feeding thread's time went (operators/time_accounting.h): result.accounting.
+  TimeAccounting accounting;
+  ObservingSource observed(tap, {&accounting});
+  EventSource& annotated = annotator.tap(observed);
   EngineOptions eo;
   eo.threads = a.threads;
   const bool tty = !a.quiet && stdout_is_terminal();
@@ -386,6 +390,7 @@ int run_trace(const TraceArgs& a) {
   AnalysisResult result;
   std::thread engine([&] {
     result = run_plan(plan, annotated, eo, &errors);
+    observed.finish(result);
     annotator.finish(result);
   });
   const auto t0 = std::chrono::steady_clock::now();

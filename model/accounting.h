@@ -30,11 +30,15 @@ struct ThreadAccounting {
   uint64_t wall_ns = 0;               // end_ns - start_ns
   // Inside GPU API calls, by the kind of the outermost call: every key of kCallKinds, zeros kept.
   std::map<std::string, uint64_t> in_calls_ns;
-  uint64_t on_cpu_ns = 0;                      // outside calls, not off CPU (the process has scheduler spans)
+  uint64_t on_cpu_ns = 0;                      // outside calls, not off CPU (scheduler_data)
   uint64_t preempted_ns = 0;                   // off CPU while runnable
   std::vector<PreemptedBy> preempted_by;       // top 5 by ns, desc (then tid)
   std::map<std::string, uint64_t> blocked_ns;  // by reason: every key of kBlockReasons
   uint64_t unknown_ns = 0;                     // off CPU in an unknown state, or outside calls with no scheduler data
+  // The process has sched_switch spans with a recorded state (a full scheduler capture): false
+  // means everything outside calls and off-CPU spans is in unknown_ns (nothing says whether the
+  // thread was on CPU; Ingero's traces keep no state and only a sample of switches).
+  bool scheduler_data = false;
 
   uint64_t in_calls_total() const {
     uint64_t s = 0;

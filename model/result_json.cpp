@@ -286,6 +286,26 @@ json rule_outcome_json(const RuleOutcome& o) {
   return j;
 }
 
+json thread_accounting_json(const ThreadAccounting& a, const TraceMeta& meta) {
+  json by = json::array();
+  for (const auto& p : a.preempted_by) by.push_back({{"pid", p.pid}, {"tid", p.tid}, {"comm", p.comm}, {"ns", p.ns}});
+  return {{"pid", a.pid},
+          {"tid", a.tid},
+          {"comm", a.comm},
+          {"node", a.node < meta.nodes.size() ? meta.nodes[a.node] : std::to_string(a.node)},
+          {"rank", a.rank},
+          {"start_ns", a.start_ns},
+          {"end_ns", a.end_ns},
+          {"wall_ns", a.wall_ns},
+          {"in_calls_ns", a.in_calls_ns},
+          {"on_cpu_ns", a.on_cpu_ns},
+          {"preempted_ns", a.preempted_ns},
+          {"preempted_by", by},
+          {"blocked_ns", a.blocked_ns},
+          {"unknown_ns", a.unknown_ns},
+          {"scheduler_data", a.scheduler_data}};
+}
+
 json stats_json(const AnalysisResult& r) {
   json ops = json::array();
   for (const auto& s : r.ops) ops.push_back(op_stats_json(s));
@@ -313,20 +333,23 @@ json explain_json(const AnalysisResult& r) {
   for (const auto& c : r.chains) chains.push_back(chain_json(c, r.meta));
   json rules = json::array();
   for (const auto& o : r.rules) rules.push_back(rule_outcome_json(o));
+  json accounting = json::array();
+  for (const auto& a : r.accounting) accounting.push_back(thread_accounting_json(a, r.meta));
   json counts = {{"HIGH", 0}, {"MEDIUM", 0}, {"LOW", 0}};
   for (const auto& c : r.chains) counts[severity_name(c.severity)] = counts[severity_name(c.severity)].get<int>() + 1;
   json out = {{"trace", trace_json(r.meta, r)},
-              {"chains", chains},
-              {"severity_counts", counts},
-              {"rules", rules},
-              {"health", health_json(r.meta.health)},
-              {"engine",
-               {{"threads", r.counters.threads},
-                {"batches", r.counters.batches},
-                {"windows_closed", r.counters.windows_closed},
-                {"late_events", r.counters.late_events},
-                {"tail_windows_capped", r.counters.tail_windows_capped},
-                {"node_errors", r.counters.node_errors}}}};
+          {"chains", chains},
+          {"severity_counts", counts},
+          {"rules", rules},
+          {"health", health_json(r.meta.health)},
+          {"accounting", accounting},
+          {"engine",
+           {{"threads", r.counters.threads},
+            {"batches", r.counters.batches},
+            {"windows_closed", r.counters.windows_closed},
+            {"late_events", r.counters.late_events},
+            {"tail_windows_capped", r.counters.tail_windows_capped},
+            {"node_errors", r.counters.node_errors}}}};
   if (!r.steps.empty()) out["steps"] = steps_json(r.steps, r.meta);
   return out;
 }

@@ -44,7 +44,13 @@ nlohmann::json health_json(const InputHealth& h);
 // Boundaries are not in the JSON.
 nlohmann::json steps_json(const std::vector<ProcessSteps>& steps, const TraceMeta& meta);
 
+// Where a feeding thread's time went (model/accounting.h): {pid, tid, comm, node, rank, start_ns,
+// end_ns, wall_ns, in_calls_ns: {kind: ns}, on_cpu_ns, preempted_ns, preempted_by: [{pid, tid,
+// comm, ns}], blocked_ns: {reason: ns}, unknown_ns, scheduler_data}; node is the node's name ("" = local).
+nlohmann::json thread_accounting_json(const ThreadAccounting& a, const TraceMeta& meta);
+
 nlohmann::json stats_json(const AnalysisResult& r);
+// ... with "accounting": [thread_accounting_json] (main feeding threads, wall time desc).
 // Holds "steps" (steps_json) only when r.steps is non-empty.
 nlohmann::json explain_json(const AnalysisResult& r);
 

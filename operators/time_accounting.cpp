@@ -197,6 +197,7 @@ void TimeAccounting::observe(const Event* events, size_t n) {
       add(t, kLaneCall, s, end, static_cast<uint64_t>(call_kind(e.source, e.op)), false, e.ts_ns, e.end_ns());
     } else {
       t.sched = true;
+      if (e.prev_state != OffCpuState::kUnknown) t.stated = true;
       switch (e.prev_state) {
         case OffCpuState::kPreempted: add(t, kLanePreempted, s, end, e.arg1 & 0xffffffffu, false); break;
         case OffCpuState::kUnknown: add(t, kLaneUnknown, s, end, 0, false); break;
@@ -215,10 +216,11 @@ void TimeAccounting::observe(const Event* events, size_t n) {
 }
 
 std::vector<ThreadAccounting> TimeAccounting::accounts(const TraceMeta& meta) {
-  // Processes with scheduler data: their threads' time outside calls and spans was on CPU.
+  // Processes with scheduler data (a switch-out state recorded): their threads' time outside calls
+  // and spans was on CPU.
   std::unordered_map<uint64_t, bool> sched_pids;
   for (auto& [k, t] : threads_)
-    if (t.sched) sched_pids[key(t.node, t.pid)] = true;
+    if (t.stated) sched_pids[key(t.node, t.pid)] = true;
   auto name_of = [&meta](uint32_t tid, uint32_t pid) -> std::string {
     if (auto it = meta.thread_names.find(tid); it != meta.thread_names.end() && !it->second.empty()) return it->second;
     if (pid) {
@@ -257,7 +259,8 @@ std::vector<ThreadAccounting> TimeAccounting::accounts(const TraceMeta& meta) {
     for (size_t i = 0; i < kBlockReasonCount; ++i) a.blocked_ns[kBlockReasons[i]] = blocked[i];
     a.preempted_ns = t.preempted;
     a.unknown_ns = t.unknown;
-    if (sched_pids.count(key(t.node, t.pid))) a.on_cpu_ns = t.rest;
+    a.scheduler_data = sched_pids.count(key(t.node, t.pid)) > 0;
+    if (a.scheduler_data) a.on_cpu_ns = t.rest;
     else a.unknown_ns += t.rest;
     std::vector<std::pair<uint32_t, uint64_t>> by(t.by.begin(), t.by.end());
     std::sort(by.begin(), by.end(), [](const auto& x, const auto& y) {

@@ -22,7 +22,10 @@
 //        io_schedule*, blk_*, folio_wait* -> io; no stack or no match -> other;
 //     4. unknown: an off-CPU span with prev_state kUnknown (Ingero's traces record no state);
 //     5. the rest (outside calls, not off CPU): on CPU when the thread's process (node, pid) has
-//        at least one sched_switch span in the trace, else unknown (nothing says it was on CPU).
+//        scheduler data, i.e. at least one sched_switch span in the interval with a recorded
+//        prev_state; else unknown: nothing says it was on CPU. A trace without switch-out states
+//        is an Ingero trace, and Ingero stores only a sample of its switches (and of its calls),
+//        so the gaps between its spans do not mean "on CPU".
 //   Off-CPU spans of one thread overlapping each other (bad data): the one that started first
 //   owns the overlap within its level; levels follow the precedence above.
 // - Conservation, exact in integer ns: wall = sum(in_calls) + on_cpu + preempted + sum(blocked)
@@ -94,7 +97,7 @@ class TimeAccounting final : public EventObserver {
     uint32_t pid = 0, tid = 0;
     uint16_t node = 0;
     int16_t rank = -1;
-    bool feeds = false, sched = false;
+    bool feeds = false, sched = false, stated = false;  // stated: a span with a known prev_state
     uint64_t start = 0, end = 0, settled = 0;
     uint64_t call_s = 0, call_e = 0;  // the call that owns the newest call segment: its start, end (unclipped)
     size_t pending = 0;

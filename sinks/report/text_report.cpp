@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <set>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "model/format.h"
 #include "model/ops.h"
@@ -161,6 +164,56 @@ std::string steps_text(const AnalysisResult& r) {
   return o.str();
 }
 
+std::string accounting_text(const AnalysisResult& r, size_t max_threads) {
+  if (r.accounting.empty()) return "";
+  std::ostringstream o;
+  o << "\nWhere the time went (main GPU-feeding threads, each from its first event to its last):\n";
+  size_t shown = 0;
+  for (const auto& a : r.accounting) {
+    if (shown++ == max_threads) {
+      o << "  ... " << (r.accounting.size() - max_threads) << " more thread(s) in --json\n";
+      break;
+    }
+    const double wall = a.wall_ns ? static_cast<double>(a.wall_ns) : 1.0;
+    auto pct = [wall](uint64_t ns) { return format_value(static_cast<double>(ns) / wall, Unit::kPercent); };
+    // The non-zero parts of a map, largest first: "sync 30%, launch 8%".
+    auto parts = [&pct](const std::map<std::string, uint64_t>& m) {
+      std::vector<std::pair<uint64_t, std::string>> v;
+      for (const auto& [k, ns] : m)
+        if (ns) v.emplace_back(ns, k);
+      std::sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+      std::string s;
+      for (const auto& [ns, k] : v) s += (s.empty() ? "" : ", ") + k + " " + pct(ns);
+      return s;
+    };
+    o << "  tid " << a.tid;
+    if (!a.comm.empty()) o << " (" << a.comm << ")";
+    o << " pid " << a.pid;
+    if (a.rank >= 0) o << " rank " << a.rank;
+    if (a.node && a.node < r.meta.nodes.size()) o << " node " << r.meta.nodes[a.node];
+    o << ", " << format_ns(static_cast<double>(a.wall_ns)) << ": in calls " << pct(a.in_calls_total());
+    if (const std::string c = parts(a.in_calls_ns); !c.empty()) o << " (" << c << ")";
+    o << ", on CPU " << pct(a.on_cpu_ns) << ", preempted " << pct(a.preempted_ns);
+    if (!a.preempted_by.empty()) {
+      const PreemptedBy& p = a.preempted_by.front();
+      o << " (mostly by "
+        << (p.comm.empty() ? "tid " + std::to_string(p.tid) : p.comm + " tid " + std::to_string(p.tid)) << ", "
+        << format_ns(static_cast<double>(p.ns)) << ")";
+    }
+    o << ", blocked " << pct(a.blocked_total());
+    if (const std::string b = parts(a.blocked_ns); !b.empty()) o << " (" << b << ")";
+    o << ", unknown " << pct(a.unknown_ns) << "\n";
+    if (a.unknown_ns) {
+      if (!a.scheduler_data)
+        o << "    unknown " << pct(a.unknown_ns)
+          << ": this trace does not record why threads were off CPU, nor every switch (no switch-out state), so "
+             "time outside calls cannot be split into on CPU, preempted and blocked\n";
+      else o << "    unknown " << pct(a.unknown_ns) << ": off-CPU spans whose state this trace does not record\n";
+    }
+  }
+  return o.str();
+}
+
 std::string explain_text(const AnalysisResult& r, const ReportOptions& opt) {
   std::ostringstream o;
   o << header_line(r);
@@ -257,6 +310,7 @@ std::string explain_text(const AnalysisResult& r, const ReportOptions& opt) {
       o << "\n";
     }
   }
+  o << accounting_text(r);
   return o.str();
 }
 

@@ -25,6 +25,11 @@ std::string explain_text(const AnalysisResult& r, const ReportOptions& o = {});
 // cudaStreamSynchronize x1, confidence 0.97", or "pid 77 (server): no period: <reason>; fixed 1 s
 // intervals instead". "" when there are none. explain_text appends it when r.steps is non-empty.
 std::string steps_text(const AnalysisResult& r);
+
+// explain's "Where the time went" section (r.accounting, operators/time_accounting.h): one line per
+// main feeding thread (shares of its wall time, the task that preempted it most) and a plain note
+// when the trace cannot tell (off-CPU state not recorded, no scheduler events); "" when empty.
+std::string accounting_text(const AnalysisResult& r, size_t max_threads = 4);
 // The closest miss of one rule, for `explain --why-not RULE`.
 std::string why_not_text(const RuleOutcome& o);
 

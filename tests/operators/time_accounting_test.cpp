@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "model/ops.h"
+#include "model/result_json.h"
 #include "model/stack.h"
+#include "sinks/report/text_report.h"
 #include "sinks/store/sqlite_store.h"
 
 namespace ingero {
@@ -148,15 +150,28 @@ TEST(TimeAccounting, PrecedencePreemptedCallBlockedUnknownRest) {
 
 TEST(TimeAccounting, NoSchedulerDataMeansUnknownOutsideCalls) {
   // Process 1 has no sched spans at all: time outside calls is unknown, not on CPU. Process 2 has
-  // one (on a thread that never calls the GPU): its feeding thread's rest is on CPU.
-  std::vector<Event> ev = {call(1, 1, 0, 10), call(1, 1, 90, 10), call(2, 2, 0, 10), call(2, 2, 90, 10),
-                           span(2, 3, 50, 5, OffCpuState::kUnknown)};
+  // one with a state (on a thread that never calls the GPU): its feeding thread's rest is on CPU.
+  // Process 3 has spans without a state only (an Ingero trace: a sample of the switches): its
+  // rest is unknown too.
+  std::vector<Event> ev = {call(1, 1, 0, 10),
+                           call(1, 1, 90, 10),
+                           call(2, 2, 0, 10),
+                           call(2, 2, 90, 10),
+                           span(2, 3, 50, 5, OffCpuState::kSleeping),
+                           call(3, 4, 0, 10),
+                           call(3, 4, 90, 10),
+                           span(3, 4, 50, 5, OffCpuState::kUnknown)};
   const auto r = run(ev);
-  ASSERT_EQ(r.size(), 2u);  // tid 3 fed nothing
+  ASSERT_EQ(r.size(), 3u);  // tid 3 fed nothing
   EXPECT_EQ(find(r, 1)->unknown_ns, 80u);
   EXPECT_EQ(find(r, 1)->on_cpu_ns, 0u);
+  EXPECT_FALSE(find(r, 1)->scheduler_data);
   EXPECT_EQ(find(r, 2)->unknown_ns, 0u);
   EXPECT_EQ(find(r, 2)->on_cpu_ns, 80u);
+  EXPECT_TRUE(find(r, 2)->scheduler_data);
+  EXPECT_EQ(find(r, 4)->unknown_ns, 80u);
+  EXPECT_EQ(find(r, 4)->on_cpu_ns, 0u);
+  EXPECT_FALSE(find(r, 4)->scheduler_data);
 }
 
 TEST(TimeAccounting, BlockedReasonsFromTheSwitchOutStack) {
@@ -238,6 +253,47 @@ TEST(TimeAccounting, FinishKeepsTheLongestSixteenFeedingThreads) {
     EXPECT_GE(res.accounting[i - 1].wall_ns, res.accounting[i].wall_ns);
 }
 
+TEST(TimeAccounting, JsonAndTextSayWhereTheTimeWent) {
+  TraceMeta meta;
+  meta.thread_names[1] = "trainer";
+  meta.thread_names[9] = "stress-ng";
+  std::vector<Event> ev = {call(1, 1, 0, 100, Source::kCuda, op::kCudaStreamSync),
+                           span(1, 1, 100, 300, OffCpuState::kPreempted, 9), call(1, 1, 900, 100)};
+  std::stable_sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+  TimeAccounting acc;
+  acc.observe(ev.data(), ev.size());
+  AnalysisResult r;
+  r.meta = meta;
+  acc.finish(meta, r);
+  const auto j = explain_json(r);
+  ASSERT_EQ(j["accounting"].size(), 1u);
+  const auto& a = j["accounting"][0];
+  EXPECT_EQ(a["tid"], 1);
+  EXPECT_EQ(a["comm"], "trainer");
+  EXPECT_EQ(a["wall_ns"], 1000);
+  EXPECT_EQ(a["in_calls_ns"]["sync"], 100);
+  EXPECT_EQ(a["in_calls_ns"]["launch"], 100);
+  EXPECT_EQ(a["preempted_ns"], 300);
+  EXPECT_EQ(a["preempted_by"][0]["comm"], "stress-ng");
+  EXPECT_EQ(a["preempted_by"][0]["ns"], 300);
+  EXPECT_EQ(a["on_cpu_ns"], 500);
+  EXPECT_EQ(a["blocked_ns"]["lock"], 0);
+  EXPECT_EQ(a["unknown_ns"], 0);
+  for (const char* k : {"pid", "node", "rank", "start_ns", "end_ns", "scheduler_data"}) EXPECT_TRUE(a.contains(k)) << k;
+  const std::string text = accounting_text(r);
+  EXPECT_NE(text.find("Where the time went"), std::string::npos) << text;
+  EXPECT_NE(text.find("preempted 30%"), std::string::npos) << text;
+  EXPECT_NE(text.find("stress-ng"), std::string::npos) << text;
+  EXPECT_EQ(text.find("cannot"), std::string::npos) << text;
+  // The same thread in a trace that records no switch-out state: it says so.
+  for (auto& e : ev) e.prev_state = OffCpuState::kUnknown;
+  TimeAccounting blind;
+  blind.observe(ev.data(), ev.size());
+  blind.finish(meta, r);
+  const std::string t2 = accounting_text(r);
+  EXPECT_NE(t2.find("unknown 80%: this trace does not record why threads were off CPU"), std::string::npos) << t2;
+}
+
 // --- random traces against a nanosecond-by-nanosecond reference ---------------------------------
 
 struct Reference {
@@ -256,7 +312,7 @@ Reference reference(const std::vector<Event>& ev, const TraceMeta& meta, uint64_
     if (!gpu && !(e.source == Source::kHost && e.op == op::kSchedSwitch)) continue;
     per_tid[e.tid].push_back(i);
     if (gpu) feeds[e.tid] = true;
-    else sched_pid[e.pid] = true;
+    else if (e.prev_state != OffCpuState::kUnknown) sched_pid[e.pid] = true;
   }
   Reference ref;
   for (const auto& [tid, idx] : per_tid) {
@@ -502,6 +558,14 @@ TEST(TimeAccounting, SharedIngeroTracesConserveTime) {
       }
       if (i) {
         EXPECT_GE(all[i - 1].wall_ns, a.wall_ns);
+      }
+      if (!a.scheduler_data) {
+        EXPECT_EQ(a.on_cpu_ns, 0u) << "no switch-out state: nothing says the thread was on CPU";
+      }
+      if (src->meta().format.rfind("ingero-0.", 0) == 0) {  // Ingero records no state
+        EXPECT_FALSE(a.scheduler_data);
+        EXPECT_EQ(a.preempted_ns + a.blocked_total(), 0u);
+        EXPECT_EQ(a.in_calls_total() + a.unknown_ns, a.wall_ns);
       }
       EXPECT_EQ(a.tid, small[i].tid);
       EXPECT_EQ(a.in_calls_ns, small[i].in_calls_ns);
