@@ -41,6 +41,7 @@
 #include "cli/preloaded_source.h"
 #include "engine/engine.h"
 #include "model/synth.h"
+#include "operators/time_accounting.h"
 
 namespace ingero::cli {
 namespace {
@@ -96,6 +97,7 @@ struct BenchArgs {
   std::vector<std::string> rules, params;
   bool no_default = false, builtin = false, json = false, replay_only = false, no_per_rule = false, no_warm = false,
        no_preload = false, per_rule_e2e = false;
+  bool accounting = false;  // --accounting: the time accounting observer in end_to_end and run, as explain runs it
   unsigned threads = 1;
   unsigned scaling = 0;  // rounds of --scaling (0: none)
   size_t batch = 4096;
@@ -243,7 +245,10 @@ int run_bench(const BenchArgs& a) {
       while (src->next(b)) n += b.events.size();
       return n;
     }
-    result = run_plan(ap.plan, *src, eo, &plan_errors);
+    TimeAccounting acc;
+    ObservingSource observed(*src, {&acc});
+    result = run_plan(ap.plan, a.accounting ? static_cast<EventSource&>(observed) : *src, eo, &plan_errors);
+    if (a.accounting) observed.finish(result);
     ph.chains = result.chains.size();
     return result.counters.events_in;
   });
@@ -306,7 +311,10 @@ int run_bench(const BenchArgs& a) {
   if (mode == "preloaded" && !a.replay_only) {
     run = measure([&](Phase& ph) -> uint64_t {
       PreloadedSource s(batches, *meta);
-      mem_result = run_plan(ap.plan, s, eo);
+      TimeAccounting acc;
+      ObservingSource observed(s, {&acc});
+      mem_result = run_plan(ap.plan, a.accounting ? static_cast<EventSource&>(observed) : s, eo);
+      if (a.accounting) observed.finish(mem_result);
       ph.chains = mem_result.chains.size();
       return mem_result.counters.events_in;
     });
@@ -517,6 +525,9 @@ Registrar reg{
                     "JSON: events, mode, phases{end_to_end,load,run}, per_rule, peak_rss_bytes, chains, ...");
       cmd->add_flag("--replay-only", args->replay_only, "Only read the trace (no rules): reader throughput");
       cmd->add_flag("--no-per-rule", args->no_per_rule, "Skip the per-rule runs");
+      cmd->add_flag("--accounting", args->accounting,
+                    "Also run the time accounting observer (where each GPU-feeding thread's time went) in the "
+                    "end-to-end and run phases, as explain does");
       cmd->add_flag("--no-preload", args->no_preload,
                     "Do not load the trace into memory: no load/run split, per-rule runs stream the file");
       cmd->add_flag("--per-rule-end-to-end", args->per_rule_e2e,

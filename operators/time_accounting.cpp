@@ -84,7 +84,10 @@ BlockReason block_reason(const ParsedStack& st) {
 
 TimeAccounting::Thread& TimeAccounting::thread(const Event& e) {
   const uint64_t k = key(e.node, e.tid);
-  if (k == last_key_) return *last_;
+  // A direct-mapped cache in front of the map: threads take turns in a trace, so the last one
+  // alone misses most of the time.
+  Slot& slot = cache_[(k * 0x9E3779B97F4A7C15ull) >> (64 - kCacheBits)];
+  if (slot.t && slot.key == k) return *slot.t;
   auto [it, fresh] = threads_.try_emplace(k);
   Thread& t = it->second;
   if (fresh) {
@@ -92,8 +95,8 @@ TimeAccounting::Thread& TimeAccounting::thread(const Event& e) {
     t.tid = e.tid;
     t.node = e.node;
   }
-  last_key_ = k;
-  last_ = &t;
+  slot.key = k;
+  slot.t = &t;
   return t;
 }
 
@@ -144,6 +147,25 @@ void TimeAccounting::credit(Thread& t, int lane, const Seg* g, uint64_t d) {
 // else the rest. Lanes hold disjoint segments in start order, so this is a merge of four lists.
 void TimeAccounting::settle(Thread& t, uint64_t upto) {
   uint64_t now = t.settled;
+  if (t.lanes[kLanePreempted].head == t.lanes[kLanePreempted].segs.size() &&
+      t.lanes[kLaneBlocked].head == t.lanes[kLaneBlocked].segs.size() &&
+      t.lanes[kLaneUnknown].head == t.lanes[kLaneUnknown].segs.size()) {
+    // Calls alone (the common case): their segments are disjoint, the gaps are the rest.
+    Lane& ln = t.lanes[kLaneCall];
+    for (; ln.head < ln.segs.size() && now < upto; ++ln.head) {
+      const Seg& g = ln.segs[ln.head];
+      if (g.s >= upto) break;
+      if (g.s > now) t.rest += g.s - now;
+      const uint64_t e = std::min(g.e, upto);
+      if (e > now) t.calls[g.tag] += e - std::max(g.s, now);
+      now = std::max(now, e);
+      if (g.e > upto) break;  // settled up to upto, not past this one
+    }
+    if (now < upto) {
+      t.rest += upto - now;
+      now = upto;
+    }
+  }
   while (now < upto) {
     int owner = -1;
     const Seg* og = nullptr;

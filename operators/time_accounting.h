@@ -117,8 +117,12 @@ class TimeAccounting final : public EventObserver {
 
   AccountingOptions opt_;
   std::unordered_map<uint64_t, Thread> threads_;
-  uint64_t last_key_ = UINT64_MAX;
-  Thread* last_ = nullptr;
+  struct Slot {
+    uint64_t key = 0;
+    Thread* t = nullptr;
+  };
+  static constexpr int kCacheBits = 8;
+  Slot cache_[size_t{1} << kCacheBits];
 };
 
 }  // namespace ingero
