@@ -9,6 +9,7 @@
 #include "engine/engine.h"
 #include "model/result_json.h"
 #include "operators/chain_annotate.h"
+#include "operators/step_inference.h"
 #include "operators/time_accounting.h"
 #include "sinks/report/html_report.h"
 #include "sinks/report/text_report.h"
@@ -96,7 +97,9 @@ int run_explain(const ExplainArgs& a) {
   LiveChainAnnotator annotator(annotate_options(analysis, LiveChainAnnotator::replay_defaults()));
   // Where each main GPU-feeding thread's time went (operators/time_accounting.h): result.accounting.
   TimeAccounting accounting;
-  ObservingSource observed(tee, {&accounting});
+  // The step period of each process, inferred with no markers (operators/step_inference.h).
+  StepInference steps;
+  ObservingSource observed(tee, {&accounting, &steps});
   EventSource& annotated = annotator.tap(observed);
   opts.on_chain = [&annotator](const Chain& c) { annotator.annotate(c); };
   AnalysisResult r = run_plan(plan, annotated, opts, &errors);

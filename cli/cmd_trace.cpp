@@ -25,6 +25,7 @@
 #include "model/format.h"
 #include "model/ops.h"
 #include "operators/chain_annotate.h"
+#include "operators/step_inference.h"
 #include "operators/time_accounting.h"
 #include "sinks/fleet/clock_anchors.h"
 #include "sinks/fleet/process_identity.h"
@@ -370,7 +371,9 @@ int run_trace(const TraceArgs& a) {
   LiveChainAnnotator annotator(annotate_options(analysis, LiveChainAnnotator::defaults()));
   // Where each main GPU-feeding thread's time went (operators/time_accounting.h): result.accounting.
   TimeAccounting accounting;
-  ObservingSource observed(tap, {&accounting});
+  // The step period of each process, inferred with no markers (operators/step_inference.h).
+  StepInference steps;
+  ObservingSource observed(tap, {&accounting, &steps});
   EventSource& annotated = annotator.tap(observed);
   EngineOptions eo;
   eo.threads = a.threads;

@@ -338,18 +338,18 @@ json explain_json(const AnalysisResult& r) {
   json counts = {{"HIGH", 0}, {"MEDIUM", 0}, {"LOW", 0}};
   for (const auto& c : r.chains) counts[severity_name(c.severity)] = counts[severity_name(c.severity)].get<int>() + 1;
   json out = {{"trace", trace_json(r.meta, r)},
-          {"chains", chains},
-          {"severity_counts", counts},
-          {"rules", rules},
-          {"health", health_json(r.meta.health)},
-          {"accounting", accounting},
-          {"engine",
-           {{"threads", r.counters.threads},
-            {"batches", r.counters.batches},
-            {"windows_closed", r.counters.windows_closed},
-            {"late_events", r.counters.late_events},
-            {"tail_windows_capped", r.counters.tail_windows_capped},
-            {"node_errors", r.counters.node_errors}}}};
+              {"chains", chains},
+              {"severity_counts", counts},
+              {"rules", rules},
+              {"health", health_json(r.meta.health)},
+              {"accounting", accounting},
+              {"engine",
+               {{"threads", r.counters.threads},
+                {"batches", r.counters.batches},
+                {"windows_closed", r.counters.windows_closed},
+                {"late_events", r.counters.late_events},
+                {"tail_windows_capped", r.counters.tail_windows_capped},
+                {"node_errors", r.counters.node_errors}}}};
   if (!r.steps.empty()) out["steps"] = steps_json(r.steps, r.meta);
   return out;
 }

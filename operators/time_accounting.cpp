@@ -221,7 +221,11 @@ void TimeAccounting::observe(const Event* events, size_t n) {
       t.sched = true;
       if (e.prev_state != OffCpuState::kUnknown) t.stated = true;
       switch (e.prev_state) {
-        case OffCpuState::kPreempted: add(t, kLanePreempted, s, end, e.arg1 & 0xffffffffu, false); break;
+        case OffCpuState::kPreempted:
+          // Live traces name the process that ran instead in arg0 (bpf/host.bpf.c).
+          if (e.arg0 && e.arg0 <= 0xffffffffu) other_pid_[e.arg1 & 0xffffffffu] = static_cast<uint32_t>(e.arg0);
+          add(t, kLanePreempted, s, end, e.arg1 & 0xffffffffu, false);
+          break;
         case OffCpuState::kUnknown: add(t, kLaneUnknown, s, end, 0, false); break;
         case OffCpuState::kDiskWait:
           add(t, kLaneBlocked, s, end, static_cast<uint64_t>(BlockReason::kIo), false);
@@ -293,6 +297,7 @@ std::vector<ThreadAccounting> TimeAccounting::accounts(const TraceMeta& meta) {
       PreemptedBy p;
       p.tid = tid;
       if (auto it = threads_.find(key(t.node, tid)); it != threads_.end()) p.pid = it->second.pid;
+      else if (auto o = other_pid_.find(tid); o != other_pid_.end()) p.pid = o->second;
       p.comm = name_of(tid, p.pid);
       p.ns = ns;
       a.preempted_by.push_back(std::move(p));

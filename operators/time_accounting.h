@@ -117,6 +117,7 @@ class TimeAccounting final : public EventObserver {
 
   AccountingOptions opt_;
   std::unordered_map<uint64_t, Thread> threads_;
+  std::unordered_map<uint32_t, uint32_t> other_pid_;  // a preempting tid -> its process (sched span arg0)
   struct Slot {
     uint64_t key = 0;
     Thread* t = nullptr;
