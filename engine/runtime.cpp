@@ -2249,6 +2249,16 @@ struct Shard::Impl {
             r.rhs = st.trend->mode == TrendMode::kRising ? t.first : st.trend->factor * t.peak;
             r.margin = st.trend->mode == TrendMode::kRising ? t.last - t.first : r.rhs - t.last;
             if (r.margin != r.margin) r.margin = -std::numeric_limits<double>::infinity();
+            if (t.history < t.needed) {
+              // Not judged at all: too few consecutive windows of this key (a short trace, or a
+              // key that skipped a window). Say that, not "0 vs 0".
+              r.label += ": too few consecutive windows of this key to judge";
+              r.lhs = t.history;
+              r.rhs = t.needed;
+              r.margin = static_cast<double>(t.history) - static_cast<double>(t.needed);
+              r.lhs_text = std::to_string(t.history) + " window(s)";
+              r.rhs_text = std::to_string(t.needed) + " needed";
+            }
             record_miss(def, static_cast<int>(s), r, row);
             return;
           }

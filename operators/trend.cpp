@@ -15,9 +15,11 @@ TrendResult TrendOp::observe(const Key& key, uint64_t window, double value) {
     h.values.clear();
     return r;
   }
+  r.needed = static_cast<uint32_t>(n);
   if (node_.mode == TrendMode::kRising) {
     h.values.push_back(value);
     while (h.values.size() > n) h.values.pop_front();
+    r.history = static_cast<uint32_t>(h.values.size());
     if (h.values.size() < n) return r;
     r.holds = n > 1;
     for (size_t i = 1; i < h.values.size(); ++i)
@@ -26,6 +28,7 @@ TrendResult TrendOp::observe(const Key& key, uint64_t window, double value) {
     r.last = h.values.back();
     r.peak = *std::max_element(h.values.begin(), h.values.end());
   } else {
+    r.history = static_cast<uint32_t>(h.values.size());
     if (h.values.size() >= n) {
       r.peak = *std::max_element(h.values.begin(), h.values.end());
       r.first = h.values.front();

@@ -6,7 +6,9 @@
 // `windows` values strictly increase; kBelowPeak holds when the value is below factor x the peak
 // of the previous `windows` values (and that history is full). NaN values break the history.
 // Outputs: first (oldest value considered), last, peak (of the history before this value for
-// kBelowPeak, of the run for kRising), change = last / first (NaN if first is 0).
+// kBelowPeak, of the run for kRising), change = last / first (NaN if first is 0); history and
+// needed: the windows in hand and the windows the mode needs (kRising: `windows` values including
+// this one; kBelowPeak: `windows` values before it).
 // Memory: at most `windows` values per key. Single-threaded.
 #pragma once
 
@@ -22,6 +24,9 @@ namespace ingero {
 struct TrendResult {
   bool holds = false;
   double first = 0, last = 0, peak = 0, change = 0;
+  // The consecutive windows of this key the judgement had, and the number it needs: a trend that
+  // does not hold because its history is short says so (`--why-not`), instead of comparing zeros.
+  uint32_t history = 0, needed = 0;
 };
 
 class TrendOp {

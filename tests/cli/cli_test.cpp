@@ -108,6 +108,16 @@ TEST(Cli, WhyNotNamesThePredicateOrRejectsUnknownRules) {
   EXPECT_NE(bad.err.find("cpu_contention"), std::string::npos) << "the error lists the rules";
 }
 
+// A trend rule that never had enough consecutive windows says so, not "0 vs 0 (short by -0)".
+TEST(Cli, WhyNotOfAnUnjudgedTrendSaysHowManyWindowsItHad) {
+  if (!std::filesystem::exists(kSample)) GTEST_SKIP() << "missing " << kSample;
+  const auto r = run("explain --db " + kSample + " --why-not throughput_drop");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("too few consecutive windows"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("3 needed"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("short by -0"), std::string::npos) << r.out;
+}
+
 TEST(Cli, SaveWritesAnIngeroReadableDatabase) {
   if (!std::filesystem::exists(kSample)) GTEST_SKIP() << "missing " << kSample;
   const auto out = std::filesystem::temp_directory_path() / ("ip-cli-save-" + std::to_string(getpid()) + ".db");

@@ -33,6 +33,31 @@ TEST(Trend, BelowPeak) {
   EXPECT_FALSE(t.observe(k, 3, 80).holds);  // peak of (90, 50) is 90; 80 >= 54
 }
 
+// A trend that cannot be judged says how much history it had and needed (--why-not reads it).
+TEST(Trend, ReportsTheHistoryItHadAndNeeded) {
+  TrendOp below(TrendNode{"rate", 3, TrendMode::kBelowPeak, 0.6});
+  Key k;
+  auto r = below.observe(k, 0, 100);
+  EXPECT_EQ(r.history, 0u);
+  EXPECT_EQ(r.needed, 3u);
+  r = below.observe(k, 1, 100);
+  EXPECT_EQ(r.history, 1u);
+  below.observe(k, 2, 100);
+  r = below.observe(k, 3, 100);
+  EXPECT_EQ(r.history, 3u);
+  EXPECT_FALSE(r.holds);        // judged: not below the peak
+  r = below.observe(k, 5, 10);  // a skipped window restarts the history
+  EXPECT_EQ(r.history, 0u);
+  EXPECT_FALSE(r.holds);
+  TrendOp rising(TrendNode{"p99", 2, TrendMode::kRising, 0});
+  r = rising.observe(k, 0, 1);
+  EXPECT_EQ(r.history, 1u);
+  EXPECT_EQ(r.needed, 2u);
+  r = rising.observe(k, 1, 2);
+  EXPECT_EQ(r.history, 2u);
+  EXPECT_TRUE(r.holds);
+}
+
 TEST(Trend, NanBreaksHistory) {
   TrendOp t(TrendNode{"x", 2, TrendMode::kRising, 0});
   Key k;
