@@ -380,13 +380,28 @@ StepInference::KeyState& StepInference::state(const Event& e) {
 void StepInference::observe(const Event* events, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     const Event& e = events[i];
-    if (!is_gpu_api(e.source)) continue;
+    if (!is_gpu_api(e.source)) {
+      // The launching thread preempted after its last launch: that time is no launch gap.
+      if (e.source == Source::kHost && e.op == op::kSchedSwitch && e.prev_state == OffCpuState::kPreempted &&
+          e.dur_ns > 0)
+        if (auto it = launcher_.find((uint64_t{e.node} << 32) | e.tid); it != launcher_.end()) {
+          KeyState& ks = *it->second;
+          if (ks.last_launch_tid == e.tid && e.ts_ns >= ks.last_launch) ks.preempted_since += e.dur_ns;
+        }
+      continue;
+    }
     KeyState& s = state(e);
     ++s.gpu_calls;
     s.first_ns = std::min(s.first_ns, e.ts_ns);
     s.last_ns = std::max(s.last_ns, e.end_ns());
     if (is_launch(e.source, e.op)) {
-      const uint64_t gap = s.launched && e.ts_ns > s.last_launch ? e.ts_ns - s.last_launch : 0;
+      uint64_t gap = s.launched && e.ts_ns > s.last_launch ? e.ts_ns - s.last_launch : 0;
+      gap = gap > s.preempted_since ? gap - s.preempted_since : 0;
+      s.preempted_since = 0;
+      if (s.last_launch_tid != e.tid) {
+        s.last_launch_tid = e.tid;
+        launcher_[(uint64_t{e.node} << 32) | e.tid] = &s;
+      }
       for (size_t j = 0; j < kBurstLadder; ++j) {
         if (s.launched && gap < burst_threshold(j)) continue;
         auto& series = s.bursts[j];

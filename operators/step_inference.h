@@ -26,7 +26,11 @@
 //   its start and end likewise;
 // - launch bursts: the first launch (cudaLaunchKernel, cuLaunchKernel, cudaGraphLaunch) after a
 //   launch-free gap >= T, one series per T in a ladder x4 from 64 us to 4.2 s, so a burst gap is
-//   found at any step length from about 0.2 ms to minutes without a tuned threshold.
+//   found at any step length from about 0.2 ms to minutes without a tuned threshold. The time
+//   the launching thread spent preempted during the gap (sched_switch spans with prev_state
+//   kPreempted of that tid) does not count towards it: a thread that launches in a tight loop and
+//   loses its CPU to another task every few ms has no step there, only stalls (the scheduler's
+//   time slice would otherwise read as a period).
 //
 // Period of a series (t sorted, n markers): several markers may fall in one step, so for each
 // lag k in 1..kMaxLag with at least kMinSteps steps ((n-1)/k >= 5) take the k-step intervals
@@ -126,6 +130,8 @@ class StepInference final : public EventObserver {
     uint64_t first_ns = UINT64_MAX, last_ns = 0;
     uint64_t gpu_calls = 0;
     uint64_t last_launch = 0;
+    uint32_t last_launch_tid = 0;
+    uint64_t preempted_since = 0;  // ns the last launching thread was preempted since its launch
     bool launched = false;
     std::array<std::unique_ptr<Series>, kSyncSlots> sync;
     std::array<std::unique_ptr<Series>, kBurstLadder> bursts;
@@ -135,6 +141,7 @@ class StepInference final : public EventObserver {
   KeyState& state(const Event& e);
 
   std::unordered_map<uint64_t, std::unique_ptr<KeyState>> keys_;
+  std::unordered_map<uint64_t, KeyState*> launcher_;  // (node, tid) of a key's last launch -> the key
   uint64_t last_key_ = UINT64_MAX;
   KeyState* last_state_ = nullptr;
 };

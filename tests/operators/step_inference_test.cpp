@@ -295,6 +295,30 @@ TEST(StepInference, TooFewCallsAndNoMarkersSayWhy) {
   EXPECT_NE(got[1].reason.find("no synchronisation or kernel launch"), std::string::npos) << got[1].reason;
 }
 
+// A thread launching in a tight loop (every 5 us) that a CPU hog preempts for 4 ms in every 8 ms
+// (the scheduler's time slices): the launch gaps are preemption, not steps. Without the sched
+// spans the same launches would read as 8 ms "steps" (the control), with them: no period.
+TEST(StepInference, PreemptionGapsAreNotSteps) {
+  std::vector<Event> with, without;
+  constexpr uint64_t kSlice = 4 * kMs;
+  for (uint64_t slice = 0; slice < 200; ++slice) {
+    const uint64_t start = kT0 + slice * 2 * kSlice;
+    for (uint64_t t = start; t < start + kSlice; t += 5'000) {
+      with.push_back(call(30, -1, Source::kCuda, op::kCudaLaunchKernel, t, 1'000));
+      without.push_back(with.back());
+    }
+    Event off = call(30, -1, Source::kHost, op::kSchedSwitch, start + kSlice, kSlice - 1'000, 99);
+    off.prev_state = OffCpuState::kPreempted;
+    with.push_back(off);
+  }
+  const auto control = run(without, 4096);
+  ASSERT_EQ(control.size(), 1u);
+  EXPECT_NE(control[0].method, "none") << "the control should read the slices as steps";
+  const auto got = run(with, 4096);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].method, "none") << got[0].method << " period " << got[0].period_ns;
+}
+
 bool same(const ProcessSteps& a, const ProcessSteps& b, uint64_t shift) {
   if (a.pid != b.pid || a.rank != b.rank || a.node != b.node || a.count != b.count || a.period_ns != b.period_ns ||
       a.p50_ns != b.p50_ns || a.p99_ns != b.p99_ns || a.method != b.method || a.reason != b.reason ||
