@@ -95,8 +95,12 @@ int run_explain(const ExplainArgs& a) {
   // from the annotator's built-in detector.
   // Warm-up (`param warmup`) and the tail re-judgement follow the pack's params and --param.
   LiveChainAnnotator annotator(annotate_options(analysis, LiveChainAnnotator::replay_defaults()));
-  // Where each main GPU-feeding thread's time went (operators/time_accounting.h): result.accounting.
-  TimeAccounting accounting;
+  // Where each main GPU-feeding thread's time went (operators/time_accounting.h): result.accounting,
+  // and each chain's own thread over its window (Chain::accounting).
+  AccountingOptions acct_opts;
+  acct_opts.chain_accounting = true;
+  acct_opts.meta = &tee.meta();
+  TimeAccounting accounting(acct_opts);
   // The step period of each process, inferred with no markers (operators/step_inference.h).
   StepInference steps;
   ObservingSource observed(tee, {&accounting, &steps});
@@ -107,8 +111,8 @@ int run_explain(const ExplainArgs& a) {
     for (const auto& e : errors) print_error("plan: " + e);
     return kExitInput;
   }
+  annotator.finish(r);  // first: chains get their threads, then their accounting
   observed.finish(r);
-  annotator.finish(r);
   if (const std::string w = annotator_spill_warning(annotator.spill_counters()); !w.empty())
     std::fprintf(stderr, "warning: %s\n", w.c_str());
   if (const std::string w = join_spill_warning(r.counters); !w.empty())

@@ -369,8 +369,12 @@ int run_trace(const TraceArgs& a) {
   // horizon the annotator keeps.
   // Warm-up and the tail re-judgement follow the pack's params and --param.
   LiveChainAnnotator annotator(annotate_options(analysis, LiveChainAnnotator::defaults()));
-  // Where each main GPU-feeding thread's time went (operators/time_accounting.h): result.accounting.
-  TimeAccounting accounting;
+  // Where each main GPU-feeding thread's time went (operators/time_accounting.h): result.accounting,
+  // and each chain's own thread over its window (Chain::accounting).
+  AccountingOptions acct_opts;
+  acct_opts.chain_accounting = true;
+  acct_opts.meta = &tap.meta();
+  TimeAccounting accounting(acct_opts);
   // The step period of each process, inferred with no markers (operators/step_inference.h).
   StepInference steps;
   ObservingSource observed(tap, {&accounting, &steps});
@@ -393,8 +397,8 @@ int run_trace(const TraceArgs& a) {
   AnalysisResult result;
   std::thread engine([&] {
     result = run_plan(plan, annotated, eo, &errors);
+    annotator.finish(result);  // first: chains get their threads, then their accounting
     observed.finish(result);
-    annotator.finish(result);
   });
   const auto t0 = std::chrono::steady_clock::now();
   auto next_render = t0;

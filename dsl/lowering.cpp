@@ -4,6 +4,8 @@
 //   -> (Let | Require)* -> [Let(template placeholders)] -> Emit
 // Identical stream nodes are shared between rules of one plan (the engine computes a stream
 // once per batch), which keeps the rule pack as cheap as the hand-built plans.
+#include <numeric>
+
 #include "dsl/sema.h"
 
 namespace ingero::dsl {
@@ -75,7 +77,13 @@ ExprPtr lower_expr(const TExpr& e, const RuleSema& r, bool event_ctx) {
     }
     default: break;
   }
-  auto x = node(e.op, unit);
+  // A ratio scaled by a percent literal (`a / b * 100%`) is shown as a percentage: same value,
+  // printed "42%" instead of "0.42x".
+  Unit shown = unit;
+  if (e.op == ExprOp::kMul && e.ty == Ty::kRatio)
+    for (const auto& a : e.args)
+      if (a.op == ExprOp::kConst && a.literal && a.unit == Unit::kPercent) shown = Unit::kPercent;
+  auto x = node(e.op, shown);
   for (const auto& a : e.args) x->args.push_back(lower_expr(a, r, event_ctx));
   return x;
 }
@@ -111,6 +119,13 @@ struct Lowerer {
       std::string key = "offcpu min=" + std::to_string(s.offcpu_node.min_ns) + " states=";
       for (auto st : s.offcpu_node.states) key += std::to_string(static_cast<int>(st)) + ",";
       id = shared(key, s.offcpu_node, {scan()}, pos);
+    } else if (s.account) {
+      // Slices cut at the window's grid, so each window gets exactly its time: the step of a
+      // tumbling or sliding window (both multiples of it); 1 s for a whole-trace window.
+      const WindowNode& w = r.window_node;
+      uint64_t grid = w.kind == WindowKind::kWhole ? 1'000'000'000ull : std::gcd(w.size_ns, w.slide_ns);
+      if (grid == 0) grid = 1'000'000'000ull;
+      id = shared("account grid=" + std::to_string(grid), AccountNode{grid}, {scan()}, pos);
     } else {
       std::vector<double> ids;
       for (Source src : s.sources) ids.push_back(static_cast<double>(src));

@@ -74,6 +74,7 @@ struct FileUnit {
 struct StreamSpec {
   const ast::Stream* node = nullptr;
   bool offcpu = false;
+  bool account = false;  // `from accounting`: slices of feeding threads' time (AccountNode)
   std::vector<Source> sources;
   OffCpuNode offcpu_node;
   std::optional<TExpr> where;
@@ -182,6 +183,7 @@ struct Resolver {
   TExpr primary(const ast::Primary& p);
   TExpr unary(const ast::Unary& u);
   TExpr call(const ast::Call& c);
+  TExpr bucket_call(const ast::Call& c);
   TExpr name(const ast::Path& p);
   TExpr number(const ast::Number& n);
   TExpr list(const ast::List& l);

@@ -736,6 +736,7 @@ AnalysisResult run_plan(const Plan& plan, EventSource& source, const EngineOptio
   if (threads == 1) run_serial(*compiled, source, opts, result, stats, counters, chains);
   else run_parallel(*compiled, source, opts, threads, result, stats, counters, chains);
 
+  merge_window_runs(*compiled, chains);
   std::sort(chains.begin(), chains.end(), chain_canonical_order);
   result.chains = std::move(chains);
   if (opts.compute_stats) result.ops = stats.results();

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 
 #include "model/format.h"
@@ -28,7 +29,7 @@ const T* body_as(const Plan& p, int id) {
 
 bool is_stream_node(const NodeBody& b) {
   return std::holds_alternative<ScanNode>(b) || std::holds_alternative<FilterNode>(b) ||
-         std::holds_alternative<OffCpuNode>(b);
+         std::holds_alternative<OffCpuNode>(b) || std::holds_alternative<AccountNode>(b);
 }
 
 // Units of computed values, so templates print "25.80ms", "87%", "352x".
@@ -253,6 +254,7 @@ Unit agg_unit(const AggSpec& a) {
   switch (a.kind) {
     case AggKind::kCount: return Unit::kCount;
     case AggKind::kRate: return Unit::kPerSecond;
+    case AggKind::kTopTask: return Unit::kNone;
     default:
       return a.field == Field::kDuration || a.field == Field::kEnd || a.field == Field::kTs ? Unit::kNs : Unit::kNone;
   }
@@ -350,6 +352,7 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
     s.parent = node.inputs.empty() ? -1 : cp->stream_of_node[static_cast<size_t>(node.inputs[0])];
     if (const auto* f = std::get_if<FilterNode>(&node.body)) s.filter = f->pred;
     if (const auto* o = std::get_if<OffCpuNode>(&node.body)) s.offcpu = o;
+    if (const auto* a = std::get_if<AccountNode>(&node.body)) s.account = a;
     if (!node.inputs.empty() && s.parent < 0) {
       errors.push_back("%" + std::to_string(node.id) + ": stream input is not a stream");
       continue;
@@ -362,6 +365,7 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
       sig += "offcpu " + std::to_string(s.offcpu->min_ns) + ":";
       for (auto st : s.offcpu->states) sig += std::to_string(static_cast<int>(st)) + ",";
     }
+    if (s.account) sig += "account " + std::to_string(s.account->grid_ns);
     if (s.parent < 0) sig += "scan";
     auto [it, fresh] = stream_sig.try_emplace(sig, static_cast<int>(cp->streams.size()));
     cp->stream_of_node[static_cast<size_t>(node.id)] = it->second;
@@ -383,6 +387,7 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
         }
       }
       if (s.filter && s.filter->uses_stacks()) cp->uses_stacks = true;
+      if (s.account) cp->uses_stacks = true;  // the blocked reason of a slice comes from its stack
       cp->streams.push_back(s);
     }
   }
@@ -395,6 +400,11 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
     pipe.window_node = node.id;
     pipe.window = *w;
     pipe.stream = cp->stream_of_node[static_cast<size_t>(node.inputs[0])];
+    for (int st = pipe.stream; st >= 0; st = cp->streams[static_cast<size_t>(st)].parent)
+      pipe.over_time = pipe.over_time || cp->streams[static_cast<size_t>(st)].account != nullptr;
+    // Slices of a thread come as the watermark settles them, up to a silent gap (not sliced) of
+    // 1 s behind it (operators/time_accounting.h): its windows wait that long, and a margin.
+    if (pipe.over_time) pipe.window.lateness_ns = std::max<uint64_t>(pipe.window.lateness_ns, 2'000'000'000ull);
     pipe.keys = KeyBy(w->keys);
     pipe.key_fields = w->keys;
     const std::string where = "%" + std::to_string(node.id) + ": ";
@@ -482,6 +492,9 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
         st.trend_last = add_slot(pipe.slots, "trend.last", u);
         st.trend_peak = add_slot(pipe.slots, "trend.peak", u);
         st.trend_change = add_slot(pipe.slots, "trend.change", Unit::kRatio);
+        st.trend_median = add_slot(pipe.slots, "trend.median", u);
+        st.trend_mad = add_slot(pipe.slots, "trend.mad", u);
+        st.trend_history = add_slot(pipe.slots, "trend.history", Unit::kCount);
       } else if (const auto* pe = std::get_if<PeerNode>(&body)) {
         st.kind = StageKind::kPeer;
         st.peer = pe;
@@ -538,7 +551,7 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
     cp->pipes.push_back(std::move(pipe));
   }
   // Host-wide right streams: a stream carries broadcast events unless it is off-CPU spans.
-  for (auto& s : cp->streams) s.host_wide = s.offcpu == nullptr;
+  for (auto& s : cp->streams) s.host_wide = s.offcpu == nullptr && s.account == nullptr;
   if (!errors.empty()) return nullptr;
   // Group pipes that window and aggregate the same stream the same way.
   std::map<std::string, size_t> group_of;
@@ -551,7 +564,8 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
     const auto& agg = pipe.layout->node();
     sig += "|" + std::to_string(agg.exact_limit) + "|" + std::to_string(agg.sketch_alpha);
     for (const auto& a : agg.aggs)
-      sig += "|" + a.name + ":" + agg_name(a.kind) + ":" + field_name(a.field) + ":" + std::to_string(a.q);
+      sig += "|" + a.name + ":" + agg_name(a.kind) + ":" + field_name(a.field) + ":" + std::to_string(a.q) + ":" +
+             std::to_string(a.buckets);
     auto [it, fresh] = group_of.try_emplace(sig, cp->groups.size());
     if (fresh) {
       WindowGroup g;
@@ -570,7 +584,8 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
   for (size_t g = 0; g < cp->groups.size(); ++g) {
     bool ok = cp->groups[g].stream >= 0;
     for (int s = cp->groups[g].stream; s >= 0 && ok; s = cp->streams[static_cast<size_t>(s)].parent)
-      ok = cp->streams[static_cast<size_t>(s)].offcpu == nullptr;
+      ok = cp->streams[static_cast<size_t>(s)].offcpu == nullptr &&
+           cp->streams[static_cast<size_t>(s)].account == nullptr;
     cp->routed[g] = ok ? 1 : 0;
   }
   // Built group by group: each group's chain of filters is walked once for a mask of the codes
@@ -631,6 +646,49 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
   return cp;
 }
 
+void merge_window_runs(const CompiledPlan& plan, std::vector<Chain>& chains) {
+  std::map<std::string, uint64_t> step_of;  // rule -> its window's step
+  for (const auto& pipe : plan.pipes) {
+    if (pipe.over_time && pipe.window.kind != WindowKind::kWhole && !pipe.stages.empty() && pipe.stages.back().emit)
+      step_of[pipe.stages.back().emit->rule] = pipe.window.slide_ns;
+  }
+  if (step_of.empty()) return;
+  auto same_key = [](const Chain& a, const Chain& b) {
+    return a.rule == b.rule && a.node == b.node && a.pid == b.pid && a.tid == b.tid && a.rank == b.rank &&
+           a.source == b.source && a.op == b.op;
+  };
+  std::vector<Chain> keep, runs;
+  for (auto& c : chains) (step_of.count(c.rule) ? runs : keep).push_back(std::move(c));
+  std::sort(runs.begin(), runs.end(), [](const Chain& a, const Chain& b) {
+    return std::tie(a.rule, a.node, a.pid, a.tid, a.rank, a.source, a.op, a.window_start) <
+           std::tie(b.rule, b.node, b.pid, b.tid, b.rank, b.source, b.op, b.window_start);
+  });
+  for (size_t i = 0; i < runs.size();) {
+    const uint64_t step = step_of[runs[i].rule];
+    size_t j = i + 1, worst = i;
+    uint64_t end = runs[i].window_end, dropped = runs[i].dropped_events;
+    while (j < runs.size() && same_key(runs[j], runs[i]) && runs[j].window_start <= end + 2 * step) {
+      if (runs[j].severity > runs[worst].severity) worst = j;
+      end = std::max(end, runs[j].window_end);
+      dropped += runs[j].dropped_events;
+      ++j;
+    }
+    Chain c = runs[worst];
+    const size_t n = j - i;
+    if (n > 1) {
+      c.id = runs[i].id;
+      c.window_start = runs[i].window_start;
+      c.window_end = end;
+      c.dropped_events = dropped;
+      c.summary += " (worst of " + std::to_string(n) + " windows in a row)";
+    }
+    c.values.emplace_back("windows", static_cast<double>(n));
+    keep.push_back(std::move(c));
+    i = j;
+  }
+  chains = std::move(keep);
+}
+
 std::string expand_template(const std::string& tmpl, const CompiledPlan& plan, const PipeDef& pipe, const Key& key,
                             const double* row, const std::map<uint32_t, std::string>* names) {
   const auto& process_names = names ? *names : plan.process_names;
@@ -662,6 +720,24 @@ std::string expand_template(const std::string& tmpl, const CompiledPlan& plan, c
       out += key_text(pipe, key, plan.stacks.get());
     } else if (name == "site" && pipe.site_key) {
       out += plan.stacks->site_text(site_of(key));
+    } else if (name.rfind("task:", 0) == 0) {
+      // {task:slot}: the process whose pid the slot holds, by name: "stress (pid 4242)".
+      const std::string slot = name.substr(5);
+      bool found = false;
+      for (size_t s = pipe.slots.size(); s-- > 0 && !found;) {
+        if (pipe.slots[s].name != slot) continue;
+        found = true;
+        const double v = row[s];
+        if (!(v > 0 && v < 4294967296.0)) {
+          out += "an unknown task";
+          break;
+        }
+        const auto pid = static_cast<uint32_t>(v);
+        auto it = process_names.find(pid);
+        out += (it != process_names.end() && !it->second.empty() ? it->second + " " : std::string()) + "(pid " +
+               std::to_string(pid) + ")";
+      }
+      if (!found) out += "{" + name + "}";
     } else {
       bool found = false;
       for (size_t s = pipe.slots.size(); s-- > 0;)
@@ -1028,6 +1104,13 @@ struct Shard::Impl {
   };
   std::vector<SharedSpans> shared_spans;
   std::vector<int> builder_of;
+  // Per stream with an Account step: the shard's accounting of the threads it owns, and this
+  // batch's slices (the stream's events point into it).
+  struct AccountStep {
+    std::unique_ptr<TimeAccounting> acct;
+    std::vector<Event> slices;
+  };
+  std::vector<AccountStep> accounts;
   std::vector<PipeState> pipes;                                 // per plan pipe (inactive if not ours)
   std::vector<std::unique_ptr<WindowStore<WinState>>> windows;  // per window group (null if not ours)
   std::unique_ptr<OpStatsAccumulator> stats;
@@ -1215,6 +1298,22 @@ struct Shard::Impl {
       }
       builder_of[i] = it->second;
     }
+    accounts.resize(plan.streams.size());
+    for (size_t i = 0; i < plan.streams.size(); ++i) {
+      const AccountNode* node = plan.streams[i].account;
+      if (!node) continue;
+      accounts[i].acct = std::make_unique<TimeAccounting>();
+      SliceOptions so;
+      so.grid_ns = node->grid_ns;
+      std::shared_ptr<StackTable> stacks = plan.stacks;
+      so.reason_of = [stacks](uint64_t id, BlockReason& r) {
+        const auto st = stacks->find(id);
+        if (!st) return false;
+        r = block_reason(*st);
+        return true;
+      };
+      accounts[i].acct->enable_slices(std::move(so));
+    }
     group_of_pipe.assign(plan.pipes.size(), 0);
     for (size_t gi = 0; gi < plan.groups.size(); ++gi)
       for (size_t pi : plan.groups[gi].pipes) group_of_pipe[pi] = gi;
@@ -1353,7 +1452,8 @@ struct Shard::Impl {
     std::vector<uint8_t> keep(size_t{1} << 16, 1);
     for (int s = static_cast<int>(i); !is_scan(static_cast<size_t>(s));) {
       const StreamDef& d = plan.streams[static_cast<size_t>(s)];
-      if (d.offcpu || d.source_op_mask.size() != keep.size() || !d.residuals.empty() || d.parent < 0) return {};
+      if (d.offcpu || d.account || d.source_op_mask.size() != keep.size() || !d.residuals.empty() || d.parent < 0)
+        return {};
       and_one(keep.data(), d.source_op_mask.data(), keep.size());
       s = d.parent;
     }
@@ -1375,7 +1475,7 @@ struct Shard::Impl {
           route_switches = true;
           shared_spans[static_cast<size_t>(builder_of[r])].prebuild = true;
         }
-        if (prerouted[r] || d.offcpu || is_scan(r)) continue;
+        if (prerouted[r] || d.offcpu || d.account || is_scan(r)) continue;
         keep_code[r] = chain_mask(r);
         prerouted[r] = keep_code[r].empty() ? 0 : 1;
       }
@@ -1636,6 +1736,20 @@ struct Shard::Impl {
       for (const auto& e : sh.view)
         if (states.empty() || std::find(states.begin(), states.end(), e.prev_state) != states.end()) own.push_back(&e);
       return;  // off-CPU spans are never host-wide
+    }
+    if (s.account) {  // the owned events of the parent, as slices of the owned threads' time
+      AccountStep& as = accounts[i];
+      as.slices.clear();
+      if (!is_scan(parent)) compute(parent, in);
+      if (is_scan(parent)) {
+        if (in.owned)
+          for_each_selected(*in.owned, in.indexed, in.owned_at, [&](const Event& e) { as.acct->observe(&e, 1); });
+      } else {
+        for (const Event* e : owned_list(parent)) as.acct->observe(e, 1);
+      }
+      as.acct->flush_slices(in.final ? kFinal : in.watermark, in.final, as.slices);
+      for (const Event& e : as.slices) own.push_back(&e);
+      return;  // slices are never host-wide
     }
     if (!is_scan(parent)) compute(parent, in);
     if (!s.source_op_mask.empty()) {
@@ -2240,6 +2354,9 @@ struct Shard::Impl {
           v[st.trend_last] = t.last;
           v[st.trend_peak] = t.peak;
           v[st.trend_change] = t.change;
+          v[st.trend_median] = t.median;
+          v[st.trend_mad] = t.mad;
+          v[st.trend_history] = t.history;
           if (!t.holds) {
             PredicateResult r;
             r.label = std::string("trend ") + st.trend->value +
@@ -2262,6 +2379,7 @@ struct Shard::Impl {
             record_miss(def, static_cast<int>(s), r, row);
             return;
           }
+          if (st.trend->mode == TrendMode::kBaseline) break;  // not a test: the rule's requires judge
           PredicateResult r;
           r.label = "trend " + st.trend->value;
           r.lhs = t.last;
@@ -2455,6 +2573,7 @@ struct Shard::Impl {
     c.rule = em.rule;
     c.rule_hash = em.rule_hash;
     c.category = em.category;
+    c.over_time = def.over_time;
     c.severity = Severity::kMedium;
     for (const auto& [when, sev] : st.severity)
       if (!when || truthy(eval(*when, v))) {

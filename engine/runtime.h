@@ -37,6 +37,7 @@
 #include "operators/offcpu_spans.h"
 #include "operators/op_stats.h"
 #include "operators/peer.h"
+#include "operators/time_accounting.h"
 #include "operators/trend.h"
 #include "operators/window.h"
 
@@ -66,8 +67,9 @@ struct StreamDef {
   // (fold_source_op: `op != cudaMemcpy or arg1 == 2` is `arg1 == 2` for cudaMemcpy and TRUE for
   // cuMemcpyDtoH), is evaluated for the events A keeps; identical folded residuals once.
   std::vector<ExprPtr> residuals;
-  const OffCpuNode* offcpu = nullptr;  // step: off-CPU span builder
-  bool host_wide = false;              // carries broadcast (host-wide) events
+  const OffCpuNode* offcpu = nullptr;    // step: off-CPU span builder
+  const AccountNode* account = nullptr;  // step: time slices of feeding threads (TimeAccounting)
+  bool host_wide = false;                // carries broadcast (host-wide) events
 };
 
 enum class StageKind : uint8_t { kLet, kRequire, kJoin, kTrend, kPeer, kEmit };
@@ -94,6 +96,7 @@ struct Stage {
   // kTrend
   const TrendNode* trend = nullptr;
   int trend_value = -1, trend_first = -1, trend_last = -1, trend_peak = -1, trend_change = -1;
+  int trend_median = -1, trend_mad = -1, trend_history = -1;
   // kPeer
   const PeerNode* peer = nullptr;
   int peer_value = -1, peer_median = -1, peer_mad = -1, peer_z = -1, peer_count = -1;
@@ -115,6 +118,7 @@ struct PipeDef {
   std::vector<Stage> stages;
   bool global = false;       // runs in the global shard
   bool needs_calls = false;  // buffers the window's calls for a join
+  bool over_time = false;    // its stream is accounting slices (Chain::over_time)
   size_t rule_index = 0;     // index into CompiledPlan::rules
 };
 
@@ -309,6 +313,14 @@ class Shard {
 // compare fairly), then the earlier window, then the key - a total order, so the merged closest
 // miss does not depend on which shard saw it.
 bool better_miss(int stage, const PredicateResult& p, uint64_t window, const std::string& key, const RuleOutcome& cur);
+
+// The chains of rules over the `accounting` stream are one finding per cause, not one per window:
+// chains of such a rule with the same key whose windows follow each other (a gap of at most two
+// windows) become one chain over their span, with the text, values and predicates of the worst
+// window (highest severity, then earliest), the highest severity, the first window's id, the
+// summed dropped_events, the value "windows" (how many fired) and a summary that says it is the
+// worst of N. Other rules' chains are left as they are. Order of `chains` is not kept.
+void merge_window_runs(const CompiledPlan& plan, std::vector<Chain>& chains);
 
 // Fills {op}, {process}, {key}, slot names... in a rule's text. `names` overrides the plan's
 // process names when given.

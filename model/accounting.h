@@ -52,6 +52,20 @@ struct ThreadAccounting {
   }
 };
 
+// Slices of a feeding thread's time (the rules' `from accounting` stream, made by
+// operators/time_accounting.h): Event::op of a Source::kAccount event is one of these buckets.
+namespace acct {
+inline constexpr uint8_t kPreempted = 0, kLaunch = 1, kCopy = 2, kSync = 3, kAlloc = 4, kCollective = 5, kOtherCall = 6,
+                         kOnCpu = 7, kLock = 8, kIo = 9, kNetwork = 10, kSleep = 11, kBlockedOther = 12, kUnknown = 13;
+inline constexpr uint8_t kBuckets = 14;
+inline const char* bucket_name(uint8_t b) {
+  constexpr const char* kNames[kBuckets] = {"preempted",  "launch",     "copy",          "sync",   "alloc",
+                                            "collective", "other_call", "on_cpu",        "lock",   "io",
+                                            "network",    "sleep",      "blocked_other", "unknown"};
+  return b < kBuckets ? kNames[b] : "?";
+}
+}  // namespace acct
+
 inline constexpr const char* kCallKinds[] = {"launch", "copy", "sync", "alloc", "collective", "other"};
 inline constexpr const char* kBlockReasons[] = {"lock", "io", "network", "sleep", "other"};
 

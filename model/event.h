@@ -27,6 +27,9 @@ enum class Source : uint8_t {
   kNet = 7,     // socket send/recv
   kGraph = 8,   // CUDA graph API (Ingero uses 8 in code, absent from its tables)
   kNccl = 9,    // NCCL collectives (Ingero uses 9 in code, absent from its tables)
+  // Made inside the engine, never stored: slices of a GPU-feeding thread's time (the rules'
+  // `from accounting` stream; operators/time_accounting.h, op = the bucket).
+  kAccount = 10,
 };
 
 // Why a thread was off CPU, recorded on HOST sched_switch spans.

@@ -57,6 +57,7 @@ std::string node_text(const NodeBody& body) {
             for (size_t i = 0; i < n.states.size(); ++i) s += std::string(i ? "," : "") + state_name(n.states[i]);
             return s + "]";
           },
+          [](const AccountNode& n) { return "account grid=" + format_duration(n.grid_ns); },
           [](const WindowNode& n) {
             std::string s = "window kind=";
             s += n.kind == WindowKind::kTumbling ? "tumbling" : n.kind == WindowKind::kSliding ? "sliding" : "whole";
@@ -72,7 +73,8 @@ std::string node_text(const NodeBody& body) {
             std::string s = "aggregate";
             for (const auto& a : n.aggs) {
               s += " " + a.name + "=" + agg_name(a.kind) + "(";
-              if (a.kind != AggKind::kCount && a.kind != AggKind::kRate) s += field_name(a.field);
+              if (a.buckets) s += "buckets=" + std::to_string(a.buckets);
+              else if (a.kind != AggKind::kCount && a.kind != AggKind::kRate) s += field_name(a.field);
               if (a.kind == AggKind::kQuantile) s += "," + number(a.q);
               s += ")";
             }
@@ -98,7 +100,9 @@ std::string node_text(const NodeBody& body) {
           },
           [](const TrendNode& n) {
             std::string s = "trend value=" + n.value + " windows=" + std::to_string(n.windows);
-            s += n.mode == TrendMode::kRising ? " mode=rising" : " mode=below_peak factor=" + number(n.factor);
+            s += n.mode == TrendMode::kRising     ? std::string(" mode=rising")
+                 : n.mode == TrendMode::kBaseline ? std::string(" mode=baseline")
+                                                  : " mode=below_peak factor=" + number(n.factor);
             return s;
           },
           [](const PeerNode& n) {
@@ -146,6 +150,9 @@ const char* agg_name(AggKind k) {
     case AggKind::kMean: return "mean";
     case AggKind::kRate: return "rate";
     case AggKind::kQuantile: return "quantile";
+    case AggKind::kTime: return "time";
+    case AggKind::kTopTask: return "top_task";
+    case AggKind::kTopTaskTime: return "top_task_time";
   }
   return "?";
 }
@@ -242,7 +249,7 @@ std::vector<std::string> Plan::validate() const {
     if (std::holds_alternative<WindowNode>(n.body)) {
       const auto* in = kind_of(n.inputs[0]);
       if (!(std::holds_alternative<ScanNode>(*in) || std::holds_alternative<FilterNode>(*in) ||
-            std::holds_alternative<OffCpuNode>(*in)))
+            std::holds_alternative<OffCpuNode>(*in) || std::holds_alternative<AccountNode>(*in)))
         err(n, "window input must be an event stream");
     }
     if (std::holds_alternative<JoinNode>(n.body)) {

@@ -7,7 +7,7 @@
 //
 // The shapes the engine runs (anything else is rejected by validate() with a message):
 //
-//   Scan -> Filter* -> [OffCpu] -> Filter*                 an event stream (a "span stream")
+//   Scan -> Filter* -> [OffCpu | Account] -> Filter*       an event stream (a "span stream")
 //   stream -> Window -> Aggregate -> (Let | Require)*
 //          -> [Join(window-path, span stream) -> (Let | Require)*]*
 //          -> [Trend | Peer] -> (Let | Require)* -> Emit
@@ -45,6 +45,14 @@ struct OffCpuNode {
   std::vector<OffCpuState> states;
 };
 
+// Every event -> slices of GPU-feeding threads' time (Source::kAccount events, op = bucket:
+// operators/time_accounting.h), cut at multiples of `grid_ns`. The rules' `from accounting`.
+// Slices are made per shard from the events it owns (a thread's calls and its sched_switch spans
+// belong to its process) and come out as the watermark settles them.
+struct AccountNode {
+  uint64_t grid_ns = 1'000'000'000ull;
+};
+
 enum class WindowKind : uint8_t { kTumbling, kSliding, kWhole };
 // Groups events by `keys` into event-time windows. kWhole = one window over the whole trace.
 // A window closes when the watermark passes window end + `lateness_ns` (the engine raises the
@@ -57,13 +65,17 @@ struct WindowNode {
   uint64_t lateness_ns = 0;
 };
 
-enum class AggKind : uint8_t { kCount, kSum, kMin, kMax, kMean, kRate, kQuantile };
+// kTime, kTopTask, kTopTaskTime read accounting slices (AccountNode): kTime sums the duration of
+// the slices whose bucket (Event::op) is in `buckets` (a bit per bucket); kTopTask is the task
+// (arg0, the pid, else arg1, the tid) with the most such time, kTopTaskTime that time.
+enum class AggKind : uint8_t { kCount, kSum, kMin, kMax, kMean, kRate, kQuantile, kTime, kTopTask, kTopTaskTime };
 const char* agg_name(AggKind k);
 struct AggSpec {
   std::string name;
   AggKind kind = AggKind::kCount;
   Field field = Field::kDuration;  // ignored by count/rate
   double q = 0.5;                  // quantile only, in (0, 1]
+  uint32_t buckets = 0;            // kTime, kTopTask, kTopTaskTime: bit b = slice bucket b
 };
 // Aggregates a window's events into row slots. Quantiles are exact nearest-rank (index
 // ceil(q*n)-1 of the sorted sample) up to `exact_limit` samples per window, then a DDSketch with
@@ -111,9 +123,14 @@ struct JoinNode {
 enum class TrendMode : uint8_t {
   kRising,     // `value` strictly rises over `windows` consecutive windows of the same key
   kBelowPeak,  // `value` < factor * its peak over the previous `windows` windows of the key
+  // The key's own baseline: median and MAD of `value` over its previous `windows` windows (not
+  // necessarily adjacent: a thread's history survives an idle window). Always holds; the rule
+  // compares against trend.median / trend.mad itself (NaN while the key has no history).
+  kBaseline,
 };
-// Keeps a per-key history of `value`. Adds .first, .last, .peak, .change (last/first) slots
-// under prefix "trend". Only rows for which the trend holds pass.
+// Keeps a per-key history of `value`. Adds .first, .last, .peak, .change (last/first), .median,
+// .mad and .history (windows in hand) slots under prefix "trend". Only rows for which the trend
+// holds pass.
 struct TrendNode {
   std::string value;
   uint32_t windows = 3;
@@ -149,8 +166,8 @@ struct EmitNode {
   std::vector<std::string> recommendations;
 };
 
-using NodeBody = std::variant<ScanNode, FilterNode, OffCpuNode, WindowNode, AggregateNode, LetNode, RequireNode,
-                              JoinNode, TrendNode, PeerNode, EmitNode>;
+using NodeBody = std::variant<ScanNode, FilterNode, OffCpuNode, AccountNode, WindowNode, AggregateNode, LetNode,
+                              RequireNode, JoinNode, TrendNode, PeerNode, EmitNode>;
 
 struct PlanNode {
   int id = 0;

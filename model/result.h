@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,13 @@ struct Chain {
   std::vector<ThreadShare> threads;  // largest share first; tid above = threads[0].tid
   std::vector<ChainStack> stacks;    // top stacks: role "call" first, then "offcpu", "sample"
   TimeSplit time_split;              // rate and gap chains: the launching thread
+  // Where the chain's thread's time went over its window (operators/time_accounting.h, finish():
+  // its thread, or the pid's thread with the most time; window edges rounded to whole seconds).
+  // nullopt when the run kept no accounting bins or the thread has none in the window.
+  std::optional<ThreadAccounting> accounting;
+  // From a rule over the `accounting` stream (time, not slow calls): one finding over the windows
+  // in a row it fired in (engine/runtime.h merge_window_runs); no warm-up re-judgement.
+  bool over_time = false;
 };
 
 // The order chains are reported in (severity desc, then window, rule, key, id): a total order, so

@@ -259,7 +259,9 @@ json chain_json(const Chain& c, const TraceMeta& meta) {
           {"dropped_events", c.dropped_events},
           {"threads", threads_json(c.threads)},
           {"stacks", stacks},
-          {"time_split", time_split_json(c.time_split)}};
+          {"time_split", time_split_json(c.time_split)},
+          {"accounting", c.accounting ? thread_accounting_json(*c.accounting, meta) : json(nullptr)},
+          {"over_time", c.over_time}};
 }
 
 json rule_outcome_json(const RuleOutcome& o) {

@@ -22,7 +22,10 @@ int index_of(std::vector<Field>& v, Field f) {
 
 AggregateLayout::AggregateLayout(const AggregateNode& node) : node_(node) {
   for (const auto& spec : node_.aggs) {
-    const bool uses_field = spec.kind != AggKind::kCount && spec.kind != AggKind::kRate;
+    const bool by_bucket = spec.kind == AggKind::kTime || spec.kind == AggKind::kTopTask ||
+                           spec.kind == AggKind::kTopTaskTime;
+    has_buckets_ = has_buckets_ || by_bucket;
+    const bool uses_field = spec.kind != AggKind::kCount && spec.kind != AggKind::kRate && !by_bucket;
     field_slot_.push_back(uses_field && spec.kind != AggKind::kQuantile ? index_of(fields_, spec.field) : -1);
     quantile_slot_.push_back(spec.kind == AggKind::kQuantile ? index_of(quantile_fields_, spec.field) : -1);
     has_rate_ = has_rate_ || spec.kind == AggKind::kRate;
@@ -36,6 +39,7 @@ AggregateLayout::AggregateLayout(const AggregateNode& node) : node_(node) {
   else if (no_stats && dur_quantile) shape_ = Shape::kDurQuantile;
   else if (dur_stats && dur_quantile) shape_ = Shape::kDurBoth;
   else shape_ = Shape::kGeneral;
+  if (has_buckets_) shape_ = Shape::kGeneral;
 }
 
 AggregateState::AggregateState(const AggregateLayout* layout) : layout_(layout) { init(); }
@@ -48,6 +52,10 @@ void AggregateState::init() {
   quantiles_.clear();
   for (size_t i = 0; i < layout_->quantile_fields().size(); ++i)
     quantiles_.emplace_back(layout_->node().exact_limit, layout_->node().sketch_alpha);
+  if (layout_->has_buckets()) {
+    bucket_time_.assign(layout_->node().aggs.size(), 0.0);
+    tasks_.assign(layout_->node().aggs.size(), {});
+  }
 }
 
 void AggregateState::add_general(const Event& e) {
@@ -55,6 +63,34 @@ void AggregateState::add_general(const Event& e) {
   for (size_t i = 0; i < fields.size(); ++i) fold(acc_[i], field_of(e, fields[i]));
   const auto& qf = layout_->quantile_fields();
   for (size_t i = 0; i < qf.size(); ++i) quantiles_[i].add(quantile_input(field_of(e, qf[i])));
+  if (!layout_->has_buckets() || e.op >= 32) return;
+  const auto& specs = layout_->node().aggs;
+  const uint32_t bit = 1u << e.op;
+  const double d = static_cast<double>(e.dur_ns);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (!(specs[i].buckets & bit)) continue;
+    if (specs[i].kind == AggKind::kTime) {
+      bucket_time_[i] += d;
+    } else if (specs[i].kind == AggKind::kTopTask || specs[i].kind == AggKind::kTopTaskTime) {
+      add_task(tasks_[i], e.arg0 ? e.arg0 : e.arg1, d);
+    }
+  }
+}
+
+void AggregateState::add_task(std::vector<std::pair<uint64_t, double>>& v, uint64_t task, double d) {
+  if (task == 0) return;
+  for (auto& [k, t] : v)
+    if (k == task) {
+      t += d;
+      return;
+    }
+  if (v.size() >= kMaxTasks) {
+    auto least = std::min_element(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+    if (least->second >= d) return;
+    *least = {task, d};
+    return;
+  }
+  v.emplace_back(task, d);
 }
 
 void AggregateState::merge(const AggregateState& o) {
@@ -67,6 +103,9 @@ void AggregateState::merge(const AggregateState& o) {
     if (!(a.max >= b.max)) a.max = b.max == b.max ? b.max : a.max;
   }
   for (size_t i = 0; i < quantiles_.size() && i < o.quantiles_.size(); ++i) quantiles_[i].merge(o.quantiles_[i]);
+  for (size_t i = 0; i < bucket_time_.size() && i < o.bucket_time_.size(); ++i) bucket_time_[i] += o.bucket_time_[i];
+  for (size_t i = 0; i < tasks_.size() && i < o.tasks_.size(); ++i)
+    for (const auto& [k, t] : o.tasks_[i]) add_task(tasks_[i], k, t);
 }
 
 void AggregateState::values(uint64_t window_ns, double* out) const {
@@ -86,6 +125,18 @@ void AggregateState::values(uint64_t window_ns, double* out) const {
       case AggKind::kQuantile: {
         const auto& qs = quantiles_[static_cast<size_t>(q)];
         out[i] = qs.count() ? static_cast<double>(qs.quantile(specs[i].q)) : kNaN;
+        break;
+      }
+      case AggKind::kTime: out[i] = bucket_time_.empty() ? 0.0 : bucket_time_[i]; break;
+      case AggKind::kTopTask:
+      case AggKind::kTopTaskTime: {
+        // The most time, ties to the smaller task: independent of arrival order.
+        const std::pair<uint64_t, double>* best = nullptr;
+        if (!tasks_.empty())
+          for (const auto& kt : tasks_[i])
+            if (!best || kt.second > best->second || (kt.second == best->second && kt.first < best->first)) best = &kt;
+        if (specs[i].kind == AggKind::kTopTask) out[i] = best ? static_cast<double>(best->first) : kNaN;
+        else out[i] = best ? best->second : 0.0;
         break;
       }
     }

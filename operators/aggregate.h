@@ -39,6 +39,7 @@ class AggregateLayout {
   const std::vector<Field>& quantile_fields() const { return quantile_fields_; }
   Shape shape() const { return shape_; }
   bool has_rate() const { return has_rate_; }
+  bool has_buckets() const { return has_buckets_; }  // a kTime/kTopTask/kTopTaskTime spec
 
  private:
   AggregateNode node_;
@@ -46,6 +47,7 @@ class AggregateLayout {
   std::vector<Field> fields_, quantile_fields_;
   Shape shape_ = Shape::kGeneral;
   bool has_rate_ = false;
+  bool has_buckets_ = false;
 };
 
 class AggregateState {
@@ -103,6 +105,7 @@ class AggregateState {
     return d < (uint64_t{1} << 53) ? d : quantile_input(static_cast<double>(d));
   }
   void add_general(const Event& e);
+  static void add_task(std::vector<std::pair<uint64_t, double>>& v, uint64_t task, double d);
   void init();
 
   const AggregateLayout* layout_;
@@ -111,6 +114,11 @@ class AggregateState {
   CountRate count_;
   std::vector<FieldAcc> acc_;  // per layout field
   std::vector<QuantileState> quantiles_;
+  // Per spec (kTime: its sum; kTopTask/kTopTaskTime: time by task, at most kMaxTasks tasks, the
+  // least one dropped past that - the top task is exact unless more tasks than that took turns).
+  static constexpr size_t kMaxTasks = 64;
+  std::vector<double> bucket_time_;
+  std::vector<std::vector<std::pair<uint64_t, double>>> tasks_;
 };
 
 }  // namespace ingero

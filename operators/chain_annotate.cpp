@@ -568,6 +568,26 @@ std::string site_of(const ChainStack* s) {
   return f ? frame_label(*f) : std::string();
 }
 
+}  // namespace
+
+void describe_wait(Chain& c) {
+  if (!c.over_time || c.category != "input_starvation") return;
+  const ChainStack* top = first_of_role(c, "offcpu");
+  const std::string site = site_of(top);
+  if (site.empty() || c.summary.find("; waiting in ") != std::string::npos) return;
+  c.summary += "; waiting in " + site;
+  std::string frames;
+  for (size_t i = 0, shown = 0; top && i < top->frames.size() && shown < 6; ++i) {
+    const std::string f = frame_label(top->frames[i]);
+    if (f.empty()) continue;
+    frames += (shown++ ? " < " : "") + f;
+  }
+  c.explanation += " Where it waited (the top off-CPU stack, " + pct(top->share) +
+                   " of its blocked time in the window" + ", innermost first): " + frames + ".";
+}
+
+namespace {
+
 // Root cause, summary suffix, explanation and first fix from the launching thread's time split.
 void apply_split(Chain& c, const std::string& tname) {
   const TimeSplit& s = c.time_split;
@@ -701,7 +721,8 @@ void ChainAnnotator::annotate(Chain& c, const TraceMeta& meta) {
                      [](const ThreadShare& a, const ThreadShare& b) { return a.share > b.share; });
     if (c.tid == 0 && !c.threads.empty()) c.tid = c.threads.front().tid;
   }
-  if (warm_calls) apply_warmup(c, warm_calls, warm_w, calls_tally.total, rest_durs, by_time, warm_ns);
+  // Warm-up is about slow calls; a rule over time judges the thread's time, warm-up or not.
+  if (warm_calls && !c.over_time) apply_warmup(c, warm_calls, warm_w, calls_tally.total, rest_durs, by_time, warm_ns);
   // Implicit synchronisation is about the launch loop: a thread that launched no kernel in the
   // window is not stalling one (a cleanup or checkpoint thread), so its chain is only LOW.
   if (c.category == "implicit_sync" && c.tid) {
@@ -724,6 +745,28 @@ void ChainAnnotator::annotate(Chain& c, const TraceMeta& meta) {
       c.recommendations.insert(c.recommendations.begin(),
                                "Start at the code that issued the slow calls: " + site + " (" + pct(top->share) +
                                    " of the slow-call time; every stack: explain -v, explain_chain)");
+  }
+
+  // A finding over time (rules/time.rules): the thread's off-CPU stacks of the kind the finding is
+  // about, over its window; an input wait says where it waited.
+  if (c.over_time) {
+    const bool want_blocked = c.category != "cpu_contention";
+    StackTally off;
+    for (const Thread* t : cand) {
+      if (t->tid != c.tid) continue;
+      const Series& sp = t->offcpu;
+      const uint64_t from = ws > sp.max_dur() ? ws - sp.max_dur() : 0;
+      sp.for_each(from, we, [&](const Rec& r) {
+        const bool blocked = r.state == OffCpuState::kSleeping || r.state == OffCpuState::kDiskWait ||
+                             r.state == OffCpuState::kOther;
+        if (want_blocked != blocked) return;
+        const uint64_t a = std::max(r.ts, ws), b = std::min(r.end(), we);
+        if (a < b) off.add(r.stack, static_cast<double>(b - a));
+      });
+    }
+    top_stacks(off, "offcpu", opt_.top_stacks, meta, stack_cache_, counters_.stacks_missing, c.stacks);
+    describe_wait(c);
+    return;
   }
 
   // Where the slow calls' threads were while off CPU.
@@ -1051,15 +1094,60 @@ void LiveChainAnnotator::finish(AnalysisResult& r) {
   std::lock_guard<std::mutex> lock(mu_);
   for (Chain& c : r.chains) {
     auto it = done_.find(c.id);
-    if (it != done_.end()) c = it->second;
-    else a_.annotate(c, r.meta);
+    if (it != done_.end() && c.over_time) {
+      // A run of windows merged after it was annotated (its first window's id): keep the run,
+      // take what the annotation adds.
+      const Chain& a = it->second;
+      c.threads = a.threads;
+      c.stacks = a.stacks;
+      c.time_split = a.time_split;
+      if (!c.tid) c.tid = a.tid;
+      describe_wait(c);
+    } else if (it != done_.end()) {
+      c = it->second;
+    } else {
+      a_.annotate(c, r.meta);
+    }
   }
   for (auto& g : gaps_taken_) r.chains.push_back(std::move(g));
   for (auto& g : gaps_ready_) r.chains.push_back(std::move(g));
   gaps_taken_.clear();
   gaps_ready_.clear();
   for (auto& g : a_.take_gap_chains(r.meta, true)) r.chains.push_back(std::move(g));
+  fold_into_findings_over_time(r.chains);
   std::sort(r.chains.begin(), r.chains.end(), chain_canonical_order);
+}
+
+void fold_into_findings_over_time(std::vector<Chain>& chains) {
+  std::vector<size_t> over;
+  for (size_t i = 0; i < chains.size(); ++i)
+    if (chains[i].over_time && chains[i].tid) over.push_back(i);
+  if (over.empty()) return;
+  std::vector<char> drop(chains.size(), 0);
+  for (size_t i = 0; i < chains.size(); ++i) {
+    const Chain& c = chains[i];
+    if (c.over_time || !c.tid) continue;
+    for (size_t o : over) {
+      Chain& f = chains[o];
+      if (f.category != c.category || f.node != c.node || f.pid != c.pid || f.tid != c.tid) continue;
+      if (c.window_end <= f.window_start || c.window_start >= f.window_end) continue;
+      EvidenceItem e;
+      e.kind = "folded";
+      e.detail = "also seen by rule " + c.rule + " over " + std::to_string((c.window_end - c.window_start) / 1000000) +
+                 " ms of this window: " + c.summary;
+      f.evidence.push_back(std::move(e));
+      if (f.severity < c.severity) f.severity = c.severity;
+      drop[i] = 1;
+      break;
+    }
+  }
+  size_t w = 0;
+  for (size_t i = 0; i < chains.size(); ++i)
+    if (!drop[i]) {
+      if (w != i) chains[w] = std::move(chains[i]);
+      ++w;
+    }
+  chains.resize(w);
 }
 
 AnnotateOptions LiveChainAnnotator::replay_defaults() {

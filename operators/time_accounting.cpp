@@ -103,7 +103,10 @@ TimeAccounting::Thread& TimeAccounting::thread(const Event& e) {
 void TimeAccounting::add(Thread& t, uint8_t lane, uint64_t s, uint64_t e, uint64_t tag, bool by_stack, uint64_t started,
                          uint64_t ended) {
   Lane& ln = t.lanes[lane];
-  if (s < t.settled) s = t.settled;  // a late context interval: only what is not settled yet
+  if (s < t.settled) {  // a late context interval: only what is not settled yet
+    if (lane != kLaneCall) late_ns_ += std::min(e, t.settled) - s;
+    s = t.settled;
+  }
   if (lane == kLaneCall) {
     // Equal starts (before clipping): the longer call is the outer one (a runtime call and the
     // driver call inside it), so it takes over what the call that owns the last segment got.
@@ -127,19 +130,90 @@ void TimeAccounting::add(Thread& t, uint8_t lane, uint64_t s, uint64_t e, uint64
   ++t.pending;
 }
 
-void TimeAccounting::credit(Thread& t, int lane, const Seg* g, uint64_t d) {
+void TimeAccounting::credit(Thread& t, int lane, const Seg* g, uint64_t s, uint64_t e) {
+  const uint64_t d = e - s;
   switch (lane) {
     case kLanePreempted:
       t.preempted += d;
       t.by[static_cast<uint32_t>(g->tag)] += d;
+      if (slicing_) slice(t, acct::kPreempted, s, e, g->tag, 0);  // arg1 = tid, arg0 = pid (below)
       break;
-    case kLaneCall: t.calls[g->tag] += d; break;
+    case kLaneCall:
+      t.calls[g->tag] += d;
+      if (slicing_) slice(t, acct::call_bucket(static_cast<CallKind>(g->tag)), s, e, 0, 0);
+      break;
     case kLaneBlocked:
       if (g->by_stack) t.by_stack[g->tag] += d;
       else t.blocked[g->tag] += d;
+      if (slicing_) {
+        if (!g->by_stack) {
+          slice(t, acct::blocked_bucket(static_cast<BlockReason>(g->tag)), s, e, 0, 0);
+        } else {
+          uint8_t bucket = acct::kBlockedOther;
+          if (auto it = stack_bucket_.find(g->tag); it != stack_bucket_.end()) {
+            bucket = it->second;
+          } else if (BlockReason r = BlockReason::kOther; slice_opt_.reason_of && slice_opt_.reason_of(g->tag, r)) {
+            bucket = acct::blocked_bucket(r);
+            stack_bucket_.emplace(g->tag, bucket);
+          }
+          slice(t, bucket, s, e, 0, g->tag);
+        }
+      }
       break;
-    case kLaneUnknown: t.unknown += d; break;
-    default: t.rest += d; break;
+    case kLaneUnknown:
+      t.unknown += d;
+      if (slicing_) slice(t, acct::kUnknown, s, e, 0, 0);
+      break;
+    default:
+      t.rest += d;
+      if (slicing_) slice(t, stated_pids_.count(key(t.node, t.pid)) ? acct::kOnCpu : acct::kUnknown, s, e, 0, 0);
+      break;
+  }
+}
+
+void TimeAccounting::close_slice(Thread& t) {
+  if (!t.open) return;
+  t.open = false;
+  slices_.push_back(t.slice);
+}
+
+void TimeAccounting::slice(Thread& t, uint8_t bucket, uint64_t s, uint64_t e, uint64_t other_tid, uint64_t stack_id) {
+  if (!t.feeds || e <= s) return;
+  if (t.gap_e > t.gap_s && s < t.gap_e && e > t.gap_s) {  // a silent gap is not sliced
+    if (s < t.gap_s) slice(t, bucket, s, t.gap_s, other_tid, stack_id);
+    if (e > t.gap_e) slice(t, bucket, t.gap_e, e, other_tid, stack_id);
+    return;
+  }
+  const uint64_t grid = slice_opt_.grid_ns ? slice_opt_.grid_ns : UINT64_MAX;
+  while (s < e) {
+    const uint64_t cell = s / grid;
+    const uint64_t cell_end = grid == UINT64_MAX ? UINT64_MAX : (cell + 1) * grid;
+    const uint64_t piece = std::min(e, cell_end);
+    Event& sl = t.slice;
+    if (t.open && sl.op == bucket && (sl.arg0 << 32 | sl.arg1) == other_tid && sl.stack_id == stack_id &&
+        sl.end_ns() == s && sl.ts_ns / grid == cell) {
+      sl.dur_ns += piece - s;
+    } else {
+      close_slice(t);
+      sl = Event{};
+      sl.ts_ns = s;
+      sl.dur_ns = piece - s;
+      sl.pid = t.pid;
+      sl.tid = t.tid;
+      sl.node = t.node;
+      sl.rank = t.rank;
+      sl.source = Source::kAccount;
+      sl.op = bucket;
+      // Preempted: the tid that ran instead, and its pid when the span named it (live capture
+      // does). Only the span itself, never what other threads' spans said: a shard of the engine
+      // sees only its own processes, and the result must not depend on how they are split.
+      sl.arg1 = other_tid & 0xffffffffu;
+      sl.arg0 = other_tid >> 32;
+      sl.stack_id = stack_id;
+      sl.flags = event_flags::kSynthetic;
+      t.open = true;
+    }
+    s = piece;
   }
 }
 
@@ -155,14 +229,21 @@ void TimeAccounting::settle(Thread& t, uint64_t upto) {
     for (; ln.head < ln.segs.size() && now < upto; ++ln.head) {
       const Seg& g = ln.segs[ln.head];
       if (g.s >= upto) break;
-      if (g.s > now) t.rest += g.s - now;
+      if (g.s > now) {
+        if (slicing_) credit(t, -1, nullptr, now, g.s);
+        else t.rest += g.s - now;
+      }
       const uint64_t e = std::min(g.e, upto);
-      if (e > now) t.calls[g.tag] += e - std::max(g.s, now);
+      if (e > now) {
+        if (slicing_) credit(t, kLaneCall, &g, std::max(g.s, now), e);
+        else t.calls[g.tag] += e - std::max(g.s, now);
+      }
       now = std::max(now, e);
       if (g.e > upto) break;  // settled up to upto, not past this one
     }
     if (now < upto) {
-      t.rest += upto - now;
+      if (slicing_) credit(t, -1, nullptr, now, upto);
+      else t.rest += upto - now;
       now = upto;
     }
   }
@@ -183,7 +264,7 @@ void TimeAccounting::settle(Thread& t, uint64_t upto) {
       }
       next = std::min(next, g.s);  // a higher level starts there
     }
-    credit(t, owner, og, next - now);
+    credit(t, owner, og, now, next);
     now = next;
   }
   t.settled = std::max(t.settled, upto);
@@ -195,6 +276,119 @@ void TimeAccounting::settle(Thread& t, uint64_t upto) {
     pending += ln.segs.size();
   }
   t.pending = pending;
+}
+
+TimeAccounting::TimeAccounting(AccountingOptions o) : opt_(o) {
+  if (!opt_.chain_accounting) return;
+  SliceOptions so;
+  so.grid_ns = 1'000'000'000;
+  if (const TraceMeta* meta = opt_.meta)
+    so.reason_of = [meta](uint64_t id, BlockReason& r) {
+      auto it = meta->stacks.find(id);
+      if (it == meta->stacks.end()) return false;
+      r = block_reason(parse_stack(it->second));
+      return true;
+    };
+  enable_slices(std::move(so));
+}
+
+void TimeAccounting::fold_bins(const std::vector<Event>& slices) {
+  constexpr uint64_t kSec = 1'000'000'000;
+  for (const Event& e : slices) {
+    Bins& bs = bins_[key(e.node, e.tid)];
+    const uint64_t sec = e.ts_ns / kSec;
+    if (bs.bins.empty()) {
+      bs.first_sec = sec;
+      bs.pid = e.pid;
+    }
+    if (sec < bs.first_sec) continue;  // not in time order (cannot happen: slices settle in order)
+    const uint64_t i = sec - bs.first_sec;
+    if (i >= bs.bins.size()) {
+      const size_t grow = static_cast<size_t>(i + 1 - bs.bins.size());
+      if (bin_count_ + grow > opt_.max_bins) {
+        ++bins_dropped_;
+        continue;
+      }
+      bin_count_ += grow;
+      bs.bins.resize(static_cast<size_t>(i + 1));
+    }
+    Bin& b = bs.bins[static_cast<size_t>(i)];
+    if (e.op < acct::kBuckets) b.b[e.op] += e.dur_ns;
+    if (e.op == acct::kPreempted && e.arg1) {
+      const auto tid = static_cast<uint32_t>(e.arg1);
+      auto it = std::find_if(b.by.begin(), b.by.end(), [tid](const auto& p) { return p.first == tid; });
+      if (it != b.by.end()) {
+        it->second += e.dur_ns;
+      } else if (b.by.size() < 8) {
+        b.by.emplace_back(tid, e.dur_ns);
+      } else {
+        auto least = std::min_element(b.by.begin(), b.by.end(),
+                                      [](const auto& x, const auto& y) { return x.second < y.second; });
+        if (least->second < e.dur_ns) *least = {tid, e.dur_ns};
+      }
+    }
+  }
+}
+
+std::optional<ThreadAccounting> TimeAccounting::range(const TraceMeta& meta, uint16_t node, uint32_t tid,
+                                                      uint64_t from_ns, uint64_t to_ns) const {
+  constexpr uint64_t kSec = 1'000'000'000;
+  auto it = bins_.find(key(node, tid));
+  if (it == bins_.end() || to_ns <= from_ns) return std::nullopt;
+  const Bins& bs = it->second;
+  const uint64_t lo = std::max(from_ns / kSec, bs.first_sec), hi = (to_ns + kSec - 1) / kSec;  // [lo, hi) seconds
+  uint64_t b[acct::kBuckets] = {};
+  std::unordered_map<uint32_t, uint64_t> by;
+  uint64_t first = UINT64_MAX, last = 0;
+  for (uint64_t sec = lo; sec < hi && sec - bs.first_sec < bs.bins.size(); ++sec) {
+    const Bin& bin = bs.bins[static_cast<size_t>(sec - bs.first_sec)];
+    uint64_t any = 0;
+    for (size_t k = 0; k < acct::kBuckets; ++k) {
+      b[k] += bin.b[k];
+      any += bin.b[k];
+    }
+    if (any) {
+      first = std::min(first, sec);
+      last = std::max(last, sec);
+    }
+    for (const auto& [t, ns] : bin.by) by[t] += ns;
+  }
+  if (first == UINT64_MAX) return std::nullopt;
+  ThreadAccounting a;
+  a.pid = bs.pid;
+  a.tid = tid;
+  a.node = node;
+  if (auto th = threads_.find(key(node, tid)); th != threads_.end()) a.rank = th->second.rank;
+  auto name_of = [&meta](uint32_t t, uint32_t pid) -> std::string {
+    if (auto n = meta.thread_names.find(t); n != meta.thread_names.end() && !n->second.empty()) return n->second;
+    if (auto n = meta.process_names.find(pid ? pid : t); n != meta.process_names.end()) return n->second;
+    return "";
+  };
+  a.comm = name_of(tid, bs.pid);
+  a.start_ns = std::max(from_ns, first * kSec);
+  a.end_ns = std::min(to_ns, (last + 1) * kSec);
+  for (size_t i = 0; i < kCallKindCount; ++i) a.in_calls_ns[kCallKinds[i]] = b[acct::kLaunch + i];
+  for (size_t i = 0; i < kBlockReasonCount; ++i) a.blocked_ns[kBlockReasons[i]] = b[acct::kLock + i];
+  a.on_cpu_ns = b[acct::kOnCpu];
+  a.preempted_ns = b[acct::kPreempted];
+  a.unknown_ns = b[acct::kUnknown];
+  a.wall_ns = a.in_calls_total() + a.blocked_total() + a.on_cpu_ns + a.preempted_ns + a.unknown_ns;
+  a.scheduler_data = a.on_cpu_ns > 0 || a.preempted_ns > 0 || a.blocked_total() > 0;
+  std::vector<std::pair<uint32_t, uint64_t>> v(by.begin(), by.end());
+  std::sort(v.begin(), v.end(), [](const auto& x, const auto& y) {
+    return x.second != y.second ? x.second > y.second : x.first < y.first;
+  });
+  if (v.size() > opt_.top_preemptors) v.resize(opt_.top_preemptors);
+  for (const auto& [t, ns] : v) {
+    PreemptedBy p;
+    p.tid = t;
+    if (auto th = threads_.find(key(node, t)); th != threads_.end()) p.pid = th->second.pid;
+    else if (auto o = other_pid_.find(t); o != other_pid_.end()) p.pid = o->second;
+    p.comm = name_of(t, p.pid);
+    p.ns = ns;
+    a.preempted_by.push_back(std::move(p));
+  }
+  return a;
 }
 
 void TimeAccounting::observe(const Event* events, size_t n) {
@@ -212,6 +406,15 @@ void TimeAccounting::observe(const Event* events, size_t n) {
     if (!t.feeds && !t.sched) {  // the thread's first event in the interval
       t.start = t.end = t.settled = s;
     }
+    if (slicing_ && t.feeds && s > t.end + slice_opt_.gap_ns) {
+      // Nothing was seen of the thread for longer than gap_ns: that gap is not sliced (its
+      // slices would come too late for their windows, depending on where batches were cut).
+      // Everything up to t.end is known (this event starts after it): settle it, so the previous
+      // gap is behind the settled point before this one replaces it.
+      settle(t, t.end);
+      t.gap_s = t.end;
+      t.gap_e = s;
+    }
     t.end = std::max(t.end, end);
     if (call) {
       t.feeds = true;
@@ -219,12 +422,16 @@ void TimeAccounting::observe(const Event* events, size_t n) {
       add(t, kLaneCall, s, end, static_cast<uint64_t>(call_kind(e.source, e.op)), false, e.ts_ns, e.end_ns());
     } else {
       t.sched = true;
-      if (e.prev_state != OffCpuState::kUnknown) t.stated = true;
+      if (e.prev_state != OffCpuState::kUnknown) {
+        t.stated = true;
+        if (slicing_) stated_pids_[key(t.node, t.pid)] = true;
+      }
       switch (e.prev_state) {
         case OffCpuState::kPreempted:
           // Live traces name the process that ran instead in arg0 (bpf/host.bpf.c).
           if (e.arg0 && e.arg0 <= 0xffffffffu) other_pid_[e.arg1 & 0xffffffffu] = static_cast<uint32_t>(e.arg0);
-          add(t, kLanePreempted, s, end, e.arg1 & 0xffffffffu, false);
+          // The tag: the tid that ran instead, and (high half) its pid when this span names it.
+          add(t, kLanePreempted, s, end, (e.arg0 <= 0xffffffffu ? e.arg0 << 32 : 0) | (e.arg1 & 0xffffffffu), false);
           break;
         case OffCpuState::kUnknown: add(t, kLaneUnknown, s, end, 0, false); break;
         case OffCpuState::kDiskWait:
@@ -238,6 +445,11 @@ void TimeAccounting::observe(const Event* events, size_t n) {
     }
     // Nothing that comes later starts before s: what lies before it is decided.
     if (t.pending >= 64) settle(t, s);
+  }
+  if (opt_.chain_accounting && n > 0) {
+    bin_slices_.clear();
+    flush_slices(events[n - 1].ts_ns, false, bin_slices_);
+    fold_bins(bin_slices_);
   }
 }
 
@@ -312,8 +524,50 @@ std::vector<ThreadAccounting> TimeAccounting::accounts(const TraceMeta& meta) {
   return out;
 }
 
+void TimeAccounting::enable_slices(SliceOptions o) {
+  slicing_ = true;
+  slice_opt_ = std::move(o);
+}
+
+void TimeAccounting::flush_slices(uint64_t watermark, bool final, std::vector<Event>& out) {
+  if (!slicing_) return;
+  for (auto& [k, t] : threads_) {
+    if (!t.feeds) continue;
+    const uint64_t upto = final ? t.end : std::min(watermark, t.end);
+    if (upto > t.settled) settle(t, upto);
+    // The open slice goes out only once it cannot grow: when the watermark is past the thread's
+    // last event by more than gap_ns (whatever comes next starts a gap), or at the end. Where
+    // batches were cut then never changes how many slices a window gets.
+    if (final || watermark > t.end + slice_opt_.gap_ns) close_slice(t);
+  }
+  out.insert(out.end(), slices_.begin(), slices_.end());
+  slices_.clear();
+}
+
 void TimeAccounting::finish(const TraceMeta& meta, AnalysisResult& result) {
+  if (opt_.chain_accounting) {
+    bin_slices_.clear();
+    flush_slices(UINT64_MAX, true, bin_slices_);
+    fold_bins(bin_slices_);
+  }
   std::vector<ThreadAccounting> all = accounts(meta);
+  if (opt_.chain_accounting) {
+    for (Chain& c : result.chains) {
+      uint32_t tid = c.tid;
+      if (!tid) {  // a process-wide chain: its thread with the most time in the window
+        uint64_t best = 0;
+        for (const auto& [k, bs] : bins_) {
+          if (bs.pid != c.pid || (k >> 32) != c.node) continue;
+          auto r = range(meta, c.node, static_cast<uint32_t>(k), c.window_start, c.window_end);
+          if (r && r->wall_ns > best) {
+            best = r->wall_ns;
+            tid = static_cast<uint32_t>(k);
+          }
+        }
+      }
+      if (tid) c.accounting = range(meta, c.node, tid, c.window_start, c.window_end);
+    }
+  }
   if (all.size() > opt_.max_threads) all.resize(opt_.max_threads);
   result.accounting = std::move(all);
 }

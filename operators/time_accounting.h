@@ -38,10 +38,27 @@
 // - Results depend neither on batch boundaries nor on absolute time (shifting every timestamp by
 //   a constant changes only start_ns/end_ns).
 // - Single-threaded (an EventObserver runs on the source's thread).
+// - Slices (enable_slices; the engine's `from accounting` stream, rules over time): every piece of
+//   a feeding thread's time, as it is settled, becomes a synthetic Event (source kAccount, op the
+//   bucket below, ts/dur the piece, pid/tid/node/rank the thread; preempted: arg0/arg1 the pid/tid
+//   that ran instead, 0 when unknown; blocked: stack_id the switch-out stack). Pieces are cut at
+//   multiples of grid_ns (so a window of that size or a multiple gets exactly its time) and
+//   adjacent pieces of one bucket and task within a cell are one slice. flush_slices(watermark)
+//   settles each thread up to min(watermark, its last event end): by the batch contract nothing
+//   on time arrives before the watermark; a context interval delivered late (kLate) counts only
+//   from the settled point (its earlier part is counted in late_ns()). A stretch longer than
+//   gap_ns in which nothing of the thread was seen (no call, no switch) is not sliced, so that
+//   which slices a window gets never depends on where batches were cut (the engine keeps windows
+//   of accounting open that long past their end; kAccountLatenessNs). Time a thread spent
+//   before its first GPU call is not sliced (it was not known to feed the GPU then). Time outside
+//   calls and spans is on_cpu when the thread's process has switch-out states so far, else unknown
+//   (Ingero's traces). The blocked reason of a stack comes from reason_of (null: kOther).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -65,21 +82,61 @@ CallKind call_kind(Source s, uint8_t op);
 // frame matches.
 BlockReason block_reason(const ParsedStack& st);
 
+// A slice's bucket (model/accounting.h acct::) for a call kind and a block reason.
+namespace acct {
+inline uint8_t call_bucket(CallKind k) { return static_cast<uint8_t>(kLaunch + static_cast<uint8_t>(k)); }
+inline uint8_t blocked_bucket(BlockReason r) { return static_cast<uint8_t>(kLock + static_cast<uint8_t>(r)); }
+}  // namespace acct
+
+struct SliceOptions {
+  uint64_t grid_ns = 1'000'000'000;  // slices never cross a multiple of it
+  uint64_t gap_ns = 1'000'000'000;   // a feeding thread's stretch with no event longer than this is not sliced
+  // The reason a blocked span's stack names; false when the stack is not known (yet): the span's
+  // time is blocked_other and the stack is asked again next time. Null: always blocked_other.
+  std::function<bool(uint64_t stack_id, BlockReason& out)> reason_of;
+};
+
 struct AccountingOptions {
   uint64_t from_ns = 0, to_ns = UINT64_MAX;  // the interval accounted (each thread's is clipped to it)
   size_t max_threads = 16;                   // finish(): the main feeding threads kept in the result
   size_t top_preemptors = 5;                 // preempted_by entries per thread
+  // Per-second bins of every feeding thread's buckets (slices, grid 1 s, settled no further than
+  // each thread's last event), so finish() gives each chain of the result the accounting of its
+  // own thread and window (Chain::accounting; window edges rounded to whole seconds). At most
+  // max_bins bins in all (about 140 bytes each); past that, no more are kept (bins_dropped()).
+  bool chain_accounting = false;
+  size_t max_bins = size_t{1} << 20;
+  // chain_accounting: where blocked spans' stacks are looked up (TraceMeta::stacks as the source
+  // fills it; read on the source's thread, where observe() runs). Null: blocked_other.
+  const TraceMeta* meta = nullptr;
 };
 
 class TimeAccounting final : public EventObserver {
  public:
-  explicit TimeAccounting(AccountingOptions o = {}) : opt_(o) {}
+  explicit TimeAccounting(AccountingOptions o = {});
   void observe(const Event* events, size_t n) override;
-  // result.accounting = the first max_threads of accounts(meta).
+  // result.accounting = the first max_threads of accounts(meta); with chain_accounting, every
+  // chain with a thread (or a pid: its thread with the most time in the window) gets
+  // Chain::accounting = range(...) of its window.
   void finish(const TraceMeta& meta, AnalysisResult& result) override;
+  // chain_accounting: the thread's buckets over [from_ns, to_ns), from its bins (the seconds that
+  // overlap the range, whole); wall = the time accounted in them. nullopt: no bins for the thread.
+  std::optional<ThreadAccounting> range(const TraceMeta& meta, uint16_t node, uint32_t tid, uint64_t from_ns,
+                                        uint64_t to_ns) const;
+  uint64_t bins_dropped() const { return bins_dropped_; }
   // Every feeding thread, wall time desc (then node, tid). May be called more than once; events
   // observed after it still count.
   std::vector<ThreadAccounting> accounts(const TraceMeta& meta);
+
+  // Slices (see the contract). enable_slices before the first observe().
+  void enable_slices(SliceOptions o);
+  // Settles every feeding thread (see the contract) and appends the slices closed since the last
+  // flush to `out` (each thread's in time order). A slice is closed when the next piece of the
+  // thread's time starts a new one (another bucket or task, the next grid cell, after a gap), when
+  // the watermark is more than gap_ns past the thread's last event, or at `final` (every thread
+  // settled to its last event end): the slices are the same however the batches were cut.
+  void flush_slices(uint64_t watermark, bool final, std::vector<Event>& out);
+  uint64_t late_ns() const { return late_ns_; }  // time of late context intervals before the settled point
 
  private:
   struct Seg {
@@ -106,16 +163,43 @@ class TimeAccounting final : public EventObserver {
     uint64_t preempted = 0, unknown = 0, rest = 0;
     std::unordered_map<uint32_t, uint64_t> by;        // preempting tid -> ns
     std::unordered_map<uint64_t, uint64_t> by_stack;  // blocked ns by stack id (reason from frames)
+    bool open = false;
+    uint64_t gap_s = 0, gap_e = 0;  // slices: the latest silent gap (not sliced)
+    Event slice;
   };
   static uint64_t key(uint16_t node, uint32_t tid) { return uint64_t{node} << 32 | tid; }
   Thread& thread(const Event& e);
   // `started`, `ended`: the call's start and end before clipping (calls only).
   void add(Thread& t, uint8_t lane, uint64_t s, uint64_t e, uint64_t tag, bool by_stack, uint64_t started = 0,
            uint64_t ended = 0);
-  static void settle(Thread& t, uint64_t upto);
-  static void credit(Thread& t, int lane, const Seg* g, uint64_t d);
+  void settle(Thread& t, uint64_t upto);
+  // [s, e) of the thread's time goes to `lane` (-1: the rest) and, when slicing, to a slice.
+  void credit(Thread& t, int lane, const Seg* g, uint64_t s, uint64_t e);
+  void slice(Thread& t, uint8_t bucket, uint64_t s, uint64_t e, uint64_t other_tid, uint64_t stack_id);
+  void close_slice(Thread& t);
 
   AccountingOptions opt_;
+  bool slicing_ = false;
+  SliceOptions slice_opt_;
+  std::vector<Event> slices_;                           // closed slices not yet flushed
+  std::unordered_map<uint64_t, bool> stated_pids_;      // slices: (node, pid) with a switch-out state so far
+  std::unordered_map<uint64_t, uint8_t> stack_bucket_;  // slices: a blocked stack's bucket
+  uint64_t late_ns_ = 0;
+  // chain_accounting: per (node, tid), its bins from its first second on.
+  struct Bin {
+    uint64_t b[acct::kBuckets] = {};
+    std::vector<std::pair<uint32_t, uint64_t>> by;  // preempting tid -> ns (at most 8, the least replaced)
+  };
+  struct Bins {
+    uint64_t first_sec = 0;
+    uint32_t pid = 0;
+    std::vector<Bin> bins;
+  };
+  std::unordered_map<uint64_t, Bins> bins_;
+  size_t bin_count_ = 0;
+  uint64_t bins_dropped_ = 0;
+  std::vector<Event> bin_slices_;
+  void fold_bins(const std::vector<Event>& slices);
   std::unordered_map<uint64_t, Thread> threads_;
   std::unordered_map<uint32_t, uint32_t> other_pid_;  // a preempting tid -> its process (sched span arg0)
   struct Slot {

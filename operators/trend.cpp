@@ -1,7 +1,9 @@
 #include "operators/trend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
+#include <vector>
 
 namespace ingero {
 
@@ -9,6 +11,35 @@ TrendResult TrendOp::observe(const Key& key, uint64_t window, double value) {
   TrendResult r;
   const size_t n = std::max<uint32_t>(node_.windows, 1);
   auto& h = history_[key];
+  if (node_.mode == TrendMode::kBaseline) {
+    constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+    r.holds = true;
+    r.needed = 1;
+    r.history = static_cast<uint32_t>(h.values.size());
+    r.last = value;
+    r.median = r.mad = r.first = r.peak = r.change = kNaN;
+    if (!h.values.empty()) {
+      auto median_of = [](std::vector<double> v) {
+        const size_t m = v.size() / 2;
+        std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(m), v.end());
+        if (v.size() % 2) return v[m];
+        const double hi = v[m];
+        return (*std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(m)) + hi) / 2;
+      };
+      std::vector<double> v(h.values.begin(), h.values.end());
+      r.median = median_of(v);
+      for (double& x : v) x = std::abs(x - r.median);
+      r.mad = median_of(v);
+      r.first = h.values.front();
+      r.peak = *std::max_element(h.values.begin(), h.values.end());
+      r.change = r.median != 0 ? value / r.median : kNaN;
+    }
+    if (value == value) {
+      h.values.push_back(value);
+      while (h.values.size() > n) h.values.pop_front();
+    }
+    return r;
+  }
   if (!h.values.empty() && window != h.last_window + 1) h.values.clear();
   h.last_window = window;
   if (value != value) {

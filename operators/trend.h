@@ -9,6 +9,9 @@
 // kBelowPeak, of the run for kRising), change = last / first (NaN if first is 0); history and
 // needed: the windows in hand and the windows the mode needs (kRising: `windows` values including
 // this one; kBelowPeak: `windows` values before it).
+// kBaseline always holds: median and mad (median absolute deviation) of the previous `windows`
+// values of the key, NaN before it has any (history = how many); a skipped window does not
+// restart it, a NaN value is not added to it.
 // Memory: at most `windows` values per key. Single-threaded.
 #pragma once
 
@@ -24,6 +27,7 @@ namespace ingero {
 struct TrendResult {
   bool holds = false;
   double first = 0, last = 0, peak = 0, change = 0;
+  double median = 0, mad = 0;  // kBaseline
   // The consecutive windows of this key the judgement had, and the number it needs: a trend that
   // does not hold because its history is short says so (`--why-not`), instead of comparing zeros.
   uint32_t history = 0, needed = 0;

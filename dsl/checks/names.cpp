@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "dsl/sema.h"
+#include "model/accounting.h"
 
 namespace ingero::dsl {
 namespace {
@@ -63,8 +64,9 @@ const char* op_word(ast::BinOp op) {
 }
 
 const std::vector<std::string>& function_names() {
-  static const std::vector<std::string> v = {"count", "rate", "sum", "min", "max", "mean", "quantile",
-                                             "abs",   "p50",  "p90", "p95", "p99", "p999"};
+  static const std::vector<std::string> v = {"count",    "rate", "sum",      "min",          "max", "mean",
+                                             "quantile", "abs",  "p50",      "p90",          "p95", "p99",
+                                             "p999",     "time", "top_task", "top_task_time"};
   return v;
 }
 
@@ -464,6 +466,86 @@ TExpr Resolver::name(const ast::Path& p) {
   return t;
 }
 
+// Slice buckets by name (operators/time_accounting.h acct::), and the groups a rule may name.
+uint32_t bucket_mask(const std::string& name) {
+  for (uint8_t b = 0; b < acct::kBuckets; ++b)
+    if (name == acct::bucket_name(b)) return 1u << b;
+  auto bits = [](std::initializer_list<uint8_t> bs) {
+    uint32_t m = 0;
+    for (uint8_t b : bs) m |= 1u << b;
+    return m;
+  };
+  if (name == "calls")
+    return bits({acct::kLaunch, acct::kCopy, acct::kSync, acct::kAlloc, acct::kCollective, acct::kOtherCall});
+  if (name == "blocked") return bits({acct::kLock, acct::kIo, acct::kNetwork, acct::kSleep, acct::kBlockedOther});
+  if (name == "all") return (1u << acct::kBuckets) - 1;
+  return 0;
+}
+
+std::vector<std::string> bucket_names() {
+  std::vector<std::string> v;
+  for (uint8_t b = 0; b < acct::kBuckets; ++b) v.emplace_back(acct::bucket_name(b));
+  v.insert(v.end(), {"calls", "blocked", "all"});
+  return v;
+}
+
+// time(b, ...), top_task(b, ...), top_task_time(b, ...): aggregates of an accounting stream.
+TExpr Resolver::bucket_call(const ast::Call& c) {
+  TExpr t;
+  t.file = &file;
+  t.pos = c.id_first;
+  t.end = c.id_last;
+  const std::string& fn = c.fn.name;
+  if (!rule || (ctx != Ctx::kRow && ctx != Ctx::kTail)) {
+    m.error_at(file, c, "E0207", "aggregate `" + fn + "(...)` is computed per window and is not available here",
+               "use it in `let`, `require` or `severity`");
+    return t;
+  }
+  if (!rule->stream.account) {
+    m.error_at(file, c.fn, "E0207", "`" + fn + "(...)` reads the time of feeding threads: it needs `from accounting`",
+               "write the rule `from accounting` (docs/rules.md, \"Rules over time\")");
+    return t;
+  }
+  if (c.args.empty()) {
+    m.error_at(file, c, "E0205", "`" + fn + "` takes one or more time buckets, e.g. `" + fn + "(preempted)`");
+    return t;
+  }
+  AggSpec spec;
+  spec.kind = fn == "time" ? AggKind::kTime : fn == "top_task" ? AggKind::kTopTask : AggKind::kTopTaskTime;
+  spec.field = Field::kDuration;
+  std::string names;
+  for (const auto& a : c.args) {
+    const ast::Path* path = nullptr;
+    if (a.rest.empty() && a.first.ops.empty()) path = boost::get<ast::Path>(&a.first.operand.get());
+    const uint32_t bits = path && !path->member ? bucket_mask(path->head.name) : 0;
+    if (!bits) {
+      m.error_at(file, a, "E0208",
+                 "expected a time bucket (" + std::string("preempted, on_cpu, calls, launch, sync, ") +
+                     "blocked, lock, io, network, sleep, unknown, ...)",
+                 path ? did_you_mean(path->head.name, bucket_names()) : "");
+      return t;
+    }
+    spec.buckets |= bits;
+    names += "_" + path->head.name;
+  }
+  t.op = ExprOp::kRef;
+  t.ty = spec.kind == AggKind::kTopTask ? Ty::kId : Ty::kDuration;
+  for (const auto& a : rule->aggs)
+    if (a.kind == spec.kind && a.buckets == spec.buckets) {
+      t.name = a.name;
+      return t;
+    }
+  if (rule->aggs.size() >= kMaxAggs) {
+    m.error_at(file, c, "E0004", "more than " + std::to_string(kMaxAggs) + " aggregates in one rule");
+    return t;
+  }
+  spec.name = !agg_alias.empty() ? agg_alias : "_" + fn + names;
+  agg_alias.clear();
+  rule->aggs.push_back(spec);
+  t.name = spec.name;
+  return t;
+}
+
 TExpr Resolver::call(const ast::Call& c) {
   TExpr t;
   t.file = &file;
@@ -494,6 +576,7 @@ TExpr Resolver::call(const ast::Call& c) {
   // Aggregates.
   AggSpec spec;
   bool needs_field = true;
+  if (fn == "time" || fn == "top_task" || fn == "top_task_time") return bucket_call(c);
   if (fn == "count") spec.kind = AggKind::kCount, needs_field = false;
   else if (fn == "rate") spec.kind = AggKind::kRate, needs_field = false;
   else if (fn == "sum") spec.kind = AggKind::kSum;
@@ -586,11 +669,15 @@ void resolve_stream(Module& m, RuleSema& r, const ast::Stream& s, StreamSpec& ou
       out.offcpu = true;
       continue;
     }
+    if (src.name == "accounting") {
+      out.account = true;
+      continue;
+    }
     if (auto id = find_source(src.name)) {
       out.sources.push_back(*id);
       continue;
     }
-    std::vector<std::string> cands = {"offcpu"};
+    std::vector<std::string> cands = {"offcpu", "accounting"};
     for (const auto& si : all_sources()) {
       std::string n(si.name);
       for (char& ch : n) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
@@ -599,8 +686,10 @@ void resolve_stream(Module& m, RuleSema& r, const ast::Stream& s, StreamSpec& ou
     m.error_at(f, src, "E0202", "unknown event source `" + src.name + "`", did_you_mean(src.name, cands));
     r.broken = true;
   }
-  if (out.offcpu && s.sources.size() > 1) {
-    m.error_at(f, s.sources[1], "E0202", "`offcpu` is a stream of its own and cannot be combined with other sources");
+  if ((out.offcpu || out.account) && s.sources.size() > 1) {
+    m.error_at(f, s.sources[1], "E0202",
+               std::string("`") + (out.offcpu ? "offcpu" : "accounting") +
+                   "` is a stream of its own and cannot be combined with other sources");
     r.broken = true;
   }
   if (s.states) {
@@ -811,10 +900,12 @@ void pass_names(Module& m) {
             m.error_at(f, t.value, "E0201", "unknown name `" + t.value.name + "`", did_you_mean(t.value.name, cands));
           }
           tn.value = t.value.name;
-          if (pick(m, f, t.mode, {"rising", "below"}, "trend mode")) {
-            tn.mode = t.mode.name == "rising" ? TrendMode::kRising : TrendMode::kBelowPeak;
-            if (tn.mode == TrendMode::kRising && t.factor)
-              m.error_at(f, *t.factor, "E0216", "`rising` takes no factor");
+          if (pick(m, f, t.mode, {"rising", "below", "baseline"}, "trend mode")) {
+            tn.mode = t.mode.name == "rising"  ? TrendMode::kRising
+                      : t.mode.name == "below" ? TrendMode::kBelowPeak
+                                               : TrendMode::kBaseline;
+            if (tn.mode != TrendMode::kBelowPeak && t.factor)
+              m.error_at(f, *t.factor, "E0216", "`" + t.mode.name + "` takes no factor");
             if (tn.mode == TrendMode::kBelowPeak) {
               double v = 0;
               Ty ty;
@@ -834,7 +925,9 @@ void pass_names(Module& m) {
               m.error_at(f, t.windows, "E0504", "a trend spans 2 to 1000 windows");
             else tn.windows = static_cast<uint32_t>(n);
           }
-          for (const char* out : {"trend.first", "trend.last", "trend.peak", "trend.change"}) slots.insert(out);
+          for (const char* out : {"trend.first", "trend.last", "trend.peak", "trend.change", "trend.median",
+                                  "trend.mad", "trend.history"})
+            slots.insert(out);
           break;
         }
         case Step::Kind::kPeer: {

@@ -40,7 +40,18 @@ std::string expand(Module& m, RuleSema& r, const ast::String& str) {
     }
     std::string inner = text_of(f, i + 1, j);
     static const std::set<std::string> kBuiltins = {"op", "source", "node", "process", "key"};
-    if (is_ident(inner) && (kBuiltins.count(inner) || r.slot_types.count(inner))) {
+    if (inner.rfind("task:", 0) == 0) {
+      // {task:slot}: the process a pid slot names (e.g. top_task(preempted)), by name.
+      const std::string slot = inner.substr(5);
+      auto it = r.slot_types.find(slot);
+      if (it == r.slot_types.end() || it->second != Ty::kId) {
+        m.error(f, i + 1, j, "E0701", "`{task:...}` names the process of a pid slot, e.g. {task:by}",
+                "let by = top_task(preempted)");
+        ok = false;
+      } else {
+        names.push_back(inner);
+      }
+    } else if (is_ident(inner) && (kBuiltins.count(inner) || r.slot_types.count(inner))) {
       names.push_back(inner);
     } else if (inner.empty()) {
       m.error(f, i, j + 1, "E0701", "empty placeholder `{}` in a template");

@@ -233,6 +233,8 @@ void pass_units(Module& m) {
       find_event_field(field_name(f), f, fty);
       if (a.field == Field::kArg0 && a.kind != AggKind::kCount) fty = Ty::kBytes;  // `bytes` is arg0
       slots[a.name] = a.kind == AggKind::kCount ? Ty::kCount : a.kind == AggKind::kRate ? Ty::kRate : fty;
+      if (a.kind == AggKind::kTime || a.kind == AggKind::kTopTaskTime) slots[a.name] = Ty::kDuration;
+      if (a.kind == AggKind::kTopTask) slots[a.name] = Ty::kId;
     }
     for (auto& s : r.steps) {
       switch (s.kind) {
@@ -256,7 +258,9 @@ void pass_units(Module& m) {
             m.error_at(*r.file, s.trend->value, "E0303",
                        "a trend needs a numeric value, found " + std::string(ty_name(v)));
           slots["trend.first"] = slots["trend.last"] = slots["trend.peak"] = v;
+          slots["trend.median"] = slots["trend.mad"] = v;
           slots["trend.change"] = Ty::kRatio;
+          slots["trend.history"] = Ty::kCount;
           break;
         }
         case Step::Kind::kPeer: {

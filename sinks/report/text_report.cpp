@@ -164,6 +164,36 @@ std::string steps_text(const AnalysisResult& r) {
   return o.str();
 }
 
+// "12.0s: in calls 3% (sync 2%, launch 1%), on CPU 50%, preempted 40% (mostly by stress (pid 77) tid 77,
+// 4.8s), blocked 7% (lock 7%), unknown 0%": one thread's accounting, for the report's lines.
+std::string accounting_parts(const ThreadAccounting& a) {
+  std::ostringstream o;
+  const double wall = a.wall_ns ? static_cast<double>(a.wall_ns) : 1.0;
+  auto pct = [wall](uint64_t ns) { return format_value(static_cast<double>(ns) / wall, Unit::kPercent); };
+  // The non-zero parts of a map, largest first: "sync 30%, launch 8%".
+  auto parts = [&pct](const std::map<std::string, uint64_t>& m) {
+    std::vector<std::pair<uint64_t, std::string>> v;
+    for (const auto& [k, ns] : m)
+      if (ns) v.emplace_back(ns, k);
+    std::sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+    std::string s;
+    for (const auto& [ns, k] : v) s += (s.empty() ? "" : ", ") + k + " " + pct(ns);
+    return s;
+  };
+  o << format_ns(static_cast<double>(a.wall_ns)) << ": in calls " << pct(a.in_calls_total());
+  if (const std::string c = parts(a.in_calls_ns); !c.empty()) o << " (" << c << ")";
+  o << ", on CPU " << pct(a.on_cpu_ns) << ", preempted " << pct(a.preempted_ns);
+  if (!a.preempted_by.empty()) {
+    const PreemptedBy& p = a.preempted_by.front();
+    o << " (mostly by " << (p.comm.empty() ? "" : p.comm + " ") << (p.pid ? "pid " + std::to_string(p.pid) + " " : "")
+      << "tid " << p.tid << ", " << format_ns(static_cast<double>(p.ns)) << ")";
+  }
+  o << ", blocked " << pct(a.blocked_total());
+  if (const std::string b = parts(a.blocked_ns); !b.empty()) o << " (" << b << ")";
+  o << ", unknown " << pct(a.unknown_ns);
+  return o.str();
+}
+
 std::string accounting_text(const AnalysisResult& r, size_t max_threads) {
   if (r.accounting.empty()) return "";
   std::ostringstream o;
@@ -174,35 +204,19 @@ std::string accounting_text(const AnalysisResult& r, size_t max_threads) {
       o << "  ... " << (r.accounting.size() - max_threads) << " more thread(s) in --json\n";
       break;
     }
-    const double wall = a.wall_ns ? static_cast<double>(a.wall_ns) : 1.0;
-    auto pct = [wall](uint64_t ns) { return format_value(static_cast<double>(ns) / wall, Unit::kPercent); };
-    // The non-zero parts of a map, largest first: "sync 30%, launch 8%".
-    auto parts = [&pct](const std::map<std::string, uint64_t>& m) {
-      std::vector<std::pair<uint64_t, std::string>> v;
-      for (const auto& [k, ns] : m)
-        if (ns) v.emplace_back(ns, k);
-      std::sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
-      std::string s;
-      for (const auto& [ns, k] : v) s += (s.empty() ? "" : ", ") + k + " " + pct(ns);
-      return s;
-    };
     o << "  tid " << a.tid;
     if (!a.comm.empty()) o << " (" << a.comm << ")";
     o << " pid " << a.pid;
     if (a.rank >= 0) o << " rank " << a.rank;
     if (a.node && a.node < r.meta.nodes.size()) o << " node " << r.meta.nodes[a.node];
-    o << ", " << format_ns(static_cast<double>(a.wall_ns)) << ": in calls " << pct(a.in_calls_total());
-    if (const std::string c = parts(a.in_calls_ns); !c.empty()) o << " (" << c << ")";
-    o << ", on CPU " << pct(a.on_cpu_ns) << ", preempted " << pct(a.preempted_ns);
-    if (!a.preempted_by.empty()) {
-      const PreemptedBy& p = a.preempted_by.front();
-      o << " (mostly by "
-        << (p.comm.empty() ? "tid " + std::to_string(p.tid) : p.comm + " tid " + std::to_string(p.tid)) << ", "
-        << format_ns(static_cast<double>(p.ns)) << ")";
-    }
-    o << ", blocked " << pct(a.blocked_total());
-    if (const std::string b = parts(a.blocked_ns); !b.empty()) o << " (" << b << ")";
-    o << ", unknown " << pct(a.unknown_ns) << "\n";
+    o << ", " << accounting_parts(a) << "\n";
+    const double wall = a.wall_ns ? static_cast<double>(a.wall_ns) : 1.0;
+    auto pct = [wall](uint64_t ns) { return format_value(static_cast<double>(ns) / wall, Unit::kPercent); };
+    if (auto sync = a.in_calls_ns.find("sync");
+        sync != a.in_calls_ns.end() && a.wall_ns && sync->second * 10 >= a.wall_ns * 6)
+      o << "    GPU-bound: " << pct(sync->second)
+        << " of its time waiting for the GPU to finish (synchronising calls): the healthy outcome, the GPU sets the "
+           "pace\n";
     if (a.unknown_ns) {
       if (!a.scheduler_data)
         o << "    unknown " << pct(a.unknown_ns)
@@ -258,6 +272,12 @@ std::string explain_text(const AnalysisResult& r, const ReportOptions& opt) {
         << format_value(t.on_cpu, Unit::kPercent) << ", preempted " << format_value(t.off_cpu_preempted, Unit::kPercent)
         << ", blocked " << format_value(t.off_cpu_blocked, Unit::kPercent) << ", off CPU (unknown) "
         << format_value(t.off_cpu_unknown, Unit::kPercent) << "\n";
+    }
+    if (c.accounting) {
+      const ThreadAccounting& a = *c.accounting;
+      o << "  Time of tid " << a.tid << (a.comm.empty() ? "" : " (" + a.comm + ")") << " over "
+        << trace_offset(r.meta, a.start_ns) << " .. " << trace_offset(r.meta, a.end_ns) << ": " << accounting_parts(a)
+        << "\n";
     }
     if (c.threads.size() > 1) {
       o << "  Threads:";
