@@ -8,8 +8,10 @@
 // - start(args, nice): forks and execs `bin trace -q --db <db> --disable
 //   driver,nccl,block,tcp,net,memory <args...>` (e.g. {"--duration", "3s"} or {"--pid", "N",
 //   "--cuda-lib", path}), stdout to /dev/null, stderr to the .err file; with nice != 0 the child
-//   sets that priority first (a privileged test may give the tracer the workload's priority, so a
-//   workload at high priority does not starve it). pid is the tracer's (> 0 once started).
+//   sets that priority first, in a session of its own whose scheduler autogroup is at that nice
+//   too (where autogroups are on, nice alone does not rank a task against other sessions'): a
+//   privileged test may give the tracer the workload's priority, so a workload at high priority
+//   does not starve it. pid is the tracer's (> 0 once started).
 // - wait_attached(): true once the tracer said "tracing libcudart" (its probes are in), within
 //   30 s; false when it exited first or did not say it in time (the test skips with log()).
 // - wait(): waits for a tracer that stops by itself (--duration): its exit status, -1 when it did
@@ -28,6 +30,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -57,7 +60,17 @@ struct Tracer {
     argv.push_back(nullptr);
     pid = ::fork();
     if (pid != 0) return;
-    if (nice != 0) ::setpriority(PRIO_PROCESS, 0, nice);
+    if (nice != 0) {
+      // With scheduler autogroups on, nice only ranks tasks within their session's group: a new
+      // session whose group is at the same nice, so the priority counts against other sessions.
+      if (::setsid() >= 0) {
+        if (FILE* f = std::fopen("/proc/self/autogroup", "w")) {
+          std::fprintf(f, "%d\n", nice);
+          std::fclose(f);
+        }
+      }
+      ::setpriority(PRIO_PROCESS, 0, nice);
+    }
     const int null_fd = ::open("/dev/null", O_WRONLY);
     const int err_fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(null_fd, 1);
