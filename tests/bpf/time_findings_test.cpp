@@ -48,10 +48,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -78,6 +79,7 @@ uint64_t unix_ns() {
 }
 
 double ms(double ns) { return ns / 1e6; }
+double secs(uint64_t ns) { return static_cast<double>(ns) / 1e9; }
 
 // The CPUs this test may use, in ascending order.
 std::vector<int> allowed_cpus() {
@@ -151,8 +153,8 @@ class SchedstatSampler {
   std::string coverage() const {
     std::lock_guard<std::mutex> lock(mu_);
     if (samples_.empty()) return "no samples of " + path_;
-    return std::to_string(samples_.size()) + " samples of " + path_ + " from " + std::to_string(samples_.front().first) +
-           " to " + std::to_string(samples_.back().first);
+    return std::to_string(samples_.size()) + " samples of " + path_ + " from " +
+           std::to_string(samples_.front().first) + " to " + std::to_string(samples_.back().first);
   }
 
  private:
@@ -177,7 +179,8 @@ class SchedstatSampler {
 
 // `ingero-pipeline explain --json` of a trace.
 json explain(const std::string& db) {
-  const std::string out = ingero::test::capture(std::string(IP_PIPELINE_BIN) + " explain --json --db " + db + " 2>/dev/null");
+  const std::string out = ingero::test::capture(std::string(IP_PIPELINE_BIN) + " explain --json --db " + db +
+                                                " 2>/dev/null");
   return json::parse(out, nullptr, false);
 }
 
@@ -206,9 +209,11 @@ std::string chains_listing(const json& ex) {
   if (!n) return s.str();
   for (const auto& c : ex["chains"]) {
     s << "  [" << c.value("severity", "") << "] " << c.value("category", "") << " rule=" << c.value("rule", "")
-      << " pid=" << c.value("pid", 0u) << " tid=" << c.value("tid", 0u) << " window=[" << c.value("window_start_ns", 0ull)
-      << ", " << c.value("window_end_ns", 0ull) << "] " << c.value("summary", "") << "\n";
-    if (c.contains("accounting") && !c["accounting"].is_null()) s << "      accounting " << c["accounting"].dump() << "\n";
+      << " pid=" << c.value("pid", 0u) << " tid=" << c.value("tid", 0u) << " window=["
+      << c.value("window_start_ns", 0ull) << ", " << c.value("window_end_ns", 0ull) << "] " << c.value("summary", "")
+      << "\n";
+    if (c.contains("accounting") && !c["accounting"].is_null())
+      s << "      accounting " << c["accounting"].dump() << "\n";
   }
   return s.str();
 }
@@ -245,8 +250,7 @@ std::string sql_text(const std::string& db, const std::string& sql) {
   const double tol = std::max(rel * reference, floor_ns);
   if (std::fabs(measured - reference) <= tol) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << ms(measured) << " ms vs " << ms(reference) << " ms: off by "
-                                       << ms(std::fabs(measured - reference)) << " ms, more than " << ms(tol)
-                                       << " ms";
+                                       << ms(std::fabs(measured - reference)) << " ms, more than " << ms(tol) << " ms";
 }
 
 // ---- (A) ----------------------------------------------------------------------------------------
@@ -259,7 +263,7 @@ struct HogRun {
   uint64_t hog_start = 0, hog_end = 0;  // the hog's own spin interval (unix ns)
   std::string tracer_log;
   json ex;
-  json ops;  // `stats --json`'s ops: the calls' latency
+  json ops;                                 // `stats --json`'s ops: the calls' latency
   std::unique_ptr<SchedstatSampler> sched;  // the feeding thread's, from before the trace to after it
 };
 
@@ -308,12 +312,12 @@ void hog_run(bool hog, HogRun& run) {
   const uint64_t t_traced = unix_ns();
   run.ex = explain(tr.db);
   ASSERT_FALSE(run.ex.is_discarded()) << "explain --json did not print JSON";
-  const json stats = json::parse(
-      ingero::test::capture(std::string(IP_PIPELINE_BIN) + " stats --json -q --db " + tr.db + " 2>/dev/null"), nullptr,
-      false);
+  const json stats = json::parse(ingero::test::capture(std::string(IP_PIPELINE_BIN) + " stats --json -q --db " + tr.db +
+                                                       " 2>/dev/null"),
+                                 nullptr, false);
   if (stats.is_object() && stats.contains("ops")) run.ops = stats["ops"];
-  std::printf("[measure] attach %.1f s, trace to exit %.1f s, explain %.1f s\n", (t_attached - t_start) / 1e9,
-              (t_traced - t_attached) / 1e9, (unix_ns() - t_traced) / 1e9);
+  std::printf("[measure] attach %.1f s, trace to exit %.1f s, explain %.1f s\n", secs(t_attached - t_start),
+              secs(t_traced - t_attached), secs(unix_ns() - t_traced));
 }
 
 // The workload's calls stay fast with or without the hog (the contention is in the thread's time,
@@ -347,10 +351,11 @@ void check_accounting_against_schedstat(const HogRun& run, double floor_ns) {
   const auto d = s.delta(t0, t1);
   ASSERT_TRUE(d.has_value()) << "[measure] schedstat does not cover [" << t0 << ", " << t1 << "]: " << s.coverage();
   const double preempted = a.value("preempted_ns", 0.0);
-  std::printf("[measure] %s: thread %u accounted %.3f s; schedstat run-queue delay %.1f ms, accounting preempted %.1f ms "
-              "(ratio %.3f)\n",
-              run.hog_pid ? "hog run" : "control", run.tid, (t1 - t0) / 1e9, ms(*d), ms(preempted),
-              *d > 0 ? preempted / *d : 0.0);
+  std::printf(
+      "[measure] %s: thread %u accounted %.3f s; schedstat run-queue delay %.1f ms, accounting preempted %.1f ms "
+      "(ratio %.3f)\n",
+      run.hog_pid ? "hog run" : "control", run.tid, secs(t1 - t0), ms(*d), ms(preempted),
+      *d > 0 ? preempted / *d : 0.0);
   EXPECT_TRUE(within(preempted, *d, 0.15, floor_ns))
       << "[measure] accounting preempted_ns vs schedstat run-queue delay over [" << t0 << ", " << t1 << "]\n"
       << a.dump();
@@ -372,7 +377,7 @@ TEST(TimeFindings, HogOnTheFeedingThreadsCpuIsOneContentionFinding) {
   if (run.skipped) GTEST_SKIP() << run.skip_why;
   std::printf("[measure] hog pid %u spun [%llu, %llu] (%.3f s); feeding thread %u of pid %u\n", run.hog_pid,
               static_cast<unsigned long long>(run.hog_start), static_cast<unsigned long long>(run.hog_end),
-              (run.hog_end - run.hog_start) / 1e9, run.tid, run.pid);
+              secs(run.hog_end - run.hog_start), run.tid, run.pid);
   check_accounting_against_schedstat(run, 10e6);
   expect_fast_calls(run);
 
@@ -391,10 +396,12 @@ TEST(TimeFindings, HogOnTheFeedingThreadsCpuIsOneContentionFinding) {
   const uint64_t hog_len = run.hog_end - run.hog_start;
   const uint64_t lo = std::max(w0, run.hog_start), hi = std::min(w1, run.hog_end);
   const double overlap = hi > lo ? static_cast<double>(hi - lo) : 0.0;
-  std::printf("[measure] chain window [%llu, %llu]: covers %.0f%% of the hog's run, starts %+.3f s, ends %+.3f s from it\n",
-              static_cast<unsigned long long>(w0), static_cast<unsigned long long>(w1), 100.0 * overlap / hog_len,
-              (static_cast<double>(w0) - static_cast<double>(run.hog_start)) / 1e9,
-              (static_cast<double>(w1) - static_cast<double>(run.hog_end)) / 1e9);
+  std::printf(
+      "[measure] chain window [%llu, %llu]: covers %.0f%% of the hog's run, starts %+.3f s, ends %+.3f s from it\n",
+      static_cast<unsigned long long>(w0), static_cast<unsigned long long>(w1),
+      100.0 * overlap / static_cast<double>(hog_len),
+      (static_cast<double>(w0) - static_cast<double>(run.hog_start)) / 1e9,
+      (static_cast<double>(w1) - static_cast<double>(run.hog_end)) / 1e9);
   EXPECT_GE(overlap, 0.7 * static_cast<double>(hog_len)) << "[rule, issue 40] the window covers too little of the hog\n"
                                                          << chains_listing(run.ex);
   EXPECT_LE(run.hog_start, w0 + 2'000'000'000ull) << "[rule, issue 40] window starts > 2 s before the hog";
@@ -409,8 +416,9 @@ TEST(TimeFindings, HogOnTheFeedingThreadsCpuIsOneContentionFinding) {
   const auto d = run.sched->delta(w0, w1);
   ASSERT_TRUE(d.has_value()) << "schedstat does not cover the chain's window: " << run.sched->coverage();
   const double preempted = a.value("preempted_ns", 0.0);
-  std::printf("[measure] chain window: schedstat run-queue delay %.1f ms, chain accounting preempted %.1f ms (ratio %.3f)\n",
-              ms(*d), ms(preempted), *d > 0 ? preempted / *d : 0.0);
+  std::printf(
+      "[measure] chain window: schedstat run-queue delay %.1f ms, chain accounting preempted %.1f ms (ratio %.3f)\n",
+      ms(*d), ms(preempted), *d > 0 ? preempted / *d : 0.0);
   EXPECT_TRUE(within(preempted, *d, 0.15, 0)) << "[rule, issue 40] chain accounting preempted_ns vs schedstat over its "
                                                  "window\n"
                                               << a.dump();
@@ -442,7 +450,7 @@ struct LoaderRun {
   std::string skip_why;
   uint32_t pid = 0, tid = 0, loader_tid = 0;  // tid: the feeding (main) thread
   long steps = 0;
-  double waited_ns = 0;  // the script's own measure of its time in next_batch()
+  double waited_ns = 0;                   // the script's own measure of its time in next_batch()
   uint64_t loop_start = 0, loop_end = 0;  // when its loop ran (unix ns)
   std::string tracer_log;
   json ex;
@@ -458,6 +466,28 @@ void autogroup_nice(pid_t pid, int nice) {
     std::fprintf(f, "%d\n", nice);
     std::fclose(f);
   }
+}
+
+// Measurement: the feeding thread's accounting covers the script's loop (within 0.2 s at each
+// end). Once seen covering only 3.3 s of a 10 s loop, not reproduced since: on failure the trace
+// is kept (copied beside the tracer's) for a look.
+void expect_covers_loop(const LoaderRun& run, const std::string& db) {
+  const json a = accounting_of(run.ex, run.tid);
+  if (a.is_null()) return;  // the tests say so
+  const uint64_t t0 = a.value("start_ns", 0ull), t1 = a.value("end_ns", 0ull);
+  const bool ok = t0 <= run.loop_start + 200'000'000ull && t1 + 200'000'000ull >= run.loop_end;
+  std::string kept;
+  if (!ok) {
+    kept = db + ".kept";
+    std::error_code ec;
+    std::filesystem::copy_file(db, kept, std::filesystem::copy_options::overwrite_existing, ec);
+    if (ec) kept = "(not kept: " + ec.message() + ")";
+  }
+  EXPECT_TRUE(ok) << "[measure] the accounting of the feeding thread [" << t0 << ", " << t1
+                  << "] does not cover the loop [" << run.loop_start << ", " << run.loop_end << "]; trace kept at "
+                  << kept << "\n"
+                  << a.dump() << "\n"
+                  << run.tracer_log;
 }
 
 // py_input_wait.py in `mode` for 10 s under `trace --stack-min 0`: every off-CPU span carries its
@@ -499,23 +529,14 @@ void loader_run(const std::string& mode, LoaderRun& run) {
   ASSERT_EQ(rc, 0) << run.tracer_log;
   run.ex = explain(tr.db);
   ASSERT_FALSE(run.ex.is_discarded()) << "explain --json did not print JSON";
-  const std::string spans = "FROM events e JOIN stack_traces s ON s.hash = e.stack_hash WHERE e.source = 3 AND e.op = 1 "
-                            "AND e.tid = " +
-                            std::to_string(run.tid);
+  const std::string spans =
+      "FROM events e JOIN stack_traces s ON s.hash = e.stack_hash WHERE e.source = 3 AND e.op = 1 "
+      "AND e.tid = " +
+      std::to_string(run.tid);
   run.offcpu_with_stack = sql_int(tr.db, "SELECT count(*) " + spans);
   run.offcpu_with_next_batch = sql_int(tr.db, "SELECT count(*) " + spans + " AND s.frames LIKE '%next_batch%'");
   run.python_frames = sql_text(tr.db, "SELECT s.frames " + spans + " AND s.frames LIKE '%next_batch%' LIMIT 1");
-}
-
-// Measurement: the feeding thread's accounting covers the script's loop (within 0.2 s at each end).
-void expect_covers_loop(const LoaderRun& run, const json& a) {
-  const uint64_t t0 = a.value("start_ns", 0ull), t1 = a.value("end_ns", 0ull);
-  EXPECT_LE(t0, run.loop_start + 200'000'000ull) << "[measure] the accounting starts after the loop\n"
-                                                  << a.dump() << "\n"
-                                                  << run.tracer_log;
-  EXPECT_GE(t1 + 200'000'000ull, run.loop_end) << "[measure] the accounting ends before the loop\n"
-                                                << a.dump() << "\n"
-                                                << run.tracer_log;
+  expect_covers_loop(run, tr.db);
 }
 
 // The Python functions (qualified names) of a stored stack, innermost first.
@@ -551,16 +572,16 @@ TEST(TimeFindings, FeedingThreadStarvedByItsLoaderIsAnInputFinding) {
   ASSERT_GT(run.steps, 50) << "too few steps to judge";
   const json a = accounting_of(run.ex, run.tid);
   ASSERT_FALSE(a.is_null()) << "[measure] no accounting entry for the feeding thread " << run.tid;
-  expect_covers_loop(run, a);
   const double lock = a["blocked_ns"].value("lock", 0.0), wall = a.value("wall_ns", 0.0);
-  std::printf("[measure] starved: %ld steps; the script waited %.1f ms in next_batch(); accounting: lock %.1f ms "
-              "(ratio %.3f), %.0f%% of wall %.1f ms; %lld of %lld off-CPU stacks in next_batch\n",
-              run.steps, ms(run.waited_ns), ms(lock), run.waited_ns > 0 ? lock / run.waited_ns : 0.0, 100 * lock / wall,
-              ms(wall), run.offcpu_with_next_batch, run.offcpu_with_stack);
+  std::printf(
+      "[measure] starved: %ld steps; the script waited %.1f ms in next_batch(); accounting: lock %.1f ms "
+      "(ratio %.3f), %.0f%% of wall %.1f ms; %lld of %lld off-CPU stacks in next_batch\n",
+      run.steps, ms(run.waited_ns), ms(lock), run.waited_ns > 0 ? lock / run.waited_ns : 0.0, 100 * lock / wall,
+      ms(wall), run.offcpu_with_next_batch, run.offcpu_with_stack);
   EXPECT_TRUE(within(lock, run.waited_ns, 0.15, 0)) << "[measure] blocked_ns.lock vs the script's wait\n" << a.dump();
   EXPECT_GT(lock, 0.7 * wall) << a.dump();
   EXPECT_GE(run.offcpu_with_next_batch, run.steps / 2) << "[measure] off-CPU stacks of the feeding thread in "
-                                                             "next_batch";
+                                                          "next_batch";
   const auto py = python_functions(run.python_frames);
   std::printf("[measure] Python frames of a wait, innermost first: %s\n", testing::PrintToString(py).c_str());
 
@@ -608,11 +629,11 @@ TEST(TimeFindings, FeedingThreadWithBatchesAlwaysReadyHasNoInputFinding) {
   ASSERT_GT(run.steps, 200) << "too few steps to judge";
   const json a = accounting_of(run.ex, run.tid);
   ASSERT_FALSE(a.is_null()) << "[measure] no accounting entry for the feeding thread " << run.tid;
-  expect_covers_loop(run, a);
   const double lock = a["blocked_ns"].value("lock", 0.0), wall = a.value("wall_ns", 0.0);
-  std::printf("[measure] ready: %ld steps; the script waited %.1f ms in next_batch(); accounting: lock %.1f ms, %.1f%% "
-              "of wall %.1f ms\n",
-              run.steps, ms(run.waited_ns), ms(lock), 100 * lock / wall, ms(wall));
+  std::printf(
+      "[measure] ready: %ld steps; the script waited %.1f ms in next_batch(); accounting: lock %.1f ms, %.1f%% "
+      "of wall %.1f ms\n",
+      run.steps, ms(run.waited_ns), ms(lock), 100 * lock / wall, ms(wall));
   EXPECT_LT(lock, 0.15 * wall) << a.dump();
 
   // ---- Rule part (issue 40) ----
