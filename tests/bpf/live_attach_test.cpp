@@ -9,7 +9,6 @@
 //   that names the library and how many calls were missed;
 // - a task that ran instead of a traced thread, never touching the GPU, is named.
 // Each test skips with the reason when not root, BPF cannot be used, or libcudart is absent.
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
@@ -25,7 +24,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,19 +32,13 @@
 #include "model/ops.h"
 #include "tests/util/child_process.h"
 #include "tests/util/run_command.h"
+#include "tests/util/tracer.h"
 
 using namespace ingero;
 using ingero::test::Child;
 
 #if defined(IP_PIPELINE_BIN) && defined(IP_CUDA_WORKLOAD) && defined(IP_REAL_CUDART)
 namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 bool skip_reason(std::string& why) {
   if (::geteuid() != 0) {
@@ -62,52 +54,12 @@ bool skip_reason(std::string& why) {
 
 // `ingero-pipeline trace` in the default mode (every CUDA process: no --pid), as a user attaches
 // to a running job, writing a database; stderr to a file.
-struct Tracer {
-  pid_t pid = -1;
-  std::string db, err;
-  explicit Tracer(const std::string& name) {
-    const std::string base = "/tmp/ip_attach_" + name + "_" + std::to_string(::getpid());
-    db = base + ".db";
-    err = base + ".err";
-    for (const char* suffix : {"", "-wal", "-shm"}) ::unlink((db + suffix).c_str());
-  }
+struct Tracer : ingero::test::Tracer {
+  explicit Tracer(const std::string& name) : ingero::test::Tracer(IP_PIPELINE_BIN, "attach_" + name) {}
   void start(const std::string& duration, const std::vector<std::string>& extra = {}) {
-    pid = ::fork();
-    if (pid != 0) return;
-    const int null_fd = ::open("/dev/null", O_WRONLY);
-    const int err_fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(null_fd, 1);
-    ::dup2(err_fd, 2);
-    std::vector<std::string> args = {IP_PIPELINE_BIN,
-                                     "trace",
-                                     "-q",
-                                     "--duration",
-                                     duration,
-                                     "--db",
-                                     db,
-                                     "--disable",
-                                     "driver,nccl,block,tcp,net,memory"};
+    std::vector<std::string> args = {"--duration", duration};
     args.insert(args.end(), extra.begin(), extra.end());
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(IP_PIPELINE_BIN, argv.data());
-    ::_exit(127);
-  }
-  int wait() {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    pid = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-  std::string log() const { return read_file(err); }
-  ~Tracer() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-    for (const char* suffix : {"", "-wal", "-shm"}) ::unlink((db + suffix).c_str());
-    ::unlink(err.c_str());
+    ingero::test::Tracer::start(args);
   }
 };
 

@@ -3,7 +3,6 @@
 // batches, the default plan's CPU-contention chain, and replay of the written database.
 // Each test skips with the reason when not root, BPF cannot be loaded, or a library is missing.
 #include <cstring>
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
@@ -31,6 +30,7 @@
 #include "sinks/store/sqlite_store.h"
 #include "tests/util/child_process.h"
 #include "tests/util/run_command.h"
+#include "tests/util/tracer.h"
 
 extern char** environ;
 
@@ -40,6 +40,7 @@ using namespace ingero::bpf;
 namespace {
 
 using ingero::test::Child;
+using ingero::test::Tracer;
 
 LiveOptions options_for(uint32_t pid, const std::string& lib) {
   LiveOptions o;
@@ -479,17 +480,6 @@ TEST(LiveCapture, QuietWorkloadHasNoContentionChain) {
 #ifdef IP_PIPELINE_BIN
 namespace {
 
-std::string read_file(const std::string& path) {
-  std::string s;
-  if (FILE* f = std::fopen(path.c_str(), "r")) {
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) s.append(buf, n);
-    std::fclose(f);
-  }
-  return s;
-}
-
 // Runs one SQL query returning a single integer.
 long long sql_int(sqlite3* db, const std::string& sql) {
   sqlite3_stmt* st = nullptr;
@@ -512,52 +502,21 @@ TEST(LiveCapture, TraceCommandStoresEveryCallAndReplaysToTheSameChains) {
   if (!child.spawn(
           {IP_CONTENTION_WORKLOAD, "--seconds", "2.5", "--spin-us", "200", "--cpu", "0", "--hogs", "2", "--wait"}))
     GTEST_SKIP() << "cannot start the contention workload";
-  const std::string base = "/tmp/ip_trace_cli_" + std::to_string(::getpid());
-  const std::string db = base + ".db", err = base + ".err";
-  // Removes what the run leaves in /tmp, failed assertions included: the database, the -wal and
-  // -shm files that reading it in WAL mode creates beside it, and the tracer's stderr.
-  struct Cleanup {
-    std::string db, err;
-    ~Cleanup() {
-      for (const char* suffix : {"", "-wal", "-shm"}) ::unlink((db + suffix).c_str());
-      ::unlink(err.c_str());
-    }
-  } cleanup{db, err};
-  const std::string pid = std::to_string(child.pid);
-  const pid_t tracer = ::fork();
-  if (tracer == 0) {
-    const int null_fd = ::open("/dev/null", O_WRONLY);
-    const int err_fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(null_fd, 1);
-    ::dup2(err_fd, 2);
-    ::execl(IP_PIPELINE_BIN, IP_PIPELINE_BIN, "trace", "-q", "--pid", pid.c_str(), "--cuda-lib", IP_FAKE_CUDART, "--db",
-            db.c_str(), "--disable", "driver,nccl,block,tcp,net,memory", static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  ASSERT_GT(tracer, 0);
-  bool attached = false;
-  for (int i = 0; i < 300 && !attached; ++i) {
-    attached = read_file(err).find("tracing libcudart") != std::string::npos;
-    int st = 0;
-    if (!attached && ::waitpid(tracer, &st, WNOHANG) == tracer) break;  // it gave up
-    if (!attached) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  if (!attached) {
-    ::kill(tracer, SIGKILL);
-    ::waitpid(tracer, nullptr, 0);
+  Tracer tracer(IP_PIPELINE_BIN, "trace_cli");
+  const std::string& db = tracer.db;
+  tracer.start({"--pid", std::to_string(child.pid), "--cuda-lib", IP_FAKE_CUDART});
+  ASSERT_GT(tracer.pid, 0);
+  if (!tracer.wait_attached()) {
     child.go();
     child.finish();
-    GTEST_SKIP() << "trace did not attach: " << read_file(err);
+    GTEST_SKIP() << "trace did not attach: " << tracer.log();
   }
   child.go();
   EXPECT_EQ(child.finish(), 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  ::kill(tracer, SIGINT);
-  int status = 0;
-  ::waitpid(tracer, &status, 0);
-  const std::string log = read_file(err);
-  ASSERT_TRUE(WIFEXITED(status)) << log;
-  EXPECT_EQ(WEXITSTATUS(status), 0) << log;
+  const int rc = tracer.interrupt();
+  const std::string log = tracer.log();
+  EXPECT_EQ(rc, 0) << log;
   EXPECT_NE(log.find("dropped gpu=0 host=0 queue=0, late=0"), std::string::npos) << log;
   EXPECT_NE(log.find("db: indexing"), std::string::npos) << log;
 

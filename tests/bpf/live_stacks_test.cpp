@@ -7,7 +7,6 @@
 // the threshold stores no stack; an off-CPU span of a thread blocked in a futex carries the
 // kernel stack. Each test skips with the reason when not root, BPF cannot be loaded, or the
 // toolkit's libcudart / an interpreter is missing.
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <signal.h>
@@ -29,6 +28,7 @@
 #include "model/stack.h"
 #include "tests/util/child_process.h"
 #include "tests/util/run_command.h"
+#include "tests/util/tracer.h"
 
 extern char** environ;
 
@@ -426,15 +426,6 @@ TEST(LiveStacks, CpuSamplesNameTheBusyPythonFunction) {
 }
 
 #ifdef IP_PIPELINE_BIN
-namespace {
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-}  // namespace
-
 // End to end through the binary: a Python thread alternates 1 s of launches with 1 s of pure-Python
 // work in spin(). `trace` (default stacks and samples) stores the trace; `explain --json` has a
 // launch_gap chain whose launching thread was on CPU most of the window and whose top sampled
@@ -445,48 +436,23 @@ TEST(LiveStacks, TraceCommandLaunchGapIsOnCpuInTheBusyFunction) {
   Child child;
   if (!child.spawn({"/usr/bin/python3", script_path(), kCudart, "phases", "2"}))
     GTEST_SKIP() << "cannot start /usr/bin/python3";
-  const std::string base = "/tmp/ip_trace_stacks_" + std::to_string(::getpid());
-  const std::string db = base + ".db", err = base + ".err";
-  ::unlink(db.c_str());
-  const std::string pid = std::to_string(child.pid);
-  const pid_t tracer = ::fork();
-  if (tracer == 0) {
-    ::setpriority(PRIO_PROCESS, 0, -20);  // see the workload's priority below
-    const int null_fd = ::open("/dev/null", O_WRONLY);
-    const int err_fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(null_fd, 1);
-    ::dup2(err_fd, 2);
-    ::execl(IP_PIPELINE_BIN, IP_PIPELINE_BIN, "trace", "-q", "--pid", pid.c_str(), "--cuda-lib", kCudart, "--db",
-            db.c_str(), "--disable", "driver,nccl,block,tcp,net,memory", static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  ASSERT_GT(tracer, 0);
-  bool attached = false;
-  for (int i = 0; i < 300 && !attached; ++i) {
-    attached = read_file(err).find("tracing libcudart") != std::string::npos;
-    int st = 0;
-    if (!attached && ::waitpid(tracer, &st, WNOHANG) == tracer) break;
-    if (!attached) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  if (!attached) {
-    ::kill(tracer, SIGKILL);
-    ::waitpid(tracer, nullptr, 0);
-    GTEST_SKIP() << "trace did not attach: " << read_file(err);
-  }
   // The claim under test is "the busy thread's gaps are spent on CPU". On a loaded machine (CI
   // beside other builds) the scheduler would preempt it and the split would rightly say so; the
   // highest priority keeps it on a CPU, so what the test sees is the workload, not the neighbours.
   // The tracer runs at the same priority, or the workload would starve it of the other CPU.
+  const std::string pid = std::to_string(child.pid);
+  ingero::test::Tracer tracer(IP_PIPELINE_BIN, "trace_stacks");
+  const std::string& db = tracer.db;
+  tracer.start({"--pid", pid, "--cuda-lib", kCudart}, -20);
+  ASSERT_GT(tracer.pid, 0);
+  if (!tracer.wait_attached()) GTEST_SKIP() << "trace did not attach: " << tracer.log();
   ::setpriority(PRIO_PROCESS, static_cast<id_t>(child.pid), -20);
   child.go();
   EXPECT_EQ(child.finish(), 0) << child.output;
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  ::kill(tracer, SIGINT);
-  int status = 0;
-  ::waitpid(tracer, &status, 0);
-  const std::string log = read_file(err);
-  ASSERT_TRUE(WIFEXITED(status)) << "signal " << WTERMSIG(status) << "\n" << log;
-  EXPECT_EQ(WEXITSTATUS(status), 0) << log;
+  const int rc = tracer.interrupt();
+  const std::string log = tracer.log();
+  EXPECT_EQ(rc, 0) << log;
 
   const std::string cmd = std::string(IP_PIPELINE_BIN) + " explain --json --db " + db + " 2>/dev/null";
   const std::string out = ingero::test::capture(cmd);
@@ -517,8 +483,6 @@ TEST(LiveStacks, TraceCommandLaunchGapIsOnCpuInTheBusyFunction) {
   }
   EXPECT_GE(gaps, 1) << out.substr(0, 3000);
   EXPECT_GE(on_cpu, 1) << "no launch_gap chain with on_cpu dominant";
-  ::unlink(db.c_str());
-  ::unlink(err.c_str());
 }
 #endif
 

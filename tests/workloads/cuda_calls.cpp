@@ -8,15 +8,29 @@
 //   ip-cuda-workload loop --calls M [--rate R] [--wait]
 //       one thread, M cudaLaunchKernel calls (paced to R calls/s when given); prints
 //       "ns_per_call <x>" measured around the loop (the overhead benchmark's number).
-//   ip-cuda-workload paced --threads N --period-us P --seconds S --log FILE
+//   ip-cuda-workload paced --threads N --period-us P --seconds S --log FILE [--busy]
 //       N threads (created at once) each call cudaLaunchKernel then cudaStreamSynchronize every P
 //       microseconds for S seconds or until SIGUSR1; prints "ready" when every thread is running,
-//       and at the end writes FILE: one line per call, "<tid> <op> <unix ns just before the
-//       call>" (op: launch, sync), so a test can count the calls made after any instant (a
-//       tracer's attach).
+//       then "tid <tid>" per thread, and at the end writes FILE: one line per call, "<tid> <op>
+//       <unix ns just before the call>" (op: launch, sync), so a test can count the calls made
+//       after any instant (a tracer's attach). --busy: between calls the thread spins on CPU for P
+//       microseconds after the sync returns (a CPU-bound feeding thread that never sleeps, and
+//       does not catch up on calls after losing its CPU) instead of sleeping until the next due
+//       time.
+//   ip-cuda-workload hog --seconds S [--name NAME]
+//       a CPU-bound process that makes no CUDA call: names itself NAME (prctl PR_SET_NAME, default
+//       "ip-hog"; its comm), prints "ready" and spins for S seconds or until SIGUSR1, then prints
+//       "spun <unix ns> <unix ns>": when it started and stopped spinning.
+//   --cpu C: the process (every thread) runs on CPU C only. --nice N: at priority N (root for
+//   N < 0), in a session of its own whose scheduler autogroup is at N too (where autogroups are
+//   on, nice alone does not rank a task against other sessions'). Both are set before any thread
+//   is created, so every thread has them.
 //   --wait: print "ready" and wait for a line on stdin before calling (so a tracer can attach to
 //   this pid first).
 #include <cuda_runtime_api.h>
+#include <sched.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -70,13 +84,41 @@ bool has_flag(int argc, char** argv, const char* name) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s mixed|loop [--threads N] [--calls M] [--rate R] [--wait]\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s mixed|loop|paced|hog [--threads N] [--calls M] [--rate R] [--period-us P] [--seconds S] "
+                 "[--log F] [--busy] [--cpu C] [--nice N] [--wait]\n",
+                 argv[0]);
     return 2;
   }
   const std::string mode = argv[1];
   const long threads = arg_long(argc, argv, "--threads", 4);
   const long calls = arg_long(argc, argv, "--calls", 1000);
   const long rate = arg_long(argc, argv, "--rate", 0);
+  const long cpu = arg_long(argc, argv, "--cpu", -1);
+  if (cpu >= 0) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(static_cast<int>(cpu), &one);
+    if (sched_setaffinity(0, sizeof(one), &one) != 0) {
+      std::perror("sched_setaffinity");
+      return 1;
+    }
+  }
+  if (const long nice = arg_long(argc, argv, "--nice", 0); nice != 0) {
+    // With scheduler autogroups (sched_autogroup_enabled), nice only ranks tasks within their
+    // session's group, and each session's group gets an equal share of a CPU: a new session, its
+    // group at the same nice, makes the priority count against other sessions' tasks too.
+    if (setsid() >= 0) {
+      if (FILE* f = std::fopen("/proc/self/autogroup", "w")) {
+        std::fprintf(f, "%ld\n", nice);
+        std::fclose(f);
+      }
+    }
+    if (setpriority(PRIO_PROCESS, 0, static_cast<int>(nice)) != 0) {
+      std::perror("setpriority");
+      return 1;
+    }
+  }
   if (has_flag(argc, argv, "--wait")) {
     std::printf("ready\n");
     std::fflush(stdout);
@@ -109,7 +151,9 @@ int main(int argc, char** argv) {
     };
     std::signal(SIGUSR1, on_usr1);
     std::vector<std::vector<Call>> calls_of(threads);
+    std::vector<long> tids(threads);
     std::atomic<long> running{0};
+    const bool busy = has_flag(argc, argv, "--busy");
     const auto unix_ns = [] {
       timespec t{};
       clock_gettime(CLOCK_REALTIME, &t);
@@ -120,6 +164,7 @@ int main(int argc, char** argv) {
     for (long i = 0; i < threads; ++i)
       ts.emplace_back([&, i] {
         const long tid = syscall(SYS_gettid);
+        tids[i] = tid;
         auto& mine = calls_of[i];
         mine.reserve(
             std::min<size_t>(static_cast<size_t>(seconds * 2'000'000 / std::max(1L, period_us) + 16), 1u << 22));
@@ -131,6 +176,13 @@ int main(int argc, char** argv) {
           cudaLaunchKernel(k, dim3(1), dim3(1), nullptr, 0, nullptr);
           mine.push_back({tid, 's', unix_ns()});
           cudaStreamSynchronize(nullptr);
+          if (busy) {
+            const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(period_us);
+            if (until >= end || g_stop.load(std::memory_order_relaxed)) break;
+            while (std::chrono::steady_clock::now() < until) {
+            }
+            continue;
+          }
           const auto due = t0 + std::chrono::microseconds(period_us * n);
           if (due >= end || g_stop.load(std::memory_order_relaxed)) break;
           std::this_thread::sleep_until(due);
@@ -138,6 +190,7 @@ int main(int argc, char** argv) {
       });
     while (running.load() < threads) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     std::printf("ready\n");
+    for (long t : tids) std::printf("tid %ld\n", t);
     std::fflush(stdout);
     for (auto& t : ts) t.join();
     if (FILE* f = log.empty() ? nullptr : std::fopen(log.c_str(), "w")) {
@@ -145,6 +198,26 @@ int main(int argc, char** argv) {
         for (const Call& c : mine) std::fprintf(f, "%ld %s %lld\n", c.tid, c.op == 'l' ? "launch" : "sync", c.ts);
       std::fclose(f);
     }
+    return 0;
+  }
+  if (mode == "hog") {
+    std::string name = "ip-hog";
+    for (int i = 1; i + 1 < argc; ++i)
+      if (std::strcmp(argv[i], "--name") == 0) name = argv[i + 1];
+    prctl(PR_SET_NAME, name.c_str(), 0, 0, 0);
+    std::signal(SIGUSR1, on_usr1);
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(arg_long(argc, argv, "--seconds", 10));
+    const auto unix_ns = [] {
+      timespec t{};
+      clock_gettime(CLOCK_REALTIME, &t);
+      return static_cast<long long>(t.tv_sec) * 1'000'000'000LL + t.tv_nsec;
+    };
+    std::printf("ready\n");
+    std::fflush(stdout);
+    const long long from = unix_ns();
+    volatile unsigned long x = 0;
+    while (std::chrono::steady_clock::now() < end && !g_stop.load(std::memory_order_relaxed)) x = x + 1;
+    std::printf("spun %lld %lld\n", from, unix_ns());
     return 0;
   }
   if (mode == "loop") {
