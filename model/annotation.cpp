@@ -40,7 +40,11 @@ class SyntaxErrorSax final : public nlohmann::json_sax<json> {
 std::string type_of(const json& j) {
   if (j.is_number_float()) return "a number with a fraction";
   if (j.is_number()) return "a number";
-  return std::string(j.is_null() ? "null" : j.is_string() ? "a string" : j.is_array() ? "an array" : j.is_object() ? "an object" : "a boolean");
+  return std::string(j.is_null()     ? "null"
+                     : j.is_string() ? "a string"
+                     : j.is_array()  ? "an array"
+                     : j.is_object() ? "an object"
+                                     : "a boolean");
 }
 
 // A key or value for an error message: JSON-quoted, at most ~80 characters.
@@ -90,8 +94,7 @@ bool parse_object(const json& j, Annotation& a, std::string& error) {
     return error = "labels: " + std::to_string(labels->size()) + " labels, at most " + std::to_string(kMaxLabels),
            false;
   for (const auto& [k, val] : labels->items()) {
-    if (!valid_label_key(k))
-      return error = "labels: key " + shown(k) + " is not 1-64 bytes of A-Za-z0-9_.-", false;
+    if (!valid_label_key(k)) return error = "labels: key " + shown(k) + " is not 1-64 bytes of A-Za-z0-9_.-", false;
     std::string text;
     if (val.is_string()) text = val.get<std::string>();
     else if (val.is_number_unsigned()) text = std::to_string(val.get<uint64_t>());

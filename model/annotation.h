@@ -40,11 +40,11 @@ inline constexpr int64_t kProtocolVersion = 1;
 }  // namespace annotation_limits
 
 struct Annotation {
-  uint64_t ts_ns = 0;     // unix ns (CLOCK_REALTIME); 0 after parsing when the line gave none
-  bool ts_given = false;  // the line had "ts" (else the receiver stamps the receive time)
-  uint32_t pid = 0;       // the process it is about (0 after parsing: the line did not say)
-  uint32_t tid = 0;       // the thread it is about (0: not said)
-  uint16_t node = 0;      // index into TraceMeta::nodes (set by whoever receives or reads it)
+  uint64_t ts_ns = 0;                           // unix ns (CLOCK_REALTIME); 0 after parsing when the line gave none
+  bool ts_given = false;                        // the line had "ts" (else the receiver stamps the receive time)
+  uint32_t pid = 0;                             // the process it is about (0 after parsing: the line did not say)
+  uint32_t tid = 0;                             // the thread it is about (0: not said)
+  uint16_t node = 0;                            // index into TraceMeta::nodes (set by whoever receives or reads it)
   uint64_t start_time = 0;                      // /proc/<pid>/stat start time, clock ticks; 0 = unknown
   uint64_t span_start_ns = 0, span_end_ns = 0;  // a phase (both set) or an instant (both 0)
   std::map<std::string, std::string> labels;    // validated keys and values

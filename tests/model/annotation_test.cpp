@@ -58,9 +58,8 @@ TEST(Annotation, LightningCallbackLines) {
 }
 
 TEST(Annotation, EveryField) {
-  const Annotation a = ok(
-      R"({"v":1,"ts":1700000000123456789,"labels":{"step":"7"},"pid":12,"tid":13,"start_time":555,)"
-      R"("span_start":1700000000000000000,"span_end":1700000000100000000})");
+  const Annotation a = ok(R"({"v":1,"ts":1700000000123456789,"labels":{"step":"7"},"pid":12,"tid":13,"start_time":555,)"
+                          R"("span_start":1700000000000000000,"span_end":1700000000100000000})");
   EXPECT_EQ(a.ts_ns, 1700000000123456789ull);
   EXPECT_TRUE(a.ts_given);
   EXPECT_EQ(a.pid, 12u);
@@ -98,7 +97,8 @@ TEST(Annotation, IntegerLabelValuesAreKeptAsText) {
 TEST(Annotation, StepValuesThatAreNotNumbers) {
   EXPECT_EQ(label_number("0"), 0);
   EXPECT_EQ(label_number("123456789012345678"), 123456789012345678);
-  for (const char* s : {"", "x", "4.5", "-3", "+3", " 3", "1e3", "1234567890123456789"}) EXPECT_EQ(label_number(s), -1) << s;
+  for (const char* s : {"", "x", "4.5", "-3", "+3", " 3", "1e3", "1234567890123456789"})
+    EXPECT_EQ(label_number(s), -1) << s;
   StepMarker m;
   ASSERT_TRUE(step_marker_of(ok(R"({"labels":{"step":"warmup"}})"), m));
   EXPECT_TRUE(m.has_step);
@@ -164,7 +164,8 @@ TEST(Annotation, HugeAndHostileLines) {
   const std::string body = "{\"labels\":{\"step\":\"1\"}}";
   ok(body + std::string(annotation_limits::kMaxLineBytes - body.size(), ' '));
   // Nested 8,000 deep within the limit: no recursion blow-up, a plain error.
-  const std::string deep = "{\"labels\":{\"step\":\"1\"},\"x\":" + std::string(8000, '[') + std::string(8000, ']') + "}";
+  const std::string deep = "{\"labels\":{\"step\":\"1\"},\"x\":" + std::string(8000, '[') + std::string(8000, ']') +
+                           "}";
   ASSERT_LE(deep.size(), annotation_limits::kMaxLineBytes);
   EXPECT_EQ(*ok(deep).label("step"), "1");
   const std::string open = std::string(16000, '[');
