@@ -122,15 +122,16 @@ std::string check_peer(const PeerCred& peer, const PeerPolicy& policy) {
 }
 
 std::string check_scope(const PeerCred& peer, Annotation& a, const PeerPolicy& policy) {
-  const auto& uid_of = policy.pid_uid ? policy.pid_uid : std::function<std::optional<uint32_t>(uint32_t)>(proc_real_uid);
-  const auto& start_of =
-      policy.pid_start_time ? policy.pid_start_time : std::function<std::optional<uint64_t>(uint32_t)>(proc_start_time);
+  const auto& uid_of = policy.pid_uid ? policy.pid_uid
+                                      : std::function<std::optional<uint32_t>(uint32_t)>(proc_real_uid);
+  const auto& start_of = policy.pid_start_time ? policy.pid_start_time
+                                               : std::function<std::optional<uint64_t>(uint32_t)>(proc_start_time);
   if (a.pid != peer.pid) {
     const auto owner = uid_of(a.pid);
     if (!owner) return "pid " + std::to_string(a.pid) + ": no such process (who owns it cannot be checked)";
     if (peer.uid != 0 && *owner != peer.uid)
-      return "pid " + std::to_string(a.pid) + " belongs to uid " + std::to_string(*owner) + ", not to the sender's uid " +
-             std::to_string(peer.uid);
+      return "pid " + std::to_string(a.pid) + " belongs to uid " + std::to_string(*owner) +
+             ", not to the sender's uid " + std::to_string(peer.uid);
   }
   const auto started = start_of(a.pid);
   if (a.start_time && started && *started != a.start_time)
@@ -399,7 +400,7 @@ std::unique_ptr<AnnotateServer> AnnotateServer::start(Options options, std::stri
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   // Something already at the path: a socket nobody listens on is a leftover and goes; a live one,
   // or anything that is not a socket, stays and is an error.
-  if (struct stat st {}; ::lstat(path.c_str(), &st) == 0) {
+  if (struct stat st{}; ::lstat(path.c_str(), &st) == 0) {
     if (S_ISLNK(st.st_mode)) return error = path + ": is a symlink; refusing to replace it", nullptr;
     if (!S_ISSOCK(st.st_mode)) return error = path + ": exists and is not a socket; refusing to replace it", nullptr;
     const int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -456,7 +457,7 @@ void AnnotateServer::stop() {
   ::close(impl_->listen_fd);
   ::close(impl_->stop_fd);
   // Remove the socket file only if it is still the one we bound (not someone else's since).
-  if (struct stat st {}; ::lstat(impl_->path.c_str(), &st) == 0 && st.st_dev == impl_->dev && st.st_ino == impl_->ino)
+  if (struct stat st{}; ::lstat(impl_->path.c_str(), &st) == 0 && st.st_dev == impl_->dev && st.st_ino == impl_->ino)
     ::unlink(impl_->path.c_str());
 }
 

@@ -91,14 +91,14 @@ class LineFramer {
 };
 
 struct AnnotateStats {
-  uint64_t connections = 0;   // accepted
-  uint64_t refused = 0;       // closed at once (peer not allowed, credentials unreadable, too many)
-  uint64_t lines = 0;         // non-blank lines received
-  uint64_t annotations = 0;   // lines accepted
-  uint64_t step_markers = 0;  // accepted annotations with a "step" label
-  uint64_t epoch_only = 0;    // accepted annotations with "epoch" but no "step"
-  uint64_t rejected = 0;      // lines refused (each under its reason)
-  uint64_t not_kept = 0;      // accepted beyond max_kept: counted, not kept
+  uint64_t connections = 0;                 // accepted
+  uint64_t refused = 0;                     // closed at once (peer not allowed, credentials unreadable, too many)
+  uint64_t lines = 0;                       // non-blank lines received
+  uint64_t annotations = 0;                 // lines accepted
+  uint64_t step_markers = 0;                // accepted annotations with a "step" label
+  uint64_t epoch_only = 0;                  // accepted annotations with "epoch" but no "step"
+  uint64_t rejected = 0;                    // lines refused (each under its reason)
+  uint64_t not_kept = 0;                    // accepted beyond max_kept: counted, not kept
   std::map<std::string, uint64_t> reasons;  // what was wrong -> count (connections and lines)
 };
 
@@ -110,8 +110,8 @@ class AnnotateServer {
     uint16_t node = 0;  // Annotation::node of everything received
     size_t max_connections = 256;
     size_t max_kept = 1'000'000;
-    uint32_t rate_limit = 1000;               // lines per second per connection (Ingero's)
-    std::function<uint64_t()> now_ns;         // CLOCK_REALTIME unless set (tests)
+    uint32_t rate_limit = 1000;        // lines per second per connection (Ingero's)
+    std::function<uint64_t()> now_ns;  // CLOCK_REALTIME unless set (tests)
     uint64_t max_ts_skew_ns = 24 * 3600 * 1'000'000'000ull;
   };
 

@@ -170,8 +170,8 @@ TEST(AnnotateServer, ClientThreadStepsBecomeMarkersWithItsPid) {
     std::string all;
     for (int i = 0; i < 20; ++i)
       all += "{\"labels\":{\"epoch\":\"" + std::to_string(i / 10) + "\",\"step\":\"" + std::to_string(i) + "\"}}\n";
-    all += "\n{\"labels\":{\"step\":\"1\"}\n";                                 // blank, then a partial object
-    all += "{\"labels\":{\"step\":\"21\"},\"ts\":1700000000}\n";                // seconds, not ns
+    all += "\n{\"labels\":{\"step\":\"1\"}\n";                                   // blank, then a partial object
+    all += "{\"labels\":{\"step\":\"21\"},\"ts\":1700000000}\n";                 // seconds, not ns
     all += "{\"labels\":{\"epoch\":\"1\",\"phase\":\"epoch_end\"},\"tid\":77}";  // last, no newline
     for (size_t off = 0; off < all.size(); off += 7) send_all(fd, all.substr(off, 7));
     ::close(fd);
@@ -221,8 +221,9 @@ TEST(AnnotateServer, ClientThreadStepsBecomeMarkersWithItsPid) {
   }
   EXPECT_EQ(got[20].tid, 77u);
   EXPECT_EQ(*got[20].label("phase"), "epoch_end");
-  EXPECT_NE(annotate_summary(s).find("1 connection(s), 23 line(s): 21 annotation(s) (20 step marker(s), 1 epoch-only), 2 "
-                                     "rejected; why: "),
+  EXPECT_NE(annotate_summary(s).find(
+                "1 connection(s), 23 line(s): 21 annotation(s) (20 step marker(s), 1 epoch-only), 2 "
+                "rejected; why: "),
             std::string::npos)
       << annotate_summary(s);
 }
@@ -268,7 +269,7 @@ TEST(AnnotateServer, StopReadsWhatIsWaitingAndTooManyConnectionsAreRefused) {
   EXPECT_EQ(server->stats().reasons.count("too many connections (2 open)"), 1u);
   send_all(a, "{\"labels\":{\"step\":\"1\"}}\n{\"labels\":{\"step\":\"2\"}}\n");
   send_all(b, "{\"labels\":{\"step\":\"3\"}}\n{\"labels\":{\"st");  // still being written at stop
-  server->stop();  // at once: what was sent is still read
+  server->stop();                                                   // at once: what was sent is still read
   const AnnotateStats s = server->stats();
   EXPECT_EQ(s.annotations, 3u);
   EXPECT_EQ(s.reasons.count("line cut off when the trace stopped"), 1u) << annotate_summary(s);
