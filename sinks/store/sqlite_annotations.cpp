@@ -40,7 +40,8 @@ bool write_annotations(const std::string& path, const std::vector<Annotation>& r
   }
   sqlite_detail::Db db(raw);
   std::string why;
-  if (!sqlite_detail::exec(db.get(), "BEGIN", why) || !sqlite_detail::exec(db.get(), sqlite_detail::kAnnotationsSql, why))
+  if (!sqlite_detail::exec(db.get(), "BEGIN", why) ||
+      !sqlite_detail::exec(db.get(), sqlite_detail::kAnnotationsSql, why))
     return error = shown + ": creating ip_annotations: " + why, false;
   Stmt st(db.get(),
           "INSERT INTO ip_annotations(ts_ns, ts_given, node, pid, tid, start_time, span_start, span_end, labels, step,"
@@ -66,7 +67,8 @@ bool write_annotations(const std::string& path, const std::vector<Annotation>& r
     st.bind(13, int64_t{a.peer_uid});
     st.bind(14, int64_t{a.peer_gid});
     if (st.step() != SQLITE_DONE)
-      return error = shown + ": writing ip_annotations: " + sqlite_detail::describe_sqlite_error(db.get(), SQLITE_ERROR),
+      return error = shown +
+                     ": writing ip_annotations: " + sqlite_detail::describe_sqlite_error(db.get(), SQLITE_ERROR),
              false;
     st.reset();
   }
