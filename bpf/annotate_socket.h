@@ -112,7 +112,7 @@ class AnnotateServer {
     size_t max_kept = 1'000'000;
     uint32_t rate_limit = 1000;        // lines per second per connection (Ingero's)
     std::function<uint64_t()> now_ns;  // CLOCK_REALTIME unless set (tests)
-    uint64_t max_ts_skew_ns = 24 * 3600 * 1'000'000'000ull;
+    uint64_t max_ts_skew_ns = 24ull * 3600 * 1'000'000'000;
   };
 
   // Null with `error` (one line, naming the path) when the socket cannot be set up.

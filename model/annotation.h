@@ -32,7 +32,7 @@
 namespace ingero {
 
 namespace annotation_limits {
-inline constexpr size_t kMaxLineBytes = 16 * 1024;
+inline constexpr size_t kMaxLineBytes = size_t{16} * 1024;
 inline constexpr size_t kMaxLabels = 32;
 inline constexpr size_t kMaxKeyBytes = 64;
 inline constexpr size_t kMaxValueBytes = 256;

@@ -386,6 +386,7 @@ bool steps_from_markers(std::vector<StepMarker> m, ProcessSteps& out) {
   std::vector<double> v(times.begin(), times.end());
   const double med = median_of(v);
   std::vector<double> dev;
+  dev.reserve(times.size());
   for (uint64_t t : times) dev.push_back(std::fabs(static_cast<double>(t) - med));
   const double tol = std::max(3 * 1.4826 * median_of(dev), 0.005 * med);
   double sum = 0;
