@@ -101,8 +101,27 @@ int run_explain(const ExplainArgs& a) {
   acct_opts.chain_accounting = true;
   acct_opts.meta = &tee.meta();
   TimeAccounting accounting(acct_opts);
-  // The step period of each process, inferred with no markers (operators/step_inference.h).
+  // The step period of each process, inferred with no markers (operators/step_inference.h), or
+  // taken from the markers the program sent when the trace has them (ip_annotations, or Ingero's
+  // own annotations table: docs/steps.md "Explicit step markers").
   StepInference steps;
+  std::vector<Annotation> program_annotations;
+  if (!a.db.empty() && is_sqlite_file(a.db)) {
+    AnnotationReadStats as;
+    if (!read_annotations(a.db, source->meta().nodes, program_annotations, as, error)) {
+      std::fprintf(stderr, "warning: %s (the steps are inferred instead)\n", error.c_str());
+      program_annotations.clear();
+    } else if (as.skipped) {
+      std::string why;
+      for (const auto& [r, n] : as.reasons) why += (why.empty() ? "" : "; ") + r + " x" + std::to_string(n);
+      std::fprintf(stderr, "warning: %s: %llu %s row(s) skipped: %s\n", a.db.c_str(),
+                   static_cast<unsigned long long>(as.skipped), as.table.c_str(), why.c_str());
+    }
+    std::vector<StepMarker> markers;
+    for (const Annotation& x : program_annotations)
+      if (StepMarker m; step_marker_of(x, m)) markers.push_back(m);
+    steps.add_markers(markers);
+  }
   ObservingSource observed(tee, {&accounting, &steps});
   EventSource& annotated = annotator.tap(observed);
   opts.on_chain = [&annotator](const Chain& c) { annotator.annotate(c); };
@@ -123,6 +142,8 @@ int run_explain(const ExplainArgs& a) {
       print_error(a.save + ": " + (error.empty() ? sink->error() : error));
       return kExitRuntime;
     }
+    if (!program_annotations.empty() && !write_annotations(a.save, program_annotations, r.meta.nodes, error))
+      std::fprintf(stderr, "warning: %s\n", error.c_str());
   }
   if (!a.html.empty()) {  // a second pass over the trace for the charts
     auto again = open_any_trace(a.db, error);

@@ -7,6 +7,8 @@
 #include <csignal>
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -17,6 +19,7 @@
 #include <mutex>
 #include <thread>
 
+#include "bpf/annotate_socket.h"
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/metrics_cli.h"
@@ -60,6 +63,11 @@ struct TraceArgs {
   // Fleet (docs/fleet.md): --metrics-addr, --node (names this node in the trace; default: the id
   // persisted in $INGERO_STATE_DIR/node-id), --cluster.
   MetricsCliArgs metrics;
+  // Explicit step markers (docs/steps.md): --annotate[=PATH] opens Ingero's annotation socket;
+  // --annotate-uid lets more users' programs send.
+  bool annotate = false;
+  std::string annotate_path;
+  std::vector<uint32_t> annotate_uids;
 };
 
 #ifdef INGERO_HAVE_BPF
@@ -172,7 +180,19 @@ std::string db_text(const SpoolingWriter* w) {
   return t;
 }
 
-void render(ViewState& v, const bpf::LiveSource& src, const SpoolingWriter* writer, double elapsed_s, bool tty) {
+// "annotate 1,200 annotations (1,100 step markers), 3 rejected" for the live view.
+std::string annotate_text(const AnnotateServer* server) {
+  if (!server) return "";
+  const AnnotateStats s = server->stats();
+  std::string t = "annotate " + count_text(s.annotations) + " annotations (" + count_text(s.step_markers) +
+                  " step markers)";
+  if (s.rejected) t += ", " + count_text(s.rejected) + " rejected";
+  if (s.refused) t += ", " + count_text(s.refused) + " connections refused";
+  return t;
+}
+
+void render(ViewState& v, const bpf::LiveSource& src, const SpoolingWriter* writer, const AnnotateServer* ann,
+            double elapsed_s, bool tty) {
   const bpf::LiveStats st = src.stats();
   std::string out;
   if (tty) out += "\x1b[H\x1b[2J";
@@ -188,6 +208,7 @@ void render(ViewState& v, const bpf::LiveSource& src, const SpoolingWriter* writ
                 static_cast<unsigned long long>(st.missed), st.libraries, st.uprobes);
   out += line;
   if (writer) out += db_text(writer) + "\n";
+  if (ann) out += annotate_text(ann) + "\n";
   if (!tty) {  // a log line per refresh when not on a terminal
     std::fputs(out.c_str(), stderr);
     return;
@@ -222,6 +243,10 @@ int run_trace(const TraceArgs& a) {
   }
   if (!a.pids.empty() && !a.cgroup.empty()) {
     print_error("--pid and --cgroup are exclusive: choose one target");
+    return kExitUsage;
+  }
+  if (!a.annotate && !a.annotate_uids.empty()) {
+    print_error("--annotate-uid needs --annotate (the annotation socket it opens to those uids)");
     return kExitUsage;
   }
   AnalysisSpec spec;
@@ -319,6 +344,38 @@ int run_trace(const TraceArgs& a) {
       return kExitInput;
     }
   }
+  // Explicit step markers (docs/steps.md "Explicit step markers"): Ingero's annotation socket,
+  // opened before the probes (attaching takes seconds; Ingero's Lightning callback dials once, at
+  // setup, and stays silent for the run if nobody listens). Who may send: root, this process's
+  // uids, the user who ran sudo, the owners of --pid processes and --annotate-uid; checked per
+  // connection (SO_PEERCRED).
+  std::unique_ptr<AnnotateServer> annotate_server;
+  if (a.annotate) {
+    AnnotateServer::Options ao;
+    ao.path = a.annotate_path;
+    ao.policy.uids = {::getuid(), ::geteuid()};
+    if (const char* sudo = std::getenv("SUDO_UID"); sudo && *sudo) {
+      char* end = nullptr;
+      const unsigned long u = std::strtoul(sudo, &end, 10);
+      if (end && *end == '\0' && u <= UINT32_MAX) ao.policy.uids.insert(static_cast<uint32_t>(u));
+    }
+    for (uint32_t p : a.pids)
+      if (const auto u = proc_real_uid(p)) ao.policy.uids.insert(*u);
+    for (uint32_t u : a.annotate_uids) ao.policy.uids.insert(u);
+    std::string uids = "root";
+    for (uint32_t u : ao.policy.uids)
+      if (u != 0) uids += ", " + std::to_string(u);
+    annotate_server = AnnotateServer::start(std::move(ao), error);
+    if (!annotate_server) {
+      print_error("--annotate: " + error);
+      return kExitRuntime;
+    }
+    for (const auto& w : annotate_server->take_warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
+    std::fprintf(stderr,
+                 "annotate: listening on %s (Ingero's annotation protocol, one JSON object a line: "
+                 "{\"labels\":{\"step\":\"42\"}}; senders of uid %s)\n",
+                 annotate_server->path().c_str(), uids.c_str());
+  }
   auto src = bpf::LiveSource::start(lo, error);
   if (!src) {
     print_error(error + "\n  hint: run `ingero-pipeline check` for what is missing");
@@ -409,11 +466,23 @@ int run_trace(const TraceArgs& a) {
     if (elapsed >= 10.0 * static_cast<double>(anchors.size()))
       anchors.push_back(sample_clock_anchor(src->converter().offset()));
     if (!a.quiet && now >= next_render) {
-      render(view, *src, writer.get(), elapsed, tty);
+      render(view, *src, writer.get(), annotate_server.get(), elapsed, tty);
       next_render = now + std::chrono::seconds(1);
       for (const auto& w : src->take_warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
+      if (annotate_server)
+        for (const auto& w : annotate_server->take_warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // The markers reach the step inference before the source ends (finish() runs after its last batch).
+  std::vector<Annotation> program_annotations;
+  if (annotate_server) {
+    annotate_server->stop();
+    program_annotations = annotate_server->take_annotations();
+    std::vector<StepMarker> markers;
+    for (const Annotation& x : program_annotations)
+      if (StepMarker m; step_marker_of(x, m)) markers.push_back(m);
+    steps.add_markers(markers);
   }
   src->stop();
   engine.join();
@@ -442,9 +511,12 @@ int run_trace(const TraceArgs& a) {
     if (!node_source.empty()) idt.attributes[margs.node]["node_id_source"] = node_source;
     idt.processes[margs.node] = identities.rows();
     if (rc == kExitOk && !write_identity(a.db, idt, error)) std::fprintf(stderr, "warning: %s\n", error.c_str());
+    if (rc == kExitOk && !program_annotations.empty() &&
+        !write_annotations(a.db, program_annotations, result.meta.nodes, error))
+      std::fprintf(stderr, "warning: %s\n", error.c_str());
   }
   if (!a.quiet) {
-    if (tty) render(view, *src, writer.get(), elapsed, tty);
+    if (tty) render(view, *src, writer.get(), annotate_server.get(), elapsed, tty);
     ReportOptions ro;
     ro.color = tty;
     std::cout << "\n" << explain_text(result, ro);
@@ -468,6 +540,12 @@ int run_trace(const TraceArgs& a) {
                static_cast<unsigned long long>(st.stacks_unique), static_cast<unsigned long long>(st.python_stacks),
                static_cast<unsigned long long>(st.stacks_rate_limited), static_cast<unsigned long long>(st.stacks_lost),
                static_cast<unsigned long long>(st.samples), static_cast<unsigned long long>(st.python_procs));
+  if (annotate_server) {
+    for (const auto& w : annotate_server->take_warnings())
+      if (!a.quiet) std::fprintf(stderr, "warning: %s\n", w.c_str());
+    std::fprintf(stderr, "trace: annotate %s: %s\n", annotate_server->path().c_str(),
+                 annotate_summary(annotate_server->stats()).c_str());
+  }
   const ProcessIdentityCache::Stats& is = identities.stats();
   std::fprintf(stderr,
                "trace: node %s; %llu processes seen, %llu with a rank in their environment, %llu "
@@ -493,6 +571,7 @@ Registrar reg{
           "  sudo ingero-pipeline trace --duration 30s --db run.db\n"
           "  sudo ingero-pipeline trace --pid 1234 --disable net,tcp\n"
           "  sudo ingero-pipeline trace --stack-min 0 --db run.db   # a stack on every call\n"
+          "  sudo ingero-pipeline trace --annotate --db run.db     # + the steps the program reports (Lightning, Ray)\n"
           "  sudo ingero-pipeline trace --cgroup /sys/fs/cgroup/system.slice/docker-<id>.scope");
       cmd->add_option("--duration", args->duration, "Stop after this long (30s, 2m); default: until Ctrl-C");
       cmd->add_option("--pid", args->pids, "Trace these processes (all threads, and their children)");
@@ -534,7 +613,18 @@ Registrar reg{
           ->check(CLI::Range(1u, 1000000u));
       cmd->add_flag("-q,--quiet", args->quiet, "No live view or report (summary line only)");
       add_metrics_options(cmd, args->metrics);
-      cmd->callback([args, &rc] {
+      auto* annotate = cmd->add_option("--annotate", args->annotate_path,
+                                       "Accept the steps the traced program reports, in Ingero's annotation protocol "
+                                       "(NDJSON on a Unix socket; Ingero's Lightning callback and Ray helpers work "
+                                       "unchanged): explicit step markers win over inferred steps. Default socket: "
+                                       "/run/ingero/annotate.sock, as Ingero's; --annotate=PATH for another")
+                           ->expected(0, 1);
+      cmd->add_option("--annotate-uid", args->annotate_uids,
+                      "Also accept annotations from programs of these uids (accepted anyway: root, the tracer's "
+                      "uid, $SUDO_UID, the owners of --pid processes)")
+          ->delimiter(',');
+      cmd->callback([args, annotate, &rc] {
+        args->annotate = annotate->count() > 0;
 #ifdef INGERO_HAVE_BPF
         rc = run_trace(*args);
 #else

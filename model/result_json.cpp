@@ -326,7 +326,8 @@ json steps_json(const std::vector<ProcessSteps>& steps, const TraceMeta& meta) {
                    {"p99_ns", s.p99_ns},
                    {"method", s.method},
                    {"confidence", num_or_null(s.confidence)},
-                   {"reason", s.reason}});
+                   {"reason", s.reason},
+                   {"epochs", s.epochs}});
   return out;
 }
 

@@ -1,6 +1,7 @@
 // Training/inference steps of one process, inferred from its GPU calls with no instrumentation
-// (operators/step_inference.h says how). Kept in the model so the JSON, the reports and, later,
-// the engine and the rules can read them without knowing the operator.
+// (operators/step_inference.h says how), or taken from the step markers the program sent
+// (StepMarker below). Kept in the model so the JSON, the reports and, later, the engine and the
+// rules can read them without knowing the operator.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,21 @@ struct ProcessSteps {
   std::vector<uint64_t> boundaries;
   uint64_t fallback_interval_ns = 0;   // "none" only: the fixed interval the grid above uses
   uint64_t first_ns = 0, last_ns = 0;  // the process's first GPU call start and last call end
+  // Method "annotated (step)" only: the distinct epochs the markers named (0 when they named none).
+  uint64_t epochs = 0;
+};
+
+// An explicit step boundary the program itself reported (`trace --annotate`: Ingero's annotation
+// protocol, model/annotation.h; stored in ip_annotations and read back on replay). A process with
+// markers gets its steps from them instead of inferring them (operators/step_inference.h).
+struct StepMarker {
+  uint64_t ts_ns = 0;                        // unix ns (CLOCK_REALTIME): when the program said it
+  uint32_t pid = 0;                          // the process the marker is about
+  uint32_t tid = 0;                          // its thread, when the program said (0 = not said)
+  uint16_t node = 0;                         // index into TraceMeta::nodes
+  bool has_step = false, has_epoch = false;  // which labels the annotation carried
+  int64_t step = -1;                         // the "step" label as a number; -1 when absent or not a decimal integer
+  int64_t epoch = -1;                        // the "epoch" label likewise
 };
 
 }  // namespace ingero

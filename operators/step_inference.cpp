@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <numeric>
+#include <set>
 #include <utility>
 
 #include "model/ops.h"
@@ -344,6 +346,71 @@ ProcessSteps infer(const StepInference::KeyState& s) {
   return out;
 }
 
+// The (node, pid) a marker or a key belongs to.
+uint64_t process_key(uint16_t node, uint32_t pid) { return (static_cast<uint64_t>(node) << 32) | pid; }
+
+// Steps from the markers the program sent (the header's "Explicit markers win"): false when they
+// make no complete step (fewer than two boundaries).
+bool steps_from_markers(std::vector<StepMarker> m, ProcessSteps& out) {
+  std::stable_sort(m.begin(), m.end(), [](const StepMarker& a, const StepMarker& b) { return a.ts_ns < b.ts_ns; });
+  struct Boundary {
+    uint64_t ts;
+    int64_t epoch;  // -1 unknown
+  };
+  std::vector<Boundary> b;
+  std::vector<int64_t> epochs;
+  int64_t epoch = -1;
+  bool prev = false;
+  int64_t prev_step = -1;
+  for (const StepMarker& x : m) {
+    if (x.ts_ns == 0) continue;
+    if (x.has_epoch && x.epoch >= 0) {
+      epoch = x.epoch;
+      epochs.push_back(x.epoch);
+    }
+    if (!x.has_step) continue;
+    const bool repeat = prev && x.step >= 0 && x.step == prev_step;
+    prev = true;
+    prev_step = x.step;
+    if (!repeat) b.push_back({x.ts_ns, epoch});
+  }
+  if (b.size() < 2) return false;
+  const uint64_t total = b.size();
+  if (b.size() > StepInference::kMaxMarkers) b.erase(b.begin(), b.end() - StepInference::kMaxMarkers);
+  std::vector<uint64_t> times, all;
+  for (size_t i = 1; i < b.size(); ++i) {
+    all.push_back(b[i].ts - b[i - 1].ts);
+    if (b[i].epoch == b[i - 1].epoch) times.push_back(all.back());
+  }
+  if (times.empty()) times = all;  // every step crossed an epoch: one step per epoch
+  std::vector<double> v(times.begin(), times.end());
+  const double med = median_of(v);
+  std::vector<double> dev;
+  dev.reserve(times.size());
+  for (uint64_t t : times) dev.push_back(std::fabs(static_cast<double>(t) - med));
+  const double tol = std::max(3 * 1.4826 * median_of(dev), 0.005 * med);
+  double sum = 0;
+  size_t used = 0;
+  for (uint64_t t : times)
+    if (std::fabs(static_cast<double>(t) - med) <= tol) {
+      sum += static_cast<double>(t);
+      ++used;
+    }
+  std::sort(epochs.begin(), epochs.end());
+  out.count = total - 1;
+  out.period_ns = static_cast<uint64_t>(std::llround(used ? sum / static_cast<double>(used) : med));
+  out.p50_ns = nearest_rank(times, 0.50);
+  out.p99_ns = nearest_rank(times, 0.99);
+  out.method = "annotated (step)";
+  out.reason.clear();
+  out.confidence = 1;
+  out.boundaries.clear();
+  for (const Boundary& x : b) out.boundaries.push_back(x.ts);
+  out.fallback_interval_ns = 0;
+  out.epochs = static_cast<uint64_t>(std::unique(epochs.begin(), epochs.end()) - epochs.begin());
+  return true;
+}
+
 }  // namespace
 
 void StepInference::Series::add(uint64_t t, uint64_t d) {
@@ -420,18 +487,63 @@ void StepInference::observe(const Event* events, size_t n) {
   }
 }
 
+void StepInference::add_markers(std::span<const StepMarker> markers) {
+  std::lock_guard<std::mutex> lk(markers_mu_);
+  for (const StepMarker& m : markers) markers_[process_key(m.node, m.pid)].push_back(m);
+}
+
 std::vector<ProcessSteps> StepInference::results() const {
+  // The processes whose own markers make at least one step: they win over the inference.
+  std::map<uint64_t, ProcessSteps> annotated;
+  std::map<uint64_t, std::pair<uint64_t, uint64_t>> marker_span;  // first, last marker
+  {
+    std::lock_guard<std::mutex> lk(markers_mu_);
+    for (const auto& [k, v] : markers_) {
+      ProcessSteps p;
+      if (!steps_from_markers(v, p)) continue;
+      uint64_t lo = UINT64_MAX, hi = 0;
+      for (const StepMarker& m : v)
+        if (m.ts_ns) lo = std::min(lo, m.ts_ns), hi = std::max(hi, m.ts_ns);
+      marker_span[k] = {lo, hi};
+      annotated.emplace(k, std::move(p));
+    }
+  }
   std::vector<const KeyState*> states;
   states.reserve(keys_.size());
   for (const auto& [k, s] : keys_) states.push_back(s.get());
-  std::sort(states.begin(), states.end(), [](const KeyState* a, const KeyState* b) {
-    if (a->node != b->node) return a->node < b->node;
-    if (a->pid != b->pid) return a->pid < b->pid;
-    return a->rank < b->rank;
-  });
   std::vector<ProcessSteps> out;
-  out.reserve(states.size());
-  for (const KeyState* s : states) out.push_back(infer(*s));
+  out.reserve(states.size() + annotated.size());
+  std::set<uint64_t> used;
+  for (const KeyState* s : states) {
+    const uint64_t pk = process_key(s->node, s->pid);
+    auto it = annotated.find(pk);
+    if (it == annotated.end()) {
+      out.push_back(infer(*s));
+      continue;
+    }
+    ProcessSteps p = it->second;
+    p.pid = s->pid;
+    p.rank = s->rank;
+    p.node = s->node;
+    p.first_ns = s->first_ns;
+    p.last_ns = s->last_ns;
+    out.push_back(std::move(p));
+    used.insert(pk);
+  }
+  for (auto& [k, p] : annotated) {
+    if (used.count(k)) continue;
+    p.pid = static_cast<uint32_t>(k & 0xffffffffu);
+    p.node = static_cast<uint16_t>(k >> 32);
+    p.rank = -1;
+    p.first_ns = marker_span[k].first;
+    p.last_ns = marker_span[k].second;
+    out.push_back(p);
+  }
+  std::sort(out.begin(), out.end(), [](const ProcessSteps& a, const ProcessSteps& b) {
+    if (a.node != b.node) return a.node < b.node;
+    if (a.pid != b.pid) return a.pid < b.pid;
+    return a.rank < b.rank;
+  });
   return out;
 }
 

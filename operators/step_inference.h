@@ -5,7 +5,8 @@
 // - An EventObserver: observe() takes every batch in source order (sorted by ts_ns); finish()
 //   appends one ProcessSteps (model/steps.h) per (node, pid, rank) that made a GPU API call to
 //   result.steps, sorted by node, pid, rank. Events of other sources are ignored (a process that
-//   never called the GPU gets no entry). One pass; deterministic; the result does not depend on
+//   never called the GPU gets no entry, unless it sent step markers: add_markers). One pass;
+//   deterministic; the result does not depend on
 //   batch sizes, and shifting every timestamp by a constant shifts the boundaries by it and
 //   changes nothing else.
 // - Memory: per key, per marker series, the last kMaxMarkers markers (a ring: 16 bytes each) plus
@@ -71,12 +72,30 @@
 // Limits: timing alone cannot tell a step from a repeated half-step with identical markers
 // (markers evenly spaced in the step give period/k); gradient accumulation reports the
 // micro-step; the phase is a convention (the longest wait), not a marker the program set.
+//
+// Explicit markers win (add_markers; docs/steps.md "Explicit step markers"): markers the program
+// sent (`trace --annotate`, Ingero's annotation protocol, or ip_annotations read back on replay)
+// replace the inference for every key of their (node, pid) once they make at least one complete
+// step (two boundaries). A boundary is a marker with a "step" label whose value differs from the
+// previous step marker's of that process (Lightning sends trainer.global_step at every batch
+// start: with gradient accumulation the same value repeats for each micro-batch, and the step is
+// the optimizer's); a "step" label that is not a number makes every such marker a boundary.
+// Markers with only "epoch" set the epoch. Method "annotated (step)", confidence 1, reason "";
+// boundaries = the boundary times (the last kMaxMarkers); count = boundaries - 1 (+ those beyond
+// the kept ones); p50/p99 = nearest-rank of the intervals between consecutive boundaries, period
+// = the mean of those within 3 scaled MADs of their median, both leaving out an interval whose two
+// boundaries name different epochs (it holds the epoch's end: validation, checkpointing); epochs
+// = the distinct epoch numbers named. A (node, pid) with markers but no GPU call gets an entry of
+// its own (rank -1, first/last = its first and last marker). Processes without markers are
+// inferred as above, unchanged. Markers of unknown time (ts 0) are ignored.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -110,6 +129,11 @@ class StepInference final : public EventObserver {
   void observe(const Event* events, size_t n) override;
   void finish(const TraceMeta& meta, AnalysisResult& result) override;
 
+  // Explicit step markers for the processes they name (see "Explicit markers win" above), in any
+  // order, in any number of calls. Thread-safe: may be called from any thread before finish()
+  // (the live capture's annotation socket hands them over as the capture stops).
+  void add_markers(std::span<const StepMarker> markers);
+
   // The same analysis without an AnalysisResult (tests): one entry per key, sorted.
   std::vector<ProcessSteps> results() const;
 
@@ -142,6 +166,8 @@ class StepInference final : public EventObserver {
 
   std::unordered_map<uint64_t, std::unique_ptr<KeyState>> keys_;
   std::unordered_map<uint64_t, KeyState*> launcher_;  // (node, tid) of a key's last launch -> the key
+  mutable std::mutex markers_mu_;
+  std::unordered_map<uint64_t, std::vector<StepMarker>> markers_;  // (node, pid) -> markers, as given
   uint64_t last_key_ = UINT64_MAX;
   KeyState* last_state_ = nullptr;
 };

@@ -263,4 +263,27 @@ CREATE TABLE IF NOT EXISTS ip_process_identity (  -- per traced process, from it
 );
 )sql";
 
+// Explicit annotations (`trace --annotate`: Ingero's annotation protocol, model/annotation.h;
+// docs/storage.md): written by `trace --db` after the capture (write_annotations) and read back by
+// `explain` for its step markers (read_annotations). Absent from older files.
+inline constexpr const char* kAnnotationsSql = R"sql(
+CREATE TABLE IF NOT EXISTS ip_annotations (  -- what traced programs reported about themselves
+  ts_ns      INTEGER NOT NULL,            -- unix ns: the line's ts, else when it was received
+  ts_given   INTEGER NOT NULL DEFAULT 0,  -- 1: the program gave ts; 0: the receive time
+  node       TEXT NOT NULL DEFAULT '',
+  pid        INTEGER NOT NULL,            -- the process it is about (the line's pid, else the sender)
+  tid        INTEGER NOT NULL DEFAULT 0,  -- its thread, when the line said (0: not said)
+  start_time INTEGER NOT NULL DEFAULT 0,  -- /proc/<pid>/stat start time in clock ticks (0: unknown)
+  span_start INTEGER NOT NULL DEFAULT 0,  -- unix ns; both 0: an instant
+  span_end   INTEGER NOT NULL DEFAULT 0,
+  labels     TEXT NOT NULL,               -- JSON object of strings: {"step":"42","epoch":"3"}
+  step       INTEGER,                     -- labels.step as a number (NULL: absent or not one)
+  epoch      INTEGER,                     -- labels.epoch likewise
+  peer_pid   INTEGER NOT NULL DEFAULT 0,  -- SO_PEERCRED of the connection it came on
+  peer_uid   INTEGER NOT NULL DEFAULT 0,
+  peer_gid   INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS idx_ip_annotations_pid_ts ON ip_annotations(pid, ts_ns);
+)sql";
+
 }  // namespace ingero::sqlite_detail

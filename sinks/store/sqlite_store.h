@@ -36,10 +36,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
+#include "model/annotation.h"
 #include "model/result.h"
 #include "model/trace.h"
 
@@ -202,5 +205,29 @@ class SqliteSink {
 // causal_chains rows into Chains (rule "ingero", no predicates) and leaves `ops` empty.
 // Returns false with a one-line `error` naming the file when neither is present.
 bool read_result(const std::string& path, AnalysisResult& result, std::string& error);
+
+// Explicit annotations (model/annotation.h, `trace --annotate`) in table ip_annotations.
+// write_annotations appends `rows` to an existing database (creating the table), naming each
+// row's node by nodes[row.node] ("node#N" when out of range); one transaction. False with a
+// one-line `error` naming the file.
+bool write_annotations(const std::string& path, const std::vector<Annotation>& rows,
+                       const std::vector<std::string>& nodes, std::string& error);
+
+struct AnnotationReadStats {
+  std::string table;                        // "ip_annotations", "annotations" (Ingero's, agent v0.17+) or "" (neither)
+  uint64_t rows = 0;                        // rows returned
+  uint64_t skipped = 0;                     // rows not returned, each under its reason
+  std::map<std::string, uint64_t> reasons;  // "labels not a JSON object of strings" -> count
+};
+// Reads ip_annotations, else Ingero's own `annotations` table (timestamp, labels, pid,
+// start_time, span_start, span_end, peer_uid/gid/pid; node "" and tid 0), in time order (ties in
+// row order). Each row's node name is looked up in `nodes` (a row of another node is skipped). A
+// database with neither table gives no rows and true. Hostile files: at most
+// kMaxAnnotationRows rows are read; labels that are not a JSON object of strings, a time <= 0 or
+// a pid out of range skip the row (counted). Never throws; false with `error` only when the file
+// cannot be opened or the table cannot be read.
+inline constexpr uint64_t kMaxAnnotationRows = uint64_t{4} << 20;
+bool read_annotations(const std::string& path, const std::vector<std::string>& nodes, std::vector<Annotation>& out,
+                      AnnotationReadStats& stats, std::string& error);
 
 }  // namespace ingero

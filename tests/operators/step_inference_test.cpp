@@ -14,6 +14,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "model/ops.h"
@@ -486,6 +487,180 @@ TEST(StepInference, RecordedIngeroTraces) {
     }
   }
   if (traces == 0) GTEST_SKIP() << "no .db under " << dir;
+}
+
+// Explicit step markers (StepInference::add_markers, `trace --annotate`): they win.
+
+StepMarker marker(uint32_t pid, uint64_t ts, int64_t step, int64_t epoch = -1, uint16_t node = 0) {
+  StepMarker m;
+  m.ts_ns = ts;
+  m.pid = pid;
+  m.node = node;
+  m.has_step = true;
+  m.step = step;
+  m.has_epoch = epoch >= 0;
+  m.epoch = epoch;
+  return m;
+}
+
+std::vector<ProcessSteps> run_with(const std::vector<Event>& ev, const std::vector<StepMarker>& markers) {
+  StepInference si;
+  si.add_markers(markers);
+  si.observe(ev.data(), ev.size());
+  AnalysisResult r;
+  si.finish(TraceMeta{}, r);
+  return r.steps;
+}
+
+TEST(StepInference, ExplicitMarkersWinAndOthersStillInfer) {
+  // Two processes stepping every 50 ms by their stream syncs; pid 4000 also says where its steps
+  // are, every second sync (e.g. it counts optimizer steps over two micro-batches).
+  Spec sp;
+  sp.ranks = 2;
+  std::vector<Truth> truth;
+  const auto ev = generate(sp, truth);
+  ASSERT_EQ(truth.size(), 2u);
+  std::vector<StepMarker> m;
+  for (size_t i = 0; i < truth[0].boundaries.size(); i += 2)
+    m.push_back(marker(truth[0].pid, truth[0].boundaries[i], static_cast<int64_t>(i / 2)));
+  const auto got = run_with(ev, m);
+  ASSERT_EQ(got.size(), 2u);
+  const ProcessSteps* a = find(got, truth[0].pid, truth[0].rank);
+  const ProcessSteps* b = find(got, truth[1].pid, truth[1].rank);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->method, "annotated (step)");
+  EXPECT_EQ(a->confidence, 1.0);
+  EXPECT_TRUE(a->reason.empty());
+  EXPECT_EQ(a->count, m.size() - 1);
+  ASSERT_EQ(a->boundaries.size(), m.size());
+  for (size_t i = 0; i < m.size(); ++i) EXPECT_EQ(a->boundaries[i], m[i].ts_ns);
+  EXPECT_NEAR(static_cast<double>(a->period_ns), 2 * truth[0].mean_period, 0.02 * 2 * truth[0].mean_period);
+  EXPECT_LE(a->p50_ns, a->p99_ns);
+  EXPECT_EQ(a->rank, truth[0].rank);
+  EXPECT_EQ(a->fallback_interval_ns, 0u);
+  // Its GPU span, not the markers', still bounds the process.
+  EXPECT_LT(a->first_ns, m.front().ts_ns);
+  // The other process: inferred exactly as without markers.
+  const auto alone = run(ev, 4096);
+  const ProcessSteps* b0 = find(alone, truth[1].pid, truth[1].rank);
+  ASSERT_NE(b0, nullptr);
+  EXPECT_EQ(b->method, "cudaStreamSynchronize x1");
+  EXPECT_EQ(b->method, b0->method);
+  EXPECT_EQ(b->period_ns, b0->period_ns);
+  EXPECT_EQ(b->boundaries, b0->boundaries);
+  EXPECT_EQ(b->confidence, b0->confidence);
+}
+
+TEST(StepInference, RepeatedStepNumbersAreOneStepAndEpochEndsAreLeftOutOfThePeriod) {
+  // Lightning with accumulate_grad_batches=4: on_train_batch_start every 10 ms, global_step
+  // advancing every 4 batches; 5 optimizer steps an epoch, then 300 ms of validation.
+  std::vector<StepMarker> m;
+  uint64_t t = kT0;
+  int64_t step = 0;
+  for (int64_t epoch = 0; epoch < 4; ++epoch) {
+    StepMarker e = marker(7, t, -1, epoch);
+    e.has_step = false;  // on_train_epoch_start: epoch only
+    m.push_back(e);
+    for (int s = 0; s < 5; ++s, ++step)
+      for (int micro = 0; micro < 4; ++micro, t += 10 * kMs) m.push_back(marker(7, t, step, epoch));
+    t += 300 * kMs;
+  }
+  const auto got = run_with({}, m);
+  ASSERT_EQ(got.size(), 1u);
+  const ProcessSteps& s = got[0];
+  EXPECT_EQ(s.pid, 7u);
+  EXPECT_EQ(s.rank, -1);
+  EXPECT_EQ(s.method, "annotated (step)");
+  EXPECT_EQ(s.count, 19u);  // 20 optimizer steps = 20 boundaries
+  EXPECT_EQ(s.boundaries.size(), 20u);
+  EXPECT_EQ(s.epochs, 4u);
+  EXPECT_EQ(s.period_ns, 40 * kMs);  // the 3 epoch-crossing intervals (340 ms) are left out
+  EXPECT_EQ(s.p50_ns, 40 * kMs);
+  EXPECT_EQ(s.p99_ns, 40 * kMs);
+  // No GPU call: the markers bound the entry.
+  EXPECT_EQ(s.first_ns, kT0);
+  EXPECT_EQ(s.last_ns, m.back().ts_ns);
+}
+
+TEST(StepInference, StepLabelsThatAreNotNumbersMakeEveryMarkerABoundary) {
+  std::vector<StepMarker> m;
+  for (int i = 0; i < 10; ++i) m.push_back(marker(9, kT0 + static_cast<uint64_t>(i) * 25 * kMs, -1));
+  const auto got = run_with({}, m);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].count, 9u);
+  EXPECT_EQ(got[0].period_ns, 25 * kMs);
+  EXPECT_EQ(got[0].epochs, 0u);
+}
+
+TEST(StepInference, TooFewMarkersOrAnotherNodeLeaveTheInference) {
+  Spec sp;
+  std::vector<Truth> truth;
+  const auto ev = generate(sp, truth);
+  const auto alone = run(ev, 4096);
+  ASSERT_EQ(alone.size(), 1u);
+  // One marker: no complete step. Markers of the same pid on another node: another process.
+  std::vector<StepMarker> m{marker(truth[0].pid, truth[0].boundaries[3], 3)};
+  for (int i = 0; i < 10; ++i)
+    m.push_back(marker(truth[0].pid, kT0 + static_cast<uint64_t>(i) * 100 * kMs, i, -1, /*node=*/1));
+  m.push_back(marker(truth[0].pid, 0, 99));  // no time: ignored
+  const auto got = run_with(ev, m);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].node, 0);
+  EXPECT_EQ(got[0].method, alone[0].method);
+  EXPECT_EQ(got[0].boundaries, alone[0].boundaries);
+  EXPECT_EQ(got[1].node, 1);
+  EXPECT_EQ(got[1].pid, truth[0].pid);
+  EXPECT_EQ(got[1].method, "annotated (step)");
+  EXPECT_EQ(got[1].period_ns, 100 * kMs);
+}
+
+TEST(StepInference, MarkersInAnyOrderFromAnyThreadGiveTheSameSteps) {
+  std::vector<StepMarker> m;
+  std::mt19937_64 rng(5);
+  std::uniform_int_distribution<uint64_t> jitter(0, 4 * kMs);
+  for (int pid = 1; pid <= 3; ++pid)
+    for (int i = 0; i < 200; ++i)
+      m.push_back(marker(static_cast<uint32_t>(pid * 100), kT0 + static_cast<uint64_t>(i) * 50 * kMs + jitter(rng), i));
+  const auto in_order = run_with({}, m);
+  std::shuffle(m.begin(), m.end(), rng);
+  StepInference si;
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < 4; ++k)
+    threads.emplace_back([&si, &m, k] {
+      for (size_t i = k; i < m.size(); i += 4) si.add_markers(std::span<const StepMarker>(&m[i], 1));
+    });
+  for (auto& th : threads) th.join();
+  AnalysisResult r;
+  si.finish(TraceMeta{}, r);
+  ASSERT_EQ(r.steps.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(r.steps[i].pid, in_order[i].pid);
+    EXPECT_EQ(r.steps[i].boundaries, in_order[i].boundaries);
+    EXPECT_EQ(r.steps[i].period_ns, in_order[i].period_ns);
+    EXPECT_EQ(r.steps[i].count, 199u);
+    EXPECT_NEAR(static_cast<double>(r.steps[i].period_ns), 50.0 * kMs, 1.0 * kMs);
+  }
+}
+
+TEST(StepInference, MarkersBeyondTheCapAreCountedAndTheJsonAndTextSayAnnotated) {
+  std::vector<StepMarker> m;
+  for (int i = 0; i < 10000; ++i) m.push_back(marker(5, kT0 + static_cast<uint64_t>(i) * kMs, i, i / 1000));
+  StepInference si;
+  si.add_markers(m);
+  AnalysisResult r;
+  si.finish(TraceMeta{}, r);
+  ASSERT_EQ(r.steps.size(), 1u);
+  EXPECT_EQ(r.steps[0].boundaries.size(), StepInference::kMaxMarkers);
+  EXPECT_EQ(r.steps[0].boundaries.back(), m.back().ts_ns);
+  EXPECT_EQ(r.steps[0].count, 9999u);
+  EXPECT_EQ(r.steps[0].epochs, 10u);
+  const auto j = explain_json(r);
+  ASSERT_TRUE(j.contains("steps"));
+  EXPECT_EQ(j["steps"][0]["method"], "annotated (step)");
+  EXPECT_EQ(j["steps"][0]["confidence"], 1.0);
+  EXPECT_EQ(j["steps"][0]["epochs"], 10);
+  EXPECT_EQ(j["steps"][0]["period_ns"], kMs);
+  EXPECT_NE(steps_text(r).find("recognised by annotated (step), confidence 1.00"), std::string::npos) << steps_text(r);
 }
 
 }  // namespace
