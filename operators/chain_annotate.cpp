@@ -1136,6 +1136,8 @@ void fold_into_findings_over_time(std::vector<Chain>& chains) {
       e.detail = "also seen by rule " + c.rule + " over " + std::to_string((c.window_end - c.window_start) / 1000000) +
                  " ms of this window: " + c.summary;
       f.evidence.push_back(std::move(e));
+      // Its evidence (exemplar events: the slow calls, the off-CPU spans) stays with the finding.
+      for (const auto& item : c.evidence) f.evidence.push_back(item);
       if (f.severity < c.severity) f.severity = c.severity;
       drop[i] = 1;
       break;

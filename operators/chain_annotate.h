@@ -445,8 +445,9 @@ bool is_launch_op(Source s, uint8_t op);
 
 // One cause, one finding: a chain of a tail rule (not over time) on a thread whose window overlaps
 // a finding over time (Chain::over_time) of the same category on the same thread (node, pid, tid)
-// is folded into it: removed, and the finding gets an evidence item "folded" that quotes it (and
-// its severity, if higher). LiveChainAnnotator::finish calls it once every chain has its thread.
+// is folded into it: removed, and the finding gets an evidence item "folded" that quotes it,
+// then the folded chain's own evidence items (with their exemplar event ids), and its severity if
+// higher. LiveChainAnnotator::finish calls it once every chain has its thread.
 void fold_into_findings_over_time(std::vector<Chain>& chains);
 // An input_starvation finding over time whose off-CPU stacks are known: its summary ends with
 // "; waiting in <call site of the top wait stack>" and its explanation quotes that stack's frames

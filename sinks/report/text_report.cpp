@@ -245,9 +245,10 @@ std::string explain_text(const AnalysisResult& r, const ReportOptions& opt) {
     bool marked = false, inferred = false;
     for (const auto& st : r.steps) (st.method.rfind("annotated", 0) == 0 ? marked : inferred) = true;
     o << "\nSteps ("
-      << (marked && inferred ? "from the program's markers where it sent them, else inferred from sync and launch timing"
-          : marked           ? "from the markers the program sent (trace --annotate)"
-                             : "inferred from sync and launch timing, no markers")
+      << (marked && inferred
+              ? "from the program's markers where it sent them, else inferred from sync and launch timing"
+          : marked ? "from the markers the program sent (trace --annotate)"
+                   : "inferred from sync and launch timing, no markers")
       << "):\n";
     std::istringstream lines(steps_text(r));
     for (std::string line; std::getline(lines, line);) o << "  " << line << "\n";
