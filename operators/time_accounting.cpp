@@ -166,7 +166,14 @@ void TimeAccounting::credit(Thread& t, int lane, const Seg* g, uint64_t s, uint6
       break;
     default:
       t.rest += d;
-      if (slicing_) slice(t, stated_pids_.count(key(t.node, t.pid)) ? acct::kOnCpu : acct::kUnknown, s, e, 0, 0);
+      if (slicing_) {
+        // On CPU from the process's first switch-out state on, unknown before it: every event
+        // that starts before what is settled has been seen, so this never depends on batches.
+        auto it = stated_pids_.find(key(t.node, t.pid));
+        const uint64_t from = it == stated_pids_.end() ? UINT64_MAX : it->second;
+        if (s < from) slice(t, acct::kUnknown, s, std::min(e, from), 0, 0);
+        if (e > from) slice(t, acct::kOnCpu, std::max(s, from), e, 0, 0);
+      }
       break;
   }
 }
@@ -417,6 +424,9 @@ void TimeAccounting::observe(const Event* events, size_t n) {
     }
     t.end = std::max(t.end, end);
     if (call) {
+      // Time before the thread's first call is not sliced (the contract): settle it first, or
+      // the first flush after this call would slice it (it was pending).
+      if (slicing_ && !t.feeds) settle(t, s);
       t.feeds = true;
       if (e.rank >= 0) t.rank = e.rank;
       add(t, kLaneCall, s, end, static_cast<uint64_t>(call_kind(e.source, e.op)), false, e.ts_ns, e.end_ns());
@@ -424,7 +434,10 @@ void TimeAccounting::observe(const Event* events, size_t n) {
       t.sched = true;
       if (e.prev_state != OffCpuState::kUnknown) {
         t.stated = true;
-        if (slicing_) stated_pids_[key(t.node, t.pid)] = true;
+        if (slicing_) {
+          auto [it, fresh] = stated_pids_.try_emplace(key(t.node, t.pid), s);
+          if (!fresh) it->second = std::min(it->second, s);
+        }
       }
       switch (e.prev_state) {
         case OffCpuState::kPreempted:
@@ -555,13 +568,16 @@ void TimeAccounting::finish(const TraceMeta& meta, AnalysisResult& result) {
     for (Chain& c : result.chains) {
       uint32_t tid = c.tid;
       if (!tid) {  // a process-wide chain: its thread with the most time in the window
+        // Ties (every thread alive through the window has all of it) go to the smaller tid, not
+        // to the order of bins_, which depends on where batches were cut.
         uint64_t best = 0;
         for (const auto& [k, bs] : bins_) {
           if (bs.pid != c.pid || (k >> 32) != c.node) continue;
-          auto r = range(meta, c.node, static_cast<uint32_t>(k), c.window_start, c.window_end);
-          if (r && r->wall_ns > best) {
+          const auto th = static_cast<uint32_t>(k);
+          auto r = range(meta, c.node, th, c.window_start, c.window_end);
+          if (r && r->wall_ns > 0 && (r->wall_ns > best || (r->wall_ns == best && th < tid))) {
             best = r->wall_ns;
-            tid = static_cast<uint32_t>(k);
+            tid = th;
           }
         }
       }

@@ -51,8 +51,10 @@
 //   which slices a window gets never depends on where batches were cut (the engine keeps windows
 //   of accounting open that long past their end; kAccountLatenessNs). Time a thread spent
 //   before its first GPU call is not sliced (it was not known to feed the GPU then). Time outside
-//   calls and spans is on_cpu when the thread's process has switch-out states so far, else unknown
-//   (Ingero's traces). The blocked reason of a stack comes from reason_of (null: kOther).
+//   calls and spans is on_cpu from the start of the first span of the thread's process with a
+//   switch-out state on, unknown before it and in processes with none (Ingero's traces); unlike
+//   accounts(), which judges the whole interval by whether there is one at all. The blocked reason
+//   of a stack comes from reason_of (null: kOther).
 #pragma once
 
 #include <cstddef>
@@ -116,8 +118,8 @@ class TimeAccounting final : public EventObserver {
   explicit TimeAccounting(AccountingOptions o = {});
   void observe(const Event* events, size_t n) override;
   // result.accounting = the first max_threads of accounts(meta); with chain_accounting, every
-  // chain with a thread (or a pid: its thread with the most time in the window) gets
-  // Chain::accounting = range(...) of its window.
+  // chain with a thread (or a pid: its thread with the most time in the window, ties to the
+  // smaller tid) gets Chain::accounting = range(...) of its window.
   void finish(const TraceMeta& meta, AnalysisResult& result) override;
   // chain_accounting: the thread's buckets over [from_ns, to_ns), from its bins (the seconds that
   // overlap the range, whole); wall = the time accounted in them. nullopt: no bins for the thread.
@@ -182,7 +184,7 @@ class TimeAccounting final : public EventObserver {
   bool slicing_ = false;
   SliceOptions slice_opt_;
   std::vector<Event> slices_;                           // closed slices not yet flushed
-  std::unordered_map<uint64_t, bool> stated_pids_;      // slices: (node, pid) with a switch-out state so far
+  std::unordered_map<uint64_t, uint64_t> stated_pids_;  // slices: (node, pid) -> start of its first switch-out state
   std::unordered_map<uint64_t, uint8_t> stack_bucket_;  // slices: a blocked stack's bucket
   uint64_t late_ns_ = 0;
   // chain_accounting: per (node, tid), its bins from its first second on.

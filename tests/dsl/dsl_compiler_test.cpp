@@ -150,3 +150,77 @@ end
   EXPECT_NE(plan.find("_t1=(p99 / p50)"), std::string::npos) << plan;
   EXPECT_NE(plan.find("summary=\"{op}: {_t1}\""), std::string::npos) << plan;
 }
+
+// Rules over time (`from accounting`, time()/top_task(), {task:slot}, `trend ... baseline`): each
+// defect is an error with its code, span and hint, and the same rule without it compiles (so the
+// error is the defect's, not another's).
+TEST(DslDiagnostics, RulesOverTime) {
+  const std::string good = R"rules(rule r1 "x"
+  from accounting
+  window tumbling 1s by pid, tid
+  let wall = time(all)
+  require wall >= 200ms
+  let preempted = time(preempted), share = preempted / wall * 100%, by = top_task(preempted)
+  trend share baseline over 30 windows
+  require share >= 10% and share >= trend.median + 3 * trend.mad
+  category c
+  summary "thread {tid}: {task:by} ran instead ({share})"
+end
+)rules";
+  const CompileResult ok = compile_rules({{"t.rules", good}});
+  ASSERT_TRUE(ok.ok()) << render_diagnostics(ok.diagnostics);
+  EXPECT_TRUE(ok.diagnostics.empty()) << render_diagnostics(ok.diagnostics);
+  const std::string plan = ok.plan.to_string();
+  EXPECT_NE(plan.find("account(%0) grid=1s"), std::string::npos) << plan;
+  EXPECT_NE(plan.find("by=top_task(buckets=1)"), std::string::npos) << plan;  // bucket 0: preempted
+  EXPECT_NE(plan.find("mode=baseline"), std::string::npos) << plan;
+
+  struct Case {
+    std::string what, from, to;  // replace `from` in the good rule by `to`
+    std::string code, text, hint;
+    std::string at;  // what the caret is on
+  };
+  const std::vector<Case> cases = {
+      {"time() over calls", "from accounting", "from cuda", "E0207", "time(...)` reads the time of feeding threads",
+       "write the rule `from accounting`", "time(all)"},
+      {"top_task() over calls", "from accounting", "from driver where op == cuLaunchKernel", "E0207",
+       "it needs `from accounting`", "from accounting", "time(all)"},
+      {"a misspelt bucket", "time(preempted), share", "time(premepted), share", "E0208", "expected a time bucket",
+       "did you mean `preempted`?", "premepted"},
+      {"a bucket group misspelt", "time(all)", "time(alll)", "E0208", "expected a time bucket", "did you mean `all`?",
+       "alll"},
+      {"a slot for a bucket", "top_task(preempted)", "top_task(wall)", "E0208", "expected a time bucket", "", "wall)"},
+      {"time() with no bucket", "time(all)", "time()", "E0205", "takes one or more time buckets", "", "time()"},
+      {"{task:} of a duration", "{task:by}", "{task:wall}", "E0701", "names the process of a pid slot",
+       "top_task(preempted)", "task:wall"},
+      {"{task:} of no slot", "{task:by}", "{task:nobody}", "E0701", "names the process of a pid slot", "",
+       "task:nobody"},
+      {"a factor for baseline", "baseline over", "baseline 50% over", "E0216", "`baseline` takes no factor", "", "50%"},
+      {"accounting and a source", "from accounting", "from accounting, cuda", "E0202",
+       "`accounting` is a stream of its own", "", "cuda"},
+      {"a source and accounting", "from accounting", "from cuda, accounting", "E0202",
+       "`accounting` is a stream of its own", "", "accounting"},
+      {"accounting misspelt", "from accounting", "from acounting", "E0202", "unknown event source",
+       "did you mean `accounting`?", "acounting"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    std::string text = good;
+    const size_t at = text.find(c.from);
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, c.from.size(), c.to);
+    const CompileResult r = compile_rules({{"t.rules", text}});
+    EXPECT_FALSE(r.ok());
+    const Diagnostic* d = nullptr;
+    for (const auto& x : r.diagnostics)
+      if (!d && x.code == c.code && x.level == DiagLevel::kError) d = &x;
+    ASSERT_TRUE(d) << render_diagnostics(r.diagnostics);
+    EXPECT_NE(d->message.find(c.text), std::string::npos) << render_diagnostics(r.diagnostics);
+    if (!c.hint.empty()) {
+      EXPECT_NE(d->hint.find(c.hint), std::string::npos) << render_diagnostics(r.diagnostics);
+    }
+    ASSERT_GE(d->col, 1);
+    EXPECT_EQ(d->source_line.substr(static_cast<size_t>(d->col - 1), c.at.size()), c.at)
+        << render_diagnostics(r.diagnostics);
+  }
+}

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -228,5 +229,148 @@ TEST(CountRate, SaturatesAndHandlesZeroSpan) {
   EXPECT_EQ(sat_add(UINT64_MAX - 1, 5), UINT64_MAX);
 }
 
+// --- time(buckets), top_task(buckets), top_task_time(buckets) over accounting slices -------------
+
+// A slice of a feeding thread's time (operators/time_accounting.h): op = its bucket, preempted
+// ones name the task that ran instead (arg0 its pid when known, arg1 its tid).
+Event slice_event(uint8_t bucket, uint64_t dur, uint64_t pid, uint64_t tid) {
+  Event e;
+  e.source = Source::kAccount;
+  e.op = bucket;
+  e.dur_ns = dur;
+  e.arg0 = pid;
+  e.arg1 = tid;
+  return e;
+}
+
+uint32_t mask_of(std::initializer_list<uint8_t> buckets) {
+  uint32_t m = 0;
+  for (uint8_t b : buckets) m |= 1u << b;
+  return m;
+}
+
+AggregateNode bucket_node() {
+  AggregateNode n;
+  const uint32_t calls = mask_of({1, 2, 3, 4, 5, 6}), blocked = mask_of({8, 9, 10, 11, 12});
+  n.aggs = {{"pre", AggKind::kTime, Field::kDuration, 0, mask_of({0})},
+            {"calls", AggKind::kTime, Field::kDuration, 0, calls},
+            {"all", AggKind::kTime, Field::kDuration, 0, (1u << 14) - 1},
+            {"by", AggKind::kTopTask, Field::kDuration, 0, mask_of({0})},
+            {"by_t", AggKind::kTopTaskTime, Field::kDuration, 0, mask_of({0})},
+            {"n", AggKind::kCount, Field::kDuration, 0, 0},
+            {"blk", AggKind::kTime, Field::kDuration, 0, blocked},
+            {"by_blk", AggKind::kTopTask, Field::kDuration, 0, blocked | mask_of({0})},
+            {"by_blk_t", AggKind::kTopTaskTime, Field::kDuration, 0, blocked | mask_of({0})},
+            {"sum", AggKind::kSum, Field::kDuration, 0, 0}};
+  return n;
+}
+
+// The reference, in integers: the time of the slices whose bucket is in the mask; per task (arg0,
+// else arg1; 0 is no task) the time, the top one the most, ties to the smaller id.
+double reference_bucket_value(const AggSpec& spec, const std::vector<Event>& ev) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  if (spec.kind == AggKind::kCount) return static_cast<double>(ev.size());
+  if (spec.kind == AggKind::kSum) {
+    uint64_t s = 0;
+    for (const auto& e : ev) s += e.dur_ns;
+    return static_cast<double>(s);
+  }
+  uint64_t total = 0;
+  std::map<uint64_t, uint64_t> by;
+  for (const auto& e : ev) {
+    if (e.op >= 32 || !(spec.buckets >> e.op & 1)) continue;
+    total += e.dur_ns;
+    const uint64_t task = e.arg0 ? e.arg0 : e.arg1;
+    if (task) by[task] += e.dur_ns;
+  }
+  if (spec.kind == AggKind::kTime) return static_cast<double>(total);
+  uint64_t best = 0, best_ns = 0;
+  for (const auto& [task, ns] : by)  // ascending ids: a later one wins only with strictly more
+    if (!best || ns > best_ns) best = task, best_ns = ns;
+  if (spec.kind == AggKind::kTopTask) return best ? static_cast<double>(best) : nan;
+  return static_cast<double>(best_ns);
+}
+
+// Random windows of slices, some with tasks tied on purpose (the same total in different pieces),
+// against the reference; in any order; and split into three states and merged.
+TEST(AggregateBuckets, TimeAndTopTaskAgainstReferenceInAnyOrderAndMerged) {
+  const AggregateNode node = bucket_node();
+  const AggregateLayout layout(node);
+  ASSERT_TRUE(layout.has_buckets());
+  const size_t k = node.aggs.size();
+  std::mt19937_64 rng(40);
+  auto uni = [&rng](uint64_t lo, uint64_t hi) { return std::uniform_int_distribution<uint64_t>(lo, hi)(rng); };
+  size_t ties = 0, named = 0, unnamed = 0;
+  for (int trial = 0; trial < 500; ++trial) {
+    std::vector<Event> ev;
+    const int n = trial == 0 ? 0 : static_cast<int>(uni(0, 300));
+    const uint64_t tasks = uni(1, 20);
+    for (int i = 0; i < n; ++i) {
+      const auto bucket = static_cast<uint8_t>(uni(0, 13));
+      const uint64_t tid = uni(0, tasks);                             // 0: a slice that names no task
+      const uint64_t pid = uni(0, 1) ? 0 : tid ? 5000 + tid % 4 : 0;  // its pid, when the span named it
+      ev.push_back(slice_event(bucket, uni(1, 50'000'000), pid, bucket == 0 || uni(0, 3) == 0 ? tid : 0));
+    }
+    if (trial % 3 == 1) {  // two tasks tied at the top: the same large total, cut differently
+      const uint64_t a = uni(100, 140), b = a + uni(1, 40), total = uni(20'000'000'000, 30'000'000'000);
+      for (uint64_t task : {b, a}) {  // the larger id first
+        uint64_t left = total;
+        while (left) {
+          const uint64_t piece = std::min(left, uni(1, total / 3));
+          ev.push_back(slice_event(0, piece, 0, task));
+          left -= piece;
+        }
+      }
+    }
+    const std::string what = "trial " + std::to_string(trial);
+    std::vector<double> want(k);
+    for (size_t i = 0; i < k; ++i) want[i] = reference_bucket_value(node.aggs[i], ev);
+    if (trial % 3 == 1) {
+      EXPECT_GE(want[3], 100) << "the tie is at the top";
+      EXPECT_LE(want[3], 140);
+    }
+    for (int order = 0; order < 3; ++order) {
+      if (order) std::shuffle(ev.begin(), ev.end(), rng);
+      AggregateState all(&layout),
+          part[3] = {AggregateState(&layout), AggregateState(&layout), AggregateState(&layout)};
+      for (const auto& e : ev) {
+        all.add(e);
+        part[uni(0, 2)].add(e);
+      }
+      std::vector<double> got(k), merged(k);
+      all.values(1'000'000'000, got.data());
+      expect_row(got.data(), want.data(), k, what + " order " + std::to_string(order));
+      part[1].merge(part[2]);
+      part[0].merge(part[1]);
+      part[0].values(1'000'000'000, merged.data());
+      expect_row(merged.data(), want.data(), k, what + " merged, order " + std::to_string(order));
+    }
+    if (trial % 3 == 1) ++ties;
+    if (!std::isnan(want[3])) (want[3] >= 5000 ? named : unnamed)++;
+    if (HasFailure()) return;
+  }
+  EXPECT_GT(ties, 100u);
+  EXPECT_GT(named, 50u);
+  EXPECT_GT(unnamed, 50u);
+}
+
+TEST(AggregateBuckets, EmptyWindowHasNoTimeAndNoTask) {
+  const AggregateNode node = bucket_node();
+  const AggregateLayout layout(node);
+  AggregateState s(&layout);
+  s.add(slice_event(7, 500, 0, 0));  // on CPU only: no preempted time, no task
+  double v[10];
+  s.values(0, v);
+  EXPECT_EQ(v[0], 0);
+  EXPECT_EQ(v[2], 500);
+  EXPECT_TRUE(std::isnan(v[3]));  // top_task: none
+  EXPECT_EQ(v[4], 0);             // top_task_time: 0
+  // Preempted time that names no task counts in time() but makes no top task.
+  s.add(slice_event(0, 300, 0, 0));
+  s.values(0, v);
+  EXPECT_EQ(v[0], 300);
+  EXPECT_TRUE(std::isnan(v[3]));
+  EXPECT_EQ(v[4], 0);
+}
 }  // namespace
 }  // namespace ingero

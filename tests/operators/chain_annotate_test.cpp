@@ -5,15 +5,19 @@
 // - the launching thread's time split on a throughput drop equals the shares SQL computes
 //   independently over the same spans, written to SQLite by the sink (on-CPU, preempted and
 //   blocked dominant cases);
-// - the built-in launch_gap detector, the live (bounded retention) mode, and the JSON shape.
+// - the built-in launch_gap detector, the live (bounded retention) mode, and the JSON shape;
+// - fold_into_findings_over_time against its contract on random chains, and by hand; describe_wait.
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "engine/default_plans.h"
 #include "engine/engine.h"
@@ -710,6 +714,200 @@ TEST(ChainAnnotate, StoresKeepThreadsStacksAndTimeSplit) {
         if (b.id == c.id) expect_same_where(c, b);
   }
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+
+namespace {
+
+// --- findings over time absorb the tail chains of the same cause -------------------------------
+
+// Random chains: findings over time (some with no thread: never a target) and tail chains of
+// random category, node, pid, thread and window (some touching a finding's window without
+// overlapping it), against the contract read literally: a tail chain with a thread is folded into
+// the first finding over time (in the chains' order) with a thread, of its category, node, pid and
+// tid whose window overlaps its own; the finding gets a "folded" evidence item quoting it and the
+// higher of the two severities; everything else is kept, in order.
+TEST(ChainAnnotate, FoldIntoFindingsOverTimeAgainstTheContract) {
+  std::mt19937_64 rng(7);
+  auto uni = [&rng](uint64_t lo, uint64_t hi) { return std::uniform_int_distribution<uint64_t>(lo, hi)(rng); };
+  const char* categories[] = {"cpu_contention", "input_starvation", "blocking"};
+  constexpr uint64_t kSec = 1'000'000'000;
+  size_t folded_total = 0, kept_same_thread = 0, touching = 0;
+  for (int round = 0; round < 300; ++round) {
+    std::vector<Chain> chains;
+    const int n = static_cast<int>(uni(0, 25));
+    for (int i = 0; i < n; ++i) {
+      Chain c;
+      c.id = "c" + std::to_string(i);
+      c.over_time = uni(0, 3) == 0;
+      c.rule = c.over_time ? "cpu_preempted" : "tail_" + std::to_string(uni(0, 2));
+      c.category = categories[uni(0, 2)];
+      c.node = static_cast<uint16_t>(uni(0, 1));
+      c.pid = static_cast<uint32_t>(uni(1, 2));
+      c.tid = uni(0, 4) == 0 ? 0 : static_cast<uint32_t>(uni(11, 12));
+      c.severity = static_cast<Severity>(uni(0, 2));
+      if (c.over_time) {
+        c.window_start = uni(0, 8) * kSec;
+        c.window_end = c.window_start + uni(1, 4) * kSec;
+      } else if (!chains.empty() && uni(0, 3) == 0) {  // touching an earlier chain's window, not overlapping
+        const Chain& o = chains[uni(0, chains.size() - 1)];
+        c.window_start = o.window_end;
+        c.window_end = c.window_start + uni(1, 3) * kSec;
+        if (uni(0, 1) && o.window_start >= 1) {
+          c.window_end = o.window_start;
+          c.window_start = c.window_end - std::min<uint64_t>(c.window_end, uni(1, 3) * kSec);
+        }
+        ++touching;
+      } else {
+        c.window_start = uni(0, 12'000) * 1'000'000;
+        c.window_end = c.window_start + uni(1, 5'000) * 1'000'000;
+      }
+      if (!c.over_time && uni(0, 1)) {  // often on the key of an earlier finding
+        for (const Chain& o : chains)
+          if (o.over_time && uni(0, 1)) {
+            c.category = o.category;
+            c.node = o.node;
+            c.pid = o.pid;
+            c.tid = o.tid;
+          }
+      }
+      c.summary = "summary of " + c.id;
+      chains.push_back(c);
+    }
+    // The reference.
+    std::vector<Chain> want = chains;
+    std::vector<bool> drop(want.size(), false);
+    for (size_t i = 0; i < want.size(); ++i) {
+      const Chain& c = want[i];
+      if (c.over_time || !c.tid) continue;
+      for (size_t o = 0; o < want.size(); ++o) {
+        Chain& f = want[o];
+        if (!f.over_time || !f.tid || f.category != c.category || f.node != c.node || f.pid != c.pid ||
+            f.tid != c.tid || !(c.window_end > f.window_start && c.window_start < f.window_end))
+          continue;
+        EvidenceItem e;
+        e.kind = "folded";
+        e.detail = c.rule + "|" + c.summary;  // compared by parts below
+        f.evidence.push_back(e);
+        f.severity = std::max(f.severity, c.severity);
+        drop[i] = true;
+        break;
+      }
+      if (!drop[i])
+        for (const Chain& f : want)
+          kept_same_thread += f.over_time && f.tid == c.tid && f.pid == c.pid && f.category == c.category;
+    }
+    std::vector<Chain> kept;
+    for (size_t i = 0; i < want.size(); ++i)
+      if (!drop[i]) kept.push_back(want[i]);
+
+    std::vector<Chain> got = chains;
+    fold_into_findings_over_time(got);
+    SCOPED_TRACE("round " + std::to_string(round));
+    ASSERT_EQ(got.size(), kept.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      SCOPED_TRACE(got[i].id);
+      EXPECT_EQ(got[i].id, kept[i].id);
+      EXPECT_EQ(got[i].severity, kept[i].severity);
+      ASSERT_EQ(got[i].evidence.size(), kept[i].evidence.size());
+      for (size_t k = 0; k < got[i].evidence.size(); ++k) {
+        const std::string& want_detail = kept[i].evidence[k].detail;
+        const std::string rule = want_detail.substr(0, want_detail.find('|'));
+        const std::string summary = want_detail.substr(want_detail.find('|') + 1);
+        EXPECT_EQ(got[i].evidence[k].kind, "folded");
+        EXPECT_EQ(got[i].evidence[k].detail.rfind("also seen by rule " + rule + " over ", 0), 0u)
+            << got[i].evidence[k].detail;
+        EXPECT_NE(got[i].evidence[k].detail.find(": " + summary), std::string::npos) << got[i].evidence[k].detail;
+        ++folded_total;
+      }
+    }
+    if (HasFailure()) return;
+  }
+  EXPECT_GT(folded_total, 100u);
+  EXPECT_GT(kept_same_thread, 100u);  // tail chains on a finding's thread that stay (window, node)
+  EXPECT_GT(touching, 100u);
+}
+
+TEST(ChainAnnotate, FoldIntoFindingsOverTimeByHand) {
+  constexpr uint64_t kSec = 1'000'000'000;
+  auto chain = [](std::string id, bool over, const char* cat, uint32_t tid, uint64_t s, uint64_t e, Severity sev) {
+    Chain c;
+    c.id = std::move(id);
+    c.rule = over ? "input_wait" : "blocking_tail";
+    c.over_time = over;
+    c.category = cat;
+    c.pid = 7;
+    c.tid = tid;
+    c.window_start = s;
+    c.window_end = e;
+    c.severity = sev;
+    c.summary = "s-" + c.id;
+    return c;
+  };
+  std::vector<Chain> v = {
+      chain("tail_in", false, "input_starvation", 70, 3 * kSec + 500'000'000, 4 * kSec, Severity::kHigh),
+      chain("finding", true, "input_starvation", 70, 2 * kSec, 5 * kSec, Severity::kMedium),
+      chain("tail_after", false, "input_starvation", 70, 5 * kSec, 6 * kSec, Severity::kHigh),  // touches
+      chain("tail_other_cat", false, "blocking", 70, 3 * kSec, 4 * kSec, Severity::kLow),
+      chain("tail_other_tid", false, "input_starvation", 71, 3 * kSec, 4 * kSec, Severity::kLow),
+      chain("tail_no_tid", false, "input_starvation", 0, 3 * kSec, 4 * kSec, Severity::kLow),
+  };
+  fold_into_findings_over_time(v);
+  std::vector<std::string> ids;
+  for (const auto& c : v) ids.push_back(c.id);
+  EXPECT_EQ(ids,
+            (std::vector<std::string>{"finding", "tail_after", "tail_other_cat", "tail_other_tid", "tail_no_tid"}));
+  ASSERT_EQ(v[0].evidence.size(), 1u);
+  EXPECT_EQ(v[0].evidence[0].kind, "folded");
+  EXPECT_EQ(v[0].evidence[0].detail, "also seen by rule blocking_tail over 500 ms of this window: s-tail_in");
+  EXPECT_EQ(v[0].severity, Severity::kHigh);  // the folded chain's, higher
+}
+
+// describe_wait: an input_starvation finding over time says where it waited (the call site of its
+// top off-CPU stack), once; other findings and chains without such a stack are left as they are.
+TEST(ChainAnnotate, DescribeWaitNamesTheWaitSiteOnce) {
+  auto frame = [](FrameKind k, const char* fn, const char* file = "", uint32_t line = 0) {
+    StackFrame f;
+    f.kind = k;
+    f.function = fn;
+    f.file = file;
+    f.line = line;
+    return f;
+  };
+  Chain c;
+  c.over_time = true;
+  c.category = "input_starvation";
+  c.summary = "thread 7 waited";
+  ChainStack st;
+  st.role = "offcpu";
+  st.share = 0.9;
+  st.frames = {frame(FrameKind::kKernel, "futex_wait"), frame(FrameKind::kNative, "pthread_cond_wait"),
+               frame(FrameKind::kPython, "get", "queue.py", 171), frame(FrameKind::kPython, "main", "train.py", 40)};
+  c.stacks.push_back(st);
+  describe_wait(c);
+  EXPECT_EQ(c.summary.rfind("thread 7 waited; waiting in ", 0), 0u) << c.summary;
+  EXPECT_NE(c.summary.find("queue.py:171"), std::string::npos) << c.summary;  // the innermost Python frame
+  EXPECT_NE(c.explanation.find("futex_wait"), std::string::npos) << c.explanation;
+  const std::string once = c.summary, explanation = c.explanation;
+  describe_wait(c);
+  EXPECT_EQ(c.summary, once);
+  EXPECT_EQ(c.explanation, explanation);
+  for (auto [over, cat] : {std::pair<bool, const char*>{false, "input_starvation"}, {true, "cpu_contention"}}) {
+    Chain o = c;
+    o.summary = "s";
+    o.explanation.clear();
+    o.over_time = over;
+    o.category = cat;
+    describe_wait(o);
+    EXPECT_EQ(o.summary, "s");
+    EXPECT_TRUE(o.explanation.empty());
+  }
+  Chain none = c;
+  none.summary = "s";
+  none.stacks.clear();
+  describe_wait(none);
+  EXPECT_EQ(none.summary, "s");
 }
 
 }  // namespace

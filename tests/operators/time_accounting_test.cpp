@@ -10,8 +10,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <optional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "model/ops.h"
@@ -577,5 +580,695 @@ TEST(TimeAccounting, SharedIngeroTracesConserveTime) {
   EXPECT_GT(traces, 0);
 }
 
+// --- slices (enable_slices, flush_slices): the `from accounting` stream ------------------------
+
+// A generated trace for slices, with its ground truth: feeding threads of three processes, each
+// starting with a GPU call at a random time and ending at a random time (mid-trace), nested
+// runtime + driver calls (same start, outliving the outer one), NCCL calls, preempted spans by
+// hog tasks (with and without the hog's pid), sleeping spans with a futex stack, a stack the
+// trace does not hold, and none, disk waits, other and unknown-state spans; every span and call
+// may cross cell boundaries of `grid`. Processes 1 and 2 have scheduler data from the start (a
+// stated span of a thread that never calls the GPU at the trace's first instant); process 3 has
+// none (unknown-state spans only). With `late_state`, those stated spans come at a random time
+// instead, so the processes' first switch-out state may follow some of their threads' rest time.
+// With `prelude`, some threads have off-CPU spans before their first call (time that is not
+// sliced: the thread was not known to feed the GPU then).
+// The time scale is the grid's: durations up to ~1.5 cells.
+struct SliceTrace {
+  std::vector<Event> ev;  // sorted by ts
+  TraceMeta meta;
+  uint64_t grid = 100;
+};
+
+constexpr uint64_t kFutexStack = 1, kMissingStack = 99, kNanosleepStack = 2;
+
+SliceTrace slice_trace(std::mt19937_64& rng, uint64_t grid, bool late_state = false, bool prelude = false) {
+  auto uni = [&rng](uint64_t lo, uint64_t hi) { return std::uniform_int_distribution<uint64_t>(lo, hi)(rng); };
+  SliceTrace t;
+  t.grid = grid;
+  ParsedStack futex, sleep;
+  futex.frames.push_back(frame(FrameKind::kKernel, "futex_wait_queue"));
+  futex.frames.push_back(frame(FrameKind::kKernel, "futex_wait"));
+  sleep.frames.push_back(frame(FrameKind::kKernel, "do_nanosleep"));
+  t.meta.stacks[kFutexStack] = encode_stack(futex);
+  t.meta.stacks[kNanosleepStack] = encode_stack(sleep);
+  const uint8_t cuda_ops[] = {op::kCudaLaunchKernel, op::kCudaMemcpy, op::kCudaStreamSync, op::kCudaMalloc};
+  const uint8_t drv_ops[] = {op::kCuLaunchKernel, op::kCuMemcpyHtoD, op::kCuStreamSynchronize, op::kCuMemAlloc};
+  const uint64_t stacks[] = {0, kFutexStack, kNanosleepStack, kMissingStack};
+  const uint64_t span_len = grid * 3 / 2;
+  // Stated spans (at the first instant unless late_state), on threads that never call the GPU.
+  t.ev.push_back(span(1, 1001, late_state ? uni(0, 20 * grid) : 0, 1, OffCpuState::kSleeping));
+  t.ev.push_back(span(2, 1002, late_state ? uni(0, 20 * grid) : 0, 1, OffCpuState::kOther));
+  const uint32_t threads = static_cast<uint32_t>(uni(2, 7));
+  for (uint32_t tid = 1; tid <= threads; ++tid) {
+    const uint32_t pid = tid <= 3 ? 1 : tid <= 5 ? 2 : 3;
+    const uint64_t t0 = uni(0, 8 * grid), t1 = t0 + uni(0, 30 * grid);
+    if (prelude && t0 > 0 && uni(0, 1))
+      for (int k = 0, n = static_cast<int>(uni(1, 4)); k < n; ++k)
+        t.ev.push_back(span(pid, tid, uni(t0 > 4 * grid ? t0 - 4 * grid : 0, t0 - 1), uni(0, 2 * grid),
+                            pid == 3 ? OffCpuState::kUnknown : static_cast<OffCpuState>(uni(0, 4)),
+                            static_cast<uint32_t>(uni(900, 905)), stacks[uni(0, 3)]));
+    t.ev.push_back(call(pid, tid, t0, uni(0, span_len)));  // the thread's first call
+    for (int k = 0, n = static_cast<int>(uni(0, 40)); k < n; ++k) {
+      const uint64_t ts = uni(t0 + 1, t1 + 1), dur = uni(0, span_len);
+      uint64_t kind = uni(0, 9);
+      if (pid == 3 && kind > 3 && uni(0, 1)) kind = 0;  // process 3: calls and unknown-state spans only
+      if (kind < 3) {
+        t.ev.push_back(call(pid, tid, ts, dur, Source::kCuda, cuda_ops[uni(0, 3)]));
+        if (uni(0, 1)) {  // a nested driver call: at the same start, inside, or outliving it
+          const uint64_t in = ts + (uni(0, 2) == 0 ? 0 : uni(0, dur));
+          const Event inner = call(pid, tid, in, uni(0, dur + grid / 4), Source::kDriver, drv_ops[uni(0, 3)]);
+          // At the same start, the inner call may arrive first (the order of equal starts is free).
+          if (in == ts && uni(0, 1)) t.ev.insert(t.ev.end() - 1, inner);
+          else t.ev.push_back(inner);
+        }
+      } else if (kind == 3) {
+        t.ev.push_back(call(pid, tid, ts, dur, Source::kNccl, op::kNcclAllReduce));
+      } else if (pid == 3) {
+        t.ev.push_back(span(pid, tid, ts, dur, OffCpuState::kUnknown));
+      } else {
+        const OffCpuState st = static_cast<OffCpuState>(uni(0, 4));
+        Event e = span(pid, tid, ts, dur, st, static_cast<uint32_t>(uni(900, 905)), stacks[uni(0, 3)]);
+        if (st == OffCpuState::kPreempted && uni(0, 2)) e.arg0 = 9000 + e.arg1 % 3;  // the hog's pid, when named
+        t.ev.push_back(e);
+      }
+    }
+  }
+  std::stable_sort(t.ev.begin(), t.ev.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+  return t;
+}
+
+SliceOptions slice_options(const TraceMeta& meta, uint64_t grid, uint64_t gap) {
+  SliceOptions o;
+  o.grid_ns = grid;
+  o.gap_ns = gap;
+  o.reason_of = [&meta](uint64_t id, BlockReason& r) {
+    auto it = meta.stacks.find(id);
+    if (it == meta.stacks.end()) return false;
+    r = block_reason(parse_stack(it->second));
+    return true;
+  };
+  return o;
+}
+
+constexpr uint64_t kNoGap = uint64_t{1} << 50;  // gap_ns larger than any silence in the traces
+
+// The trace observed in batches of `batch` (0: all at once), flushed after each batch at its last
+// start (the Batch contract's watermark), then finally. Slices in (node, tid, ts) order;
+// `acc_out`, when given, gets the accounting (for accounts()).
+std::vector<Event> slices_of(const std::vector<Event>& ev, const SliceOptions& so, size_t batch,
+                             std::unique_ptr<TimeAccounting>* acc_out = nullptr) {
+  auto acc = std::make_unique<TimeAccounting>();
+  acc->enable_slices(so);
+  std::vector<Event> out;
+  if (!batch) batch = ev.size() ? ev.size() : 1;
+  for (size_t i = 0; i < ev.size(); i += batch) {
+    const size_t n = std::min(batch, ev.size() - i);
+    acc->observe(ev.data() + i, n);
+    acc->flush_slices(ev[i + n - 1].ts_ns, false, out);
+  }
+  acc->flush_slices(UINT64_MAX, true, out);
+  std::stable_sort(out.begin(), out.end(), [](const Event& a, const Event& b) {
+    return std::tie(a.node, a.tid, a.ts_ns) < std::tie(b.node, b.tid, b.ts_ns);
+  });
+  if (acc_out) *acc_out = std::move(acc);
+  return out;
+}
+
+std::string slice_text(const Event& e) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "tid %u pid %u node %u rank %d [%llu, +%llu) %s arg0 %llu arg1 %llu stack %llu src %d fl %d", e.tid,
+                e.pid, e.node, e.rank, static_cast<unsigned long long>(e.ts_ns),
+                static_cast<unsigned long long>(e.dur_ns), acct::bucket_name(e.op),
+                static_cast<unsigned long long>(e.arg0), static_cast<unsigned long long>(e.arg1),
+                static_cast<unsigned long long>(e.stack_id), static_cast<int>(e.source), e.flags);
+  return buf;
+}
+
+std::string trace_text(const std::vector<Event>& ev) {
+  std::string s;
+  char buf[200];
+  for (const auto& e : ev) {
+    std::snprintf(buf, sizeof buf,
+                  "tid %u pid %u src %d op %d ts %llu dur %llu state %d arg0 %llu arg1 %llu stack %llu\n", e.tid, e.pid,
+                  static_cast<int>(e.source), e.op, static_cast<unsigned long long>(e.ts_ns),
+                  static_cast<unsigned long long>(e.dur_ns), static_cast<int>(e.prev_state),
+                  static_cast<unsigned long long>(e.arg0), static_cast<unsigned long long>(e.arg1),
+                  static_cast<unsigned long long>(e.stack_id));
+    s += buf;
+  }
+  return s;
+}
+
+// The slices the contract describes, nanosecond by nanosecond: every instant of a feeding
+// thread's interval from its first GPU call on gets (bucket, task, stack) by the header's
+// precedence; slices are the maximal runs of one (bucket, task, stack) within one grid cell.
+// Rest time is on_cpu from the first switch-out state of the thread's process on (any of its
+// threads' spans with a recorded state), unknown before it and in processes without one.
+std::vector<Event> reference_slices(const std::vector<Event>& ev, const TraceMeta& meta, uint64_t grid) {
+  std::map<uint32_t, std::vector<size_t>> per_tid;
+  std::map<uint32_t, bool> feeds;
+  std::map<uint32_t, uint64_t> stated_at;  // pid -> its first span with a state
+  for (size_t i = 0; i < ev.size(); ++i) {
+    const Event& e = ev[i];
+    per_tid[e.tid].push_back(i);
+    if (is_gpu_api(e.source)) feeds[e.tid] = true;
+    else if (e.prev_state != OffCpuState::kUnknown && !stated_at.count(e.pid)) stated_at[e.pid] = e.ts_ns;
+  }
+  std::vector<Event> out;
+  for (const auto& [tid, idx] : per_tid) {
+    if (!feeds[tid]) continue;
+    const Event& first = ev[idx[0]];
+    uint64_t end = 0, first_call = UINT64_MAX;
+    for (size_t i : idx) {
+      end = std::max(end, ev[i].end_ns());
+      if (is_gpu_api(ev[i].source)) first_call = std::min(first_call, ev[i].ts_ns);
+    }
+    Event cur;
+    bool open = false;
+    for (uint64_t t = first_call; t < end; ++t) {
+      const Event *pre = nullptr, *cl = nullptr, *bl = nullptr, *un = nullptr;
+      for (size_t i : idx) {
+        const Event& e = ev[i];
+        if (!(e.ts_ns <= t && t < e.end_ns())) continue;
+        if (is_gpu_api(e.source)) {
+          if (!cl || e.ts_ns < cl->ts_ns || (e.ts_ns == cl->ts_ns && e.dur_ns > cl->dur_ns)) cl = &e;
+        } else if (e.prev_state == OffCpuState::kPreempted) {
+          if (!pre) pre = &e;
+        } else if (e.prev_state == OffCpuState::kUnknown) {
+          if (!un) un = &e;
+        } else if (!bl) {
+          bl = &e;
+        }
+      }
+      uint8_t bucket = 0;
+      uint64_t a0 = 0, a1 = 0, stack = 0;
+      if (pre) {
+        bucket = acct::kPreempted;
+        a0 = pre->arg0;
+        a1 = pre->arg1;
+      } else if (cl) {
+        bucket = acct::call_bucket(call_kind(cl->source, cl->op));
+      } else if (bl) {
+        BlockReason r = BlockReason::kOther;
+        if (bl->prev_state == OffCpuState::kDiskWait) {
+          r = BlockReason::kIo;
+        } else if (bl->stack_id) {
+          stack = bl->stack_id;
+          if (auto it = meta.stacks.find(bl->stack_id); it != meta.stacks.end())
+            r = block_reason(parse_stack(it->second));
+        }
+        bucket = acct::blocked_bucket(r);
+      } else if (un) {
+        bucket = acct::kUnknown;
+      } else {
+        auto st = stated_at.find(first.pid);
+        bucket = st != stated_at.end() && t >= st->second ? acct::kOnCpu : acct::kUnknown;
+      }
+      if (open && cur.op == bucket && cur.arg0 == a0 && cur.arg1 == a1 && cur.stack_id == stack && cur.end_ns() == t &&
+          cur.ts_ns / grid == t / grid) {
+        ++cur.dur_ns;
+        continue;
+      }
+      if (open) out.push_back(cur);
+      cur = Event{};
+      cur.ts_ns = t;
+      cur.dur_ns = 1;
+      cur.pid = first.pid;
+      cur.tid = tid;
+      cur.rank = -1;
+      cur.source = Source::kAccount;
+      cur.op = bucket;
+      cur.arg0 = a0;
+      cur.arg1 = a1;
+      cur.stack_id = stack;
+      cur.flags = event_flags::kSynthetic;
+      open = true;
+    }
+    if (open) out.push_back(cur);
+  }
+  return out;
+}
+
+bool same_slice(const Event& a, const Event& b) {
+  return a.ts_ns == b.ts_ns && a.dur_ns == b.dur_ns && a.pid == b.pid && a.tid == b.tid && a.node == b.node &&
+         a.rank == b.rank && a.source == b.source && a.op == b.op && a.arg0 == b.arg0 && a.arg1 == b.arg1 &&
+         a.stack_id == b.stack_id && a.flags == b.flags && a.prev_state == b.prev_state;
+}
+
+// Equal slices, in order; the first difference when not.
+::testing::AssertionResult same_slices(const std::vector<Event>& got, const std::vector<Event>& want) {
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i)
+    if (!same_slice(got[i], want[i]))
+      return ::testing::AssertionFailure() << "slice " << i << " of " << got.size() << "/" << want.size() << ":\n got  "
+                                           << slice_text(got[i]) << "\n want " << slice_text(want[i]);
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << got.size() << " slices, want " << want.size() << "; next: "
+                                         << slice_text(got.size() > want.size() ? got[want.size()] : want[got.size()]);
+  return ::testing::AssertionSuccess();
+}
+
+// Per (tid, bucket) ns of slices, and per (tid, preempting tid).
+struct SliceSums {
+  std::map<std::pair<uint32_t, uint8_t>, uint64_t> by_bucket;
+  std::map<std::pair<uint32_t, uint32_t>, uint64_t> by_task;
+  std::map<uint32_t, uint64_t> total;
+};
+
+SliceSums sums_of(const std::vector<Event>& slices) {
+  SliceSums s;
+  for (const Event& e : slices) {
+    s.by_bucket[{e.tid, e.op}] += e.dur_ns;
+    s.total[e.tid] += e.dur_ns;
+    if (e.op == acct::kPreempted) s.by_task[{e.tid, static_cast<uint32_t>(e.arg1)}] += e.dur_ns;
+  }
+  return s;
+}
+
+// A ThreadAccounting's ns in slice bucket b.
+uint64_t bucket_ns(const ThreadAccounting& a, uint8_t b) {
+  if (b == acct::kPreempted) return a.preempted_ns;
+  if (b >= acct::kLaunch && b <= acct::kOtherCall) return a.in_calls_ns.at(kCallKinds[b - acct::kLaunch]);
+  if (b == acct::kOnCpu) return a.on_cpu_ns;
+  if (b >= acct::kLock && b <= acct::kBlockedOther) return a.blocked_ns.at(kBlockReasons[b - acct::kLock]);
+  return a.unknown_ns;
+}
+
+TEST(TimeAccountingSlices, RandomTracesMatchTheNanosecondReferenceAndTheTotals) {
+  std::mt19937_64 rng(4040);
+  size_t preempted_named = 0, blocked_by_stack = 0, cells_crossed = 0;
+  for (int round = 0; round < 300; ++round) {
+    const uint64_t grid = round % 3 == 0 ? 64 : round % 3 == 1 ? 100 : 37;
+    const bool late_state = round % 4 == 3, prelude = round % 5 == 4;
+    const SliceTrace t = slice_trace(rng, grid, late_state, prelude);
+    std::map<uint32_t, uint64_t> first_event, prelude_ns;  // prelude: from its first event to its first call
+    for (const Event& e : t.ev) {
+      first_event.try_emplace(e.tid, e.ts_ns);
+      if (is_gpu_api(e.source)) prelude_ns.try_emplace(e.tid, e.ts_ns - first_event[e.tid]);
+    }
+    const SliceOptions so = slice_options(t.meta, grid, kNoGap);
+    std::unique_ptr<TimeAccounting> acc;
+    const std::vector<Event> got = slices_of(t.ev, so, 0, &acc);
+    const std::string what = "round " + std::to_string(round) + ", grid " + std::to_string(grid);
+    SCOPED_TRACE(what);
+    // The nanosecond reference, exactly: same slices, same count.
+    const std::vector<Event> want = reference_slices(t.ev, t.meta, grid);
+    EXPECT_TRUE(same_slices(got, want));
+    // Per-thread per-bucket sums are accounts()'s totals, in integer ns, and every preempting task's.
+    AccountingOptions ao;
+    ao.top_preemptors = 100;
+    TimeAccounting plain(ao);
+    plain.observe(t.ev.data(), t.ev.size());
+    const auto accounts = plain.accounts(t.meta);
+    const SliceSums sums = sums_of(got);
+    size_t feeding = 0;
+    for (const auto& a : accounts) {
+      feeding += a.wall_ns > prelude_ns.at(a.tid);
+      auto sum_of = [&](uint8_t b) {
+        auto it = sums.by_bucket.find({a.tid, b});
+        return it == sums.by_bucket.end() ? uint64_t{0} : it->second;
+      };
+      EXPECT_EQ(sums.total.count(a.tid) ? sums.total.at(a.tid) : 0, a.wall_ns - prelude_ns.at(a.tid))
+          << "tid " << a.tid;
+      if (prelude_ns.at(a.tid)) continue;  // the buckets of its sliced part: the reference above
+      for (uint8_t b = 0; b < acct::kBuckets; ++b) {
+        // accounts() calls a process's rest time on CPU if it has a switch-out state anywhere in
+        // the interval; slices only from that state on: with late states, the two together.
+        if (late_state && (b == acct::kOnCpu || b == acct::kUnknown)) continue;
+        EXPECT_EQ(sum_of(b), bucket_ns(a, b)) << "tid " << a.tid << " bucket " << acct::bucket_name(b);
+      }
+      EXPECT_EQ(sum_of(acct::kOnCpu) + sum_of(acct::kUnknown), a.on_cpu_ns + a.unknown_ns) << "tid " << a.tid;
+      for (const auto& p : a.preempted_by) EXPECT_EQ((sums.by_task.at({a.tid, p.tid})), p.ns) << "tid " << a.tid;
+    }
+    EXPECT_EQ(sums.total.size(), feeding);  // no slice of a thread that never fed the GPU
+    // The slices' own accounts() is the same (slice mode changes nothing of the totals).
+    const auto again = acc->accounts(t.meta);
+    ASSERT_EQ(again.size(), accounts.size());
+    for (size_t i = 0; i < again.size(); ++i) expect_equal(again[i], accounts[i], what);
+    // No slice crosses a grid multiple; one thread's slices never overlap (they tile its interval).
+    for (size_t i = 0; i < got.size(); ++i) {
+      const Event& e = got[i];
+      ASSERT_GT(e.dur_ns, 0u) << slice_text(e);
+      EXPECT_EQ(e.ts_ns / grid, (e.end_ns() - 1) / grid) << slice_text(e);
+      if (i && got[i - 1].tid == e.tid) {
+        EXPECT_EQ(got[i - 1].end_ns(), e.ts_ns) << slice_text(got[i - 1]) << " / " << slice_text(e);
+        cells_crossed += got[i - 1].ts_ns / grid != e.ts_ns / grid;
+      }
+      if (e.op == acct::kPreempted) {
+        // arg1 is the tid that ran, arg0 its pid as the span itself named it (0 when it did not).
+        EXPECT_GE(e.arg1, 900u) << slice_text(e);
+        EXPECT_LE(e.arg1, 905u) << slice_text(e);
+        EXPECT_TRUE(e.arg0 == 0 || e.arg0 == 9000 + e.arg1 % 3) << slice_text(e);
+        preempted_named += e.arg0 != 0;
+      }
+      blocked_by_stack += e.op == acct::kLock || e.op == acct::kSleep;
+    }
+    if (HasFailure()) {
+      std::printf("%s", trace_text(t.ev).c_str());
+      return;
+    }
+  }
+  // The generator reached what the test is about.
+  EXPECT_GT(preempted_named, 100u);
+  EXPECT_GT(blocked_by_stack, 100u);
+  EXPECT_GT(cells_crossed, 1000u);
+}
+
+TEST(TimeAccountingSlices, IdenticalWhateverTheBatchesAndUnderGridShifts) {
+  std::mt19937_64 rng(17);
+  for (int round = 0; round < 200; ++round) {
+    const uint64_t grid = round % 2 ? 100 : 64;
+    SliceTrace t = slice_trace(rng, grid, round % 4 >= 2, round % 3 == 2);
+    const SliceOptions so = slice_options(t.meta, grid, kNoGap);
+    const std::vector<Event> base = slices_of(t.ev, so, 0);
+    SCOPED_TRACE("round " + std::to_string(round));
+    ASSERT_FALSE(base.empty());
+    for (size_t batch : {size_t{1}, size_t{7}, size_t{777}}) {
+      EXPECT_TRUE(same_slices(slices_of(t.ev, so, batch), base)) << "batch " << batch;
+    }
+    // Shifting every timestamp by a multiple of the grid shifts the slices, nothing else.
+    const uint64_t shift = (1'700'000'000'000'000'000ull / grid + static_cast<uint64_t>(round) * 977) * grid;
+    std::vector<Event> shifted_ev = t.ev;
+    for (auto& e : shifted_ev) e.ts_ns += shift;
+    std::vector<Event> want = base;
+    for (auto& e : want) e.ts_ns += shift;
+    for (size_t batch : {size_t{0}, size_t{7}}) {
+      EXPECT_TRUE(same_slices(slices_of(shifted_ev, so, batch), want)) << "shifted, batch " << batch;
+    }
+    if (HasFailure()) {
+      std::printf("%s", trace_text(t.ev).c_str());
+      return;
+    }
+  }
+}
+
+// Silences longer than gap_ns (nothing of the thread seen: no call, no span) are not sliced, and
+// which slices come out still does not depend on where batches were cut.
+TEST(TimeAccountingSlices, SilencesLongerThanTheGapAreNotSliced) {
+  std::mt19937_64 rng(99);
+  const uint64_t grid = 100, gap = 250;
+  size_t silences = 0;
+  for (int round = 0; round < 200; ++round) {
+    SliceTrace t = slice_trace(rng, grid, round % 2 == 1);
+    // Open silences: every event of a thread from a random instant on moves later by up to 8 gaps.
+    std::map<uint32_t, std::pair<uint64_t, uint64_t>> cut;  // tid -> (from, by)
+    for (auto& e : t.ev) {
+      if (e.tid > 100) continue;
+      auto [it, fresh] = cut.try_emplace(e.tid, std::uniform_int_distribution<uint64_t>(0, 30 * grid)(rng),
+                                         std::uniform_int_distribution<uint64_t>(0, 8 * gap)(rng));
+      if (e.ts_ns >= it->second.first) e.ts_ns += it->second.second;
+    }
+    std::stable_sort(t.ev.begin(), t.ev.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+    // Ground truth: per thread, the stretches of more than `gap` that no event of it covers.
+    std::map<uint32_t, std::vector<std::pair<uint64_t, uint64_t>>> silent;
+    std::map<uint32_t, uint64_t> reach, silent_ns;
+    for (const auto& e : t.ev) {
+      if (auto it = reach.find(e.tid); it != reach.end() && e.ts_ns > it->second + gap) {
+        silent[e.tid].emplace_back(it->second, e.ts_ns);
+        silent_ns[e.tid] += e.ts_ns - it->second;
+      }
+      reach[e.tid] = std::max(reach[e.tid], e.end_ns());
+    }
+    const SliceOptions so = slice_options(t.meta, grid, gap);
+    std::unique_ptr<TimeAccounting> acc;
+    const std::vector<Event> base = slices_of(t.ev, so, 0, &acc);
+    SCOPED_TRACE("round " + std::to_string(round));
+    for (size_t batch : {size_t{1}, size_t{7}, size_t{777}})
+      EXPECT_TRUE(same_slices(slices_of(t.ev, so, batch), base)) << "batch " << batch;
+    for (const Event& e : base)
+      for (const auto& [s, end] : silent[e.tid]) EXPECT_TRUE(e.end_ns() <= s || e.ts_ns >= end) << slice_text(e);
+    // What is sliced is the thread's wall time less its silences (rest time only: nothing covers them).
+    const SliceSums sums = sums_of(base);
+    for (const auto& a : acc->accounts(t.meta)) {
+      silences += silent[a.tid].size();
+      const uint64_t total = sums.total.count(a.tid) ? sums.total.at(a.tid) : 0;
+      EXPECT_EQ(total + silent_ns[a.tid], a.wall_ns) << "tid " << a.tid;
+      for (uint8_t b = 0; b < acct::kBuckets; ++b) {
+        if (b == acct::kOnCpu || b == acct::kUnknown) continue;
+        auto it = sums.by_bucket.find({a.tid, b});
+        EXPECT_EQ(it == sums.by_bucket.end() ? 0 : it->second, bucket_ns(a, b))
+            << "tid " << a.tid << " bucket " << acct::bucket_name(b);
+      }
+    }
+    if (HasFailure()) {
+      std::printf("%s", trace_text(t.ev).c_str());
+      return;
+    }
+  }
+  EXPECT_GT(silences, 100u);
+}
+
+// Found by the tests above: rest time was on_cpu or unknown depending on whether the process's
+// first switch-out state had been observed when the time was settled, i.e. on where batches were
+// cut; now it is unknown before the first stated span's start and on_cpu from it on.
+TEST(TimeAccountingSlices, RestTimeBeforeTheProcessFirstStateIsUnknownWhateverTheBatches) {
+  // Thread 1 calls at 0, 100, 200; thread 2 of the same process sleeps at 150 (the process's
+  // first switch-out state). One cell (grid 1000).
+  const std::vector<Event> ev = {call(1, 1, 0, 10), call(1, 1, 100, 10), span(1, 2, 150, 5, OffCpuState::kSleeping),
+                                 call(1, 1, 200, 10)};
+  TraceMeta meta;
+  const SliceOptions so = slice_options(meta, 1000, kNoGap);
+  const std::vector<Event> base = slices_of(ev, so, 0);
+  std::vector<std::tuple<uint64_t, uint64_t, uint8_t>> got;
+  for (const Event& e : base) got.emplace_back(e.ts_ns, e.dur_ns, e.op);
+  const std::vector<std::tuple<uint64_t, uint64_t, uint8_t>> want = {
+      {0, 10, acct::kLaunch},    {10, 90, acct::kUnknown}, {100, 10, acct::kLaunch},
+      {110, 40, acct::kUnknown}, {150, 50, acct::kOnCpu},  {200, 10, acct::kLaunch}};
+  EXPECT_EQ(got, want);
+  for (size_t batch : {size_t{1}, size_t{2}, size_t{3}}) EXPECT_TRUE(same_slices(slices_of(ev, so, batch), base));
+}
+
+// Found by the tests above: a thread's time before its first GPU call was sliced when it was
+// still pending at that call (the contract says it is not).
+TEST(TimeAccountingSlices, TimeBeforeTheFirstCallIsNotSliced) {
+  const std::vector<Event> ev = {span(1, 1, 0, 50, OffCpuState::kSleeping),
+                                 span(1, 1, 60, 20, OffCpuState::kPreempted, 9), call(1, 1, 100, 10),
+                                 call(1, 1, 150, 10)};
+  TraceMeta meta;
+  const SliceOptions so = slice_options(meta, 1000, kNoGap);
+  std::unique_ptr<TimeAccounting> acc;
+  for (size_t batch : {size_t{0}, size_t{1}, size_t{3}}) {
+    const std::vector<Event> sl = slices_of(ev, so, batch, &acc);
+    ASSERT_FALSE(sl.empty());
+    EXPECT_EQ(sl.front().ts_ns, 100u) << "batch " << batch;
+    uint64_t total = 0;
+    for (const Event& e : sl) total += e.dur_ns;
+    EXPECT_EQ(total, 60u) << "batch " << batch;
+    // accounts() still counts the thread from its first event.
+    const auto a = acc->accounts(meta);
+    ASSERT_EQ(a.size(), 1u);
+    EXPECT_EQ(a[0].wall_ns, 160u);
+    EXPECT_EQ(a[0].preempted_ns, 20u);
+  }
+}
+
+// --- chain accounting: per-second bins and range() ---------------------------------------------
+
+constexpr uint64_t kSec = 1'000'000'000, kMs = 1'000'000;
+
+// A few seconds of feeding threads at realistic scale, with its ground truth. Each thread's first
+// and last events are calls, with calls at most 40 ms apart between (so any window that overlaps
+// its life has one of its calls); spans of every state (preempted by six hog tids, with their pid
+// or not; sleeping on a futex, an unknown stack or none; disk; unknown) lie within its life and
+// cross second boundaries. Process 1 has a switch-out state from the start, process 2 from a
+// random time, process 3 never.
+struct SecondsTrace {
+  std::vector<Event> ev;
+  TraceMeta meta;
+  std::map<uint32_t, std::pair<uint64_t, uint64_t>> life;  // tid -> [first start, last end)
+  std::map<uint32_t, uint32_t> hog_pid;                    // hog tid -> its pid when some span named it
+  uint64_t base = 0;
+};
+
+SecondsTrace seconds_trace(std::mt19937_64& rng) {
+  auto uni = [&rng](uint64_t lo, uint64_t hi) { return std::uniform_int_distribution<uint64_t>(lo, hi)(rng); };
+  SecondsTrace t;
+  t.base = 1'700'000'000 * kSec;
+  const uint64_t b = t.base;
+  ParsedStack futex;
+  futex.frames.push_back(frame(FrameKind::kKernel, "futex_wait"));
+  t.meta.stacks[kFutexStack] = encode_stack(futex);
+  t.ev.push_back(span(1, 1001, b, 1, OffCpuState::kSleeping));
+  t.ev.push_back(span(2, 1002, b + uni(0, 3 * kSec), 1, OffCpuState::kSleeping));
+  const uint64_t stacks[] = {0, kFutexStack, kMissingStack};
+  for (uint32_t tid = 1; tid <= 5; ++tid) {
+    const uint32_t pid = tid <= 2 ? 1 : tid <= 4 ? 2 : 3;
+    const uint64_t t0 = b + uni(0, 2 * kSec), until = t0 + uni(0, 5 * kSec);
+    uint64_t ts = t0, t1 = t0;
+    std::vector<Event> calls;
+    while (true) {
+      const Event c = call(pid, tid, ts, uni(0, 15 * kMs), Source::kCuda,
+                           uni(0, 1) ? op::kCudaLaunchKernel : op::kCudaStreamSync);
+      calls.push_back(c);
+      if (uni(0, 3) == 0) calls.push_back(call(pid, tid, ts, c.dur_ns / 2, Source::kDriver, op::kCuMemcpyHtoD));
+      t1 = std::max(t1, c.end_ns());
+      ts += uni(1, 40 * kMs);
+      if (ts > until) break;
+    }
+    for (int k = 0, n = static_cast<int>(uni(0, (t1 - t0) / (20 * kMs))); k < n; ++k) {
+      const uint64_t s = uni(t0 + 1, t1), d = std::min(uni(0, 30 * kMs), t1 - s);
+      OffCpuState st = pid == 3 ? OffCpuState::kUnknown : static_cast<OffCpuState>(uni(0, 4));
+      Event e = span(pid, tid, s, d, st, static_cast<uint32_t>(uni(900, 905)), stacks[uni(0, 2)]);
+      if (st == OffCpuState::kPreempted && uni(0, 3) == 0) {
+        e.arg0 = 9000 + e.arg1 % 3;
+        t.hog_pid[static_cast<uint32_t>(e.arg1)] = static_cast<uint32_t>(e.arg0);
+      }
+      t.ev.push_back(e);
+    }
+    t.ev.insert(t.ev.end(), calls.begin(), calls.end());
+    t.life[tid] = {t0, t1};
+  }
+  std::stable_sort(t.ev.begin(), t.ev.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+  return t;
+}
+
+std::unique_ptr<TimeAccounting> chain_accounting(const SecondsTrace& t, size_t batch, AnalysisResult& result) {
+  AccountingOptions o;
+  o.chain_accounting = true;
+  o.meta = &t.meta;
+  o.top_preemptors = 100;
+  auto acc = std::make_unique<TimeAccounting>(o);
+  for (size_t i = 0; i < t.ev.size(); i += batch) acc->observe(t.ev.data() + i, std::min(batch, t.ev.size() - i));
+  acc->finish(t.meta, result);
+  return acc;
+}
+
+// range() over windows aligned to seconds against accounts() with from/to on the same window.
+// Exact, in integer ns: preempted, each call kind, each blocked reason and every preempting task's
+// time (fewer than the 8 tasks a bin keeps); their sum of on_cpu and unknown differs by exactly
+// the edge time in the window that no event of the thread covers (accounts() starts a thread at
+// its first event in the window and ends it at its last; range() counts the thread's time in the
+// whole seconds, from the start of its life), so range()'s wall is the overlap of the window and
+// the thread's life. Not compared alone: on_cpu against unknown (accounts() calls rest time on CPU
+// when the process has a switch-out state in the window, bins from the process's first one on).
+TEST(TimeAccountingBins, RangeOverWholeSecondsIsAccountsOverTheWindow) {
+  std::mt19937_64 rng(2040);
+  size_t compared = 0, edges = 0, named = 0;
+  for (int round = 0; round < 30; ++round) {
+    const SecondsTrace t = seconds_trace(rng);
+    AnalysisResult res;
+    const auto acc = chain_accounting(t, round % 2 ? 500 : 4096, res);
+    EXPECT_EQ(acc->bins_dropped(), 0u);
+    for (uint64_t k = 0; k < 8; ++k)
+      for (uint64_t w = 1; w <= 3; ++w) {
+        const uint64_t from = t.base + k * kSec, to = from + w * kSec;
+        AccountingOptions wo;
+        wo.from_ns = from;
+        wo.to_ns = to;
+        wo.top_preemptors = 100;
+        TimeAccounting ref(wo);
+        ref.observe(t.ev.data(), t.ev.size());
+        const auto want_all = ref.accounts(t.meta);
+        for (const auto& [tid, life] : t.life) {
+          SCOPED_TRACE("round " + std::to_string(round) + " tid " + std::to_string(tid) + " window +" +
+                       std::to_string(k) + "s, " + std::to_string(w) + "s");
+          const uint64_t lo = std::max(from, life.first), hi = std::min(to, life.second);
+          const auto got = acc->range(t.meta, 0, tid, from, to);
+          const ThreadAccounting* want = find(want_all, tid);
+          if (hi <= lo) {  // the window misses the thread's life
+            EXPECT_FALSE(got.has_value());
+            EXPECT_TRUE(!want || want->wall_ns == 0);
+            continue;
+          }
+          ASSERT_TRUE(got.has_value());
+          ASSERT_TRUE(want) << "a window that overlaps the life has one of its calls";
+          ++compared;
+          EXPECT_EQ(got->wall_ns, hi - lo);
+          EXPECT_EQ(got->start_ns, lo / kSec * kSec == lo ? lo : std::max(from, lo / kSec * kSec));
+          EXPECT_EQ(sum(*got), got->wall_ns);
+          EXPECT_EQ(got->preempted_ns, want->preempted_ns);
+          EXPECT_EQ(got->in_calls_ns, want->in_calls_ns);
+          EXPECT_EQ(got->blocked_ns, want->blocked_ns);
+          EXPECT_EQ(got->on_cpu_ns + got->unknown_ns - (want->on_cpu_ns + want->unknown_ns),
+                    got->wall_ns - want->wall_ns);
+          edges += got->wall_ns != want->wall_ns;
+          ASSERT_EQ(got->preempted_by.size(), want->preempted_by.size());
+          for (size_t i = 0; i < got->preempted_by.size(); ++i) {
+            const auto &g = got->preempted_by[i], &x = want->preempted_by[i];
+            EXPECT_EQ(g.tid, x.tid);  // in the same order: the top task first (ns desc, then tid)
+            EXPECT_EQ(g.ns, x.ns);
+            // Its pid, from any span of the trace that named it (range() sees the whole trace).
+            auto hp = t.hog_pid.find(g.tid);
+            EXPECT_EQ(g.pid, hp == t.hog_pid.end() ? 0u : hp->second);
+            named += g.pid != 0;
+          }
+          if (!got->preempted_by.empty()) {
+            // The top task is the one with the most preempted time (ties: the smaller tid).
+            const auto& top = got->preempted_by.front();
+            for (const auto& p : got->preempted_by) EXPECT_TRUE(p.ns < top.ns || (p.ns == top.ns && p.tid >= top.tid));
+          }
+        }
+        if (HasFailure()) return;
+      }
+  }
+  EXPECT_GT(compared, 200u);
+  EXPECT_GT(edges, 50u);  // windows whose edges fall between calls: the exactness above is not vacuous
+  EXPECT_GT(named, 50u);
+}
+
+// finish() gives each chain the accounting of its thread over its window (edges rounded out to
+// whole seconds), and a process-wide chain (no tid) that of its thread with the most time there;
+// the same whatever the batches.
+TEST(TimeAccountingBins, FinishGivesChainsTheirThreadsAccounting) {
+  std::mt19937_64 rng(5);
+  for (int round = 0; round < 20; ++round) {
+    const SecondsTrace t = seconds_trace(rng);
+    std::vector<Chain> chains;
+    for (uint32_t tid = 1; tid <= 5; ++tid) {
+      Chain c;
+      c.id = "c" + std::to_string(tid);
+      c.pid = tid <= 2 ? 1 : tid <= 4 ? 2 : 3;
+      c.tid = tid;
+      c.window_start = t.base + 1 * kSec + 250 * kMs;  // rounded out to [+1 s, +4 s)
+      c.window_end = t.base + 3 * kSec + 500 * kMs;
+      chains.push_back(c);
+    }
+    for (uint32_t pid = 1; pid <= 3; ++pid) {
+      Chain c;
+      c.id = "p" + std::to_string(pid);
+      c.pid = pid;
+      c.window_start = t.base + 2 * kSec;
+      c.window_end = t.base + 4 * kSec;
+      chains.push_back(c);
+    }
+    std::string first;
+    for (size_t batch : {size_t{4096}, size_t{1}, size_t{333}}) {
+      AnalysisResult res;
+      res.chains = chains;
+      const auto acc = chain_accounting(t, batch, res);
+      std::string text;
+      for (const Chain& c : res.chains) {
+        SCOPED_TRACE(c.id + " round " + std::to_string(round));
+        uint32_t tid = c.tid;
+        if (!tid) {  // the thread of the process with the most time in the window, ties to the smaller tid
+          uint64_t best = 0;
+          for (const auto& [th, life] : t.life) {
+            if ((th <= 2 ? 1u : th <= 4 ? 2u : 3u) != c.pid) continue;
+            const uint64_t lo = std::max(c.window_start, life.first), hi = std::min(c.window_end, life.second);
+            if (hi > lo && hi - lo > best) {
+              best = hi - lo;
+              tid = th;
+            }
+          }
+        }
+        const auto want = tid ? acc->range(t.meta, 0, tid, c.window_start / kSec * kSec,
+                                           (c.window_end + kSec - 1) / kSec * kSec)
+                              : std::nullopt;
+        ASSERT_EQ(c.accounting.has_value(), want.has_value());
+        if (!want) continue;
+        EXPECT_EQ(c.accounting->tid, tid);
+        EXPECT_EQ(c.accounting->wall_ns, want->wall_ns);
+        EXPECT_EQ(c.accounting->preempted_ns, want->preempted_ns);
+        EXPECT_EQ(c.accounting->in_calls_ns, want->in_calls_ns);
+        EXPECT_EQ(c.accounting->blocked_ns, want->blocked_ns);
+        text += c.id + ":" + std::to_string(c.accounting->tid) + "/" + std::to_string(c.accounting->wall_ns) + " ";
+      }
+      if (first.empty()) first = text;
+      EXPECT_EQ(text, first) << "batch " << batch;
+      if (HasFailure()) return;
+    }
+  }
+}
 }  // namespace
 }  // namespace ingero

@@ -1,5 +1,14 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
 #include "operators/peer.h"
 #include "operators/trend.h"
 
@@ -98,5 +107,107 @@ TEST(Peers, TooFewPeers) {
   EXPECT_FALSE(s[1].outlier);
 }
 
+// --- trend X baseline over N windows -----------------------------------------------------------
+
+// The median of v (sorted copy; the mean of the middle two for an even count).
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+bool same_value(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
+
+// Random sequences of several keys, interleaved, with idle windows (skipped indices), NaN values
+// and repeated values (MAD 0), against a brute-force reference: median and MAD of the key's
+// previous N values that were not NaN (the current one not included), history = how many, the
+// value itself not dropped from it by idle windows.
+TEST(TrendBaseline, MedianAndMadOfThePreviousValuesAgainstBruteForce) {
+  std::mt19937_64 rng(30);
+  auto uni = [&rng](uint64_t lo, uint64_t hi) { return std::uniform_int_distribution<uint64_t>(lo, hi)(rng); };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  size_t checked = 0, skipped_windows = 0, nans = 0, zero_mad = 0;
+  for (uint32_t n : {2u, 3u, 5u, 30u}) {
+    for (int seq = 0; seq < 50; ++seq) {
+      TrendOp t(TrendNode{"share", n, TrendMode::kBaseline, 0});
+      std::map<uint32_t, std::deque<double>> hist;  // the reference's history per key
+      std::map<uint32_t, uint64_t> window;          // each key's next window index
+      for (int step = 0, steps = static_cast<int>(uni(1, 200)); step < steps; ++step) {
+        const auto tid = static_cast<uint32_t>(uni(1, 3));
+        Key key;
+        key.hi = uint64_t{100} << 32 | tid;
+        uint64_t& w = window[tid];
+        if (uni(0, 4) == 0) {  // idle windows: the key had no row there
+          w += uni(1, 50);
+          ++skipped_windows;
+        }
+        double v = 0;
+        switch (uni(0, 5)) {
+          case 0: v = nan; break;
+          case 1: v = 0.25; break;  // repeated: the MAD is often 0
+          case 2: v = static_cast<double>(uni(0, 10)); break;
+          default: v = std::uniform_real_distribution<double>(0, 1)(rng); break;
+        }
+        const TrendResult r = t.observe(key, w++, v);
+        const std::deque<double>& h = hist[tid];
+        SCOPED_TRACE("n " + std::to_string(n) + " seq " + std::to_string(seq) + " step " + std::to_string(step));
+        EXPECT_TRUE(r.holds);  // a baseline never drops a row: the rule's requires judge
+        EXPECT_EQ(r.history, h.size());
+        EXPECT_TRUE(same_value(r.last, v));
+        if (h.empty()) {
+          EXPECT_TRUE(std::isnan(r.median));
+          EXPECT_TRUE(std::isnan(r.mad));
+        } else {
+          const std::vector<double> prev(h.begin(), h.end());
+          const double med = median_of(prev);
+          std::vector<double> dev;
+          for (double x : prev) dev.push_back(std::fabs(x - med));
+          const double mad = median_of(dev);
+          EXPECT_EQ(r.median, med);
+          EXPECT_EQ(r.mad, mad);
+          EXPECT_EQ(r.first, prev.front());
+          EXPECT_EQ(r.peak, *std::max_element(prev.begin(), prev.end()));
+          EXPECT_TRUE(same_value(r.change, med != 0 ? v / med : nan));
+          zero_mad += prev.size() > 2 && mad == 0;
+          ++checked;
+        }
+        if (std::isnan(v)) {
+          ++nans;  // not added
+        } else {
+          hist[tid].push_back(v);
+          if (hist[tid].size() > n) hist[tid].pop_front();
+        }
+        if (HasFailure()) return;
+      }
+    }
+  }
+  EXPECT_GT(checked, 5000u);
+  EXPECT_GT(skipped_windows, 1000u);
+  EXPECT_GT(nans, 1000u);
+  EXPECT_GT(zero_mad, 100u);
+}
+
+// The same three windows judged against their own baseline, by hand: the median of 10, 20 and 30
+// is 20 and its MAD 10; a NaN in between changes nothing; an idle stretch keeps the history.
+TEST(TrendBaseline, ByHand) {
+  TrendOp t(TrendNode{"share", 3, TrendMode::kBaseline, 0});
+  Key k;
+  auto r = t.observe(k, 0, 10);
+  EXPECT_EQ(r.history, 0u);
+  EXPECT_EQ(r.needed, 1u);
+  EXPECT_TRUE(std::isnan(r.median));
+  t.observe(k, 1, 30);
+  t.observe(k, 2, std::numeric_limits<double>::quiet_NaN());
+  t.observe(k, 3, 20);
+  r = t.observe(k, 500, 99);  // after 496 idle windows
+  EXPECT_TRUE(r.holds);
+  EXPECT_EQ(r.history, 3u);
+  EXPECT_EQ(r.median, 20);
+  EXPECT_EQ(r.mad, 10);
+  r = t.observe(k, 501, 0);  // the window of 10 fell out: 30, 20, 99
+  EXPECT_EQ(r.history, 3u);
+  EXPECT_EQ(r.median, 30);
+  EXPECT_EQ(r.mad, 10);
+}
 }  // namespace
 }  // namespace ingero
