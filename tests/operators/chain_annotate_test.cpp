@@ -773,6 +773,13 @@ TEST(ChainAnnotate, FoldIntoFindingsOverTimeAgainstTheContract) {
           }
       }
       c.summary = "summary of " + c.id;
+      if (!c.over_time && uni(0, 1)) {  // exemplar evidence, which must follow the chain when folded
+        EvidenceItem ev;
+        ev.kind = "tail";
+        ev.detail = "evidence of " + c.id;
+        ev.event_ids = {static_cast<uint64_t>(chains.size()), 7};
+        c.evidence.push_back(ev);
+      }
       chains.push_back(c);
     }
     // The reference.
@@ -790,6 +797,7 @@ TEST(ChainAnnotate, FoldIntoFindingsOverTimeAgainstTheContract) {
         e.kind = "folded";
         e.detail = c.rule + "|" + c.summary;  // compared by parts below
         f.evidence.push_back(e);
+        for (const auto& item : c.evidence) f.evidence.push_back(item);
         f.severity = std::max(f.severity, c.severity);
         drop[i] = true;
         break;
@@ -812,6 +820,12 @@ TEST(ChainAnnotate, FoldIntoFindingsOverTimeAgainstTheContract) {
       EXPECT_EQ(got[i].severity, kept[i].severity);
       ASSERT_EQ(got[i].evidence.size(), kept[i].evidence.size());
       for (size_t k = 0; k < got[i].evidence.size(); ++k) {
+        if (kept[i].evidence[k].kind != "folded") {  // a folded chain's own evidence, as it was
+          EXPECT_EQ(got[i].evidence[k].kind, kept[i].evidence[k].kind);
+          EXPECT_EQ(got[i].evidence[k].detail, kept[i].evidence[k].detail);
+          EXPECT_EQ(got[i].evidence[k].event_ids, kept[i].evidence[k].event_ids);
+          continue;
+        }
         const std::string& want_detail = kept[i].evidence[k].detail;
         const std::string rule = want_detail.substr(0, want_detail.find('|'));
         const std::string summary = want_detail.substr(want_detail.find('|') + 1);

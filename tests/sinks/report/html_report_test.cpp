@@ -87,7 +87,7 @@ TEST_F(HtmlReport, IsOneSelfContainedFile) {
   EXPECT_EQ(page.find("<script src"), std::string::npos);
   EXPECT_EQ(page.find("<link"), std::string::npos);
   EXPECT_NE(page.find("cpu_contention"), std::string::npos);
-  EXPECT_NE(page.find("Pin the training process"), std::string::npos);      // the fix
+  EXPECT_NE(page.find("Pin the training process"), std::string::npos);  // the fix
   // Predicates, escaped: the contention finding over time (the tail chain is folded into it).
   EXPECT_NE(page.find("share &gt;= min_preempted_share"), std::string::npos);
 }
