@@ -1106,9 +1106,24 @@ struct Shard::Impl {
   std::vector<int> builder_of;
   // Per stream with an Account step: the shard's accounting of the threads it owns, and this
   // batch's slices (the stream's events point into it).
+  // The stream's events are not the slices themselves (one per piece of time: about two per GPU
+  // call) but their totals per thread, grid cell and bucket (and, preempted, per task that ran
+  // instead): a cell's totals go out once the watermark is more than the slicer's gap_ns past the
+  // cell's end (by then every slice of it is out: operators/time_accounting.h), at its start
+  // time, so a window gets at most ~14 events per thread and second, the same however the batches
+  // were cut.
+  struct CellTotals {
+    uint32_t pid = 0;
+    int16_t rank = -1;
+    uint64_t b[acct::kBuckets] = {};
+    std::vector<std::pair<uint64_t, uint64_t>> by;  // (arg0 << 32 | arg1, ns), preempted
+  };
   struct AccountStep {
     std::unique_ptr<TimeAccounting> acct;
-    std::vector<Event> slices;
+    uint64_t grid_ns = 1;
+    std::vector<Event> slices;                                             // this batch's, from the slicer
+    std::map<std::tuple<uint64_t, uint16_t, uint32_t>, CellTotals> cells;  // (cell, node, tid)
+    std::vector<Event> out;                                                // this batch's stream events
   };
   std::vector<AccountStep> accounts;
   std::vector<PipeState> pipes;                                 // per plan pipe (inactive if not ours)
@@ -1303,6 +1318,7 @@ struct Shard::Impl {
       const AccountNode* node = plan.streams[i].account;
       if (!node) continue;
       accounts[i].acct = std::make_unique<TimeAccounting>();
+      accounts[i].grid_ns = std::max<uint64_t>(node->grid_ns, 1);
       SliceOptions so;
       so.grid_ns = node->grid_ns;
       std::shared_ptr<StackTable> stacks = plan.stacks;
@@ -1742,14 +1758,66 @@ struct Shard::Impl {
       as.slices.clear();
       if (!is_scan(parent)) compute(parent, in);
       if (is_scan(parent)) {
-        if (in.owned)
+        if (in.owned && !in.indexed) as.acct->observe(in.owned->data(), in.owned->size());
+        else if (in.owned)
           for_each_selected(*in.owned, in.indexed, in.owned_at, [&](const Event& e) { as.acct->observe(&e, 1); });
       } else {
         for (const Event* e : owned_list(parent)) as.acct->observe(e, 1);
       }
       as.acct->flush_slices(in.final ? kFinal : in.watermark, in.final, as.slices);
-      for (const Event& e : as.slices) own.push_back(&e);
-      return;  // slices are never host-wide
+      CellTotals* last = nullptr;  // slices come thread by thread, mostly in one cell: one lookup per run
+      std::tuple<uint64_t, uint16_t, uint32_t> last_key{UINT64_MAX, 0, 0};
+      for (const Event& e : as.slices) {
+        const std::tuple<uint64_t, uint16_t, uint32_t> k{e.ts_ns / as.grid_ns, e.node, e.tid};
+        if (!last || k != last_key) {
+          last = &as.cells[k];
+          last_key = k;
+        }
+        CellTotals& c = *last;
+        c.pid = e.pid;
+        c.rank = e.rank;
+        if (e.op < acct::kBuckets) c.b[e.op] += e.dur_ns;
+        if (e.op == acct::kPreempted) {
+          const uint64_t task = e.arg0 << 32 | (e.arg1 & 0xffffffffu);
+          auto it = std::find_if(c.by.begin(), c.by.end(), [task](const auto& x) { return x.first == task; });
+          if (it != c.by.end()) it->second += e.dur_ns;
+          else c.by.emplace_back(task, e.dur_ns);
+        }
+      }
+      as.out.clear();
+      const uint64_t gap = 1'000'000'000ull;  // SliceOptions::gap_ns (the default the step uses)
+      while (!as.cells.empty()) {
+        const auto it = as.cells.begin();
+        const uint64_t cell = std::get<0>(it->first);
+        if (!in.final && !(in.watermark > (cell + 1) * as.grid_ns + gap)) break;
+        const CellTotals& c = it->second;
+        Event e;
+        e.ts_ns = cell * as.grid_ns;
+        e.node = std::get<1>(it->first);
+        e.tid = std::get<2>(it->first);
+        e.pid = c.pid;
+        e.rank = c.rank;
+        e.source = Source::kAccount;
+        e.flags = event_flags::kSynthetic;
+        for (uint8_t b = 0; b < acct::kBuckets; ++b) {
+          if (!c.b[b] || b == acct::kPreempted) continue;
+          e.op = b;
+          e.dur_ns = c.b[b];
+          as.out.push_back(e);
+        }
+        std::vector<std::pair<uint64_t, uint64_t>> by = c.by;
+        std::sort(by.begin(), by.end());
+        e.op = acct::kPreempted;
+        for (const auto& [task, ns] : by) {
+          e.arg0 = task >> 32;
+          e.arg1 = task & 0xffffffffu;
+          e.dur_ns = ns;
+          as.out.push_back(e);
+        }
+        as.cells.erase(it);
+      }
+      for (const Event& e : as.out) own.push_back(&e);
+      return;  // never host-wide
     }
     if (!is_scan(parent)) compute(parent, in);
     if (!s.source_op_mask.empty()) {
