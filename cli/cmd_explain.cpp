@@ -163,6 +163,18 @@ int run_explain(const ExplainArgs& a) {
                          {"calls", w.calls},     {"only_warmup", w.only},           {"only_warmup_calls", w.only_calls},
                          {"demoted", w.demoted}, {"abnormal", w.abnormal}};
           std::cout << j.dump(2) << "\n";
+        } else if (o.over_time) {
+          // A rule over time judges each feeding thread's time; warm-up is not applied to it. On a
+          // trace without switch-out states it cannot see preemption or blocking: say so.
+          std::cout << why_not_text(o);
+          bool sched = false;
+          for (const auto& t : r.accounting) sched = sched || t.scheduler_data;
+          std::cout << "  a rule over time (from accounting): it judges each GPU-feeding thread's time window by "
+                       "window (docs/rules.md, \"Rules over time\"); warm-up does not apply to it.\n";
+          if (!r.accounting.empty() && !sched)
+            std::cout << "  this trace records no switch-out state (an Ingero trace, or a capture without "
+                         "scheduler events): time outside calls is unknown, so it cannot show preemption or "
+                         "blocking; capture with `ingero-pipeline trace` to judge this rule\n";
         } else {
           std::cout << why_not_text(o) << warmup_why_not_text(w, analysis.warmup_ns);
         }

@@ -545,6 +545,7 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
     outcome.rule = em->rule;
     outcome.rule_hash = em->rule_hash;
     outcome.category = em->category;
+    outcome.over_time = pipe.over_time;
     pipe.rule_index = cp->rules.size();
     cp->rules.push_back(outcome);
     (pipe.global ? cp->has_global : cp->has_sharded) = true;

@@ -149,6 +149,7 @@ struct RuleOutcome {
   std::string miss_key;  // "pid=2233 op=cudaLaunchKernel"
   uint64_t miss_window_start = 0, miss_window_end = 0;
   std::vector<std::pair<std::string, double>> miss_values;  // the row when it missed
+  bool over_time = false;                                   // a rule over the `accounting` stream (Chain::over_time)
 };
 
 struct AnalysisResult {

@@ -265,11 +265,8 @@ json chain_json(const Chain& c, const TraceMeta& meta) {
 }
 
 json rule_outcome_json(const RuleOutcome& o) {
-  json j = {{"rule", o.rule},
-            {"rule_hash", o.rule_hash},
-            {"category", o.category},
-            {"windows", o.windows},
-            {"chains", o.chains}};
+  json j = {{"rule", o.rule},       {"rule_hash", o.rule_hash}, {"category", o.category},
+            {"windows", o.windows}, {"chains", o.chains},       {"over_time", o.over_time}};
   if (o.has_miss) {
     json values = json::object();
     for (const auto& [k, v] : o.miss_values) values[k] = num_or_null(v);
