@@ -45,8 +45,10 @@ int run_convert(const ConvertArgs& a) {
     print_error(error);
     return kExitInput;
   }
-  // Chains stored with the input travel too.
+  // Chains stored with the input travel too (SQLite: with the time accounting and the steps).
   std::vector<Chain> chains;
+  std::vector<ThreadAccounting> accounting;
+  std::vector<ProcessSteps> steps;
   if (in_fmt == "lmdb") {
     if (!read_lmdb_chains(a.in, chains, error)) {
       print_error(error);
@@ -55,7 +57,11 @@ int run_convert(const ConvertArgs& a) {
   } else {
     AnalysisResult stored;
     std::string ignored;  // a trace without chains is fine
-    if (read_result(a.in, stored, ignored)) chains = std::move(stored.chains);
+    if (read_result(a.in, stored, ignored)) {
+      chains = std::move(stored.chains);
+      accounting = std::move(stored.accounting);
+      steps = std::move(stored.steps);
+    }
   }
 
   std::unique_ptr<LmdbSink> lmdb;
@@ -85,12 +91,14 @@ int run_convert(const ConvertArgs& a) {
     events += b.events.size();
   }
   if (ok) ok = lmdb ? lmdb->write_meta(src->meta()) : sqlite->write_meta(src->meta());
-  if (ok && !chains.empty()) {
+  if (ok && (!chains.empty() || (!lmdb && (!accounting.empty() || !steps.empty())))) {
     if (lmdb) {
       ok = lmdb->write_chains(chains);
     } else {
       AnalysisResult r;
       r.chains = chains;
+      r.accounting = std::move(accounting);
+      r.steps = std::move(steps);
       r.meta = src->meta();
       ok = sqlite->write_result(r);
     }

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <map>
 #include <set>
 
 #include "model/format.h"
@@ -303,6 +305,46 @@ json thread_accounting_json(const ThreadAccounting& a, const TraceMeta& meta) {
           {"blocked_ns", a.blocked_ns},
           {"unknown_ns", a.unknown_ns},
           {"scheduler_data", a.scheduler_data}};
+}
+
+ThreadAccounting thread_accounting_from_json(const json& j, const TraceMeta& meta, uint16_t fallback_node) {
+  ThreadAccounting a;
+  if (!j.is_object()) return a;
+  a.pid = static_cast<uint32_t>(u64_of(j, "pid"));
+  a.tid = static_cast<uint32_t>(u64_of(j, "tid"));
+  a.comm = str_of(j, "comm");
+  a.node = fallback_node;
+  const std::string node = str_of(j, "node");
+  for (size_t i = 0; i < meta.nodes.size(); ++i)
+    if (meta.nodes[i] == node) {
+      a.node = static_cast<uint16_t>(i);
+      break;
+    }
+  if (auto it = j.find("rank"); it != j.end() && it->is_number_integer())
+    a.rank = static_cast<int16_t>(std::clamp<int64_t>(it->get<int64_t>(), -1, INT16_MAX));
+  a.start_ns = u64_of(j, "start_ns");
+  a.end_ns = u64_of(j, "end_ns");
+  a.wall_ns = u64_of(j, "wall_ns");
+  auto ns_map = [&j](const char* key) {
+    std::map<std::string, uint64_t> m;
+    if (auto it = j.find(key); it != j.end() && it->is_object())
+      for (auto kv = it->begin(); kv != it->end(); ++kv)
+        if (kv->is_number_unsigned() || kv->is_number_integer()) m[kv.key()] = u64_of(*it, kv.key().c_str());
+    return m;
+  };
+  a.in_calls_ns = ns_map("in_calls_ns");
+  a.blocked_ns = ns_map("blocked_ns");
+  a.on_cpu_ns = u64_of(j, "on_cpu_ns");
+  a.preempted_ns = u64_of(j, "preempted_ns");
+  a.unknown_ns = u64_of(j, "unknown_ns");
+  if (auto it = j.find("preempted_by"); it != j.end() && it->is_array())
+    for (const auto& p : *it)
+      if (p.is_object())
+        a.preempted_by.push_back({static_cast<uint32_t>(u64_of(p, "pid")), static_cast<uint32_t>(u64_of(p, "tid")),
+                                  str_of(p, "comm"), u64_of(p, "ns")});
+  auto sd = j.find("scheduler_data");
+  a.scheduler_data = sd != j.end() && sd->is_boolean() && sd->get<bool>();
+  return a;
 }
 
 json stats_json(const AnalysisResult& r) {

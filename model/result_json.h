@@ -48,6 +48,10 @@ nlohmann::json steps_json(const std::vector<ProcessSteps>& steps, const TraceMet
 // end_ns, wall_ns, in_calls_ns: {kind: ns}, on_cpu_ns, preempted_ns, preempted_by: [{pid, tid,
 // comm, ns}], blocked_ns: {reason: ns}, unknown_ns, scheduler_data}; node is the node's name ("" = local).
 nlohmann::json thread_accounting_json(const ThreadAccounting& a, const TraceMeta& meta);
+// The inverse, for stores that keep it as JSON (SQLite ip_chains.accounting, LMDB chain records):
+// `node` is looked up by name in meta.nodes (not added), `fallback_node` when it is not there.
+// Missing or malformed fields read as 0 / empty; never throws.
+ThreadAccounting thread_accounting_from_json(const nlohmann::json& j, const TraceMeta& meta, uint16_t fallback_node);
 
 nlohmann::json stats_json(const AnalysisResult& r);
 // ... with "accounting": [thread_accounting_json] (main feeding threads, wall time desc).

@@ -275,7 +275,10 @@ json chain_to_json(const Chain& c) {
           {"dropped_events", c.dropped_events},
           {"threads", threads_json(c.threads)},
           {"stacks", stacks},
-          {"time_split", time_split_json(c.time_split)}};
+          {"time_split", time_split_json(c.time_split)},
+          // The chain's thread over its window; its node is named by index here (the chain's).
+          {"accounting", c.accounting ? thread_accounting_json(*c.accounting, TraceMeta{}) : json(nullptr)},
+          {"over_time", c.over_time}};
 }
 
 Chain chain_from_json(const json& j) {
@@ -318,6 +321,9 @@ Chain chain_from_json(const json& j) {
   };
   chain_where_from_json(field("threads", json::array()), field("stacks", json::array()),
                         field("time_split", json(nullptr)), c);
+  if (const json a = field("accounting", json(nullptr)); a.is_object())
+    c.accounting = thread_accounting_from_json(a, TraceMeta{}, c.node);
+  c.over_time = jget<bool>(j, "over_time", false);
   return c;
 }
 

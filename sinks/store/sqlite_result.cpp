@@ -1,6 +1,7 @@
 // read_result: loads stored analysis results (ours from ip_*, Ingero's from causal_chains).
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -51,6 +52,91 @@ std::vector<std::string> strings(const json& j) {
     for (const auto& x : j)
       if (x.is_string()) out.push_back(x.get<std::string>());
   return out;
+}
+
+std::map<std::string, uint64_t> ns_map(const json& j) {
+  std::map<std::string, uint64_t> m;
+  if (j.is_object())
+    for (auto it = j.begin(); it != j.end(); ++it)
+      if (it->is_number_unsigned()) m[it.key()] = it->get<uint64_t>();
+      else if (it->is_number_integer()) m[it.key()] = static_cast<uint64_t>(std::max<int64_t>(0, it->get<int64_t>()));
+  return m;
+}
+
+uint64_t u64(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end()) return 0;
+  if (it->is_number_unsigned()) return it->get<uint64_t>();
+  if (it->is_number_integer()) return static_cast<uint64_t>(std::max<int64_t>(0, it->get<int64_t>()));
+  return 0;
+}
+
+// ip_accounting (written since the time accounting; absent from older databases).
+bool read_accounting(sqlite3* db, AnalysisResult& r, std::string& error) {
+  if (!sqlite_detail::table_exists(db, "ip_accounting")) return true;
+  Stmt s(db,
+         "SELECT node_index, pid, tid, comm, rank, start_ns, end_ns, wall_ns, in_calls_ns, on_cpu_ns, preempted_ns, "
+         "preempted_by, blocked_ns, unknown_ns, scheduler_data FROM ip_accounting ORDER BY position, rowid");
+  if (!s.ok()) return error = "cannot read ip_accounting: " + s.error(), false;
+  int rc;
+  while ((rc = s.step()) == SQLITE_ROW) {
+    ThreadAccounting a;
+    a.node = static_cast<uint16_t>(s.i64(0));
+    a.pid = static_cast<uint32_t>(s.i64(1));
+    a.tid = static_cast<uint32_t>(s.i64(2));
+    a.comm = s.text(3);
+    a.rank = s.is_null(4) ? int16_t{-1} : static_cast<int16_t>(s.i64(4));
+    a.start_ns = static_cast<uint64_t>(s.i64(5));
+    a.end_ns = static_cast<uint64_t>(s.i64(6));
+    a.wall_ns = static_cast<uint64_t>(s.i64(7));
+    a.in_calls_ns = ns_map(parse_json(s.text(8), json::object()));
+    a.on_cpu_ns = static_cast<uint64_t>(s.i64(9));
+    a.preempted_ns = static_cast<uint64_t>(s.i64(10));
+    for (const auto& p : parse_json(s.text(11), json::array()))
+      if (p.is_object())
+        a.preempted_by.push_back(
+            {static_cast<uint32_t>(u64(p, "pid")), static_cast<uint32_t>(u64(p, "tid")), str(p, "comm"), u64(p, "ns")});
+    a.blocked_ns = ns_map(parse_json(s.text(12), json::object()));
+    a.unknown_ns = static_cast<uint64_t>(s.i64(13));
+    a.scheduler_data = s.i64(14) != 0;
+    r.accounting.push_back(std::move(a));
+  }
+  if (rc != SQLITE_DONE) return error = sqlite_detail::describe_sqlite_error(db, rc), false;
+  return true;
+}
+
+// ip_steps (absent from older databases).
+bool read_steps(sqlite3* db, AnalysisResult& r, std::string& error) {
+  if (!sqlite_detail::table_exists(db, "ip_steps")) return true;
+  const auto cols = sqlite_detail::table_columns(db, "ip_steps");
+  const bool has_epochs = std::find(cols.begin(), cols.end(), "epochs") != cols.end();
+  Stmt s(db, std::string("SELECT node_index, pid, rank, count, period_ns, p50_ns, p99_ns, method, reason, confidence, "
+                         "boundaries, fallback_interval_ns, first_ns, last_ns, ") +
+                 (has_epochs ? "epochs" : "0") + " FROM ip_steps ORDER BY position, rowid");
+  if (!s.ok()) return error = "cannot read ip_steps: " + s.error(), false;
+  int rc;
+  while ((rc = s.step()) == SQLITE_ROW) {
+    ProcessSteps p;
+    p.node = static_cast<uint16_t>(s.i64(0));
+    p.pid = static_cast<uint32_t>(s.i64(1));
+    p.rank = s.is_null(2) ? int16_t{-1} : static_cast<int16_t>(s.i64(2));
+    p.count = static_cast<uint64_t>(s.i64(3));
+    p.period_ns = static_cast<uint64_t>(s.i64(4));
+    p.p50_ns = static_cast<uint64_t>(s.i64(5));
+    p.p99_ns = static_cast<uint64_t>(s.i64(6));
+    p.method = s.text(7);
+    p.reason = s.text(8);
+    p.confidence = s.f64(9);
+    for (const auto& b : parse_json(s.text(10), json::array()))
+      if (b.is_number_unsigned() || b.is_number_integer()) p.boundaries.push_back(b.get<uint64_t>());
+    p.fallback_interval_ns = static_cast<uint64_t>(s.i64(11));
+    p.first_ns = static_cast<uint64_t>(s.i64(12));
+    p.last_ns = static_cast<uint64_t>(s.i64(13));
+    p.epochs = static_cast<uint64_t>(s.i64(14));
+    r.steps.push_back(std::move(p));
+  }
+  if (rc != SQLITE_DONE) return error = sqlite_detail::describe_sqlite_error(db, rc), false;
+  return true;
 }
 
 bool read_ours(sqlite3* db, AnalysisResult& r, std::string& error) {
@@ -112,13 +198,19 @@ bool read_ours(sqlite3* db, AnalysisResult& r, std::string& error) {
     }
     if (rc != SQLITE_DONE) return error = sqlite_detail::describe_sqlite_error(db, rc), false;
   }
-  // threads/stacks/time_split were added later: older databases read without them.
+  // threads/stacks/time_split, then accounting/over_time were added later: older databases read
+  // without them.
   const auto chain_cols = sqlite_detail::table_columns(db, "ip_chains");
-  const bool has_where = std::find(chain_cols.begin(), chain_cols.end(), "stacks") != chain_cols.end();
+  const auto has_col = [&chain_cols](const char* c) {
+    return std::find(chain_cols.begin(), chain_cols.end(), c) != chain_cols.end();
+  };
+  const bool has_where = has_col("stacks");
+  const bool has_accounting = has_col("accounting") && has_col("over_time");
   Stmt s(db, std::string("SELECT id, rule, rule_hash, severity, category, source, op, pid, tid, node_index, rank, "
                          "window_start, window_end, summary, root_cause, explanation, recommendations, evidence, "
                          "predicates, slot_values, p50_ns, p99_ns, tail_ratio, dropped_events, ") +
                  (has_where ? "threads, stacks, time_split" : "'[]', '[]', 'null'") +
+                 (has_accounting ? ", accounting, over_time" : ", 'null', 0") +
                  " FROM ip_chains ORDER BY position, rowid");
   if (!s.ok()) return error = "cannot read ip_chains: " + s.error(), false;
   int rc;
@@ -154,9 +246,13 @@ bool read_ours(sqlite3* db, AnalysisResult& r, std::string& error) {
     c.dropped_events = static_cast<uint64_t>(s.i64(23));
     chain_where_from_json(parse_json(s.text(24), json::array()), parse_json(s.text(25), json::array()),
                           parse_json(s.text(26), json(nullptr)), c);
+    if (const json a = parse_json(s.text(27), json(nullptr)); a.is_object())
+      c.accounting = thread_accounting_from_json(a, r.meta, c.node);
+    c.over_time = s.i64(28) != 0;
     r.chains.push_back(std::move(c));
   }
   if (rc != SQLITE_DONE) return error = sqlite_detail::describe_sqlite_error(db, rc), false;
+  if (!read_accounting(db, r, error) || !read_steps(db, r, error)) return false;
   if (!sqlite_detail::table_exists(db, "ip_rule_outcomes")) return true;  // written before it existed
   Stmt ro(db,
           "SELECT rule, rule_hash, category, windows, chains, has_miss, miss_stage, miss, miss_key, "

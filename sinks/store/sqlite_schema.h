@@ -7,7 +7,8 @@
 // - events gains prev_state and flags (Ingero does not record why a thread was off CPU).
 // - The four `events` indexes live in kEventIndexSql, created after the data (see there).
 // - ip_* tables hold what Ingero has no place for: full chains with provenance, op statistics,
-//   the format/tool version and input health.
+//   the time accounting of the GPU-feeding threads, the inferred steps, the format/tool version
+//   and input health.
 #pragma once
 
 namespace ingero::sqlite_detail {
@@ -208,9 +209,52 @@ CREATE TABLE ip_chains (
   dropped_events INTEGER NOT NULL,
   threads        TEXT NOT NULL DEFAULT '[]',   -- JSON [{tid, name, share}], largest share first
   stacks         TEXT NOT NULL DEFAULT '[]',   -- JSON [{role, stack_id, share, calls, truncated, frames: [{kind, function, file, line, module}]}]
-  time_split     TEXT NOT NULL DEFAULT 'null'  -- JSON {tid, start_ns, end_ns, in_calls, off_cpu_*, on_cpu, dominant} or null
+  time_split     TEXT NOT NULL DEFAULT 'null', -- JSON {tid, start_ns, end_ns, in_calls, off_cpu_*, on_cpu, dominant} or null
+  accounting     TEXT NOT NULL DEFAULT 'null', -- JSON: the chain's thread over its window, as ip_accounting's row in explain --json (docs/accounting.md), or null
+  over_time      INTEGER NOT NULL DEFAULT 0    -- 1: from a rule over the accounting stream (one finding over the windows in a row it fired in)
 );
 CREATE INDEX idx_ip_chains_window ON ip_chains(window_start);
+CREATE TABLE ip_accounting (               -- where each main GPU-feeding thread's time went, whole trace (docs/accounting.md)
+  position          INTEGER NOT NULL,      -- order in the result (wall time desc)
+  node              TEXT NOT NULL,
+  node_index        INTEGER NOT NULL,
+  pid               INTEGER NOT NULL,
+  tid               INTEGER NOT NULL,
+  comm              TEXT NOT NULL,         -- thread name, else process name, else ''
+  rank              INTEGER,               -- NULL = unknown
+  start_ns          INTEGER NOT NULL,      -- the interval accounted: first event start .. last event end
+  end_ns            INTEGER NOT NULL,
+  wall_ns           INTEGER NOT NULL,      -- = in_calls_total_ns + on_cpu_ns + preempted_ns + blocked_total_ns + unknown_ns
+  in_calls_total_ns INTEGER NOT NULL,
+  in_calls_ns       TEXT NOT NULL,         -- JSON {launch, copy, sync, alloc, collective, other}: ns by the outermost call's kind
+  on_cpu_ns         INTEGER NOT NULL,
+  preempted_ns      INTEGER NOT NULL,
+  preempted_by      TEXT NOT NULL,         -- JSON [{pid, tid, comm, ns}]: the top tasks that ran instead
+  blocked_total_ns  INTEGER NOT NULL,
+  blocked_ns        TEXT NOT NULL,         -- JSON {lock, io, network, sleep, other}: ns by reason
+  unknown_ns        INTEGER NOT NULL,
+  scheduler_data    INTEGER NOT NULL,      -- 1: the process has switch-out states (else time outside calls is unknown)
+  PRIMARY KEY (node_index, tid)
+);
+CREATE TABLE ip_steps (                    -- the inferred step period of each process (docs/steps.md)
+  position             INTEGER NOT NULL,   -- order in the result (node, pid, rank)
+  node                 TEXT NOT NULL,
+  node_index           INTEGER NOT NULL,
+  pid                  INTEGER NOT NULL,
+  rank                 INTEGER,            -- NULL = unknown
+  count                INTEGER NOT NULL,   -- steps over the whole trace (0 when method is 'none')
+  period_ns            INTEGER NOT NULL,
+  p50_ns               INTEGER NOT NULL,
+  p99_ns               INTEGER NOT NULL,
+  method               TEXT NOT NULL,      -- 'cudaStreamSynchronize x1', 'launch bursts x4 (gap >= 1.0 ms)', 'annotated (step)', 'none', ...
+  reason               TEXT NOT NULL,      -- method 'none': why there is no period
+  confidence           REAL NOT NULL,      -- 0..1
+  boundaries           TEXT NOT NULL,      -- JSON array of unix ns: the last step boundaries (or the fallback grid)
+  fallback_interval_ns INTEGER NOT NULL,   -- method 'none': the grid's interval
+  first_ns             INTEGER NOT NULL,   -- the process's first GPU call start
+  last_ns              INTEGER NOT NULL,   -- and last call end
+  epochs               INTEGER NOT NULL DEFAULT 0  -- method 'annotated (step)': the distinct epochs its markers named
+);
 CREATE TABLE ip_rule_outcomes (
   rule              TEXT PRIMARY KEY,
   position          INTEGER NOT NULL,      -- plan order

@@ -159,8 +159,9 @@ class SqliteSink {
   bool write_meta(const TraceMeta& meta);
   // Appends events; commits whenever `commit_every` events are pending.
   bool write_events(std::span<const Event> events);
-  // Op stats into ip_op_stats (replaced), chains into causal_chains and ip_chains (by id),
-  // engine counters into ip_meta. Commits.
+  // Op stats into ip_op_stats (replaced), chains into causal_chains and ip_chains (by id), the
+  // time accounting into ip_accounting and the steps into ip_steps (replaced), engine counters
+  // into ip_meta. Commits.
   bool write_result(const AnalysisResult& result);
   // Commits pending events now.
   bool commit();
@@ -200,9 +201,10 @@ class SqliteSink {
   bool closed_ = false;
 };
 
-// Loads a result written by SqliteSink::write_result (ip_op_stats, ip_chains, ip_meta) for
-// `explain` on our own databases. For an Ingero database (no ip_chains) it converts Ingero's
-// causal_chains rows into Chains (rule "ingero", no predicates) and leaves `ops` empty.
+// Loads a result written by SqliteSink::write_result (ip_op_stats, ip_chains with each chain's
+// accounting, ip_rule_outcomes, ip_accounting, ip_steps, ip_meta) for tools that read stored
+// results (`convert`); tables and columns that older databases lack read as empty. For an Ingero database (no
+// ip_chains) it converts Ingero's causal_chains rows into Chains (rule "ingero", no predicates) and leaves `ops` empty.
 // Returns false with a one-line `error` naming the file when neither is present.
 bool read_result(const std::string& path, AnalysisResult& result, std::string& error);
 

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -96,6 +97,85 @@ json evidence_json(const std::vector<EvidenceItem>& evidence) {
                  {"unit", ev.unit},
                  {"event_ids", ev.event_ids}});
   return a;
+}
+
+std::string node_name_of(const TraceMeta& names, uint16_t node) {
+  return node < names.nodes.size() ? names.nodes[node] : "node#" + std::to_string(node);
+}
+
+// ip_accounting: one row per main feeding thread (result.accounting), replaced.
+bool write_accounting(sqlite3* db, const AnalysisResult& r, const TraceMeta& names, std::string& why) {
+  if (!sqlite_detail::exec(db, "DELETE FROM ip_accounting", why)) return false;
+  Stmt st(db,
+          "INSERT OR REPLACE INTO ip_accounting(position, node, node_index, pid, tid, comm, rank, start_ns, end_ns, "
+          "wall_ns, in_calls_total_ns, in_calls_ns, on_cpu_ns, preempted_ns, preempted_by, blocked_total_ns, "
+          "blocked_ns, unknown_ns, scheduler_data) "
+          "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)");
+  if (!st.ok()) return why = st.error(), false;
+  int64_t position = 0;
+  for (const auto& a : r.accounting) {
+    json by = json::array();
+    for (const auto& p : a.preempted_by) by.push_back({{"pid", p.pid}, {"tid", p.tid}, {"comm", p.comm}, {"ns", p.ns}});
+    st.bind(1, position++);
+    st.bind(2, node_name_of(names, a.node));
+    st.bind(3, static_cast<int64_t>(a.node));
+    st.bind(4, static_cast<int64_t>(a.pid));
+    st.bind(5, static_cast<int64_t>(a.tid));
+    st.bind(6, a.comm);
+    if (a.rank < 0) st.bind_null(7);
+    else st.bind(7, static_cast<int64_t>(a.rank));
+    st.bind_u64(8, a.start_ns);
+    st.bind_u64(9, a.end_ns);
+    st.bind_u64(10, a.wall_ns);
+    st.bind_u64(11, a.in_calls_total());
+    st.bind(12, json(a.in_calls_ns).dump());
+    st.bind_u64(13, a.on_cpu_ns);
+    st.bind_u64(14, a.preempted_ns);
+    st.bind(15, by.dump());
+    st.bind_u64(16, a.blocked_total());
+    st.bind(17, json(a.blocked_ns).dump());
+    st.bind_u64(18, a.unknown_ns);
+    st.bind(19, static_cast<int64_t>(a.scheduler_data ? 1 : 0));
+    const int rc = st.step();
+    st.reset();
+    if (rc != SQLITE_DONE) return why = sqlite3_errmsg(db), false;
+  }
+  return true;
+}
+
+// ip_steps: one row per process (and rank) of result.steps, replaced.
+bool write_steps(sqlite3* db, const AnalysisResult& r, const TraceMeta& names, std::string& why) {
+  if (!sqlite_detail::exec(db, "DELETE FROM ip_steps", why)) return false;
+  Stmt st(db,
+          "INSERT INTO ip_steps(position, node, node_index, pid, rank, count, period_ns, p50_ns, p99_ns, method, "
+          "reason, confidence, boundaries, fallback_interval_ns, first_ns, last_ns, epochs) "
+          "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)");
+  if (!st.ok()) return why = st.error(), false;
+  int64_t position = 0;
+  for (const auto& s : r.steps) {
+    st.bind(1, position++);
+    st.bind(2, node_name_of(names, s.node));
+    st.bind(3, static_cast<int64_t>(s.node));
+    st.bind(4, static_cast<int64_t>(s.pid));
+    if (s.rank < 0) st.bind_null(5);
+    else st.bind(5, static_cast<int64_t>(s.rank));
+    st.bind_u64(6, s.count);
+    st.bind_u64(7, s.period_ns);
+    st.bind_u64(8, s.p50_ns);
+    st.bind_u64(9, s.p99_ns);
+    st.bind(10, s.method);
+    st.bind(11, s.reason);
+    st.bind(12, std::isfinite(s.confidence) ? s.confidence : 0.0);
+    st.bind(13, json(s.boundaries).dump());
+    st.bind_u64(14, s.fallback_interval_ns);
+    st.bind_u64(15, s.first_ns);
+    st.bind_u64(16, s.last_ns);
+    st.bind_u64(17, s.epochs);
+    const int rc = st.step();
+    st.reset();
+    if (rc != SQLITE_DONE) return why = sqlite3_errmsg(db), false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -191,8 +271,8 @@ std::unique_ptr<SqliteSink> SqliteSink::create(const std::string& path, std::str
          "HOST sched_switch rows follow Ingero: timestamp = switch-in time (end of the off-CPU "
          "interval), duration = time off CPU. prev_state says why the thread was off CPU."},
         {"ip_note",
-         "ip_* tables are ingero-pipeline's: ip_chains, ip_op_stats, ip_meta, ip_health, ip_thread_names, "
-         "ip_process_capture."},
+         "ip_* tables are ingero-pipeline's: ip_chains, ip_op_stats, ip_accounting, ip_steps, ip_meta, "
+         "ip_health, ip_thread_names, ip_process_capture, ip_rule_outcomes, ip_annotations."},
     };
     for (const auto& [k, v] : rows) {
       info.bind(1, k);
@@ -463,9 +543,10 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
           "INSERT OR REPLACE INTO ip_chains(id, position, rule, rule_hash, severity, category, "
           "source, op, op_name, pid, tid, node, node_index, rank, window_start, window_end, "
           "summary, root_cause, explanation, recommendations, evidence, predicates, slot_values, "
-          "exemplars, p50_ns, p99_ns, tail_ratio, dropped_events, threads, stacks, time_split) "
+          "exemplars, p50_ns, p99_ns, tail_ratio, dropped_events, threads, stacks, time_split, accounting, "
+          "over_time) "
           "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, "
-          "?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31)");
+          "?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33)");
   Stmt kv(db, "INSERT OR REPLACE INTO ip_meta(key, value) VALUES(?1, ?2)");
   for (const Stmt* s : {&ops, &ic, &pc, &kv})
     if (!s->ok()) return fail("write result: " + s->error());
@@ -494,6 +575,8 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
     if (!done(ops)) return err();
   }
   const auto& nodes = impl_->nodes;
+  TraceMeta node_names;  // names the nodes of accounting JSON as the events' node column does
+  node_names.nodes = nodes;
   int64_t position = 0;
   for (const auto& c : result.chains) {
     const std::string node = c.node < nodes.size() ? nodes[c.node] : "node#" + std::to_string(c.node);
@@ -569,8 +652,13 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
     for (const auto& st : c.stacks) stacks.push_back(chain_stack_json(st));
     pc.bind(30, stacks.dump());
     pc.bind(31, time_split_json(c.time_split).dump());
+    // The chain's thread over its window: the same shape as explain --json (model/result_json.h).
+    pc.bind(32, (c.accounting ? thread_accounting_json(*c.accounting, node_names) : json(nullptr)).dump());
+    pc.bind(33, static_cast<int64_t>(c.over_time ? 1 : 0));
     if (!done(pc)) return err();
   }
+  if (!write_accounting(db, result, node_names, why) || !write_steps(db, result, node_names, why))
+    return fail("write result: " + why);
   if (!sqlite_detail::exec(db, "DELETE FROM ip_rule_outcomes", why)) return fail("write result: " + why);
   Stmt ro(db,
           "INSERT OR REPLACE INTO ip_rule_outcomes(rule, position, rule_hash, category, windows, "

@@ -94,6 +94,23 @@ TEST_F(LmdbStoreTest, RoundTripEventsMetaAndChains) {
   pred.lhs_text = "200x";
   c.predicates.push_back(pred);
   c.values.emplace_back("share", 0.93);
+  c.node = 1;
+  c.over_time = true;
+  ThreadAccounting acc;  // the chain's thread over its window
+  acc.pid = 20000;
+  acc.tid = 4242;
+  acc.node = 1;
+  acc.comm = "python3 train.py";
+  acc.start_ns = 1'763'800'010'000'000'000;
+  acc.end_ns = acc.start_ns + 2'000'000'000;
+  acc.wall_ns = 2'000'000'000;
+  acc.in_calls_ns = {{"launch", 5}, {"sync", 7}};
+  acc.preempted_ns = 1'000'000'000;
+  acc.preempted_by = {{0, 99, "stress", 900'000'000}};
+  acc.blocked_ns = {{"lock", 3}};
+  acc.on_cpu_ns = 1'000'000'000 - 15;
+  acc.scheduler_data = true;
+  c.accounting = acc;
   ASSERT_TRUE(sink->write_chains(std::span(&c, 1))) << sink->error();
   ASSERT_TRUE(sink->close(err)) << err;
   EXPECT_EQ(sink->events_committed(), events.size());
@@ -128,6 +145,23 @@ TEST_F(LmdbStoreTest, RoundTripEventsMetaAndChains) {
   ASSERT_EQ(chains[0].predicates.size(), 1u);
   EXPECT_DOUBLE_EQ(chains[0].predicates[0].margin, 197);
   EXPECT_EQ(chains[0].predicates[0].lhs_text, "200x");
+  // Where the chain's thread's time went, kept with the chain.
+  EXPECT_TRUE(chains[0].over_time);
+  ASSERT_TRUE(chains[0].accounting.has_value());
+  const ThreadAccounting& a = *chains[0].accounting;
+  EXPECT_EQ(a.node, 1);
+  EXPECT_EQ(a.tid, 4242u);
+  EXPECT_EQ(a.comm, "python3 train.py");
+  EXPECT_EQ(a.start_ns, acc.start_ns);
+  EXPECT_EQ(a.wall_ns, acc.wall_ns);
+  EXPECT_EQ(a.in_calls_ns, acc.in_calls_ns);
+  EXPECT_EQ(a.blocked_ns, acc.blocked_ns);
+  EXPECT_EQ(a.on_cpu_ns, acc.on_cpu_ns);
+  EXPECT_EQ(a.preempted_ns, acc.preempted_ns);
+  ASSERT_EQ(a.preempted_by.size(), 1u);
+  EXPECT_EQ(a.preempted_by[0].comm, "stress");
+  EXPECT_EQ(a.preempted_by[0].ns, 900'000'000u);
+  EXPECT_TRUE(a.scheduler_data);
 }
 
 TEST_F(LmdbStoreTest, EmptyTraceGivesOneFinalBatch) {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/ops.h"
+#include "model/result_json.h"
 #include "sinks/store/sql_query.h"
 #include "sinks/store/sqlite_store.h"
 #include "tests/sinks/store/sqlite_test_util.h"
@@ -459,6 +460,162 @@ TEST(SqliteSink, ReadResultOfIngeroTraceUsesCausalChains) {
   ASSERT_EQ(test::run_sql(p, "CREATE TABLE t(x)"), "");
   EXPECT_FALSE(read_result(p, r, error));
   EXPECT_EQ(error, p + ": no stored results (neither ip_chains nor causal_chains table)");
+}
+
+// The time accounting (whole trace and per chain) and the steps travel with the result:
+// ip_accounting, ip_steps and ip_chains.accounting/over_time, given back by read_result exactly as
+// explain --json shows them; a database written before they existed reads back without them.
+TEST(SqliteSink, AccountingAndStepsRoundTrip) {
+  constexpr uint64_t kS = 1'000'000'000;
+  TempDir dir;
+  const std::string p = dir.file("acct.db");
+  AnalysisResult r = sample_result();
+  ThreadAccounting a;
+  a.pid = 4242;
+  a.tid = 4243;
+  a.comm = "python3";
+  a.node = 1;
+  a.rank = 0;
+  a.start_ns = kT0;
+  a.end_ns = kT0 + 10 * kS;
+  a.wall_ns = 10 * kS;
+  a.in_calls_ns = {{"launch", kS}, {"copy", 0}, {"sync", 3 * kS}, {"alloc", 1}, {"collective", 0}, {"other", 0}};
+  a.on_cpu_ns = 2 * kS;
+  a.preempted_ns = 1'500'000'000;
+  a.preempted_by = {{1, 1, "systemd", kS}, {0, 999, "", 400'000'000}};
+  a.blocked_ns = {{"lock", kS}, {"io", 0}, {"network", 0}, {"sleep", kS / 2 - 1}, {"other", 0}};
+  a.unknown_ns = a.wall_ns - a.in_calls_total() - a.on_cpu_ns - a.preempted_ns - a.blocked_total();
+  a.scheduler_data = true;
+  ThreadAccounting b;
+  b.pid = 7;
+  b.tid = 8;
+  b.node = 2;
+  b.start_ns = kT0 + kS;
+  b.end_ns = kT0 + 3 * kS;
+  b.wall_ns = 2 * kS;
+  for (const char* k : kCallKinds) b.in_calls_ns[k] = 0;
+  for (const char* k : kBlockReasons) b.blocked_ns[k] = 0;
+  b.in_calls_ns["collective"] = kS / 4;
+  b.unknown_ns = b.wall_ns - kS / 4;
+  r.accounting = {a, b};
+  ProcessSteps s;
+  s.pid = 4242;
+  s.rank = 0;
+  s.node = 1;
+  s.count = 120;
+  s.period_ns = 80'000'000;
+  s.p50_ns = 79'000'000;
+  s.p99_ns = 120'000'000;
+  s.method = "annotated (step)";
+  s.epochs = 3;
+  s.confidence = 0.93;
+  s.boundaries = {kT0 + 80'000'000, kT0 + 160'000'000, kT0 + 241'000'000};
+  s.first_ns = kT0 + 1'000;
+  s.last_ns = kT0 + 9 * kS;
+  ProcessSteps n;
+  n.pid = 7;
+  n.node = 2;
+  n.method = "none";
+  n.reason = "fewer than 8 calls";
+  n.fallback_interval_ns = kS;
+  n.boundaries = {kT0 + kS, kT0 + 2 * kS};
+  n.first_ns = kT0 + kS;
+  n.last_ns = kT0 + 3 * kS;
+  r.steps = {s, n};
+  ThreadAccounting w = a;  // the chain's thread over its window
+  w.start_ns = kT0 + 2 * kS;
+  w.end_ns = kT0 + 4 * kS;
+  w.wall_ns = 2 * kS;
+  w.in_calls_ns = {{"launch", kS / 2}, {"copy", 0}, {"sync", kS / 2}, {"alloc", 0}, {"collective", 0}, {"other", 0}};
+  w.on_cpu_ns = kS / 4;
+  w.preempted_ns = kS / 2;
+  w.preempted_by = {{1, 1, "systemd", kS / 2}};
+  w.blocked_ns = {{"lock", kS / 4}, {"io", 0}, {"network", 0}, {"sleep", 0}, {"other", 0}};
+  w.unknown_ns = 0;
+  r.chains[0].accounting = w;
+  r.chains[0].over_time = true;
+
+  std::string error;
+  auto sink = SqliteSink::create(p, error);
+  ASSERT_NE(sink, nullptr) << error;
+  ASSERT_TRUE(sink->write_result(r)) << sink->error();
+  ASSERT_TRUE(sink->close(error)) << error;
+
+  // Plain SQL: totals as columns, the maps as JSON, the parts adding up to the wall time.
+  EXPECT_EQ(test::query_int(p, "SELECT count(*) FROM ip_accounting"), 2);
+  EXPECT_EQ(test::query_int(p,
+                            "SELECT count(*) FROM ip_accounting WHERE wall_ns != in_calls_total_ns + on_cpu_ns + "
+                            "preempted_ns + blocked_total_ns + unknown_ns"),
+            0);
+  EXPECT_EQ(test::query_int(p, "SELECT tid FROM ip_accounting ORDER BY position LIMIT 1"), 4243);
+  EXPECT_EQ(test::query_text(p, "SELECT node FROM ip_accounting WHERE tid = 4243"), "gpu-a");
+  EXPECT_EQ(test::query_int(p, "SELECT json_extract(blocked_ns, '$.lock') FROM ip_accounting WHERE tid = 4243"),
+            static_cast<int64_t>(kS));
+  EXPECT_EQ(test::query_int(p, "SELECT in_calls_total_ns FROM ip_accounting WHERE tid = 4243"),
+            static_cast<int64_t>(4 * kS + 1));
+  EXPECT_EQ(test::query_text(p, "SELECT json_extract(preempted_by, '$[0].comm') FROM ip_accounting WHERE tid = 4243"),
+            "systemd");
+  EXPECT_EQ(test::query_int(p, "SELECT rank IS NULL FROM ip_accounting WHERE tid = 8"), 1);
+  EXPECT_EQ(test::query_int(p, "SELECT scheduler_data FROM ip_accounting WHERE tid = 8"), 0);
+  EXPECT_EQ(test::query_int(p, "SELECT count(*) FROM ip_steps"), 2);
+  EXPECT_EQ(test::query_text(p, "SELECT method FROM ip_steps WHERE pid = 4242"), "annotated (step)");
+  EXPECT_EQ(test::query_int(p, "SELECT epochs FROM ip_steps WHERE pid = 4242"), 3);
+  EXPECT_EQ(test::query_text(p, "SELECT node FROM ip_steps WHERE pid = 7"), "rack:7:gpu-b");
+  EXPECT_EQ(test::query_int(p, "SELECT json_array_length(boundaries) FROM ip_steps WHERE pid = 4242"), 3);
+  const std::string chain0 = " FROM ip_chains WHERE id='" + r.chains[0].id + "'";
+  EXPECT_EQ(test::query_int(p, "SELECT over_time" + chain0), 1);
+  EXPECT_EQ(test::query_int(p, "SELECT json_extract(accounting, '$.preempted_ns')" + chain0),
+            static_cast<int64_t>(kS / 2));
+  EXPECT_EQ(test::query_text(p, "SELECT accounting FROM ip_chains WHERE id='io:1'"), "null");
+  // Ingero's table is the same as before.
+  EXPECT_EQ(test::query_int(p, "SELECT count(*) FROM causal_chains"), 2);
+
+  AnalysisResult back;
+  ASSERT_TRUE(read_result(p, back, error)) << error;
+  const auto want = explain_json(r), got = explain_json(back);
+  EXPECT_EQ(got["accounting"], want["accounting"]);
+  EXPECT_EQ(got["steps"], want["steps"]);
+  ASSERT_EQ(got["chains"].size(), want["chains"].size());
+  for (size_t i = 0; i < want["chains"].size(); ++i) {
+    EXPECT_EQ(got["chains"][i]["accounting"], want["chains"][i]["accounting"]) << i;
+    EXPECT_EQ(got["chains"][i]["over_time"], want["chains"][i]["over_time"]) << i;
+  }
+  ASSERT_TRUE(back.chains[0].accounting.has_value());
+  EXPECT_EQ(back.chains[0].accounting->node, 1);
+  EXPECT_FALSE(back.chains[1].accounting.has_value());
+  // What the JSON leaves out survives too.
+  ASSERT_EQ(back.accounting.size(), 2u);
+  EXPECT_EQ(back.accounting[1].node, 2);
+  ASSERT_EQ(back.steps.size(), 2u);
+  EXPECT_EQ(back.steps[0].boundaries, s.boundaries);
+  EXPECT_EQ(back.steps[0].first_ns, s.first_ns);
+  EXPECT_EQ(back.steps[0].last_ns, s.last_ns);
+  EXPECT_EQ(back.steps[0].epochs, 3u);
+  EXPECT_EQ(back.steps[1].fallback_interval_ns, kS);
+  EXPECT_EQ(back.steps[1].boundaries, n.boundaries);
+  EXPECT_EQ(back.steps[1].node, 2);
+
+  // A database from before: no ip_accounting/ip_steps, no accounting/over_time columns.
+  // (Rebuilt rather than ALTER TABLE DROP COLUMN: SQLite cannot drop the last column of a table
+  // whose previous column line ends in a comment.)
+  ASSERT_EQ(test::run_sql(p,
+                          "DROP TABLE ip_accounting; DROP TABLE ip_steps; "
+                          "ALTER TABLE ip_chains DROP COLUMN accounting; "
+                          "CREATE TABLE old AS SELECT * FROM ip_chains; ALTER TABLE old DROP COLUMN over_time; "
+                          "DROP TABLE ip_chains; ALTER TABLE old RENAME TO ip_chains"),
+            "");
+  ASSERT_EQ(test::query_int(p,
+                            "SELECT count(*) FROM pragma_table_info('ip_chains') WHERE name IN "
+                            "('accounting', 'over_time')"),
+            0);
+  AnalysisResult old;
+  ASSERT_TRUE(read_result(p, old, error)) << error;
+  EXPECT_TRUE(old.accounting.empty());
+  EXPECT_TRUE(old.steps.empty());
+  ASSERT_EQ(old.chains.size(), 2u);
+  EXPECT_FALSE(old.chains[0].accounting.has_value());
+  EXPECT_FALSE(old.chains[0].over_time);
+  EXPECT_EQ(old.chains[0].summary, r.chains[0].summary);
 }
 
 TEST(SqliteSink, RefusesToClobberNonSqliteFilesAndReplacesOldDatabases) {
