@@ -144,7 +144,8 @@ Registrar reg{
           "mcp",
           "Serve a recorded trace to AI agents over the Model Context Protocol (MCP 2025-11-25).\n"
           "Tools: get_check, get_trace_stats, get_causal_chains, explain_chain, get_stacks, run_sql,\n"
-          "list_rules, check_rule, why_not (all read-only); prompt: investigate. See docs/mcp.md.\n"
+          "list_rules, check_rule, why_not, thread_accounting, query_fleet (all read-only); prompt: investigate.\n"
+          "See docs/mcp.md.\n"
           "Examples:\n"
           "  ingero-pipeline mcp --db trace.db                  stdio (Claude Code, Cursor, ...)\n"
           "  claude mcp add ingero -- ingero-pipeline mcp --db /abs/trace.db\n"

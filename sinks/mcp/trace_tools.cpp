@@ -18,6 +18,7 @@
 #include "model/result_json.h"
 #include "model/stack.h"
 #include "operators/chain_annotate.h"
+#include "operators/time_accounting.h"
 #include "sinks/mcp/rule_inspect.h"
 #include "sinks/store/sqlite_store.h"
 #ifdef INGERO_MCP_HAVE_DSL
@@ -208,13 +209,56 @@ std::string ops_in(const AnalysisResult& r) {
   return s.empty() ? "(none)" : s;
 }
 
+// A pass-through source that shows every batch to one observer (as cli/pipeline_common.h's
+// ObservingSource does for the commands).
+class ObservedSource final : public EventSource {
+ public:
+  ObservedSource(EventSource& in, EventObserver& o) : in_(in), o_(o) {}
+  bool next(Batch& b) override {
+    if (!in_.next(b)) return false;
+    const std::vector<Event>& v = b.view();
+    o_.observe(v.data(), v.size());
+    return true;
+  }
+  TraceMeta& meta() override { return in_.meta(); }
+  PrefetchHint upcoming() override { return in_.upcoming(); }
+
+ private:
+  EventSource& in_;
+  EventObserver& o_;
+};
+
+// A thread's accounting for an agent: explain --json's shape (model/result_json.h) with the
+// trace's strings marked untrusted and the shares of its wall time.
+Json accounting_for_agent(const ThreadAccounting& a, const TraceMeta& meta) {
+  Json j = thread_accounting_json(a, meta);
+  if (!a.comm.empty()) j["comm"] = untrusted(a.comm);
+  if (j["node"].is_string() && !j["node"].get<std::string>().empty())
+    j["node"] = untrusted(j["node"].get<std::string>());
+  for (auto& p : j["preempted_by"])
+    if (p["comm"].is_string() && !p["comm"].get<std::string>().empty())
+      p["comm"] = untrusted(p["comm"].get<std::string>());
+  const double wall = a.wall_ns ? static_cast<double>(a.wall_ns) : 1.0;
+  auto share = [wall](uint64_t ns) { return round3(static_cast<double>(ns) / wall); };
+  j["shares"] = {{"in_calls", share(a.in_calls_total())},
+                 {"on_cpu", share(a.on_cpu_ns)},
+                 {"preempted", share(a.preempted_ns)},
+                 {"blocked", share(a.blocked_total())},
+                 {"unknown", share(a.unknown_ns)}};
+  return j;
+}
+
+constexpr const char* kNoSchedulerData =
+    "This trace records no switch-out state (an Ingero trace keeps a sample of switches and calls, and no "
+    "reason): time outside calls is unknown, not on CPU; preempted and blocked cannot be told apart.";
+
 constexpr const char* kInvestigatePrompt =
     R"(You are investigating why a GPU workload stalled, using the ingero-pipeline MCP tools on one recorded trace. Work from evidence, step by step, and say which tool output supports each claim.
 
 1. get_check: how the trace was captured (GPU, driver, CUDA, kernel, capture flags) and whether events were dropped or not stored. Drops limit what you can conclude; say so.
 2. get_trace_stats: per-op call counts, p50/p95/p99/max and the tail ratio (p99/p50). Ops with a high tail ratio and many calls are the candidates. Sync ops (cudaStreamSynchronize, cudaDeviceSynchronize, cuCtxSynchronize) measure waiting for the GPU, not host work.
 3. get_causal_chains: the ranked causes found by the rules, with the share of tail time each host signal explains, and exemplar events. Prefer chains whose evidence covers a large share of the tail; a chain only means the signals line up in time on the same thread or host.
-4. explain_chain on the top chains: the predicates, their margins (how far past each threshold) and the exemplar events. Small margins mean a fragile conclusion.
+4. explain_chain on the top chains: the predicates, their margins (how far past each threshold) and the exemplar events. Small margins mean a fragile conclusion. A chain's `accounting` (and thread_accounting, for any GPU-feeding thread and time range) says where its thread's time went: inside GPU calls, on CPU, preempted by other tasks, blocked (lock, I/O, network, sleep) or unknown.
 5. why_not for a cause you suspected that did not appear, to see how close the trace came to it.
 6. get_stacks for the slow op: where in the program the slow calls come from (C++ symbols demangled, Python frames when recorded).
 7. run_sql for anything else (read-only SQLite; tables events, stack_traces, process_names, sessions, system_snapshots, event_aggregates, causal_chains). Keep queries small; use LIMIT.
@@ -331,6 +375,27 @@ TraceTools::TraceTools(const ServerOptions& options) : options_(options) {
         {"query", ArgType::kString, false, "action sql: the same as `sql` (Ingero's name)."},
         {"limit", ArgType::kInteger, false, "Chains or rows per node (default 20).", {}, 1, 1000},
         {"timeout_ms", ArgType::kInteger, false, "Per-node deadline (default 5000).", {}, 50, 60000}}},
+      {"thread_accounting",
+       "Where a GPU-feeding thread's time went",
+       "Where one GPU-feeding thread's wall time went (a thread that made CUDA, driver, graph or NCCL calls), "
+       "exact to the nanosecond, over the whole trace or a time range: inside GPU calls by kind (launch, copy, "
+       "sync, alloc, collective, other), on CPU, preempted (with the tasks that ran instead), blocked by reason "
+       "(lock, io, network, sleep, other) and unknown; the parts add up to wall_ns. Give `tid`, or `pid` for "
+       "that process's feeding thread with the most time. A range is seconds from the trace start "
+       "(from_s/to_s) or unix ns (start_ns/end_ns); each new range reads the trace once more.",
+       {{"tid", ArgType::kInteger, false, "The thread id (a chain's tid or threads[].tid).", {}, 1, 4294967295.0},
+        {"pid",
+         ArgType::kInteger,
+         false,
+         "A process id: its GPU-feeding thread with the most time in the range (the others are listed).",
+         {},
+         1,
+         4294967295.0},
+        {"node", ArgType::kString, false, "The node's name, on merged traces where a tid repeats across nodes."},
+        {"from_s", ArgType::kNumber, false, "Range start in seconds from the trace start (default: the start).", {}, 0},
+        {"to_s", ArgType::kNumber, false, "Range end in seconds from the trace start (default: the end).", {}, 0},
+        {"start_ns", ArgType::kInteger, false, "Range start as unix time in ns, instead of from_s.", {}, 0},
+        {"end_ns", ArgType::kInteger, false, "Range end as unix time in ns, instead of to_s.", {}, 0}}},
       {"why_not",
        "Why a rule did not fire",
        "For a rule that did not fire on this trace: how many windows reached it, which predicate stopped "
@@ -393,13 +458,22 @@ const AnalysisResult* TraceTools::analysis(std::string& error) {
       eo.threads = options_.engine_threads;
       eo.join_resident_bytes = replay_join_resident_bytes();
       std::vector<std::string> errors;
-      // Threads, stacks, time split and launch_gap chains, computed as chains are emitted.
+      // Threads, stacks, time split and launch_gap chains, computed as chains are emitted; where
+      // each GPU-feeding thread's time went (operators/time_accounting.h), whole trace and each
+      // chain's thread over its window, as `explain` does.
+      AccountingOptions ao;
+      ao.chain_accounting = true;
+      ao.meta = &source->meta();
+      TimeAccounting accounting(ao);
+      ObservedSource observed(*source, accounting);
       LiveChainAnnotator annotator(options_.annotate);
-      EventSource& annotated = annotator.tap(*source);
+      EventSource& annotated = annotator.tap(observed);
       eo.on_chain = [&annotator](const Chain& c) { annotator.annotate(c); };
       auto result = std::make_unique<AnalysisResult>(run_plan(plan(), annotated, eo, &errors));
       if (errors.empty()) {
-        annotator.finish(*result);
+        annotator.finish(*result);  // first: chains get their threads, then their accounting
+        accounting.finish(source->meta(), *result);
+        all_threads_ = accounting.accounts(source->meta());
         analysis_ = std::move(result);
       } else {
         analysis_error_ = "the analysis plan was refused: " + errors.front();
@@ -454,6 +528,7 @@ Json TraceTools::call(const std::string& name, const Json& arguments, RequestCon
     else if (name == "list_rules") data = list_rules(arguments);
     else if (name == "check_rule") data = check_rule(arguments);
     else if (name == "why_not") data = why_not(arguments);
+    else if (name == "thread_accounting") data = thread_accounting(arguments, ctx);
     else if (name == "query_fleet") {
       std::string why;
       if (!query_fleet(arguments, options_.fleet_nodes, options_.fleet_token, data, why)) throw ToolFailure{why};
@@ -715,6 +790,12 @@ Json TraceTools::chain_json(const Chain& c, const AnalysisResult& r, bool full) 
     }
     j["stacks"] = stacks;
   }
+  // Where the chain's thread's time went over its window (whole seconds; docs/accounting.md).
+  if (full && c.accounting) {
+    j["accounting"] = accounting_for_agent(*c.accounting, r.meta);
+    if (!c.accounting->scheduler_data) j["accounting_caveat"] = kNoSchedulerData;
+  }
+  if (c.over_time) j["over_time"] = true;
   j["provenance"] = {{"rule", c.rule}, {"rule_hash", c.rule_hash}, {"predicates", preds}};
   j["dropped_events_in_window"] = c.dropped_events;
   if (full) {
@@ -841,6 +922,150 @@ Json TraceTools::explain_chain(const Json& a, RequestContext* ctx) {
   out["reading"] =
       "Each predicate shows both sides and the margin past its threshold (positive = passed by that "
       "much). Exemplar events are the slowest matching calls and the host events that overlap them.";
+  out["note"] = kUntrustedNote;
+  return out;
+}
+
+std::vector<ThreadAccounting> TraceTools::accounts_over(uint64_t from, uint64_t to, const TraceMeta& meta,
+                                                        RequestContext* ctx) {
+  std::lock_guard<std::mutex> lock(range_mu_);
+  if (auto it = range_cache_.find({from, to}); it != range_cache_.end()) return it->second;
+  std::string error;
+  auto src = open_sqlite_trace(options_.db_path, error);
+  if (!src) throw ToolFailure{error};
+  AccountingOptions o;
+  o.from_ns = from;
+  o.to_ns = to;
+  TimeAccounting acc(o);
+  Batch b;
+  while (src->next(b)) {
+    if (ctx && ctx->cancelled.load()) throw ToolFailure{"cancelled"};
+    const std::vector<Event>& v = b.view();
+    if (!v.empty() && v.front().ts_ns > to) break;  // sorted: nothing from here on starts in the range
+    acc.observe(v.data(), v.size());
+  }
+  // Names and stacks from the analysis's metadata (the source's may not be final before its end).
+  std::vector<ThreadAccounting> out = acc.accounts(meta);
+  if (range_cache_.size() >= 8) range_cache_.erase(range_cache_.begin());
+  range_cache_.emplace(std::make_pair(from, to), out);
+  return out;
+}
+
+Json TraceTools::thread_accounting(const Json& a, RequestContext* ctx) {
+  std::string error;
+  const AnalysisResult* r = analysis(error);
+  if (r == nullptr) throw ToolFailure{error};
+  const TraceMeta& meta = r->meta;
+  auto has = [&a](const char* k) { return a.contains(k) && !a[k].is_null(); };
+  // "tid 4243 (python3, pid 4242)" for the threads an error may list.
+  auto known = [&](const std::vector<ThreadAccounting>& list) {
+    std::string s;
+    size_t n = 0;
+    for (const auto& t : list) {
+      if (n++ == 8) {
+        s += ", ...";
+        break;
+      }
+      s += std::string(s.empty() ? "" : ", ") + "tid " + std::to_string(t.tid) + " (" +
+           (t.comm.empty() ? std::string() : untrusted(t.comm) + ", ") + "pid " + std::to_string(t.pid) + ")";
+    }
+    return s;
+  };
+  if (!has("tid") && !has("pid"))
+    throw ToolFailure{"give `tid` (a thread) or `pid` (its process's busiest GPU-feeding thread)" +
+                      (all_threads_.empty() ? std::string("; no thread of this trace made a GPU API call")
+                                            : "; GPU-feeding threads: " + known(all_threads_))};
+  if (has("from_s") && has("start_ns")) throw ToolFailure{"give the range start once: `from_s` or `start_ns`"};
+  if (has("to_s") && has("end_ns")) throw ToolFailure{"give the range end once: `to_s` or `end_ns`"};
+  const uint64_t t0 = meta.first_ts, t1 = std::max(meta.last_ts, meta.first_ts);
+  const double span_s = static_cast<double>(t1 - t0) / 1e9;
+  auto offset = [&](const char* k) {
+    const double v = a[k].get<double>();
+    const double ns = v * 1e9;  // past the trace's end is kept: the range check below says so
+    return ns >= static_cast<double>(UINT64_MAX - t0) ? UINT64_MAX : t0 + static_cast<uint64_t>(std::llround(ns));
+  };
+  uint64_t from = t0, to = t1;
+  if (has("from_s")) from = offset("from_s");
+  if (has("start_ns")) from = a["start_ns"].get<uint64_t>();
+  if (has("to_s")) to = offset("to_s");
+  if (has("end_ns")) to = a["end_ns"].get<uint64_t>();
+  auto off = [&](uint64_t t) {
+    char b[48];
+    std::snprintf(b, sizeof b, "%+.3f s", (static_cast<double>(t) - static_cast<double>(t0)) / 1e9);
+    return std::string(b);
+  };
+  if (from >= t1 || to <= t0) {
+    char b[160];
+    std::snprintf(b, sizeof b, "the range %s .. %s is outside the trace (+0 .. +%.3f s, unix ns %llu .. %llu)",
+                  off(from).c_str(), off(to).c_str(), span_s, static_cast<unsigned long long>(t0),
+                  static_cast<unsigned long long>(t1));
+    throw ToolFailure{b};
+  }
+  if (to <= from)
+    throw ToolFailure{"the range is empty: its end (" + off(to) + ") is not after its start (" + off(from) + ")"};
+  from = std::max(from, t0);
+  to = std::min(to, t1);
+  const bool whole = from <= t0 && to >= t1;
+  std::vector<ThreadAccounting> ranged;
+  if (!whole) ranged = accounts_over(from, to, meta, ctx);
+  const std::vector<ThreadAccounting>& list = whole ? all_threads_ : ranged;
+
+  const uint64_t tid = has("tid") ? a["tid"].get<uint64_t>() : 0, pid = has("pid") ? a["pid"].get<uint64_t>() : 0;
+  const std::string node = has("node") ? a["node"].get<std::string>() : std::string();
+  if (has("node") && std::find(meta.nodes.begin(), meta.nodes.end(), node) == meta.nodes.end()) {
+    std::string names;
+    for (const auto& n : meta.nodes) names += std::string(names.empty() ? "" : ", ") + untrusted(n);
+    throw ToolFailure{"no node named " + untrusted(node) + " in this trace (nodes: " + names + ")"};
+  }
+  auto matches = [&](const ThreadAccounting& t) {
+    return (!tid || t.tid == tid) && (!pid || t.pid == pid) &&
+           (!has("node") || (t.node < meta.nodes.size() && meta.nodes[t.node] == node));
+  };
+  std::vector<const ThreadAccounting*> found;
+  for (const auto& t : list)
+    if (matches(t)) found.push_back(&t);
+  const std::string who = tid ? "tid " + std::to_string(tid) + (pid ? " of pid " + std::to_string(pid) : std::string())
+                              : "pid " + std::to_string(pid);
+  if (found.empty()) {
+    for (const auto& t : all_threads_)
+      if (matches(t))
+        throw ToolFailure{who + " fed the GPU but has no call or switch between " + off(from) + " and " + off(to) +
+                          " (tid " + std::to_string(t.tid) + "'s events span " + off(t.start_ns) + " .. " +
+                          off(t.end_ns) + ")"};
+    throw ToolFailure{"no GPU-feeding thread matches " + who +
+                      " (a feeding thread made at least one CUDA, driver, graph or NCCL call)" +
+                      (all_threads_.empty() ? std::string("; this trace has none")
+                                            : "; GPU-feeding threads: " + known(all_threads_))};
+  }
+  if (tid && found.size() > 1) {
+    std::string nodes;
+    for (const auto* t : found)
+      nodes += std::string(nodes.empty() ? "" : ", ") +
+               untrusted(t->node < meta.nodes.size() ? meta.nodes[t->node] : "");
+    throw ToolFailure{"tid " + std::to_string(tid) + " is on several nodes (" + nodes + "): give `node`"};
+  }
+  const ThreadAccounting& t = *found.front();  // the list is wall time desc: a pid's busiest thread
+  Json out = {{"range",
+               {{"start_ns", from},
+                {"end_ns", to},
+                {"from_s", round3(static_cast<double>(from - t0) / 1e9)},
+                {"to_s", round3(static_cast<double>(to - t0) / 1e9)},
+                {"whole_trace", whole}}},
+              {"accounting", accounting_for_agent(t, meta)}};
+  if (!tid && found.size() > 1) {
+    Json others = Json::array();
+    for (size_t i = 1; i < found.size() && i <= 10; ++i) {
+      Json o = {{"tid", found[i]->tid}, {"wall_ns", found[i]->wall_ns}};
+      if (!found[i]->comm.empty()) o["comm"] = untrusted(found[i]->comm);
+      others.push_back(std::move(o));
+    }
+    out["other_threads"] = others;
+  }
+  if (!t.scheduler_data) out["caveat"] = kNoSchedulerData;
+  out["reading"] =
+      "The thread's interval is its first event to its last inside the range. wall_ns = sum(in_calls_ns) + on_cpu_ns "
+      "+ preempted_ns + sum(blocked_ns) + unknown_ns exactly. Preempted inside a call counts as preempted; asleep "
+      "inside a call (a blocking sync) counts as in the call. preempted_by: the top tasks that ran instead.";
   out["note"] = kUntrustedNote;
   return out;
 }

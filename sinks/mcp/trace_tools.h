@@ -14,6 +14,7 @@
 // - Never throws anything but RpcError.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -87,6 +88,10 @@ class TraceTools {
   Json list_rules(const Json& a);
   Json check_rule(const Json& a);
   Json get_check(const Json& a, RequestContext* ctx);
+  Json thread_accounting(const Json& a, RequestContext* ctx);
+  // Every feeding thread's accounting over [from, to) (one pass over the trace; the last few
+  // ranges are cached). Throws ToolFailure when the trace cannot be read or the call is cancelled.
+  std::vector<ThreadAccounting> accounts_over(uint64_t from, uint64_t to, const TraceMeta& meta, RequestContext* ctx);
 
   // Runs internal SQL (tools' own queries) with the runner; throws ToolFailure on error.
   SqlResult sql(const std::string& query, const std::vector<Json>& params, RequestContext* ctx, size_t max_rows = 1000);
@@ -106,6 +111,11 @@ class TraceTools {
   std::string runner_error_;
   bool runner_tried_ = false;
   std::unique_ptr<AnalysisResult> analysis_;
+  // Every GPU-feeding thread's accounting over the whole trace (operators/time_accounting.h, run
+  // with the analysis, which also gives each chain its accounting), wall time desc.
+  std::vector<ThreadAccounting> all_threads_;
+  std::mutex range_mu_;
+  std::map<std::pair<uint64_t, uint64_t>, std::vector<ThreadAccounting>> range_cache_;
   std::string analysis_error_;
   bool analysis_tried_ = false;
 };

@@ -13,7 +13,7 @@ import assert from "node:assert/strict";
 const [bin, dataDir] = process.argv.slice(2);
 const digest = (p) => createHash("sha256").update(readFileSync(p)).digest("hex");
 const TOOLS = ["check_rule", "explain_chain", "get_causal_chains", "get_check", "get_stacks",
-               "get_trace_stats", "list_rules", "query_fleet", "run_sql", "why_not"];
+               "get_trace_stats", "list_rules", "query_fleet", "run_sql", "thread_accounting", "why_not"];
 
 function structured(result, tool) {
   assert.equal(result.isError, false, `${tool} failed: ${JSON.stringify(result.content)}`);
@@ -82,6 +82,18 @@ async function exercise(client, db, expected) {
   assert.equal(whyNot.rule, rules.rules[0].name);
   assert.ok(typeof whyNot.verdict === "string" && whyNot.verdict.length > 0);
 
+  // Where a GPU-feeding thread's time went: the parts add up to its wall time exactly.
+  if (expected.feedingPid) {
+    const acc = structured(await call("thread_accounting", { pid: expected.feedingPid }), "thread_accounting");
+    const a = acc.accounting;
+    const sum = (o) => Object.values(o).reduce((x, y) => x + y, 0);
+    assert.equal(a.pid, expected.feedingPid);
+    assert.equal(sum(a.in_calls_ns) + a.on_cpu_ns + a.preempted_ns + sum(a.blocked_ns) + a.unknown_ns, a.wall_ns);
+  }
+  const noThread = await call("thread_accounting", {});
+  assert.equal(noThread.isError, true);
+  assert.match(noThread.content[0].text, /give `tid`/);
+
   const cr = await call("check_rule", { text: "rule broken \"x\"\n  from cuda where\nend\n" });
   assert.equal(cr.isError !== undefined, true);
   if (!cr.isError) assert.ok(cr.structuredContent.errors > 0, "a broken rule must have errors");
@@ -95,7 +107,7 @@ async function exercise(client, db, expected) {
 
 const cases = [
   { db: "pytorch-dataloader-starvation.db", events: 3807, gpu: /RTX 4090/, stackOp: "cuMemAlloc", stacks: true,
-    counts: { cudaLaunchKernel: 16, cuMemAlloc: 10, sched_switch: 3676 }, minChains: 1 },
+    counts: { cudaLaunchKernel: 16, cuMemAlloc: 10, sched_switch: 3676 }, minChains: 1, feedingPid: 2233 },
   { db: "sample-cluster.db", events: 600, stackOp: "cuMemAlloc", counts: { cuMemAlloc: 76 } },
   { db: "sample-gpu-node-01.db", events: 200, stackOp: "sched_switch", counts: { sched_switch: 99 } },
 ];

@@ -206,7 +206,7 @@ TEST_F(McpServerTest, ToolsListIsReadOnlyAndPaginated) {
   }
   const std::set<std::string> expected = {"get_check",  "get_trace_stats", "get_causal_chains", "explain_chain",
                                           "get_stacks", "run_sql",         "list_rules",        "check_rule",
-                                          "why_not",    "query_fleet"};
+                                          "why_not",    "query_fleet",     "thread_accounting"};
   EXPECT_EQ(std::set<std::string>(names.begin(), names.end()), expected);
   EXPECT_EQ(names.size(), expected.size());
   EXPECT_EQ(error_code(request("tools/list", {{"cursor", "bogus"}})), kInvalidParams);
@@ -615,8 +615,37 @@ TEST_F(McpServerTest, EveryToolAnswersOnEverySampleTrace) {
     ok("run_sql", {{"sql", "SELECT count(*) FROM events"}});
     Json rules = ok("list_rules");
     ok("why_not", {{"rule", rules["rules"][0]["name"]}});
+    // Without a thread: an error that lists the trace's GPU-feeding threads (or says there are none).
+    const Json acct = call("thread_accounting");
+    EXPECT_EQ(acct.value("isError", false), true) << name;
     TearDown();
   }
+}
+
+// thread_accounting on an Ingero trace: no switch-out state, so time outside calls is unknown and
+// the reply says why; a range reads the trace again and gives the same answer twice.
+TEST_F(McpServerTest, ThreadAccountingOnAnIngeroTrace) {
+  open("pytorch-dataloader-starvation.db");
+  if (db_.empty()) return;
+  initialize();
+  const Json w = ok("thread_accounting", {{"pid", 2233}});
+  const Json& a = w["accounting"];
+  EXPECT_EQ(a["tid"], 2233);
+  EXPECT_EQ(a["comm"], "<untrusted>python3</untrusted>");
+  EXPECT_FALSE(a["scheduler_data"].get<bool>());
+  EXPECT_EQ(a["on_cpu_ns"], 0);
+  EXPECT_TRUE(w.contains("caveat"));
+  EXPECT_TRUE(w["range"]["whole_trace"].get<bool>());
+  uint64_t parts = a["on_cpu_ns"].get<uint64_t>() + a["preempted_ns"].get<uint64_t>() + a["unknown_ns"].get<uint64_t>();
+  for (const auto& [k, v] : a["in_calls_ns"].items()) parts += v.get<uint64_t>();
+  for (const auto& [k, v] : a["blocked_ns"].items()) parts += v.get<uint64_t>();
+  EXPECT_EQ(parts, a["wall_ns"].get<uint64_t>());
+  EXPECT_GT(a["in_calls_ns"]["copy"].get<uint64_t>(), 0u);
+  const Json r1 = ok("thread_accounting", {{"tid", 2233}, {"from_s", 10}, {"to_s", 20}});
+  EXPECT_FALSE(r1["range"]["whole_trace"].get<bool>());
+  EXPECT_LE(r1["accounting"]["wall_ns"].get<uint64_t>(), 10'000'000'000u);
+  EXPECT_LT(r1["accounting"]["wall_ns"].get<uint64_t>(), a["wall_ns"].get<uint64_t>());
+  EXPECT_EQ(ok("thread_accounting", {{"tid", 2233}, {"from_s", 10}, {"to_s", 20}}), r1);
 }
 
 TEST(McpUntrusted, MarkersCannotBeForgedOrBroken) {
