@@ -132,6 +132,7 @@ int run_explain(const ExplainArgs& a) {
   }
   annotator.finish(r);  // first: chains get their threads, then their accounting
   observed.finish(r);
+  if (!a.html.empty()) add_accounting_series(accounting, r);  // the report's charts over time
   if (const std::string w = annotator_spill_warning(annotator.spill_counters()); !w.empty())
     std::fprintf(stderr, "warning: %s\n", w.c_str());
   if (const std::string w = join_spill_warning(r.counters); !w.empty())

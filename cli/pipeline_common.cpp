@@ -233,4 +233,10 @@ std::string event_json_line(const Event& e, const TraceMeta& meta) {
   return j.dump();
 }
 
+void add_accounting_series(const TimeAccounting& accounting, AnalysisResult& r) {
+  r.accounting_series.clear();
+  for (const auto& a : r.accounting)
+    if (auto s = accounting.series(a.node, a.tid)) r.accounting_series.push_back(std::move(*s));
+}
+
 }  // namespace ingero::cli

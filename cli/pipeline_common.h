@@ -31,6 +31,7 @@
 #include "model/trace.h"
 #include "operators/chain_annotate.h"
 #include "operators/event_observer.h"
+#include "operators/time_accounting.h"
 
 namespace ingero::cli {
 
@@ -136,6 +137,11 @@ class ObservingSource final : public EventSource {
   EventSource& in_;
   std::vector<EventObserver*> observers_;
 };
+
+// r.accounting_series = the per-second series of r.accounting's threads (the HTML report's and the
+// Perfetto export's charts), from an accounting observer run with chain_accounting after its
+// finish(); threads without bins are left out.
+void add_accounting_series(const TimeAccounting& accounting, AnalysisResult& r);
 
 // One event as a JSON line (jsonl sinks fed with events).
 std::string event_json_line(const Event& e, const TraceMeta& meta);

@@ -6,6 +6,7 @@
 // and sum(preempted_by[].ns) <= preempted_ns (only the top tasks are listed).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -65,6 +66,17 @@ inline const char* bucket_name(uint8_t b) {
   return b < kBuckets ? kNames[b] : "?";
 }
 }  // namespace acct
+
+// One feeding thread's time second by second (operators/time_accounting.h series(), from the
+// per-second bins it keeps with AccountingOptions::chain_accounting): bins[i] is the unix second
+// first_sec + i, ns per acct:: bucket (index = the bucket). A second adds up to at most 1 s; the
+// seconds before the thread's first GPU call and stretches with no event of it are zeros.
+struct AccountingSeries {
+  uint32_t pid = 0, tid = 0;
+  uint16_t node = 0;
+  uint64_t first_sec = 0;
+  std::vector<std::array<uint64_t, acct::kBuckets>> bins;
+};
 
 inline constexpr const char* kCallKinds[] = {"launch", "copy", "sync", "alloc", "collective", "other"};
 inline constexpr const char* kBlockReasons[] = {"lock", "io", "network", "sleep", "other"};

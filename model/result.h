@@ -164,6 +164,10 @@ struct AnalysisResult {
   // Where the main GPU-feeding threads' time went (operators/time_accounting.h): wall time desc,
   // at most 16; empty when no accounting observer ran.
   std::vector<ThreadAccounting> accounting;
+  // The same threads second by second (TimeAccounting::series, in the order of `accounting`), for
+  // the HTML report and the Perfetto export; filled by the commands that draw them. Not in the
+  // JSON nor in the stores.
+  std::vector<AccountingSeries> accounting_series;
 };
 
 }  // namespace ingero

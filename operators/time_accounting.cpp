@@ -337,6 +337,19 @@ void TimeAccounting::fold_bins(const std::vector<Event>& slices) {
   }
 }
 
+std::optional<AccountingSeries> TimeAccounting::series(uint16_t node, uint32_t tid) const {
+  auto it = bins_.find(key(node, tid));
+  if (it == bins_.end() || it->second.bins.empty()) return std::nullopt;
+  AccountingSeries s;
+  s.pid = it->second.pid;
+  s.tid = tid;
+  s.node = node;
+  s.first_sec = it->second.first_sec;
+  s.bins.reserve(it->second.bins.size());
+  for (const Bin& b : it->second.bins) std::copy(std::begin(b.b), std::end(b.b), s.bins.emplace_back().begin());
+  return s;
+}
+
 std::optional<ThreadAccounting> TimeAccounting::range(const TraceMeta& meta, uint16_t node, uint32_t tid,
                                                       uint64_t from_ns, uint64_t to_ns) const {
   constexpr uint64_t kSec = 1'000'000'000;

@@ -125,6 +125,9 @@ class TimeAccounting final : public EventObserver {
   // overlap the range, whole); wall = the time accounted in them. nullopt: no bins for the thread.
   std::optional<ThreadAccounting> range(const TraceMeta& meta, uint16_t node, uint32_t tid, uint64_t from_ns,
                                         uint64_t to_ns) const;
+  // chain_accounting: the thread's per-second bins as a series (model/accounting.h), from its
+  // first second with a bin to its last; nullopt when it has none.
+  std::optional<AccountingSeries> series(uint16_t node, uint32_t tid) const;
   uint64_t bins_dropped() const { return bins_dropped_; }
   // Every feeding thread, wall time desc (then node, tid). May be called more than once; events
   // observed after it still count.

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -70,6 +71,59 @@ int hist_bin(uint64_t ns) {
   return static_cast<int>(std::clamp(k, 0.0, static_cast<double>(HtmlCollector::kBins - 1)));
 }
 
+// The accounting's buckets in the order the report stacks them (model/accounting.h acct::
+// indexes): in calls by kind, on CPU, preempted, blocked by reason, unknown.
+struct AcctPart {
+  uint8_t bucket;
+  const char* label;
+  const char* color;
+};
+constexpr AcctPart kAcctParts[] = {{acct::kLaunch, "in calls: launch", "#1f4e79"},
+                                   {acct::kCopy, "in calls: copy", "#2e75b6"},
+                                   {acct::kSync, "in calls: sync", "#5b9bd5"},
+                                   {acct::kAlloc, "in calls: alloc", "#9dc3e6"},
+                                   {acct::kCollective, "in calls: collective", "#17a2b8"},
+                                   {acct::kOtherCall, "in calls: other", "#bdd7ee"},
+                                   {acct::kOnCpu, "on CPU", "#1a7f37"},
+                                   {acct::kPreempted, "preempted", "#d0342c"},
+                                   {acct::kLock, "blocked: lock", "#e69500"},
+                                   {acct::kIo, "blocked: io", "#f0b849"},
+                                   {acct::kNetwork, "blocked: network", "#9b59b6"},
+                                   {acct::kSleep, "blocked: sleep", "#c39bd3"},
+                                   {acct::kBlockedOther, "blocked: other", "#8e6c3a"},
+                                   {acct::kUnknown, "unknown", "#b0b7c3"}};
+// The coarse groups of the charts over time: [first, last] bucket ranges of kAcctParts.
+struct AcctGroup {
+  const char* label;
+  const char* color;
+  size_t first, last;  // indexes into kAcctParts
+};
+constexpr AcctGroup kAcctGroups[] = {{"in calls", "#2e75b6", 0, 5},
+                                     {"on CPU", "#1a7f37", 6, 6},
+                                     {"preempted", "#d0342c", 7, 7},
+                                     {"blocked", "#e69500", 8, 12},
+                                     {"unknown", "#b0b7c3", 13, 13}};
+
+// A whole-trace accounting's ns by acct:: bucket.
+std::array<uint64_t, acct::kBuckets> bucket_ns(const ThreadAccounting& a) {
+  std::array<uint64_t, acct::kBuckets> b{};
+  auto at = [](const std::map<std::string, uint64_t>& m, const char* k) {
+    auto it = m.find(k);
+    return it == m.end() ? uint64_t{0} : it->second;
+  };
+  for (size_t i = 0; i < std::size(kCallKinds); ++i) b[acct::kLaunch + i] = at(a.in_calls_ns, kCallKinds[i]);
+  for (size_t i = 0; i < std::size(kBlockReasons); ++i) b[acct::kLock + i] = at(a.blocked_ns, kBlockReasons[i]);
+  b[acct::kOnCpu] = a.on_cpu_ns;
+  b[acct::kPreempted] = a.preempted_ns;
+  b[acct::kUnknown] = a.unknown_ns;
+  return b;
+}
+
+// "python3 [tid 4243]": the accounting's name for a thread.
+std::string acct_label(const std::string& comm, uint32_t tid) {
+  return (comm.empty() ? std::string("thread") : comm) + " [tid " + std::to_string(tid) + "]";
+}
+
 const char* kCss = R"(
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#1d2330;background:#fafbfc}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #d8dde6;padding-bottom:4px}
@@ -129,6 +183,19 @@ const char* kScript = R"(
         scales: {x: {type: 'linear', title: {display: true, text: 'seconds from trace start'}},
                  y: {min: 0, max: 100, title: {display: true, text: '% of the bucket off CPU'}}}}});
   }
+  if (D.acct.threads.length) {
+    const ds = D.acct.parts.map((p, k) => ({label: p.label, backgroundColor: p.color,
+      data: D.acct.threads.map(t => t.values[k])})).filter(d => d.data.some(v => v > 0));
+    add('acct', {type: 'bar', data: {labels: D.acct.threads.map(t => t.label), datasets: ds},
+      options: {indexAxis: 'y', plugins: {title: {display: true, text: 'Where each GPU-feeding thread\'s time went (% of its wall time)'}},
+        scales: {x: {stacked: true, min: 0, max: 100, title: {display: true, text: '% of the thread\'s wall time'}},
+                 y: {stacked: true}}}});
+  }
+  D.acct.over_time.forEach((t, i) => add('acct-time-' + i, {type: 'bar', data: {labels: t.x,
+      datasets: t.series.map(s => ({label: s.label, backgroundColor: s.color, data: s.y, barPercentage: 1, categoryPercentage: 1}))},
+    options: {plugins: {title: {display: true, text: t.title}},
+      scales: {x: {stacked: true, title: {display: true, text: 'seconds from the trace start'}},
+               y: {stacked: true, min: 0, max: 100, title: {display: true, text: '% of each ' + t.width_s + ' s bar'}}}}}));
   document.getElementById('chart-summary').textContent = JSON.stringify(charts.map(c => ({
     id: c.canvas.id, type: c.config.type, series: c.data.datasets.length,
     labels: c.data.datasets.map(d => d.label)})));
@@ -273,6 +340,52 @@ bool write_html_report(const std::string& path, const AnalysisResult& r, const H
         {{"label", (name.empty() ? "thread" : name) + " [tid " + std::to_string(tid) + "]"}, {"y", ys}});
   }
 
+  // Where the main feeding threads' time went: one stacked bar each, then second by second.
+  data["acct"]["parts"] = nlohmann::json::array();
+  for (const auto& p : kAcctParts) data["acct"]["parts"].push_back({{"label", p.label}, {"color", p.color}});
+  data["acct"]["threads"] = nlohmann::json::array();
+  for (const auto& a : r.accounting) {
+    const auto b = bucket_ns(a);
+    nlohmann::json values = nlohmann::json::array();
+    for (const auto& p : kAcctParts)
+      values.push_back(a.wall_ns ? 100.0 * static_cast<double>(b[p.bucket]) / static_cast<double>(a.wall_ns) : 0.0);
+    data["acct"]["threads"].push_back({{"label", acct_label(a.comm, a.tid)}, {"values", values}});
+  }
+  data["acct"]["over_time"] = nlohmann::json::array();
+  // Seconds on the x axis count from the trace's first whole second.
+  const uint64_t sec0 = (d.started ? d.first_ts : meta.first_ts) / 1'000'000'000ull;
+  for (const auto& s : r.accounting_series) {
+    if (data["acct"]["over_time"].size() >= o.max_accounting_over_time) break;
+    if (s.bins.empty()) continue;
+    const size_t per_bar = std::max<size_t>(1, (s.bins.size() + o.max_accounting_bars - 1) /
+                                                   std::max<size_t>(1, o.max_accounting_bars));
+    nlohmann::json x = nlohmann::json::array();
+    std::vector<nlohmann::json> ys(std::size(kAcctGroups), nlohmann::json::array());
+    for (size_t i = 0; i < s.bins.size(); i += per_bar) {
+      const size_t n = std::min(per_bar, s.bins.size() - i);
+      const uint64_t sec = s.first_sec + i;
+      x.push_back(sec >= sec0 ? static_cast<int64_t>(sec - sec0) : -static_cast<int64_t>(sec0 - sec));
+      for (size_t g = 0; g < std::size(kAcctGroups); ++g) {
+        uint64_t ns = 0;
+        for (size_t k = i; k < i + n; ++k)
+          for (size_t p = kAcctGroups[g].first; p <= kAcctGroups[g].last; ++p) ns += s.bins[k][kAcctParts[p].bucket];
+        ys[g].push_back(100.0 * static_cast<double>(ns) / (1e9 * static_cast<double>(n)));
+      }
+    }
+    std::string comm;
+    for (const auto& a : r.accounting)
+      if (a.node == s.node && a.tid == s.tid) comm = a.comm;
+    nlohmann::json series = nlohmann::json::array();
+    for (size_t g = 0; g < std::size(kAcctGroups); ++g)
+      series.push_back({{"label", kAcctGroups[g].label}, {"color", kAcctGroups[g].color}, {"y", ys[g]}});
+    data["acct"]["over_time"].push_back(
+        {{"title", "Time of " + acct_label(comm, s.tid) +
+                       (per_bar > 1 ? ", " + std::to_string(per_bar) + " s a bar" : ", second by second")},
+         {"width_s", per_bar},
+         {"x", x},
+         {"series", series}});
+  }
+
   // --- the page
   std::ostringstream h;
   const std::string title = o.title.empty() ? "ingero-pipeline report: " + meta.path : o.title;
@@ -331,6 +444,12 @@ bool write_html_report(const std::string& path, const AnalysisResult& r, const H
         << ", off CPU preempted " << pct(t.off_cpu_preempted) << ", blocked " << pct(t.off_cpu_blocked) << ", unknown "
         << pct(t.off_cpu_unknown) << ", on CPU " << pct(t.on_cpu) << " (dominant: " << html(t.dominant) << ")</div>\n";
     }
+    if (c.accounting) {
+      const ThreadAccounting& a = *c.accounting;
+      h << "<div class=\"small\"><b>Time of " << html(acct_label(a.comm, a.tid)) << " over "
+        << html(trace_offset(meta, a.start_ns)) << " .. " << html(trace_offset(meta, a.end_ns)) << ":</b> "
+        << html(accounting_parts(a)) << "</div>\n";
+    }
     for (const auto& s : c.stacks) {
       h << "<div class=\"small\"><b>Stack (" << html(s.role) << ", " << pct(s.share) << ", " << s.calls
         << " events)</b><pre class=\"stack\">";
@@ -341,6 +460,27 @@ bool write_html_report(const std::string& path, const AnalysisResult& r, const H
     h << "</div>\n";
   }
 
+  h << "<h2>Where the GPU-feeding threads' time went</h2>\n";
+  if (r.accounting.empty()) {
+    h << "<p class=\"small\">No thread issued a GPU API call in this trace.</p>\n";
+  } else {
+    h << "<div class=\"card\" style=\"height:" << 90 + 34 * r.accounting.size()
+      << "px\"><canvas id=\"acct\"></canvas></div>\n<table id=\"acct-table\"><tr><th>thread</th><th>pid</th>"
+         "<th>wall</th><th>where the time went</th></tr>";
+    bool unstated = false;
+    for (const auto& a : r.accounting) {
+      unstated = unstated || !a.scheduler_data;
+      h << "<tr><td>" << html(acct_label(a.comm, a.tid)) << "</td><td>" << a.pid << "</td><td>"
+        << html(dur_text(a.wall_ns)) << "</td><td>" << html(accounting_parts(a)) << "</td></tr>";
+    }
+    h << "</table>\n";
+    if (unstated)
+      h << "<p class=\"small\">Unknown: this trace does not record why threads were off CPU, nor every switch (no "
+           "switch-out state), so time outside calls cannot be split into on CPU, preempted and blocked "
+           "(docs/accounting.md).</p>\n";
+    for (size_t i = 0; i < data["acct"]["over_time"].size(); ++i)
+      h << "<div class=\"card wide\"><canvas id=\"acct-time-" << i << "\"></canvas></div>\n";
+  }
   h << "<h2>Call rate over time</h2>\n<div class=\"card wide\"><canvas id=\"rate\"></canvas></div>\n";
   h << "<h2>Off-CPU share of the threads in chains</h2>\n";
   if (d.threads.empty()) h << "<p class=\"small\">No chain names a thread.</p>\n";

@@ -8,7 +8,14 @@
 //   fixes, threads, stacks, time split where present); per-op latency histograms (log-spaced
 //   bins on a logarithmic axis; p50/p99 of the op's statistics drawn as two marker series); the
 //   call rate per op over time with each chain's window shaded (one series per op, one per
-//   chain); per-thread off-CPU share over time for the threads named by chains (one series each).
+//   chain); per-thread off-CPU share over time for the threads named by chains (one series each);
+//   where the main GPU-feeding threads' time went (AnalysisResult::accounting, docs/accounting.md):
+//   one stacked bar per thread (in calls by kind, on CPU, preempted, blocked by reason, unknown;
+//   % of its wall time) with the same numbers as a table, and for the top threads
+//   (max_accounting_over_time) stacked bars second by second (AnalysisResult::accounting_series:
+//   in calls, on CPU, preempted, blocked, unknown; % of each bar's time; at most
+//   max_accounting_bars bars, wider bars on longer traces). Each chain with an accounting says
+//   where its thread's time went over its window.
 // - The page exposes what it drew: <pre id="chart-summary"> holds JSON [{id, type, series,
 //   labels}] once the charts are built, and <pre id="script-errors"> collects window.onerror
 //   messages (empty = none). Tests read both through headless Chromium's --dump-dom.
@@ -32,10 +39,12 @@ namespace ingero {
 
 struct HtmlReportOptions {
   std::string chartjs_path = "/usr/share/javascript/chart.js/chart.min.js";
-  std::string title;          // default: "ingero-pipeline report: <trace path>"
-  size_t max_histograms = 8;  // ops with most calls (GPU API ops first)
-  size_t max_threads = 8;     // threads in the off-CPU chart
-  size_t max_shaded = 20;     // chain windows shaded on the rate chart
+  std::string title;                    // default: "ingero-pipeline report: <trace path>"
+  size_t max_histograms = 8;            // ops with most calls (GPU API ops first)
+  size_t max_threads = 8;               // threads in the off-CPU chart
+  size_t max_shaded = 20;               // chain windows shaded on the rate chart
+  size_t max_accounting_over_time = 2;  // feeding threads charted second by second
+  size_t max_accounting_bars = 600;     // bars per such chart (seconds merged beyond)
 };
 
 // Accumulates what the charts need from the trace's events.

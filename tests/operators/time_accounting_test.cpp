@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -1270,5 +1271,60 @@ TEST(TimeAccountingBins, FinishGivesChainsTheirThreadsAccounting) {
     }
   }
 }
+
+// series(): the per-second bins behind Chain::accounting as a series (the HTML report's and the
+// Perfetto export's charts): each second is what range() gives for it, the seconds add up to the
+// range over all of them, and a thread without bins (or a run without chain_accounting) has none.
+TEST(TimeAccounting, SeriesIsThePerSecondBins) {
+  constexpr uint64_t kS = 1'000'000'000, kMs = 1'000'000;
+  const uint64_t t0 = 1'000 * kS + 300 * kMs;
+  std::vector<Event> ev;
+  for (uint64_t t = t0; t < t0 + 3 * kS; t += 100 * kMs) ev.push_back(call(1, 2, t, 10 * kMs));
+  ev.push_back(span(1, 2, t0 + 1'050 * kMs, 40 * kMs, OffCpuState::kPreempted, 9));
+  ev.push_back(span(1, 2, t0 + 2'020 * kMs, 70 * kMs, OffCpuState::kSleeping));
+  std::stable_sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+  AccountingOptions o;
+  o.chain_accounting = true;
+  TimeAccounting acc(o);
+  acc.observe(ev.data(), ev.size());
+  TraceMeta meta;
+  AnalysisResult r;
+  acc.finish(meta, r);
+  const auto s = acc.series(0, 2);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->pid, 1u);
+  EXPECT_EQ(s->tid, 2u);
+  EXPECT_EQ(s->first_sec, 1'000u);
+  ASSERT_EQ(s->bins.size(), 4u);  // +0.3 s .. +3.3 s: seconds 1000..1003
+  std::array<uint64_t, acct::kBuckets> total{};
+  for (size_t i = 0; i < s->bins.size(); ++i) {
+    const auto& b = s->bins[i];
+    uint64_t second = 0;
+    for (size_t k = 0; k < acct::kBuckets; ++k) {
+      second += b[k];
+      total[k] += b[k];
+    }
+    EXPECT_LE(second, kS) << i;
+    const auto one = acc.range(meta, 0, 2, (1'000 + i) * kS, (1'001 + i) * kS);
+    ASSERT_TRUE(one.has_value()) << i;
+    EXPECT_EQ(one->in_calls_ns.at("launch"), b[acct::kLaunch]) << i;
+    EXPECT_EQ(one->preempted_ns, b[acct::kPreempted]) << i;
+    EXPECT_EQ(one->on_cpu_ns, b[acct::kOnCpu]) << i;
+    EXPECT_EQ(one->blocked_ns.at("other"), b[acct::kBlockedOther]) << i;
+    EXPECT_EQ(one->wall_ns, second) << i;
+  }
+  EXPECT_EQ(s->bins[1][acct::kPreempted], 40 * kMs);
+  EXPECT_EQ(s->bins[2][acct::kBlockedOther], 70 * kMs);
+  const auto all = acc.range(meta, 0, 2, 1'000 * kS, 1'004 * kS);
+  ASSERT_TRUE(all.has_value());
+  EXPECT_EQ(all->preempted_ns, total[acct::kPreempted]);
+  EXPECT_EQ(all->on_cpu_ns, total[acct::kOnCpu]);
+  EXPECT_EQ(all->in_calls_total(), total[acct::kLaunch]);
+  EXPECT_FALSE(acc.series(0, 3).has_value());
+  TimeAccounting plain;  // no chain_accounting: no bins
+  plain.observe(ev.data(), ev.size());
+  EXPECT_FALSE(plain.series(0, 2).has_value());
+}
+
 }  // namespace
 }  // namespace ingero

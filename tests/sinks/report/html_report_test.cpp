@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -90,6 +91,13 @@ TEST_F(HtmlReport, IsOneSelfContainedFile) {
   EXPECT_NE(page.find("Pin the training process"), std::string::npos);  // the fix
   // Predicates, escaped: the contention finding over time (the tail chain is folded into it).
   EXPECT_NE(page.find("share &gt;= min_preempted_share"), std::string::npos);
+  // Where the feeding threads' time went: the chart, its table, each chain's thread over its window.
+  EXPECT_NE(page.find("<canvas id=\"acct\">"), std::string::npos);
+  EXPECT_NE(page.find("<table id=\"acct-table\">"), std::string::npos);
+  EXPECT_NE(page.find("<canvas id=\"acct-time-0\">"), std::string::npos);
+  EXPECT_NE(page.find("python3 train.py [tid 4242]"), std::string::npos);
+  EXPECT_NE(page.find("<b>Time of python3 train.py [tid 4242] over"), std::string::npos);
+  EXPECT_NE(page.find("mostly by stress-ng --cpu 8"), std::string::npos);
 }
 
 TEST_F(HtmlReport, UnwritablePathIsAnError) {
@@ -121,6 +129,99 @@ TEST(HtmlReportUnit, EscapesChainTextAndNeedsChartJs) {
   EXPECT_NE(page.find("&lt;/script&gt;&lt;b&gt;bold&lt;/b&gt; &amp; &quot;quoted&quot;"), std::string::npos);
   fs::remove(path);
   fs::remove(fake.chartjs_path);
+}
+
+// The JSON the page's script draws from (<script id="report-data">).
+json report_data(const std::string& page) {
+  const std::string open = "<script type=\"application/json\" id=\"report-data\">";
+  const auto a = page.find(open);
+  if (a == std::string::npos) return json();
+  const auto b = page.find("</script>", a);
+  return json::parse(page.substr(a + open.size(), b - a - open.size()), nullptr, false);
+}
+
+TEST(HtmlReportUnit, AccountingBarsPerThreadAndOverTime) {
+  constexpr uint64_t kS = 1'000'000'000;
+  ingero::AnalysisResult r;
+  r.meta.first_ts = 1'000 * kS + kS / 2;
+  ingero::ThreadAccounting a;
+  a.pid = a.tid = 7;
+  a.comm = "python3";
+  a.wall_ns = 10 * kS;
+  for (const char* k : ingero::kCallKinds) a.in_calls_ns[k] = 0;
+  for (const char* k : ingero::kBlockReasons) a.blocked_ns[k] = 0;
+  a.in_calls_ns["sync"] = 4 * kS;
+  a.on_cpu_ns = 3 * kS;
+  a.preempted_ns = 2 * kS;
+  a.blocked_ns["lock"] = kS;
+  a.scheduler_data = true;
+  ingero::ThreadAccounting b = a;
+  b.tid = 8;
+  b.comm = "";
+  b.scheduler_data = false;
+  b.in_calls_ns["sync"] = 0;
+  b.on_cpu_ns = b.preempted_ns = 0;
+  b.blocked_ns["lock"] = 0;
+  b.unknown_ns = b.wall_ns;
+  r.accounting = {a, b};
+  ingero::AccountingSeries s;
+  s.pid = s.tid = 7;
+  s.first_sec = 1'000;
+  s.bins.resize(25);
+  for (auto& bin : s.bins) {
+    bin[ingero::acct::kSync] = 400'000'000;
+    bin[ingero::acct::kOnCpu] = 300'000'000;
+    bin[ingero::acct::kPreempted] = 200'000'000;
+    bin[ingero::acct::kLock] = 100'000'000;
+  }
+  s.bins[3][ingero::acct::kPreempted] = 0;  // one second less preempted: shows in the third bar
+  r.accounting_series = {s};
+  const std::string path = (fs::temp_directory_path() / ("ip-html-acct-" + std::to_string(getpid()) + ".html"))
+                               .string();
+  ingero::HtmlReportOptions o;
+  o.chartjs_path = path + ".js";
+  o.max_accounting_bars = 10;  // 25 seconds -> bars of 3 s
+  std::ofstream(o.chartjs_path) << "/* stand-in */";
+  ingero::HtmlCollector d(r, o);
+  std::string error;
+  ASSERT_TRUE(ingero::write_html_report(path, r, d, error, o)) << error;
+  const std::string page = slurp(path);
+  fs::remove(path);
+  fs::remove(o.chartjs_path);
+  const json data = report_data(page);
+  ASSERT_TRUE(data.is_object()) << page.substr(0, 400);
+  const json& acct = data["acct"];
+  ASSERT_EQ(acct["parts"].size(), 14u);
+  ASSERT_EQ(acct["threads"].size(), 2u);
+  EXPECT_EQ(acct["threads"][0]["label"], "python3 [tid 7]");
+  EXPECT_EQ(acct["threads"][1]["label"], "thread [tid 8]");
+  std::map<std::string, double> parts;
+  double total = 0;
+  for (size_t i = 0; i < acct["parts"].size(); ++i) {
+    parts[acct["parts"][i]["label"]] = acct["threads"][0]["values"][i].get<double>();
+    total += acct["threads"][0]["values"][i].get<double>();
+  }
+  EXPECT_DOUBLE_EQ(total, 100.0);
+  EXPECT_DOUBLE_EQ(parts["in calls: sync"], 40.0);
+  EXPECT_DOUBLE_EQ(parts["on CPU"], 30.0);
+  EXPECT_DOUBLE_EQ(parts["preempted"], 20.0);
+  EXPECT_DOUBLE_EQ(parts["blocked: lock"], 10.0);
+  EXPECT_DOUBLE_EQ(acct["threads"][1]["values"][13].get<double>(), 100.0);  // all unknown
+  ASSERT_EQ(acct["over_time"].size(), 1u);
+  const json& t = acct["over_time"][0];
+  EXPECT_EQ(t["width_s"], 3);
+  ASSERT_EQ(t["x"].size(), 9u);  // 8 bars of 3 s and one of 1 s
+  EXPECT_EQ(t["x"][0], 0);       // the trace's first whole second
+  EXPECT_EQ(t["x"][1], 3);
+  ASSERT_EQ(t["series"].size(), 5u);
+  EXPECT_EQ(t["series"][2]["label"], "preempted");
+  EXPECT_NEAR(t["series"][2]["y"][0].get<double>(), 20.0, 1e-9);
+  EXPECT_NEAR(t["series"][2]["y"][1].get<double>(), 40.0 / 3, 1e-9);
+  EXPECT_NEAR(t["series"][0]["y"][8].get<double>(), 40.0, 1e-9);  // the last, 1 s wide
+  // The table says it in words, and why the second thread is all unknown.
+  EXPECT_NE(page.find("<td>python3 [tid 7]</td>"), std::string::npos);
+  EXPECT_NE(page.find("preempted 20%"), std::string::npos);
+  EXPECT_NE(page.find("does not record why threads were off CPU"), std::string::npos);
 }
 
 ingero::Event call_or_span(uint64_t ts, uint64_t dur, uint32_t tid, bool offcpu) {
@@ -206,7 +307,7 @@ TEST_F(HtmlReport, RendersInHeadlessChromiumWithTheExpectedCharts) {
   ASSERT_GE(ops, 1);
   ASSERT_GE(chains, 1u);
   size_t hists = 0;
-  bool rate = false, offcpu = false;
+  bool rate = false, offcpu = false, acct = false, acct_time = false;
   for (const auto& c : summary) {
     const std::string id = c["id"];
     if (id.rfind("hist-", 0) == 0) {
@@ -220,11 +321,21 @@ TEST_F(HtmlReport, RendersInHeadlessChromiumWithTheExpectedCharts) {
     } else if (id == "offcpu") {
       offcpu = true;
       EXPECT_EQ(c["labels"][0], "python3 train.py [tid 4242]") << c.dump();
+    } else if (id == "acct") {
+      acct = true;
+      std::set<std::string> labels(c["labels"].begin(), c["labels"].end());
+      EXPECT_TRUE(labels.count("preempted")) << c.dump();  // the demo's CPU hog
+      EXPECT_TRUE(labels.count("in calls: launch")) << c.dump();
+    } else if (id == "acct-time-0") {
+      acct_time = true;
+      EXPECT_EQ(c["labels"], json({"in calls", "on CPU", "preempted", "blocked", "unknown"})) << c.dump();
     }
   }
   EXPECT_EQ(hists, static_cast<size_t>(ops));
   EXPECT_TRUE(rate);
   EXPECT_TRUE(offcpu);
+  EXPECT_TRUE(acct);
+  EXPECT_TRUE(acct_time);
 
   const std::string png = std::string(INGERO_BINARY_DIR) + "/html_report_test.png";
   fs::remove(png);
