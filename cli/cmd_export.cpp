@@ -19,6 +19,7 @@
 #include "model/ops.h"
 #include "model/result_json.h"
 #include "operators/chain_annotate.h"
+#include "operators/time_accounting.h"
 #include "sinks/report/perfetto.h"
 
 namespace ingero::cli {
@@ -212,6 +213,13 @@ int run_export(const ExportArgs& a) {
     }
   };
   TapSource tap(*in1.src, tally);
+  // Where each main GPU-feeding thread's time went, second by second: its counter track
+  // (docs/accounting.md), and each chain's accounting in its args.
+  AccountingOptions acct_opts;
+  acct_opts.chain_accounting = true;
+  acct_opts.meta = &tap.meta();
+  TimeAccounting accounting(acct_opts);
+  ObservingSource observed(tap, {&accounting});
   AnalysisResult result;
   if (!a.no_chains) {
     AnalysisPlan analysis;
@@ -225,7 +233,7 @@ int run_export(const ExportArgs& a) {
     // As `explain`: chains annotated as the engine emits them, with bounded memory; warm-up and
     // the tail re-judgement follow the pack's params and --param.
     LiveChainAnnotator annotator(annotate_options(analysis, LiveChainAnnotator::replay_defaults()));
-    EventSource& annotated = annotator.tap(tap);
+    EventSource& annotated = annotator.tap(observed);
     eo.on_chain = [&annotator](const Chain& c) { annotator.annotate(c); };
     std::vector<std::string> errors;
     result = run_plan(analysis.plan, annotated, eo, &errors);
@@ -233,13 +241,15 @@ int run_export(const ExportArgs& a) {
       for (const auto& e : errors) print_error("plan: " + e);
       return kExitInput;
     }
-    annotator.finish(result);
+    annotator.finish(result);  // first: chains get their threads, then their accounting
   } else {
     Batch b;
-    while (tap.next(b)) {
+    while (observed.next(b)) {
     }
     result.meta = tap.meta();
   }
+  observed.finish(result);
+  add_accounting_series(accounting, result);
   const bool filtered = !a.from.empty() || !a.to.empty() || !a.pids.empty() || !a.ops.empty();
   if (filtered && census.kept == 0) {
     std::string pids;
@@ -291,6 +301,7 @@ int run_export(const ExportArgs& a) {
     return kExitInput;
   }
   if (!a.no_chains) writer->set_chains(result.chains);
+  writer->set_accounting(std::move(result.accounting_series));
   Batch b;
   while (in2.src->next(b)) {
     writer->write_batch(b, in2.src->meta());
@@ -350,7 +361,8 @@ Registrar reg{
       cmd->add_option("--op", args->ops, "Keep these operations only (repeatable; cudaLaunchKernel, sched_switch)");
       cmd->add_option("--max-size", args->max_size, "Refuse an output larger than this much JSON (0 = no limit)")
           ->capture_default_str();
-      cmd->add_option("--counter-window", args->counter_window, "Window of the calls/s and p99 counters")
+      cmd->add_option("--counter-window", args->counter_window,
+                      "Window of the calls/s, p99 and time (accounting) counters")
           ->capture_default_str();
       cmd->add_flag("--no-chains", args->no_chains, "Do not run the analyses (events only, one pass)");
       cmd->add_option("--rules", args->rules, "Rule files whose chains to draw (in addition to the default pack)");

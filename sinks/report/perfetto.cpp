@@ -14,6 +14,7 @@
 
 #include "model/ops.h"
 #include "model/plan.h"
+#include "model/result_json.h"
 #include "model/stack.h"
 
 namespace ingero {
@@ -172,6 +173,7 @@ struct PerfettoWriter::Impl {
   std::vector<std::vector<std::pair<uint64_t, uint64_t>>> chain_flows;  // per chain: (flow id, event id)
   bool chains_set = false;
   bool multi_node = false;
+  std::vector<AccountingSeries> acct;
 
   // ---- output
 
@@ -558,6 +560,8 @@ struct PerfettoWriter::Impl {
           sts.push_back({{"role", s.role}, {"share", s.share}, {"calls", s.calls}, {"frames", std::move(frames)}});
         }
       }
+      // Where the chain's thread's time went over its window (docs/accounting.md).
+      if (ch.accounting) args["accounting"] = thread_accounting_json(*ch.accounting, meta);
       uint64_t linked = 0;
       for (const auto& [fid, id] : chain_flows[i]) {
         (void)id;
@@ -603,6 +607,73 @@ struct PerfettoWriter::Impl {
       counter_event(kHostPid, "host memory % used", s.ts_ns, s.mem_pct);
       counter_event(kHostPid, "host memory available MiB", s.ts_ns, static_cast<double>(s.mem_avail_mb));
       counter_event(kHostPid, "host CPU %", s.ts_ns, s.cpu_pct);
+    }
+  }
+
+  // One counter sample with several values (chrome://tracing stacks them; Perfetto makes a track
+  // of each, "<name> <arg>").
+  void counter_multi(int64_t jp, const std::string& name, uint64_t ts, const char* const* keys, const double* values,
+                     size_t n) {
+    begin_item();
+    buf += "{\"ph\":\"C\",\"name\":\"";
+    json_escape_append(buf, name);
+    buf += "\",\"pid\":" + std::to_string(jp);
+    ts_field("ts", ts);
+    buf += ",\"args\":{";
+    for (size_t i = 0; i < n; ++i) {
+      char v[48];
+      std::snprintf(v, sizeof v, "%.6g", values[i]);
+      if (i) buf += ',';
+      buf += '"';
+      buf += keys[i];
+      buf += "\":";
+      buf += v;
+    }
+    buf += "}}";
+    ++c.counter_samples;
+    end_item();
+  }
+  // "time <thread> (ms/s)" per main feeding thread: the per-second bins summed over windows of
+  // counter_window_ns (whole seconds, at least one), as ms per second, then zeros after the last.
+  void write_accounting(const TraceMeta& meta) {
+    static constexpr const char* kKeys[] = {"in calls", "on CPU", "preempted", "blocked", "unknown"};
+    constexpr uint64_t kSec = 1'000'000'000;
+    const uint64_t w = std::max<uint64_t>(1, o.counter_window_ns / kSec);
+    for (const auto& s : acct) {
+      if (!o.filter.pids.empty() && !o.filter.pids.count(s.pid)) continue;
+      bool any = false;
+      int64_t jp = 0;
+      std::string name;
+      uint64_t last_end = 0;
+      for (size_t i = 0; i < s.bins.size(); i += w) {
+        const uint64_t start = (s.first_sec + i) * kSec;
+        const size_t n = std::min<size_t>(w, s.bins.size() - i);
+        const uint64_t end = start + n * kSec;
+        if (end <= o.filter.from_ns || start >= o.filter.to_ns) continue;
+        double v[5] = {};
+        for (size_t k = i; k < i + n; ++k) {
+          const auto& b = s.bins[k];
+          for (uint8_t x = acct::kLaunch; x <= acct::kOtherCall; ++x) v[0] += static_cast<double>(b[x]);
+          v[1] += static_cast<double>(b[acct::kOnCpu]);
+          v[2] += static_cast<double>(b[acct::kPreempted]);
+          for (uint8_t x = acct::kLock; x <= acct::kBlockedOther; ++x) v[3] += static_cast<double>(b[x]);
+          v[4] += static_cast<double>(b[acct::kUnknown]);
+        }
+        for (double& x : v) x /= 1e6 * static_cast<double>(n);  // ms per second
+        if (!any) {
+          any = true;
+          set_base(start);
+          jp = process(meta, s.node, s.pid);
+          name = "time " + thread_label(meta, s.tid, s.pid) + " (ms/s)";
+          ++c.accounting_tracks;
+        }
+        counter_multi(jp, name, start, kKeys, v, 5);
+        last_end = end;
+      }
+      if (any) {
+        const double zero[5] = {};
+        counter_multi(jp, name, last_end, kKeys, zero, 5);
+      }
     }
   }
 
@@ -653,6 +724,8 @@ std::unique_ptr<PerfettoWriter> PerfettoWriter::create(const std::string& path, 
 
 void PerfettoWriter::set_chains(const std::vector<Chain>& chains) { impl_->set_chains(chains); }
 
+void PerfettoWriter::set_accounting(std::vector<AccountingSeries> series) { impl_->acct = std::move(series); }
+
 void PerfettoWriter::write_batch(const Batch& b, const TraceMeta& meta) {
   Impl& m = *impl_;
   if (m.failed || m.done) return;
@@ -701,6 +774,7 @@ bool PerfettoWriter::finish(const std::vector<Chain>* chains, const TraceMeta& m
   if (!m.failed) {
     for (auto& [key, s] : m.counters) m.flush_counter(s, true);
     m.write_snapshots(meta);
+    m.write_accounting(meta);
     m.write_chains(meta);
     m.buf += "\n],\"displayTimeUnit\":\"ns\",\"metadata\":{\"generator\":\"ingero-pipeline\",\"ts_base_unix_ns\":" +
              u64(m.base) + ",\"events\":" + u64(m.c.events) + ",\"chains\":" + u64(m.c.chains) +

@@ -14,7 +14,10 @@
 //   Slices on one track must nest for the viewers, so a slice that would overlap its neighbour
 //   without nesting goes to the next "(overlap k)" lane of the same kind (at most kMaxLanes).
 //   Counters per process: "calls/s <op>" and "p99 ms <op>" per `counter_window_ns` for GPU API
-//   ops; host memory (% used, available MiB) from the trace's system snapshots.
+//   ops; host memory (% used, available MiB) from the trace's system snapshots; with
+//   set_accounting, per main GPU-feeding thread "time <thread> (ms/s)": where its time went in
+//   each window (args "in calls", "on CPU", "preempted", "blocked", "unknown": ms per second,
+//   summing to at most 1000; docs/accounting.md), from the per-second bins of the accounting.
 // - Every event that passes the filter is written exactly once: a complete slice ("ph":"X") when
 //   it has a duration, else an instant ("ph":"i"). args.id is the event id (args.node the node on
 //   merged traces), so a reader can match it back to the database.
@@ -72,9 +75,10 @@ struct PerfettoCounters {
   uint64_t chains = 0, flows = 0;
   uint64_t missing_exemplars = 0;  // exemplar ids of written chains not found in written events
   uint64_t counter_samples = 0;
-  uint64_t overlap_lanes = 0;    // extra lanes opened for slices that did not nest
-  uint64_t lanes_exhausted = 0;  // slices placed on the last lane although they did not nest there
-  uint64_t bytes = 0;            // uncompressed JSON bytes
+  uint64_t accounting_tracks = 0;  // threads with a "time ..." counter track
+  uint64_t overlap_lanes = 0;      // extra lanes opened for slices that did not nest
+  uint64_t lanes_exhausted = 0;    // slices placed on the last lane although they did not nest there
+  uint64_t bytes = 0;              // uncompressed JSON bytes
 };
 
 class PerfettoWriter {
@@ -90,6 +94,10 @@ class PerfettoWriter {
   // The chains to draw; their exemplar events get flow arrows as they stream by. Call before the
   // first write_batch (optional: finish() also takes chains).
   void set_chains(const std::vector<Chain>& chains);
+  // The main feeding threads' time second by second (AnalysisResult::accounting_series), written
+  // by finish() as one counter track per thread (its process's, filtered by pid and time like the
+  // events; windows of counter_window_ns rounded to whole seconds). Optional.
+  void set_accounting(std::vector<AccountingSeries> series);
   void write_batch(const Batch& b, const TraceMeta& meta);
   // For a single-pass writer: scan `src` (the same trace again) for the exemplar events of
   // `chains` and write their flow ends. False (with the reason in error()) on a write error.

@@ -130,6 +130,49 @@ TEST_F(ExportCli, SqliteAndLmdbTracesWithChainsAndFlows) {
   EXPECT_EQ(a["traceEvents"].size(), b["traceEvents"].size());
 }
 
+// Next to the events: a "time ..." counter track per main GPU-feeding thread, second by second,
+// whose preempted and in-call time add up to what `explain --json` accounts for the thread; the
+// chain slices carry their thread's accounting; a pid filter drops the tracks of other processes.
+TEST_F(ExportCli, AccountingCounterTracksPerFeedingThread) {
+  const CliRun r = run("export --db " + p("cpu.db") + " -o " + p("acct.json") + " -q");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const CliRun ex = run("explain --db " + p("cpu.db") + " --json");
+  ASSERT_EQ(ex.status, 0) << ex.err;
+  const json explained = json::parse(ex.out);
+  ASSERT_FALSE(explained["accounting"].empty());
+  const json& want = explained["accounting"][0];
+  ASSERT_EQ(want["tid"], 4242);
+  const json doc = json::parse(slurp(p("acct.json")));
+  const std::string name = "time python3 train.py [tid 4242] (ms/s)";
+  double preempted_ms = 0, in_calls_ms = 0;
+  size_t samples = 0, chains_with_accounting = 0;
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] == "X" && e["cat"] == "chain" && e["args"].contains("accounting")) {
+      ++chains_with_accounting;
+      EXPECT_EQ(e["args"]["accounting"]["tid"], 4242);
+    }
+    if (e["ph"] != "C" || e["name"] != name) continue;
+    ++samples;
+    EXPECT_EQ(e["pid"], 4242);
+    double second = 0;
+    for (const auto& [k, v] : e["args"].items()) second += v.get<double>();
+    EXPECT_LE(second, 1000.001) << e.dump();
+    preempted_ms += e["args"]["preempted"].get<double>();
+    in_calls_ms += e["args"]["in calls"].get<double>();
+  }
+  EXPECT_GE(samples, 30u);  // a 30 s trace, one sample a second, then a zero
+  EXPECT_GE(chains_with_accounting, 1u);
+  uint64_t in_calls_ns = 0;
+  for (const auto& [k, v] : want["in_calls_ns"].items()) in_calls_ns += v.get<uint64_t>();
+  EXPECT_GT(want["preempted_ns"].get<uint64_t>(), 0u);
+  EXPECT_NEAR(preempted_ms * 1e6, want["preempted_ns"].get<double>(), 1e-4 * want["preempted_ns"].get<double>());
+  EXPECT_NEAR(in_calls_ms * 1e6, static_cast<double>(in_calls_ns), 1e-4 * static_cast<double>(in_calls_ns));
+  const CliRun other = run("export --db " + p("cpu.db") + " -o " + p("acct-other.json") + " -q --pid 31337");
+  if (other.status == 0) {  // the hog has no event of its own in the demo: then nothing is exported
+    for (const auto& e : json::parse(slurp(p("acct-other.json")))["traceEvents"]) EXPECT_NE(e.value("name", ""), name);
+  }
+}
+
 TEST_F(ExportCli, FiltersNarrowTheOutput) {
   const CliRun all = run("export --db " + p("cpu.db") + " -o " + p("all.json") + " -q");
   ASSERT_EQ(all.status, 0) << all.err;

@@ -306,6 +306,100 @@ TEST_F(PerfettoTrace, SinglePassWriterResolvesFlowsByASecondScan) {
   EXPECT_EQ(w->counters().missing_exemplars, 1u);
 }
 
+// Per main feeding thread, a "time ..." counter track: ms per second in calls, on CPU, preempted,
+// blocked and unknown from the accounting's per-second bins, a zero after the last window; the pid
+// and time filters and the counter window apply.
+TEST(Perfetto, AccountingCountersPerFeedingThread) {
+  constexpr uint64_t kS = 1'000'000'000, kMs = 1'000'000;
+  TraceMeta meta;
+  meta.process_names[7] = "python3";
+  meta.thread_names[10] = "loader";
+  AccountingSeries a;
+  a.pid = a.tid = 7;
+  a.first_sec = kBase / kS;
+  a.bins.resize(3);
+  a.bins[0][acct::kLaunch] = 200 * kMs;
+  a.bins[0][acct::kOnCpu] = 500 * kMs;
+  a.bins[0][acct::kPreempted] = 300 * kMs;
+  a.bins[1][acct::kSync] = 500 * kMs;
+  a.bins[1][acct::kLock] = 300 * kMs;
+  a.bins[1][acct::kSleep] = 100 * kMs;
+  a.bins[1][acct::kUnknown] = 100 * kMs;
+  a.bins[2][acct::kOnCpu] = kS;
+  AccountingSeries b;
+  b.pid = 9;
+  b.tid = 10;
+  b.first_sec = kBase / kS + 1;
+  b.bins.resize(1);
+  b.bins[0][acct::kCollective] = kS;
+  auto write = [&](const PerfettoOptions& o, PerfettoCounters* counters) {
+    const std::string path = tmp_path("acct.json");
+    std::string error;
+    auto w = PerfettoWriter::create(path, o, error);
+    EXPECT_TRUE(w) << error;
+    if (!w) return json();
+    w->set_accounting({a, b});
+    Batch batch;
+    batch.events = {ev(1, kT0, 10, 7, 7, Source::kCuda, op::kCudaLaunchKernel)};
+    w->write_batch(batch, meta);
+    EXPECT_TRUE(w->finish(nullptr, meta, error)) << error;
+    if (counters) *counters = w->counters();
+    const json doc = json::parse(read_file(path), nullptr, false);
+    fs::remove(path);
+    return doc;
+  };
+  // name -> [(ts us, args)]
+  auto tracks = [](const json& doc) {
+    std::map<std::string, std::vector<std::pair<double, json>>> m;
+    for (const auto& e : doc["traceEvents"])
+      if (e["ph"] == "C" && e["name"].get<std::string>().rfind("time ", 0) == 0)
+        m[e["name"]].emplace_back(e["ts"].get<double>(), e["args"]);
+    return m;
+  };
+  PerfettoCounters c;
+  const auto all = tracks(write({}, &c));
+  EXPECT_EQ(c.accounting_tracks, 2u);
+  ASSERT_EQ(all.size(), 2u);
+  const auto& t7 = all.at("time python3 [tid 7] (ms/s)");
+  ASSERT_EQ(t7.size(), 4u);  // three seconds, then zero
+  EXPECT_EQ(t7[0].first, 0);
+  EXPECT_EQ(t7[0].second,
+            json({{"in calls", 200}, {"on CPU", 500}, {"preempted", 300}, {"blocked", 0}, {"unknown", 0}}));
+  EXPECT_EQ(t7[1].first, 1e6);
+  EXPECT_EQ(t7[1].second,
+            json({{"in calls", 500}, {"on CPU", 0}, {"preempted", 0}, {"blocked", 400}, {"unknown", 100}}));
+  EXPECT_EQ(t7[2].second["on CPU"], 1000);
+  EXPECT_EQ(t7[3].first, 3e6);
+  EXPECT_EQ(t7[3].second["on CPU"], 0);
+  const auto& t10 = all.at("time loader [tid 10] (ms/s)");
+  ASSERT_EQ(t10.size(), 2u);
+  EXPECT_EQ(t10[0].first, 1e6);
+  EXPECT_EQ(t10[0].second["in calls"], 1000);
+  // The counters sit in the thread's process.
+  const json doc = write({}, nullptr);
+  for (const auto& e : doc["traceEvents"])
+    if (e["ph"] == "C" && e["name"] == "time loader [tid 10] (ms/s)") EXPECT_EQ(e["pid"], 9);
+  // Filters: a pid keeps its thread's track only; a time range keeps the windows it overlaps.
+  PerfettoOptions only7;
+  only7.filter.pids = {7};
+  EXPECT_EQ(tracks(write(only7, nullptr)).size(), 1u);
+  PerfettoOptions late;
+  late.filter.from_ns = kBase + 1'500'000'000;
+  const auto l = tracks(write(late, nullptr));
+  ASSERT_EQ(l.at("time python3 [tid 7] (ms/s)").size(), 3u);                  // seconds 1, 2 and the zero
+  EXPECT_EQ(l.at("time python3 [tid 7] (ms/s)")[0].second["in calls"], 500);  // second 1 (now the time base)
+  // Two-second windows: averages per second over each window.
+  PerfettoOptions two;
+  two.counter_window_ns = 2 * kS;
+  const auto w2 = tracks(write(two, nullptr)).at("time python3 [tid 7] (ms/s)");
+  ASSERT_EQ(w2.size(), 3u);  // [0, 2), [2, 3), zero at 3
+  EXPECT_EQ(w2[0].second["in calls"], 350);
+  EXPECT_EQ(w2[0].second["blocked"], 200);
+  EXPECT_EQ(w2[1].first, 2e6);
+  EXPECT_EQ(w2[1].second["on CPU"], 1000);
+  EXPECT_EQ(w2[2].first, 3e6);
+}
+
 TEST(Perfetto, EmptyTraceIsValidJson) {
   const json doc = export_events({}, {}, {});
   ASSERT_FALSE(doc.is_discarded());
