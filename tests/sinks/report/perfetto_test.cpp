@@ -377,8 +377,11 @@ TEST(Perfetto, AccountingCountersPerFeedingThread) {
   EXPECT_EQ(t10[0].second["in calls"], 1000);
   // The counters sit in the thread's process.
   const json doc = write({}, nullptr);
-  for (const auto& e : doc["traceEvents"])
-    if (e["ph"] == "C" && e["name"] == "time loader [tid 10] (ms/s)") EXPECT_EQ(e["pid"], 9);
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] == "C" && e["name"] == "time loader [tid 10] (ms/s)") {
+      EXPECT_EQ(e["pid"], 9);
+    }
+  }
   // Filters: a pid keeps its thread's track only; a time range keeps the windows it overlaps.
   PerfettoOptions only7;
   only7.filter.pids = {7};
