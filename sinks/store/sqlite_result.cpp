@@ -253,11 +253,12 @@ bool read_ours(sqlite3* db, AnalysisResult& r, std::string& error) {
   }
   if (rc != SQLITE_DONE) return error = sqlite_detail::describe_sqlite_error(db, rc), false;
   if (!read_accounting(db, r, error) || !read_steps(db, r, error)) return false;
-  if (!sqlite_detail::table_exists(db, "ip_rule_outcomes")) return true;  // written before it existed
-  Stmt ro(db,
-          "SELECT rule, rule_hash, category, windows, chains, has_miss, miss_stage, miss, miss_key, "
-          "miss_window_start, miss_window_end, miss_values FROM ip_rule_outcomes "
-          "ORDER BY position, rowid");
+  if (!sqlite_detail::table_exists(db, "ip_rule_outcomes")) return true;      // written before it existed
+  const auto ro_cols = sqlite_detail::table_columns(db, "ip_rule_outcomes");  // over_time: added later
+  const bool ro_over_time = std::find(ro_cols.begin(), ro_cols.end(), "over_time") != ro_cols.end();
+  Stmt ro(db, std::string("SELECT rule, rule_hash, category, windows, chains, has_miss, miss_stage, miss, miss_key, "
+                          "miss_window_start, miss_window_end, miss_values, ") +
+                  (ro_over_time ? "over_time" : "0") + " FROM ip_rule_outcomes ORDER BY position, rowid");
   if (!ro.ok()) return error = "cannot read ip_rule_outcomes: " + ro.error(), false;
   while ((rc = ro.step()) == SQLITE_ROW) {
     RuleOutcome o;
@@ -275,6 +276,7 @@ bool read_ours(sqlite3* db, AnalysisResult& r, std::string& error) {
     o.miss_window_end = static_cast<uint64_t>(ro.i64(10));
     for (const auto& v : parse_json(ro.text(11), json::array()))
       if (v.is_object()) o.miss_values.emplace_back(str(v, "name"), num(v, "value"));
+    o.over_time = ro.i64(12) != 0;
     r.rules.push_back(std::move(o));
   }
   if (rc != SQLITE_DONE) return error = sqlite_detail::describe_sqlite_error(db, rc), false;

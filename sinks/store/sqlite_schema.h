@@ -268,7 +268,8 @@ CREATE TABLE ip_rule_outcomes (
   miss_key          TEXT NOT NULL,
   miss_window_start INTEGER NOT NULL,
   miss_window_end   INTEGER NOT NULL,
-  miss_values       TEXT NOT NULL          -- JSON [{name, value}]
+  miss_values       TEXT NOT NULL,         -- JSON [{name, value}]
+  over_time         INTEGER NOT NULL DEFAULT 0  -- 1: a rule over the accounting stream
 );
 )sql";
 

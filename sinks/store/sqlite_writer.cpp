@@ -663,7 +663,7 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
   Stmt ro(db,
           "INSERT OR REPLACE INTO ip_rule_outcomes(rule, position, rule_hash, category, windows, "
           "chains, has_miss, miss_stage, miss, miss_key, miss_window_start, miss_window_end, "
-          "miss_values) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)");
+          "miss_values, over_time) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)");
   if (!ro.ok()) return fail("write result: " + ro.error());
   position = 0;
   for (const auto& o : result.rules) {
@@ -683,6 +683,7 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
     ro.bind_u64(11, o.miss_window_start);
     ro.bind_u64(12, o.miss_window_end);
     ro.bind(13, slots.dump());
+    ro.bind(14, static_cast<int64_t>(o.over_time ? 1 : 0));
     if (!done(ro)) return err();
   }
   const auto& k = result.counters;

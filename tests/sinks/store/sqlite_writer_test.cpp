@@ -534,6 +534,7 @@ TEST(SqliteSink, AccountingAndStepsRoundTrip) {
   w.unknown_ns = 0;
   r.chains[0].accounting = w;
   r.chains[0].over_time = true;
+  r.rules[1].over_time = true;
 
   std::string error;
   auto sink = SqliteSink::create(p, error);
@@ -576,6 +577,8 @@ TEST(SqliteSink, AccountingAndStepsRoundTrip) {
   EXPECT_EQ(got["accounting"], want["accounting"]);
   EXPECT_EQ(got["steps"], want["steps"]);
   ASSERT_EQ(got["chains"].size(), want["chains"].size());
+  EXPECT_EQ(got["rules"], want["rules"]);  // over_time included
+  EXPECT_TRUE(back.rules[1].over_time);
   for (size_t i = 0; i < want["chains"].size(); ++i) {
     EXPECT_EQ(got["chains"][i]["accounting"], want["chains"][i]["accounting"]) << i;
     EXPECT_EQ(got["chains"][i]["over_time"], want["chains"][i]["over_time"]) << i;
@@ -602,7 +605,10 @@ TEST(SqliteSink, AccountingAndStepsRoundTrip) {
                           "DROP TABLE ip_accounting; DROP TABLE ip_steps; "
                           "ALTER TABLE ip_chains DROP COLUMN accounting; "
                           "CREATE TABLE old AS SELECT * FROM ip_chains; ALTER TABLE old DROP COLUMN over_time; "
-                          "DROP TABLE ip_chains; ALTER TABLE old RENAME TO ip_chains"),
+                          "DROP TABLE ip_chains; ALTER TABLE old RENAME TO ip_chains; "
+                          "CREATE TABLE old_ro AS SELECT * FROM ip_rule_outcomes; "
+                          "ALTER TABLE old_ro DROP COLUMN over_time; DROP TABLE ip_rule_outcomes; "
+                          "ALTER TABLE old_ro RENAME TO ip_rule_outcomes"),
             "");
   ASSERT_EQ(test::query_int(p,
                             "SELECT count(*) FROM pragma_table_info('ip_chains') WHERE name IN "
@@ -616,6 +622,9 @@ TEST(SqliteSink, AccountingAndStepsRoundTrip) {
   EXPECT_FALSE(old.chains[0].accounting.has_value());
   EXPECT_FALSE(old.chains[0].over_time);
   EXPECT_EQ(old.chains[0].summary, r.chains[0].summary);
+  ASSERT_EQ(old.rules.size(), 2u);
+  EXPECT_FALSE(old.rules[1].over_time);
+  EXPECT_EQ(old.rules[1].miss_key, r.rules[1].miss_key);
 }
 
 TEST(SqliteSink, RefusesToClobberNonSqliteFilesAndReplacesOldDatabases) {
