@@ -184,6 +184,8 @@ struct Resolver {
   TExpr unary(const ast::Unary& u);
   TExpr call(const ast::Call& c);
   TExpr bucket_call(const ast::Call& c);
+  bool per_window(const ast::Call& c);
+  TExpr aggregate_ref(const ast::Call& c, TExpr t, AggSpec spec, const std::string& hidden, bool by_field);
   TExpr name(const ast::Path& p);
   TExpr number(const ast::Number& n);
   TExpr list(const ast::List& l);

@@ -496,11 +496,7 @@ TExpr Resolver::bucket_call(const ast::Call& c) {
   t.pos = c.id_first;
   t.end = c.id_last;
   const std::string& fn = c.fn.name;
-  if (!rule || (ctx != Ctx::kRow && ctx != Ctx::kTail)) {
-    m.error_at(file, c, "E0207", "aggregate `" + fn + "(...)` is computed per window and is not available here",
-               "use it in `let`, `require` or `severity`");
-    return t;
-  }
+  if (!per_window(c)) return t;
   if (!rule->stream.account) {
     m.error_at(file, c.fn, "E0207", "`" + fn + "(...)` reads the time of feeding threads: it needs `from accounting`",
                "write the rule `from accounting` (docs/rules.md, \"Rules over time\")");
@@ -528,22 +524,8 @@ TExpr Resolver::bucket_call(const ast::Call& c) {
     spec.buckets |= bits;
     names += "_" + path->head.name;
   }
-  t.op = ExprOp::kRef;
   t.ty = spec.kind == AggKind::kTopTask ? Ty::kId : Ty::kDuration;
-  for (const auto& a : rule->aggs)
-    if (a.kind == spec.kind && a.buckets == spec.buckets) {
-      t.name = a.name;
-      return t;
-    }
-  if (rule->aggs.size() >= kMaxAggs) {
-    m.error_at(file, c, "E0004", "more than " + std::to_string(kMaxAggs) + " aggregates in one rule");
-    return t;
-  }
-  spec.name = !agg_alias.empty() ? agg_alias : "_" + fn + names;
-  agg_alias.clear();
-  rule->aggs.push_back(spec);
-  t.name = spec.name;
-  return t;
+  return aggregate_ref(c, std::move(t), spec, "_" + fn + names, true);
 }
 
 TExpr Resolver::call(const ast::Call& c) {
@@ -597,11 +579,7 @@ TExpr Resolver::call(const ast::Call& c) {
     m.error_at(file, c.fn, "E0204", "unknown function `" + fn + "`", did_you_mean(fn, function_names()));
     return t;
   }
-  if (!rule || (ctx != Ctx::kRow && ctx != Ctx::kTail)) {
-    m.error_at(file, c, "E0207", "aggregate `" + fn + "(...)` is computed per window and is not available here",
-               "use it in `let`, `require` or `severity`");
-    return t;
-  }
+  if (!per_window(c)) return t;
   const size_t want = !needs_field ? 0 : (fn == "quantile" ? 2 : 1);
   if (!arity(want, want)) return t;
   Ty fty = Ty::kNumber;
@@ -637,15 +615,28 @@ TExpr Resolver::call(const ast::Call& c) {
   std::string hidden = "_" + std::string(spec.kind == AggKind::kQuantile ? "p" + number_key(spec.q * 100)
                                                                          : agg_name(spec.kind));
   if (needs_field) hidden += "_" + std::string(field_name(spec.field));
-  std::string existing;
-  for (const auto& a : rule->aggs)
-    if (a.kind == spec.kind && (!needs_field || a.field == spec.field) && a.q == spec.q) existing = a.name;
-  t.op = ExprOp::kRef;
   t.ty = spec.kind == AggKind::kCount ? Ty::kCount : spec.kind == AggKind::kRate ? Ty::kRate : fty;
-  if (!existing.empty()) {
-    t.name = existing;
-    return t;
-  }
+  return aggregate_ref(c, std::move(t), spec, hidden, needs_field);
+}
+
+// An aggregate is computed per window: only in a rule's row or tail expressions (E0207 otherwise).
+bool Resolver::per_window(const ast::Call& c) {
+  if (rule && (ctx == Ctx::kRow || ctx == Ctx::kTail)) return true;
+  m.error_at(file, c, "E0207", "aggregate `" + c.fn.name + "(...)` is computed per window and is not available here",
+             "use it in `let`, `require` or `severity`");
+  return false;
+}
+
+// `t` (typed) as a reference to the rule's aggregate `spec`: the one already there when an equal
+// spec exists (same kind, q, buckets and, when `by_field`, field), else a new one named after the
+// let it is the whole value of, or `hidden`.
+TExpr Resolver::aggregate_ref(const ast::Call& c, TExpr t, AggSpec spec, const std::string& hidden, bool by_field) {
+  t.op = ExprOp::kRef;
+  for (const auto& a : rule->aggs)
+    if (a.kind == spec.kind && (!by_field || a.field == spec.field) && a.q == spec.q && a.buckets == spec.buckets) {
+      t.name = a.name;
+      return t;
+    }
   if (rule->aggs.size() >= kMaxAggs) {
     m.error_at(file, c, "E0004", "more than " + std::to_string(kMaxAggs) + " aggregates in one rule");
     return t;
