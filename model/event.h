@@ -30,6 +30,9 @@ enum class Source : uint8_t {
   // Made inside the engine, never stored: slices of a GPU-feeding thread's time (the rules'
   // `from accounting` stream; operators/time_accounting.h, op = the bucket).
   kAccount = 10,
+  // Made inside the engine, never stored: one event per training/inference step of a process (the
+  // rules' `from steps` stream; operators/step_tracker.h).
+  kStep = 11,
 };
 
 // Why a thread was off CPU, recorded on HOST sched_switch spans.
@@ -52,6 +55,8 @@ inline constexpr uint8_t kSwitchIn = 1u << 3;
 // a watermark later than its start: it was open longer than the live source holds results back
 // for (model/trace.h, Batch).
 inline constexpr uint8_t kLate = 1u << 4;
+// Source::kStep: the step was not within 20% of its process's period (operators/step_tracker.h).
+inline constexpr uint8_t kStepIrregular = 1u << 5;
 }  // namespace event_flags
 
 struct Event {

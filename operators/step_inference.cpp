@@ -260,33 +260,43 @@ bool better(const Candidate& a, const Candidate& b, double best_conf) {
   return a.slot < b.slot;
 }
 
-ProcessSteps infer(const StepInference::KeyState& s) {
-  ProcessSteps out;
-  out.pid = s.pid;
-  out.rank = s.rank;
-  out.node = s.node;
-  out.first_ns = s.first_ns;
-  out.last_ns = s.last_ns;
-  const uint64_t key_span = s.last_ns > s.first_ns ? s.last_ns - s.first_ns : 0;
+// Every series of a key judged: the accepted candidates (method set), the most regular rejected
+// one (for the reason) and how many markers there were.
+struct Judged {
   std::vector<Candidate> cands;
-  std::vector<uint64_t> t, w;
-  size_t markers = 0;
-  Candidate closest;  // the most regular rejected series, for the reason
+  Candidate closest;
   std::string closest_name;
+  size_t markers = 0;
+  // The best accepted candidate, or null.
+  const Candidate* pick() const {
+    if (cands.empty()) return nullptr;
+    double best_conf = 0;
+    for (const auto& c : cands) best_conf = std::max(best_conf, c.confidence);
+    const Candidate* p = &cands[0];
+    for (const auto& c : cands)
+      if (better(c, *p, best_conf)) p = &c;
+    return p;
+  }
+};
+
+Judged judge_key(const StepInference::KeyState& s) {
+  Judged j;
+  const uint64_t key_span = s.last_ns > s.first_ns ? s.last_ns - s.first_ns : 0;
+  std::vector<uint64_t> t, w;
   auto consider = [&](Candidate c, std::string name) {
     if (c.ok) {
       c.method = std::move(name);
-      cands.push_back(std::move(c));
-    } else if (c.k && (c.dispersion < closest.dispersion ||
-                       (c.dispersion == closest.dispersion && c.confidence > closest.confidence))) {
-      closest = std::move(c);
-      closest_name = std::move(name);
+      j.cands.push_back(std::move(c));
+    } else if (c.k && (c.dispersion < j.closest.dispersion ||
+                       (c.dispersion == j.closest.dispersion && c.confidence > j.closest.confidence))) {
+      j.closest = std::move(c);
+      j.closest_name = std::move(name);
     }
   };
   for (size_t i = 0; i < kSyncOps.size(); ++i) {
     const auto& series = s.sync[i];
     if (!series || series->ts.empty()) continue;
-    markers += series->ts.size();
+    j.markers += series->ts.size();
     for (const bool ends : {true, false}) {
       linearise(*series, ends, t, w);
       Candidate c = judge_phases(t, w, series->total, key_span);
@@ -297,25 +307,32 @@ ProcessSteps infer(const StepInference::KeyState& s) {
       consider(std::move(c), std::move(name));
     }
   }
-  for (size_t j = 0; j < s.bursts.size(); ++j) {
-    const auto& series = s.bursts[j];
+  for (size_t b = 0; b < s.bursts.size(); ++b) {
+    const auto& series = s.bursts[b];
     if (!series || series->ts.empty()) continue;
-    markers += series->ts.size();
+    j.markers += series->ts.size();
     linearise(*series, false, t, w);
     Candidate c = judge_phases(t, w, series->total, key_span);
     c.cls = kClassBursts;
-    c.slot = kSyncOps.size() + j;
-    c.ends = true;  // a burst start is its only time
+    c.slot = kSyncOps.size() + b;
+    c.ends = false;  // a burst start is its only time
     std::string name = "launch bursts x" + std::to_string(c.k) +
-                       " (gap >= " + fmt_dur(static_cast<double>(burst_threshold(j))) + ")";
+                       " (gap >= " + fmt_dur(static_cast<double>(burst_threshold(b))) + ")";
     consider(std::move(c), std::move(name));
   }
-  if (!cands.empty()) {
-    double best_conf = 0;
-    for (const auto& c : cands) best_conf = std::max(best_conf, c.confidence);
-    const Candidate* pick = &cands[0];
-    for (const auto& c : cands)
-      if (better(c, *pick, best_conf)) pick = &c;
+  return j;
+}
+
+ProcessSteps infer(const StepInference::KeyState& s) {
+  ProcessSteps out;
+  out.pid = s.pid;
+  out.rank = s.rank;
+  out.node = s.node;
+  out.first_ns = s.first_ns;
+  out.last_ns = s.last_ns;
+  const uint64_t key_span = s.last_ns > s.first_ns ? s.last_ns - s.first_ns : 0;
+  const Judged j = judge_key(s);
+  if (const Candidate* pick = j.pick()) {
     out.count = pick->count;
     out.period_ns = pick->period;
     out.p50_ns = pick->p50;
@@ -326,15 +343,15 @@ ProcessSteps infer(const StepInference::KeyState& s) {
     return out;
   }
   out.method = "none";
-  if (markers == 0) {
+  if (j.markers == 0) {
     out.reason = "no synchronisation or kernel launch among its " + std::to_string(s.gpu_calls) + " GPU call(s)";
-  } else if (!closest.k) {
+  } else if (!j.closest.k) {
     out.reason = "too few markers for " + std::to_string(StepInference::kMinSteps) + " steps (" +
-                 std::to_string(markers) + " sync/launch-burst markers)";
+                 std::to_string(j.markers) + " sync/launch-burst markers)";
   } else {
     char buf[160];
     std::snprintf(buf, sizeof buf, "no regular spacing (most regular: %s, dispersion %.2f, confidence %.2f)",
-                  closest_name.c_str(), closest.dispersion, closest.confidence);
+                  j.closest_name.c_str(), j.closest.dispersion, j.closest.confidence);
     out.reason = buf;
   }
   // The fallback: fixed intervals from the first GPU call, the last kMaxMarkers of them.
@@ -413,17 +430,35 @@ bool steps_from_markers(std::vector<StepMarker> m, ProcessSteps& out) {
 
 }  // namespace
 
-void StepInference::Series::add(uint64_t t, uint64_t d) {
+void StepInference::Series::add(uint64_t t, uint64_t d, uint32_t thread) {
   if (total == 0) first_ts = t;
   ++total;
   if (ts.size() < kMaxMarkers) {
     ts.push_back(t);
     dur.push_back(d);
+    tid.push_back(thread);
     return;
   }
   ts[head] = t;
   dur[head] = d;
+  tid[head] = thread;
   head = (head + 1) % kMaxMarkers;
+}
+
+StepInference::Pick StepInference::pick(const KeyState& s) {
+  Pick p;
+  const Judged j = judge_key(s);
+  const Candidate* c = j.pick();
+  if (!c || c->boundaries.empty()) return p;
+  p.ok = true;
+  p.slot = c->slot;
+  p.ends = c->ends;
+  p.k = c->k;
+  p.period = c->period;
+  p.confidence = c->confidence;
+  p.first_boundary = c->boundaries.front();
+  p.method = c->method;
+  return p;
 }
 
 StepInference::StepInference() = default;
@@ -473,7 +508,8 @@ void StepInference::observe(const Event* events, size_t n) {
         if (s.launched && gap < burst_threshold(j)) continue;
         auto& series = s.bursts[j];
         if (!series) series = std::make_unique<Series>();
-        series->add(e.ts_ns, gap);
+        series->add(e.ts_ns, gap, e.tid);
+        ++s.markers;
       }
       s.launched = true;
       s.last_launch = std::max(s.last_launch, e.ts_ns);
@@ -483,7 +519,8 @@ void StepInference::observe(const Event* events, size_t n) {
     if (slot < 0) continue;
     auto& series = s.sync[static_cast<size_t>(slot)];
     if (!series) series = std::make_unique<Series>();
-    series->add(e.ts_ns, e.dur_ns);
+    series->add(e.ts_ns, e.dur_ns, e.tid);
+    ++s.markers;
   }
 }
 

@@ -137,13 +137,32 @@ class StepInference final : public EventObserver {
   // The same analysis without an AnalysisResult (tests): one entry per key, sorted.
   std::vector<ProcessSteps> results() const;
 
-  // A ring of the last kMaxMarkers markers (start, duration) of one series.
+  // A ring of the last kMaxMarkers markers (start, duration, thread) of one series.
   struct Series {
     std::vector<uint64_t> ts, dur;
+    std::vector<uint32_t> tid;
     size_t head = 0;     // next slot to overwrite once full
     uint64_t total = 0;  // markers ever added
     uint64_t first_ts = 0;
-    void add(uint64_t t, uint64_t d);
+    void add(uint64_t t, uint64_t d, uint32_t thread);
+    // The i-th of the last m markers added (i = 0 the oldest of them), m <= ts.size().
+    size_t at(size_t m, size_t i) const { return (head + ts.size() - m + i) % ts.size(); }
+  };
+
+  // The series a key's steps are recognised from, as finish() would choose it now (the online
+  // tracker, operators/step_tracker.h, follows its markers): `slot` < kSyncSlots is a sync or NCCL
+  // op (markers at call ends when `ends`, else starts), kSyncSlots + j the j-th launch-burst
+  // series; k markers per step, `period` the step length, `first_boundary` the first boundary of
+  // the judged markers. ok = false: no period (method "none").
+  struct Pick {
+    bool ok = false;
+    size_t slot = 0;
+    bool ends = true;
+    size_t k = 0;
+    uint64_t period = 0;
+    double confidence = 0;
+    uint64_t first_boundary = 0;
+    std::string method;
   };
 
   // What one (node, pid, rank) has seen.
@@ -159,7 +178,22 @@ class StepInference final : public EventObserver {
     bool launched = false;
     std::array<std::unique_ptr<Series>, kSyncSlots> sync;
     std::array<std::unique_ptr<Series>, kBurstLadder> bursts;
+    uint64_t markers = 0;  // markers added to any series
+    // The series of marker slot `slot` (sync slots, then the burst ladder); null if none yet.
+    const Series* series(size_t slot) const {
+      return slot < kSyncSlots                  ? sync[slot].get()
+             : slot - kSyncSlots < kBurstLadder ? bursts[slot - kSyncSlots].get()
+                                                : nullptr;
+    }
   };
+
+  // The series finish() would choose for one key now.
+  static Pick pick(const KeyState& s);
+  // Every key seen so far, in no particular order.
+  template <class Fn>
+  void for_each_key(Fn&& fn) const {
+    for (const auto& [k, s] : keys_) fn(k, *s);
+  }
 
  private:
   KeyState& state(const Event& e);

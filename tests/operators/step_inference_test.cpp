@@ -4,6 +4,7 @@
 // invariance to time shifts and batch sizes, a stall, the marker cap, the JSON and text forms,
 // and the recorded Ingero traces.
 #include "operators/step_inference.h"
+#include "operators/step_tracker.h"
 
 #include <gtest/gtest.h>
 
@@ -661,6 +662,148 @@ TEST(StepInference, MarkersBeyondTheCapAreCountedAndTheJsonAndTextSayAnnotated) 
   EXPECT_EQ(j["steps"][0]["epochs"], 10);
   EXPECT_EQ(j["steps"][0]["period_ns"], kMs);
   EXPECT_NE(steps_text(r).find("recognised by annotated (step), confidence 1.00"), std::string::npos) << steps_text(r);
+}
+
+}  // namespace
+}  // namespace ingero
+
+// ---- StepTracker: the same steps online, as events (operators/step_tracker.h) ----------------
+namespace ingero {
+namespace {
+
+std::vector<Event> track(const std::vector<Event>& ev, size_t batch) {
+  StepTracker t;
+  std::vector<Event> out;
+  for (size_t i = 0; i < ev.size(); i += batch) {
+    const size_t n = std::min(batch, ev.size() - i);
+    t.observe(ev.data() + i, n);
+    t.flush(i + n == ev.size(), out);
+  }
+  return out;
+}
+
+// Per (pid, rank): the step events in ordinal order; checks the stream's own invariants.
+std::map<std::pair<uint32_t, int16_t>, std::vector<Event>> by_process(const std::vector<Event>& steps,
+                                                                      const std::string& what) {
+  std::map<std::pair<uint32_t, int16_t>, std::vector<Event>> m;
+  for (const Event& e : steps) {
+    EXPECT_EQ(e.source, Source::kStep) << what;
+    EXPECT_TRUE(e.flags & event_flags::kSynthetic) << what;
+    m[{e.pid, e.rank}].push_back(e);
+  }
+  for (const auto& [k, v] : m)
+    for (size_t i = 0; i < v.size(); ++i) {
+      EXPECT_EQ(v[i].arg0, i) << what << ": ordinals 0, 1, 2, ... in order";
+      if (i) EXPECT_EQ(v[i].ts_ns, v[i - 1].end_ns()) << what << ": each step starts where the previous ended";
+    }
+  return m;
+}
+
+TEST(StepTracker, OnlineStepsMatchTheTruthAtEveryStepLength) {
+  uint32_t seed = 7;
+  for (uint64_t p : {5 * kMs, 50 * kMs, 500 * kMs, 10'000 * kMs}) {
+    for (Kind k : {Kind::kStreamSync, Kind::kNcclThenSync, Kind::kBurstsOnly}) {
+      for (size_t batch : {size_t{1}, size_t{4096}}) {
+        Spec sp;
+        sp.period = p;
+        sp.kind = k;
+        sp.syncs = k == Kind::kStreamSync ? 2 : 1;
+        sp.ranks = 4;
+        sp.steps = 60;
+        sp.seed = seed++;
+        std::vector<Truth> truth;
+        const auto ev = generate(sp, truth);
+        const std::string what = std::string(kind_name(k)) + " period " + std::to_string(p / kMs) + " ms batch " +
+                                 std::to_string(batch);
+        const auto m = by_process(track(ev, batch), what);
+        ASSERT_EQ(m.size(), truth.size()) << what;
+        for (const auto& t : truth) {
+          const auto it = m.find({t.pid, t.rank});
+          ASSERT_NE(it, m.end()) << what;
+          const auto& steps = it->second;
+          // Locking on needs kMinSteps steps; every step after it comes out, none invented.
+          EXPECT_GE(steps.size() + 12, t.boundaries.size() - 1) << what;
+          EXPECT_LE(steps.size(), t.boundaries.size() - 1) << what;
+          for (const Event& e : steps)
+            for (uint64_t b : {e.ts_ns, e.end_ns()}) {
+              auto at = std::lower_bound(t.boundaries.begin(), t.boundaries.end(), b);
+              double err = 1e300;
+              if (at != t.boundaries.end()) err = static_cast<double>(*at - b);
+              if (at != t.boundaries.begin()) err = std::min(err, static_cast<double>(b - *(at - 1)));
+              EXPECT_LT(err / t.mean_period, 0.05) << what << ": boundary off the truth";
+            }
+          for (const Event& e : steps) EXPECT_NEAR(static_cast<double>(e.dur_ns), t.mean_period, 0.2 * t.mean_period);
+        }
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+TEST(StepTracker, APaceChangeIsFollowedAndAStallIsOneLongStep) {
+  Spec a;
+  a.period = 50 * kMs;
+  a.steps = 150;
+  a.stall_step = 120;
+  a.seed = 3;
+  std::vector<Truth> ta, tb;
+  auto ev = generate(a, ta);
+  Spec b = a;
+  b.period = 80 * kMs;
+  b.steps = 150;
+  b.stall_step = -1;
+  b.seed = 4;
+  auto second = generate(b, tb);
+  const uint64_t shift = ev.back().end_ns() + 10 * kMs - second.front().ts_ns;
+  for (auto& e : second) ev.push_back((e.ts_ns += shift, e));
+  const auto m = by_process(track(ev, 512), "pace change");
+  ASSERT_EQ(m.size(), 1u);
+  const auto& steps = m.begin()->second;
+  size_t fast = 0, slow = 0, stalls = 0;
+  for (const Event& e : steps) {
+    const double ms = static_cast<double>(e.dur_ns) / 1e6;
+    if (ms > 45 && ms < 55) ++fast;
+    if (ms > 72 && ms < 88) ++slow;
+    if (ms > 120) ++stalls;
+  }
+  EXPECT_GE(fast, 100u);
+  EXPECT_GE(slow, 100u) << "the 80 ms phase is tracked after the change";
+  EXPECT_GE(stalls, 1u) << "the stalled step is one long step";
+  EXPECT_LE(stalls, 3u);
+}
+
+TEST(StepTracker, PoissonCallsGiveNoSteps) {
+  std::mt19937_64 rng(11);
+  std::exponential_distribution<double> gap(1.0 / (20.0 * kMs));
+  std::vector<Event> ev;
+  auto x = static_cast<double>(kT0);
+  for (int i = 0; i < 3000; ++i) {
+    x += gap(rng);
+    ev.push_back(call(777, -1, Source::kCuda, op::kCudaStreamSync, static_cast<uint64_t>(x), kMs));
+  }
+  EXPECT_TRUE(track(ev, 100).empty());
+}
+
+TEST(StepTracker, BatchSizesAgreeOnTheBoundariesOnceLocked) {
+  Spec sp;
+  sp.period = 20 * kMs;
+  sp.syncs = 3;
+  sp.steps = 200;
+  sp.seed = 21;
+  std::vector<Truth> truth;
+  const auto ev = generate(sp, truth);
+  std::vector<std::vector<uint64_t>> ends;
+  for (size_t batch : {size_t{1}, size_t{97}, size_t{4096}, ev.size()}) {
+    std::vector<uint64_t> v;
+    for (const Event& e : track(ev, batch)) v.push_back(e.end_ns());
+    ends.push_back(std::move(v));
+  }
+  for (size_t i = 1; i < ends.size(); ++i) {
+    size_t common = 0;
+    for (uint64_t t : ends[i]) common += std::binary_search(ends[0].begin(), ends[0].end(), t) ? 1 : 0;
+    EXPECT_GE(common + 10, ends[0].size()) << "batch variant " << i;
+    EXPECT_GE(common + 10, ends[i].size()) << "batch variant " << i;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,188 @@
+#include "operators/step_tracker.h"
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+
+namespace ingero {
+
+void StepTracker::lock(Track& tr, const StepInference::KeyState& s, const StepInference::Pick& p) {
+  tr.locked = true;
+  tr.slot = p.slot;
+  tr.ends = p.ends;
+  tr.k = std::max<size_t>(p.k, 1);
+  tr.period = std::max<uint64_t>(p.period, 1);
+  tr.confirmed = false;
+  tr.recent.clear();
+  tr.held.clear();
+  tr.pending.clear();
+  tr.consumed = 0;  // re-read the series' whole ring: the markers after the boundary are pending
+  const bool first = !tr.has_boundary;
+  if (first) {
+    tr.has_boundary = true;
+    tr.b = Marker{p.first_boundary, 0, 0};
+  }
+  pull(tr, s, first);
+  // The first boundary is a marker of the series: its wait and thread come from it.
+  if (first) {
+    for (const Marker& m : tr.pending)
+      if (m.t == tr.b.t) tr.b = m;
+    std::erase_if(tr.pending, [&](const Marker& m) { return m.t <= tr.b.t; });
+  }
+}
+
+void StepTracker::pull(Track& tr, const StepInference::KeyState& s, bool inclusive) {
+  const StepInference::Series* series = s.series(tr.slot);
+  if (!series || series->ts.empty()) return;
+  const uint64_t fresh = series->total - tr.consumed;
+  const size_t m = static_cast<size_t>(std::min<uint64_t>(fresh, series->ts.size()));
+  tr.consumed = series->total;
+  const size_t before = tr.pending.size();
+  for (size_t i = 0; i < m; ++i) {
+    const size_t at = series->at(m, i);
+    const uint64_t t = tr.ends ? series->ts[at] + series->dur[at] : series->ts[at];
+    if (t < tr.b.t || (t == tr.b.t && !inclusive)) continue;
+    tr.pending.push_back(Marker{t, series->dur[at], series->tid[at]});
+  }
+  // Call ends are nearly, not exactly, in order (a long call ends after later short ones).
+  if (tr.pending.size() != before) std::sort(tr.pending.begin(), tr.pending.end(), [](const Marker& a, const Marker& b) {
+      return a.t < b.t;
+    });
+}
+
+double StepTracker::irregular_share(const std::vector<Event>& steps, size_t last) {
+  uint64_t all = 0, irregular = 0;
+  for (size_t i = steps.size() > last ? steps.size() - last : 0; i < steps.size(); ++i) {
+    all += steps[i].dur_ns;
+    if (steps[i].flags & event_flags::kStepIrregular) irregular += steps[i].dur_ns;
+  }
+  return all ? static_cast<double>(irregular) / static_cast<double>(all) : 0.0;
+}
+
+void StepTracker::release(Track& tr, std::vector<Event>& out) {
+  for (Event& e : tr.held) {
+    e.arg0 = tr.ordinal++;
+    out.push_back(e);
+  }
+  if (!tr.held.empty()) tr.emitted = Marker{tr.held.back().end_ns(), tr.held.back().arg1, tr.held.back().tid};
+  tr.has_emitted = tr.has_emitted || !tr.held.empty();
+  tr.held.clear();
+}
+
+void StepTracker::unlock(Track& tr, const StepInference::KeyState& s) {
+  tr.locked = false;
+  tr.confirmed = false;
+  tr.held.clear();
+  tr.pending.clear();
+  tr.recent.clear();
+  tr.tried_at = s.markers;
+  // Steps not yet out are dropped: the next lock starts at the last boundary that went out.
+  tr.has_boundary = tr.has_emitted;
+  if (tr.has_emitted) tr.b = tr.emitted;
+}
+
+void StepTracker::advance(Track& tr, const StepInference::KeyState& s, bool final, std::vector<Event>& out) {
+  const double period = static_cast<double>(tr.period);
+  const double tol = 0.2 * period;
+  const size_t k = tr.k;
+  size_t used = 0;  // pending markers consumed (erased once at the end)
+  while (tr.locked && used < tr.pending.size()) {
+    const size_t avail = tr.pending.size() - used;
+    const Marker* p = tr.pending.data() + used;
+    // No later marker can change the decision once 2k markers follow b or one is past b + 1.2 P.
+    const bool settled =
+        final || avail >= 2 * k || static_cast<double>(p[avail - 1].t - tr.b.t) > period + tol;
+    if (!settled) break;
+    size_t best = avail;
+    double best_err = INFINITY;
+    for (size_t j = 0; j < avail && j < 2 * k; ++j) {
+      const double err = std::fabs(static_cast<double>(p[j].t - tr.b.t) - period);
+      if (err < best_err) {
+        best_err = err;
+        best = j;
+      }
+    }
+    size_t next;
+    bool regular = false;
+    if (best < avail && best_err <= tol) {
+      next = best;
+      regular = true;
+    } else if (avail >= k) {
+      next = k - 1;
+    } else {
+      break;  // fewer than k markers and none near a period: wait (or, final, stop here)
+    }
+    const Marker& nb = p[next];
+    Event e;
+    e.ts_ns = tr.b.t;
+    e.dur_ns = nb.t - tr.b.t;
+    e.source = Source::kStep;
+    e.op = 0;
+    e.pid = s.pid;
+    e.rank = s.rank;
+    e.node = s.node;
+    e.tid = nb.tid;
+    e.arg1 = nb.wait;
+    e.flags = event_flags::kSynthetic | (regular ? 0 : event_flags::kStepIrregular);
+    tr.b = nb;
+    used += next + 1;
+    tr.held.push_back(e);
+    tr.recent.push_back(e);
+    if (tr.recent.size() > kRecent) tr.recent.erase(tr.recent.begin());
+    // The period no longer describes the time (a new pace, or a lock on the launches inside one
+    // step, whose gaps between bursts are long irregular "steps"): find it again from the last
+    // boundary that went out, ordinals going on.
+    if (tr.recent.size() >= StepInference::kMinSteps && irregular_share(tr.recent, kRecent) > 0.5) {
+      unlock(tr, s);
+      return;
+    }
+    // Confirmed once the lock has been followed over as much time as it was judged on, with at
+    // most a quarter of that time in irregular steps: its held steps go out.
+    if (!tr.confirmed && tr.held.size() >= StepInference::kMinSteps && tr.b.t >= tr.judged_to &&
+        tr.b.t - tr.judged_to >= tr.judged_to - s.first_ns && irregular_share(tr.held, tr.held.size()) <= 0.25)
+      tr.confirmed = true;
+    if (tr.confirmed) release(tr, out);
+  }
+  tr.pending.erase(tr.pending.begin(), tr.pending.begin() + static_cast<std::ptrdiff_t>(std::min(used, tr.pending.size())));
+  if (final && !tr.confirmed && irregular_share(tr.held, tr.held.size()) <= 0.25) release(tr, out);
+}
+
+void StepTracker::flush(bool final, std::vector<Event>& out) {
+  const size_t from = out.size();
+  inference_.for_each_key([&](uint64_t key, const StepInference::KeyState& s) {
+    Track& tr = tracks_[key];
+    // Judge (again) once the markers grew by a quarter (and 6) unlocked, or doubled locked:
+    // O(markers) amortised. Not before the process has been active kMinSpanNs.
+    const uint64_t due = tr.locked ? 2 * tr.tried_at : tr.tried_at + tr.tried_at / 4 + 6;
+    const bool long_enough = s.last_ns > s.first_ns && s.last_ns - s.first_ns >= kMinSpanNs;
+    if ((s.markers >= due && long_enough) || (final && s.markers > tr.tried_at)) {
+      tr.tried_at = s.markers;
+      const StepInference::Pick p = StepInference::pick(s);
+      const bool sure = p.ok && (final || p.confidence >= kLockConfidence);
+      const bool same = tr.locked && p.slot == tr.slot && p.ends == tr.ends && p.k == tr.k &&
+                        std::fabs(static_cast<double>(p.period) - static_cast<double>(tr.period)) <=
+                            0.1 * static_cast<double>(tr.period);
+      // A first lock, or a judgement over more history that picks another series, k or pace.
+      if (sure && !same) {
+        if (tr.locked) unlock(tr, s);
+        lock(tr, s, p);
+        tr.judged_to = s.last_ns;
+      }
+    }
+    if (!tr.locked) return;
+    pull(tr, s);
+    advance(tr, s, final, out);
+  });
+  // In process and ordinal order, whatever the order of the map.
+  std::sort(out.begin() + static_cast<std::ptrdiff_t>(from), out.end(), [](const Event& a, const Event& b) {
+    return std::tie(a.node, a.pid, a.rank, a.arg0) < std::tie(b.node, b.pid, b.rank, b.arg0);
+  });
+}
+
+size_t StepTracker::locked() const {
+  size_t n = 0;
+  for (const auto& [k, tr] : tracks_) n += tr.locked ? 1 : 0;
+  return n;
+}
+
+}  // namespace ingero
