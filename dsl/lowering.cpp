@@ -126,6 +126,8 @@ struct Lowerer {
       uint64_t grid = w.kind == WindowKind::kWhole ? 1'000'000'000ull : std::gcd(w.size_ns, w.slide_ns);
       if (grid == 0) grid = 1'000'000'000ull;
       id = shared("account grid=" + std::to_string(grid), AccountNode{grid}, {scan()}, pos);
+    } else if (s.steps) {
+      id = shared("steps", StepNode{}, {scan()}, pos);
     } else {
       std::vector<double> ids;
       for (Source src : s.sources) ids.push_back(static_cast<double>(src));

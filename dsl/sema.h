@@ -75,6 +75,7 @@ struct StreamSpec {
   const ast::Stream* node = nullptr;
   bool offcpu = false;
   bool account = false;  // `from accounting`: slices of feeding threads' time (AccountNode)
+  bool steps = false;    // `from steps`: one event per step of each process (StepNode)
   std::vector<Source> sources;
   OffCpuNode offcpu_node;
   std::optional<TExpr> where;

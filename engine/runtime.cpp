@@ -29,7 +29,8 @@ const T* body_as(const Plan& p, int id) {
 
 bool is_stream_node(const NodeBody& b) {
   return std::holds_alternative<ScanNode>(b) || std::holds_alternative<FilterNode>(b) ||
-         std::holds_alternative<OffCpuNode>(b) || std::holds_alternative<AccountNode>(b);
+         std::holds_alternative<OffCpuNode>(b) || std::holds_alternative<AccountNode>(b) ||
+         std::holds_alternative<StepNode>(b);
 }
 
 // Units of computed values, so templates print "25.80ms", "87%", "352x".
@@ -353,6 +354,7 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
     if (const auto* f = std::get_if<FilterNode>(&node.body)) s.filter = f->pred;
     if (const auto* o = std::get_if<OffCpuNode>(&node.body)) s.offcpu = o;
     if (const auto* a = std::get_if<AccountNode>(&node.body)) s.account = a;
+    if (const auto* st = std::get_if<StepNode>(&node.body)) s.steps = st;
     if (!node.inputs.empty() && s.parent < 0) {
       errors.push_back("%" + std::to_string(node.id) + ": stream input is not a stream");
       continue;
@@ -366,6 +368,7 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
       for (auto st : s.offcpu->states) sig += std::to_string(static_cast<int>(st)) + ",";
     }
     if (s.account) sig += "account " + std::to_string(s.account->grid_ns);
+    if (s.steps) sig += "steps";
     if (s.parent < 0) sig += "scan";
     auto [it, fresh] = stream_sig.try_emplace(sig, static_cast<int>(cp->streams.size()));
     cp->stream_of_node[static_cast<size_t>(node.id)] = it->second;
@@ -401,7 +404,8 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
     pipe.window = *w;
     pipe.stream = cp->stream_of_node[static_cast<size_t>(node.inputs[0])];
     for (int st = pipe.stream; st >= 0; st = cp->streams[static_cast<size_t>(st)].parent)
-      pipe.over_time = pipe.over_time || cp->streams[static_cast<size_t>(st)].account != nullptr;
+      pipe.over_time = pipe.over_time || cp->streams[static_cast<size_t>(st)].account != nullptr ||
+                       cp->streams[static_cast<size_t>(st)].steps != nullptr;
     // Slices of a thread come as the watermark settles them, up to a silent gap (not sliced) of
     // 1 s behind it (operators/time_accounting.h): its windows wait that long, and a margin.
     if (pipe.over_time) pipe.window.lateness_ns = std::max<uint64_t>(pipe.window.lateness_ns, 2'000'000'000ull);
@@ -552,7 +556,7 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
     cp->pipes.push_back(std::move(pipe));
   }
   // Host-wide right streams: a stream carries broadcast events unless it is off-CPU spans.
-  for (auto& s : cp->streams) s.host_wide = s.offcpu == nullptr && s.account == nullptr;
+  for (auto& s : cp->streams) s.host_wide = s.offcpu == nullptr && s.account == nullptr && s.steps == nullptr;
   if (!errors.empty()) return nullptr;
   // Group pipes that window and aggregate the same stream the same way.
   std::map<std::string, size_t> group_of;
@@ -586,7 +590,8 @@ std::unique_ptr<CompiledPlan> compile_plan(const Plan& plan_in, std::vector<std:
     bool ok = cp->groups[g].stream >= 0;
     for (int s = cp->groups[g].stream; s >= 0 && ok; s = cp->streams[static_cast<size_t>(s)].parent)
       ok = cp->streams[static_cast<size_t>(s)].offcpu == nullptr &&
-           cp->streams[static_cast<size_t>(s)].account == nullptr;
+           cp->streams[static_cast<size_t>(s)].account == nullptr &&
+           cp->streams[static_cast<size_t>(s)].steps == nullptr;
     cp->routed[g] = ok ? 1 : 0;
   }
   // Built group by group: each group's chain of filters is walked once for a mask of the codes
@@ -651,7 +656,7 @@ void merge_window_runs(const CompiledPlan& plan, std::vector<Chain>& chains) {
   std::map<std::string, uint64_t> step_of;  // rule -> its window's step
   for (const auto& pipe : plan.pipes) {
     if (pipe.over_time && pipe.window.kind != WindowKind::kWhole && !pipe.stages.empty() && pipe.stages.back().emit)
-      step_of[pipe.stages.back().emit->rule] = pipe.window.slide_ns;
+      step_of[pipe.stages.back().emit->rule] = pipe.window.kind == WindowKind::kSteps ? 0 : pipe.window.slide_ns;
   }
   if (step_of.empty()) return;
   auto same_key = [](const Chain& a, const Chain& b) {
@@ -665,10 +670,12 @@ void merge_window_runs(const CompiledPlan& plan, std::vector<Chain>& chains) {
            std::tie(b.rule, b.node, b.pid, b.tid, b.rank, b.source, b.op, b.window_start);
   });
   for (size_t i = 0; i < runs.size();) {
-    const uint64_t step = step_of[runs[i].rule];
+    // A steps window has no fixed length (step_of 0): the gap allowed is two of the last window's.
+    const uint64_t fixed = step_of[runs[i].rule];
     size_t j = i + 1, worst = i;
     uint64_t end = runs[i].window_end, dropped = runs[i].dropped_events;
-    while (j < runs.size() && same_key(runs[j], runs[i]) && runs[j].window_start <= end + 2 * step) {
+    auto step = [&] { return fixed ? fixed : runs[j - 1].window_end - runs[j - 1].window_start; };
+    while (j < runs.size() && same_key(runs[j], runs[i]) && runs[j].window_start <= end + 2 * step()) {
       if (runs[j].severity > runs[worst].severity) worst = j;
       end = std::max(end, runs[j].window_end);
       dropped += runs[j].dropped_events;
@@ -1127,6 +1134,13 @@ struct Shard::Impl {
     std::vector<Event> out;                                                // this batch's stream events
   };
   std::vector<AccountStep> accounts;
+  // Per stream with a Step step: the shard's step tracker of the processes it owns and this
+  // batch's step events (the stream's events point into it).
+  struct StepStep {
+    std::unique_ptr<StepTracker> tracker;
+    std::vector<Event> out;
+  };
+  std::vector<StepStep> step_steps;
   std::vector<PipeState> pipes;                                 // per plan pipe (inactive if not ours)
   std::vector<std::unique_ptr<WindowStore<WinState>>> windows;  // per window group (null if not ours)
   std::unique_ptr<OpStatsAccumulator> stats;
@@ -1331,6 +1345,9 @@ struct Shard::Impl {
       };
       accounts[i].acct->enable_slices(std::move(so));
     }
+    step_steps.resize(plan.streams.size());
+    for (size_t i = 0; i < plan.streams.size(); ++i)
+      if (plan.streams[i].steps) step_steps[i].tracker = std::make_unique<StepTracker>();
     group_of_pipe.assign(plan.pipes.size(), 0);
     for (size_t gi = 0; gi < plan.groups.size(); ++gi)
       for (size_t pi : plan.groups[gi].pipes) group_of_pipe[pi] = gi;
@@ -1401,7 +1418,9 @@ struct Shard::Impl {
     build_routes();
     win_cache.resize(plan.groups.size());
     for (size_t g = 0; g < plan.groups.size(); ++g)
-      if (windows[g] && plan.groups[g].window.kind != WindowKind::kSliding) win_cache[g].resize(kWinCache);
+      if (windows[g] && plan.groups[g].window.kind != WindowKind::kSliding &&
+          plan.groups[g].window.kind != WindowKind::kSteps)
+        win_cache[g].resize(kWinCache);
     if (compute_stats) stats = std::make_unique<OpStatsAccumulator>();
     if (stats && tuning.stats_from_windows) choose_stats_group();
     outcomes = plan.rules;
@@ -1423,7 +1442,9 @@ struct Shard::Impl {
     size_t best_codes = 0;
     for (size_t g = 0; g < plan.groups.size(); ++g) {
       const auto& grp = plan.groups[g];
-      if (!windows[g] || !plan.routed[g] || grp.window.kind == WindowKind::kSliding) continue;
+      if (!windows[g] || !plan.routed[g] || grp.window.kind == WindowKind::kSliding ||
+          grp.window.kind == WindowKind::kSteps)
+        continue;
       const AggregateLayout* layout = feeds[g].layout;
       if (!layout || (layout->shape() != AggregateLayout::Shape::kDurQuantile &&
                       layout->shape() != AggregateLayout::Shape::kDurBoth))
@@ -1469,7 +1490,8 @@ struct Shard::Impl {
     std::vector<uint8_t> keep(size_t{1} << 16, 1);
     for (int s = static_cast<int>(i); !is_scan(static_cast<size_t>(s));) {
       const StreamDef& d = plan.streams[static_cast<size_t>(s)];
-      if (d.offcpu || d.account || d.source_op_mask.size() != keep.size() || !d.residuals.empty() || d.parent < 0)
+      if (d.offcpu || d.account || d.steps || d.source_op_mask.size() != keep.size() || !d.residuals.empty() ||
+          d.parent < 0)
         return {};
       and_one(keep.data(), d.source_op_mask.data(), keep.size());
       s = d.parent;
@@ -1492,7 +1514,7 @@ struct Shard::Impl {
           route_switches = true;
           shared_spans[static_cast<size_t>(builder_of[r])].prebuild = true;
         }
-        if (prerouted[r] || d.offcpu || d.account || is_scan(r)) continue;
+        if (prerouted[r] || d.offcpu || d.account || d.steps || is_scan(r)) continue;
         keep_code[r] = chain_mask(r);
         prerouted[r] = keep_code[r].empty() ? 0 : 1;
       }
@@ -1820,6 +1842,21 @@ struct Shard::Impl {
       for (const Event& e : as.out) own.push_back(&e);
       return;  // never host-wide
     }
+    if (s.steps) {  // the owned events of the parent -> the steps of the processes they belong to
+      StepStep& ss = step_steps[i];
+      ss.out.clear();
+      if (!is_scan(parent)) compute(parent, in);
+      if (is_scan(parent)) {
+        if (in.owned && !in.indexed) ss.tracker->observe(in.owned->data(), in.owned->size());
+        else if (in.owned)
+          for_each_selected(*in.owned, in.indexed, in.owned_at, [&](const Event& e) { ss.tracker->observe(&e, 1); });
+      } else {
+        for (const Event* e : owned_list(parent)) ss.tracker->observe(e, 1);
+      }
+      ss.tracker->flush(in.final, ss.out);
+      for (const Event& e : ss.out) own.push_back(&e);
+      return;  // never host-wide
+    }
     if (!is_scan(parent)) compute(parent, in);
     if (!s.source_op_mask.empty()) {
       const uint8_t* mask = s.source_op_mask.data();
@@ -1927,6 +1964,13 @@ struct Shard::Impl {
         return Key{raw.hi & raw_hi_mask, raw.lo & raw_lo_mask};
       }
     };
+    if (store.by_steps()) {
+      for (const Event* e : events) {
+        prefetch.step();
+        store.add_step(*e, key_of(*e), [&](uint64_t, WinState& w) { feed_state<kCalls, S>(g, w, *e); });
+      }
+      return;
+    }
     if (win_cache[g].empty()) {
       for (const Event* e : events) {
         prefetch.step();
@@ -2371,8 +2415,11 @@ struct Shard::Impl {
         row.values[static_cast<size_t>(def.slot_events)] = static_cast<double>(w.agg.count());
         // A window the trace ends inside covers only [start, last event end): rates over it use
         // that span, or every trace that stops mid-window would end in a "throughput drop".
-        uint64_t covered = def.window.kind == WindowKind::kWhole ? 0 : def.window.size_ns;
-        if (covered && watermark == kFinal && end > last_ts && last_ts > start) covered = last_ts - start;
+        uint64_t covered = def.window.kind == WindowKind::kWhole   ? 0
+                           : def.window.kind == WindowKind::kSteps ? end - start
+                                                                   : def.window.size_ns;
+        if (covered && def.window.kind != WindowKind::kSteps && watermark == kFinal && end > last_ts && last_ts > start)
+          covered = last_ts - start;
         // Likewise a process that exited inside the window: its rate is over the time it lived,
         // or every job that ends while the capture goes on would end in a "throughput drop".
         if (covered && def.keys.has(Field::kPid)) {

@@ -37,6 +37,7 @@
 #include "operators/offcpu_spans.h"
 #include "operators/op_stats.h"
 #include "operators/peer.h"
+#include "operators/step_tracker.h"
 #include "operators/time_accounting.h"
 #include "operators/trend.h"
 #include "operators/window.h"
@@ -69,6 +70,7 @@ struct StreamDef {
   std::vector<ExprPtr> residuals;
   const OffCpuNode* offcpu = nullptr;    // step: off-CPU span builder
   const AccountNode* account = nullptr;  // step: time slices of feeding threads (TimeAccounting)
+  const StepNode* steps = nullptr;       // step: the steps of processes (StepTracker)
   bool host_wide = false;                // carries broadcast (host-wide) events
 };
 

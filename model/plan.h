@@ -53,8 +53,16 @@ struct AccountNode {
   uint64_t grid_ns = 1'000'000'000ull;
 };
 
-enum class WindowKind : uint8_t { kTumbling, kSliding, kWhole };
+// Every event -> one Source::kStep event per step of each process (operators/step_tracker.h:
+// ts = the step's start, dur = its length, arg0 = its ordinal, arg1 = the wait that ends it, tid =
+// the thread of that wait). The rules' `from steps`; only a `steps` window reads it.
+struct StepNode {};
+
+enum class WindowKind : uint8_t { kTumbling, kSliding, kWhole, kSteps };
 // Groups events by `keys` into event-time windows. kWhole = one window over the whole trace.
+// kSteps (only over a StepNode stream): window k of a key holds its steps k*steps .. k*steps +
+// steps - 1 (Event::arg0), spans from the first one's start to the last one's end, and closes as
+// soon as it is full (or at the end of the trace); size_ns and slide_ns are 0.
 // A window closes when the watermark passes window end + `lateness_ns` (the engine raises the
 // lateness to the largest join horizon downstream, so spans that overlap late calls are seen).
 struct WindowNode {
@@ -63,6 +71,7 @@ struct WindowNode {
   uint64_t slide_ns = 10'000'000'000ull;
   std::vector<Field> keys;  // subset of pid, tid, op, source, node, rank
   uint64_t lateness_ns = 0;
+  uint32_t steps = 0;  // kSteps: steps per window
 };
 
 // kTime, kTopTask, kTopTaskTime read accounting slices (AccountNode): kTime sums the duration of
@@ -166,8 +175,8 @@ struct EmitNode {
   std::vector<std::string> recommendations;
 };
 
-using NodeBody = std::variant<ScanNode, FilterNode, OffCpuNode, AccountNode, WindowNode, AggregateNode, LetNode,
-                              RequireNode, JoinNode, TrendNode, PeerNode, EmitNode>;
+using NodeBody = std::variant<ScanNode, FilterNode, OffCpuNode, AccountNode, StepNode, WindowNode, AggregateNode,
+                              LetNode, RequireNode, JoinNode, TrendNode, PeerNode, EmitNode>;
 
 struct PlanNode {
   int id = 0;

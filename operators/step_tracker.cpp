@@ -45,9 +45,8 @@ void StepTracker::pull(Track& tr, const StepInference::KeyState& s, bool inclusi
     tr.pending.push_back(Marker{t, series->dur[at], series->tid[at]});
   }
   // Call ends are nearly, not exactly, in order (a long call ends after later short ones).
-  if (tr.pending.size() != before) std::sort(tr.pending.begin(), tr.pending.end(), [](const Marker& a, const Marker& b) {
-      return a.t < b.t;
-    });
+  if (tr.pending.size() != before)
+    std::sort(tr.pending.begin(), tr.pending.end(), [](const Marker& a, const Marker& b) { return a.t < b.t; });
 }
 
 double StepTracker::irregular_share(const std::vector<Event>& steps, size_t last) {
@@ -90,8 +89,7 @@ void StepTracker::advance(Track& tr, const StepInference::KeyState& s, bool fina
     const size_t avail = tr.pending.size() - used;
     const Marker* p = tr.pending.data() + used;
     // No later marker can change the decision once 2k markers follow b or one is past b + 1.2 P.
-    const bool settled =
-        final || avail >= 2 * k || static_cast<double>(p[avail - 1].t - tr.b.t) > period + tol;
+    const bool settled = final || avail >= 2 * k || static_cast<double>(p[avail - 1].t - tr.b.t) > period + tol;
     if (!settled) break;
     size_t best = avail;
     double best_err = INFINITY;
@@ -132,7 +130,7 @@ void StepTracker::advance(Track& tr, const StepInference::KeyState& s, bool fina
     // The period no longer describes the time (a new pace, or a lock on the launches inside one
     // step, whose gaps between bursts are long irregular "steps"): find it again from the last
     // boundary that went out, ordinals going on.
-    if (tr.recent.size() >= StepInference::kMinSteps && irregular_share(tr.recent, kRecent) > 0.5) {
+    if (!final && tr.recent.size() >= StepInference::kMinSteps && irregular_share(tr.recent, kRecent) > 0.5) {
       unlock(tr, s);
       return;
     }
@@ -143,8 +141,10 @@ void StepTracker::advance(Track& tr, const StepInference::KeyState& s, bool fina
       tr.confirmed = true;
     if (tr.confirmed) release(tr, out);
   }
-  tr.pending.erase(tr.pending.begin(), tr.pending.begin() + static_cast<std::ptrdiff_t>(std::min(used, tr.pending.size())));
-  if (final && !tr.confirmed && irregular_share(tr.held, tr.held.size()) <= 0.25) release(tr, out);
+  tr.pending.erase(tr.pending.begin(),
+                   tr.pending.begin() + static_cast<std::ptrdiff_t>(std::min(used, tr.pending.size())));
+  // At the end the judgement is the whole trace's (StepInference's own): what it tracks goes out.
+  if (final) release(tr, out);
 }
 
 void StepTracker::flush(bool final, std::vector<Event>& out) {

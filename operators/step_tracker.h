@@ -38,6 +38,8 @@
 //   in irregular steps (the pace changed, or the lock was on a sub-step pattern), held steps are
 //   dropped and the process goes back to "locking on" from the last boundary that went out,
 //   ordinals continuing. A stall (one step of 3 periods among regular ones) does not unlock.
+// - The final flush judges the whole trace (as StepInference::finish does), never unlocks, and
+//   lets every step it tracks go out: at the end of a replay the steps are the report's.
 // - A process with no period never gets steps (StepInference's method "none"); explicit step
 //   markers (trace --annotate) are not used here (only in the end-of-trace report).
 // - Memory: StepInference's rings (bounded) plus, per locked process, the markers of its series
@@ -58,9 +60,9 @@ namespace ingero {
 
 class StepTracker {
  public:
-  static constexpr size_t kRecent = 20;                      // steps judged for unlocking
+  static constexpr size_t kRecent = 20;                     // steps judged for unlocking
   static constexpr uint64_t kMinSpanNs = 2'000'000'000ull;  // activity before the first judgement
-  static constexpr double kLockConfidence = 0.8;              // of StepInference::pick, to lock before the end
+  static constexpr double kLockConfidence = 0.8;            // of StepInference::pick, to lock before the end
 
   void observe(const Event* events, size_t n) { inference_.observe(events, n); }
   // Appends the steps settled since the last flush, in (node, pid, rank, ordinal) order.

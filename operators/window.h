@@ -4,6 +4,10 @@
 // - Assignment: tumbling windows are [k*size, (k+1)*size); sliding windows are
 //   [k*slide, k*slide + size) for every k that contains ts; kWhole is one window, index 0, that
 //   only the final watermark closes. An event belongs to windows by its START time (ts_ns).
+// - kSteps (add_step): window k of a key holds the Source::kStep events whose ordinal (arg0) is in
+//   [k*steps, (k+1)*steps); its start/end are its first step's start and its last step's end.
+//   Such a window closes as soon as it holds `steps` steps (close() at any watermark), or at
+//   close_all(); never late. Closing order: (window, key) among those due.
 // - State: one State per (window, key), created on first use. Empty windows have no state and
 //   emit nothing.
 // - Closing: close(watermark, fn) calls fn(window index, start, end, key, state&) for every window
@@ -21,6 +25,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "model/event.h"
 #include "model/plan.h"
 #include "operators/key_by.h"
 
@@ -62,7 +67,23 @@ template <class State>
 class WindowStore {
  public:
   WindowStore(const WindowNode& w, uint64_t lateness)
-      : assigner_(w), lateness_(lateness), sliding_(w.kind == WindowKind::kSliding) {}
+      : assigner_(w),
+        lateness_(lateness),
+        sliding_(w.kind == WindowKind::kSliding),
+        steps_(w.kind == WindowKind::kSteps ? std::max<uint32_t>(w.steps, 1) : 0) {}
+
+  bool by_steps() const { return steps_ != 0; }
+  // kSteps: the state of the window of step event `e` for `key`, creating it.
+  template <class Fn>
+  void add_step(const Event& e, const Key& key, Fn&& fn) {
+    const uint64_t k = e.arg0 / steps_;
+    StepSpan& sp = spans_[{k, key}];
+    if (sp.n == 0 || e.ts_ns < sp.start) sp.start = e.ts_ns;
+    sp.end = std::max(sp.end, e.end_ns());
+    ++sp.n;
+    fn(k, windows_[k][key]);
+    if (sp.n >= steps_) full_ = true;
+  }
 
   // Returns the states of every window containing ts for `key`, creating them; false if late.
   template <class Fn>
@@ -90,6 +111,18 @@ class WindowStore {
 
   template <class Fn>
   void close(uint64_t watermark, Fn&& fn) {
+    if (steps_) {
+      if (!full_) return;
+      full_ = false;
+      for (auto it = spans_.begin(); it != spans_.end();) {
+        if (it->second.n < steps_) {
+          ++it;
+          continue;
+        }
+        emit_step(it++, fn);
+      }
+      return;
+    }
     while (!windows_.empty()) {
       auto it = windows_.begin();
       const uint64_t end = assigner_.end(it->first);
@@ -102,6 +135,10 @@ class WindowStore {
 
   template <class Fn>
   void close_all(Fn&& fn) {
+    if (steps_) {
+      while (!spans_.empty()) emit_step(spans_.begin(), fn);
+      return;
+    }
     while (!windows_.empty()) emit(windows_.begin(), fn);
   }
 
@@ -130,9 +167,30 @@ class WindowStore {
     closed_any_ = true;
   }
 
+  struct StepSpan {
+    uint64_t start = 0, end = 0;
+    uint32_t n = 0;
+  };
+  template <class It, class Fn>
+  void emit_step(It it, Fn&& fn) {
+    const uint64_t k = it->first.first;
+    auto w = windows_.find(k);
+    if (w != windows_.end()) {
+      if (auto st = w->second.find(it->first.second); st != w->second.end()) {
+        fn(k, it->second.start, it->second.end, it->first.second, st->second);
+        w->second.erase(st);
+      }
+      if (w->second.empty()) windows_.erase(w);
+    }
+    spans_.erase(it);
+  }
+
   WindowAssigner assigner_;
   uint64_t lateness_;
   bool sliding_;
+  uint32_t steps_ = 0;  // kSteps: steps per window
+  bool full_ = false;   // kSteps: a window filled since the last close()
+  std::map<std::pair<uint64_t, Key>, StepSpan> spans_;
   State* cache_ = nullptr;  // the state the last event went to (pointers into the maps are stable)
   uint64_t cache_k_ = 0;
   Key cache_key_;

@@ -23,6 +23,16 @@ void pass_bounds(Module& m) {
                    "slide by at least size/1000");
     }
     for (auto& s : r.steps) {
+      // A steps window spans no fixed time and closes key by key as each fills: a join would
+      // buffer spans for an unbounded time, a peer group would see its peers' windows at other
+      // moments.
+      if (w.kind == WindowKind::kSteps && (s.kind == Step::Kind::kJoin || s.kind == Step::Kind::kPeer)) {
+        m.error(f, s.pos, s.end, "E0507",
+                std::string("a `steps` window cannot be followed by `") +
+                    (s.kind == Step::Kind::kJoin ? "join" : "peer") + "` (it spans no fixed time)",
+                "compare a key with its own history: `trend VALUE baseline over N windows`");
+        continue;
+      }
       if (s.kind == Step::Kind::kJoin) {
         auto& jn = s.join_node;
         if (jn.horizon_ns == 0) {

@@ -664,11 +664,15 @@ void resolve_stream(Module& m, RuleSema& r, const ast::Stream& s, StreamSpec& ou
       out.account = true;
       continue;
     }
+    if (src.name == "steps") {
+      out.steps = true;
+      continue;
+    }
     if (auto id = find_source(src.name)) {
       out.sources.push_back(*id);
       continue;
     }
-    std::vector<std::string> cands = {"offcpu", "accounting"};
+    std::vector<std::string> cands = {"offcpu", "accounting", "steps"};
     for (const auto& si : all_sources()) {
       std::string n(si.name);
       for (char& ch : n) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
@@ -677,9 +681,12 @@ void resolve_stream(Module& m, RuleSema& r, const ast::Stream& s, StreamSpec& ou
     m.error_at(f, src, "E0202", "unknown event source `" + src.name + "`", did_you_mean(src.name, cands));
     r.broken = true;
   }
-  if ((out.offcpu || out.account) && s.sources.size() > 1) {
+  if ((out.offcpu || out.account || out.steps) && s.sources.size() > 1) {
     m.error_at(f, s.sources[1], "E0202",
-               std::string("`") + (out.offcpu ? "offcpu" : "accounting") +
+               std::string("`") +
+                   (out.offcpu    ? "offcpu"
+                    : out.account ? "accounting"
+                                  : "steps") +
                    "` is a stream of its own and cannot be combined with other sources");
     r.broken = true;
   }
@@ -769,12 +776,38 @@ void pass_names(Module& m) {
     // Window.
     const auto& w = *r.window;
     std::set<std::string> slots;
-    if (pick(m, f, w.kind, {"tumbling", "sliding", "whole"}, "window kind")) {
+    if (pick(m, f, w.kind, {"tumbling", "sliding", "whole", "steps"}, "window kind")) {
       auto& wn = r.window_node;
       wn.kind = w.kind.name == "tumbling"  ? WindowKind::kTumbling
                 : w.kind.name == "sliding" ? WindowKind::kSliding
+                : w.kind.name == "steps"   ? WindowKind::kSteps
                                            : WindowKind::kWhole;
-      if (wn.kind == WindowKind::kWhole) {
+      if (wn.kind == WindowKind::kSteps) {
+        // `window steps N`: N steps of each key's process, over `from steps` only.
+        double n = 0;
+        Ty ty = Ty::kUnknown;
+        if (!r.stream.steps) {
+          m.error_at(f, w.kind, "E0305", "a `steps` window reads the `steps` stream",
+                     "write `from steps` (docs/rules.md, \"Rules over steps\"), or a `tumbling` window");
+          r.broken = true;
+        } else if (!w.size) {
+          m.error_at(f, w.kind, "E0305", "a `steps` window needs a number of steps", "e.g. `window steps 20`");
+          r.broken = true;
+        } else if (number_of(m, r, *w.size, n, ty) &&
+                   (ty != Ty::kNumber || n < 1 || n > 100000 || n != std::floor(n))) {
+          m.error_at(f, *w.size, "E0305", "a `steps` window holds a whole number of steps, 1 to 100000",
+                     "e.g. `window steps 20` (no unit)");
+          r.broken = true;
+        } else {
+          wn.steps = static_cast<uint32_t>(n);
+          wn.size_ns = wn.slide_ns = 0;
+        }
+        if (w.slide) m.error_at(f, *w.slide, "E0305", "`every` applies only to `sliding` windows");
+      } else if (r.stream.steps) {
+        m.error_at(f, w.kind, "E0305", "the `steps` stream is windowed by steps",
+                   "write `window steps N` (steps come out once settled, late for time windows)");
+        r.broken = true;
+      } else if (wn.kind == WindowKind::kWhole) {
         if (w.size) m.error_at(f, *w.size, "E0305", "a `whole` window takes no size");
       } else if (!w.size) {
         m.error_at(f, w.kind, "E0305", "a `" + w.kind.name + "` window needs a size", "e.g. `window tumbling 10s`");
