@@ -93,7 +93,8 @@ TEST(FrameLabel, KeepsBracketsCloneSuffixesAndOperatorNamesWhole) {
       {"operator new[](unsigned long)", "operator new[]()"},
       {"ns::Q::operator unsigned long() const", "ns::Q::operator unsigned long()"},
       {"ns::Q::operator std::vector<int, std::allocator<int> >() const", "ns::Q::operator std::vector<\u2026>()"},
-      {"void std::_Function_handler<void (int), ns::run(int)::{lambda(int, float)#2}>::_M_invoke(std::_Any_data const&, "
+      {"void std::_Function_handler<void (int), ns::run(int)::{lambda(int, float)#2}>::_M_invoke(std::_Any_data "
+       "const&, "
        "int&&)",
        "std::_Function_handler<\u2026>::_M_invoke()"},
       {"ns::run(int)::{lambda(int, float)#2}::operator()(int, float) const", "ns::run()::{lambda()#2}::operator()()"},
