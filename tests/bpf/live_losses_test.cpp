@@ -58,8 +58,7 @@ TEST(LiveLosses, TightLoopWithForcedLossesHasNoGapFinding) {
   ASSERT_GE(cpu, 0);
 
   ingero::test::Child work;
-  if (!work.spawn({IP_CUDA_WORKLOAD, "loop", "--calls", "3000000", "--cpu", std::to_string(cpu),
-                   "--wait"}))
+  if (!work.spawn({IP_CUDA_WORKLOAD, "loop", "--calls", "3000000", "--cpu", std::to_string(cpu), "--wait"}))
     GTEST_SKIP() << "cannot start the CUDA workload";
   ingero::test::Tracer tracer(IP_PIPELINE_BIN, "losses");
   // The tracer inherits our affinity: the workload's CPU only.
@@ -78,8 +77,8 @@ TEST(LiveLosses, TightLoopWithForcedLossesHasNoGapFinding) {
   ASSERT_EQ(tracer.wait(), 0) << tracer.log();
   std::printf("[workload] %s", work.output.c_str());
 
-  const std::string out =
-      ingero::test::capture(std::string(IP_PIPELINE_BIN) + " explain --json --db " + tracer.db + " 2>/dev/null");
+  const std::string out = ingero::test::capture(std::string(IP_PIPELINE_BIN) + " explain --json --db " + tracer.db +
+                                                " 2>/dev/null");
   const json ex = json::parse(out, nullptr, false);
   ASSERT_FALSE(ex.is_discarded()) << "explain --json did not print JSON";
   const json health = ex.contains("health") ? ex["health"] : json::object();
