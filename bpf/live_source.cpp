@@ -377,6 +377,7 @@ void LiveSource::poller() {
   using clock = std::chrono::steady_clock;
   auto next_scan = clock::now(), next_discovery = clock::now() + std::chrono::nanoseconds(opts_.rediscover_interval_ns);
   uint64_t page_start = monotonic_ns(), page_bytes = 0, page_count = 0;
+  const uint64_t start_mono = page_start;
   {
     const ProbeCounters c0 = probes_->counters();
     page_bytes = c0.v[IP_CNT_PAGE_BYTES];
@@ -388,6 +389,18 @@ void LiveSource::poller() {
     if (pending_.empty()) return;
     // Bounded: when the engine falls behind, drop here (counted) rather than grow without limit.
     if (queue_->q.size_approx() + pending_.size() > opts_.queue_max) {
+      LossSpan span;
+      span.start_ns = UINT64_MAX;
+      for (const Event& e : pending_) {
+        span.start_ns = std::min(span.start_ns, e.ts_ns);
+        span.end_ns = std::max(span.end_ns, e.end_ns());
+      }
+      span.queue = pending_.size();
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        losses_.add_loss(span);
+        ++losses_version_;
+      }
       queue_drops_.fetch_add(pending_.size(), std::memory_order_relaxed);
     } else {
       queue_->q.enqueue_bulk(pending_.data(), pending_.size());
@@ -453,9 +466,20 @@ void LiveSource::poller() {
       {
         std::lock_guard<std::mutex> lk(mu_);
         // Stack-ring overflow is not an event loss (the call still goes out, without its stack).
-        const uint64_t total = c.v[IP_CNT_DROP_GPU] + c.v[IP_CNT_DROP_HOST] + queue_drops_.load();
-        if (drop_timeline_.size() < 2 || drop_timeline_.back().second != total) drop_timeline_.emplace_back(t, total);
-        else drop_timeline_.back().first = t;  // unchanged: extend the last sample
+        // Ring drops since the last read were submitted between the two reads.
+        const uint64_t gpu = c.v[IP_CNT_DROP_GPU], host = c.v[IP_CNT_DROP_HOST];
+        if (gpu > loss_gpu_ || host > loss_host_) {
+          LossSpan span;
+          span.start_ns = conv_.to_unix(loss_scan_mono_ ? loss_scan_mono_ : start_mono);
+          span.end_ns = conv_.to_unix(scan_time);
+          span.gpu = gpu > loss_gpu_ ? gpu - loss_gpu_ : 0;
+          span.host = host > loss_host_ ? host - loss_host_ : 0;
+          losses_.add_loss(span);
+          ++losses_version_;
+        }
+        loss_gpu_ = std::max(loss_gpu_, gpu);
+        loss_host_ = std::max(loss_host_, host);
+        loss_scan_mono_ = scan_time;
       }
       if (last || scan_time >= next_check) {
         self_check(scan_time);
@@ -584,6 +608,13 @@ bool LiveSource::next(Batch& out) {
       out.seq = seq_++;
       meta_.health.rows_read = delivered_;
       meta_.health.dropped_events = drops_total();
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (losses_copied_ != losses_version_) {
+          meta_.health.loss_spans = losses_.loss_spans;
+          losses_copied_ = losses_version_;
+        }
+      }
       if (!out.events.empty()) {
         if (meta_.first_ts == 0) meta_.first_ts = out.events.front().ts_ns;
         meta_.last_ts = std::max(meta_.last_ts, out.events.back().ts_ns);
@@ -644,19 +675,7 @@ uint64_t LiveSource::drops_total() const {
 
 uint64_t LiveSource::drops_between(uint64_t t0_unix, uint64_t t1_unix) const {
   std::lock_guard<std::mutex> lk(mu_);
-  if (drop_timeline_.empty()) return 0;
-  const uint64_t t0 = t0_unix - conv_.offset(), t1 = t1_unix - conv_.offset();
-  // Drops counted by the first sample at or after t1, minus those known by the last sample at or
-  // before t0: an upper bound of what the window lost (samples are 20 ms apart).
-  uint64_t before = 0, after = drop_timeline_.back().second;
-  for (const auto& [ts, cum] : drop_timeline_) {
-    if (ts <= t0) before = cum;
-    if (ts >= t1) {
-      after = cum;
-      break;
-    }
-  }
-  return after > before ? after - before : 0;
+  return losses_.lost_between(t0_unix, t1_unix);
 }
 
 }  // namespace ingero::bpf

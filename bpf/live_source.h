@@ -13,7 +13,10 @@
 // - Ring overflow is counted per ring in the kernel; when the engine falls behind, the queue
 //   (bounded by queue_max) drops and counts too. drops_total() reads the totals and
 //   drops_between() says how many were lost in a time range (for chains whose window lost
-//   events). meta().health.dropped_events holds the total.
+//   events). meta().health.dropped_events holds the total and meta().health.loss_spans where in
+//   time they were lost: a ring drop between two of the poller's counter reads (every 20 ms) is
+//   placed in the span between them (the record was submitted then; its event started at most a
+//   call's duration earlier), a queue drop in the span of the dropped events' own times.
 // - stop() may be called from any thread (signal handler code excepted: set a flag and call it
 //   from a normal thread); the next next() calls drain the rings and end with a final batch.
 // - Stacks (LiveOptions::probes.stacks): records that carry stacks are resolved on the poller
@@ -157,8 +160,9 @@ class LiveSource final : public EventSource {
   std::unordered_map<uint32_t, uint32_t> capture_slots_;    // poller-local: pid -> library slots seen (bits)
   std::unordered_map<uint32_t, uint64_t> started_of_;       // poller-local: pid -> its start, unix ns (0 unknown)
   uint64_t trace_started_unix_ = 0;
-  std::atomic<uint64_t> lib_received_[IP_MAX_LIBS] = {};  // probed-call records received, per library slot
-  struct CheckState {                                     // poller-local: per library slot
+  uint64_t loss_scan_mono_ = 0, loss_gpu_ = 0, loss_host_ = 0;  // poller-local: the last scan's drop counters
+  std::atomic<uint64_t> lib_received_[IP_MAX_LIBS] = {};        // probed-call records received, per library slot
+  struct CheckState {                                           // poller-local: per library slot
     uint64_t unmatched_base = 0;  // returns without entry once the library's first second had passed
     bool based = false;
     uint64_t warned_returns = 0, warned_entries = 0, warned_records = 0;
@@ -173,7 +177,8 @@ class LiveSource final : public EventSource {
   mutable std::mutex mu_;  // guards the members below
   std::vector<std::string> warnings_;
   std::vector<CudaLibrary> libs_;
-  std::vector<std::pair<uint64_t, uint64_t>> drop_timeline_;       // (mono ns, cumulative drops)
+  InputHealth losses_;           // loss_spans only: where events were lost (unix ns), for meta_.health
+  uint64_t losses_version_ = 0;  // bumped on every change; meta_ copies the spans when it moved
   std::vector<std::pair<uint64_t, StackTrace>> new_stacks_;        // for meta_.stacks
   std::vector<std::pair<uint32_t, std::string>> new_threads_;      // for meta_.thread_names
   std::vector<std::pair<uint32_t, ProcessCapture>> new_captures_;  // for meta_.captures
@@ -188,6 +193,7 @@ class LiveSource final : public EventSource {
   std::atomic<uint64_t> late_delivered_{0};
   TraceMeta meta_;
   uint64_t seq_ = 0, next_id_ = 0, last_wm_ = 0, delivered_ = 0, late_ = 0;
+  uint64_t losses_copied_ = 0;  // losses_version_ last copied into meta_.health.loss_spans
   std::atomic<size_t> reorder_size_{0}, reorder_peak_{0};
   bool finished_ = false;
 };

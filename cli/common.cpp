@@ -69,6 +69,8 @@ std::unique_ptr<EventSource> open_trace(const std::string& path, std::string& er
                  "recorded by Ingero on an RTX 4090)\n");
   }
   auto src = open_sqlite_trace(p, error, batch_size);
+  // Where a live capture lost events: chains over those stretches are judged with it.
+  if (src) read_loss_spans(p, src->meta().health);
   if (src && path.empty()) src->meta().path = "<embedded sample: pytorch-dataloader-starvation.db>";
   return src;
 }

@@ -285,8 +285,13 @@ void run_serial(CompiledPlan& compiled, EventSource& source, const EngineOptions
   bool saw_final = false;
   uint64_t done = 0;
   SourceFeed feed(source, compiled);
+  // The source's count of lost events is a running total; each batch carries what it added.
+  uint64_t dropped_seen = 0;
   while (!saw_final) {
     saw_final = feed.next(batch, counters);
+    const uint64_t dropped_now = source.meta().health.dropped_events;
+    const uint64_t dropped_new = dropped_now > dropped_seen ? dropped_now - dropped_seen : 0;
+    dropped_seen = std::max(dropped_seen, dropped_now);
     const size_t n_events = batch.view().size();
     ShardInput in;
     // Borrowed for the duration of the calls below (aliasing pointer, owns nothing).
@@ -296,7 +301,7 @@ void run_serial(CompiledPlan& compiled, EventSource& source, const EngineOptions
     in.process_names = feed.names();
     in.prefetch = source.upcoming();
     for (size_t i = 0; i < shards.size(); ++i) {
-      in.dropped = i == 0 ? source.meta().health.dropped_events : 0;
+      in.dropped = i == 0 ? dropped_new : 0;
       try {
         ShardOutput out = shards[i]->process(in);
         for (auto& c : out.chains) {
@@ -404,6 +409,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
   // The first batch is read here, before the shards exist: by group, it is what the groups are
   // balanced on.
   SourceFeed feed(source, compiled);
+  uint64_t dropped_seen = 0;  // the source's running total of lost events, as far as batches carried it
   const bool first_final = feed.next(pool[0]->batch, counters);
   unsigned stats_bin = 0, router_bin = 0;
   const std::vector<std::vector<char>> group_sets = by_group ? split_groups(compiled, threads, stats_bin, router_bin,
@@ -571,7 +577,10 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
       w.batch.final = false;
       last = feed.next(w.batch, counters);
     }
-    w.dropped = source.meta().health.dropped_events;
+    // A running total at the source; each batch carries what it added.
+    const uint64_t dropped_now = source.meta().health.dropped_events;
+    w.dropped = dropped_now > dropped_seen ? dropped_now - dropped_seen : 0;
+    dropped_seen = std::max(dropped_seen, dropped_now);
     w.names = feed.names();
     w.upcoming = source.upcoming();
     if (!by_group) route(w, shard_of_pid, trace_end);  // by group: the router, or each shard, reads it

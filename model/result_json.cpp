@@ -35,6 +35,13 @@ json health_json(const InputHealth& h) {
               {"rows_skipped", h.rows_skipped},
               {"skip_reasons", reasons},
               {"dropped_events", h.dropped_events}};
+  if (!h.loss_spans.empty()) {  // where a live capture lost events (unix ns)
+    json spans = json::array();
+    for (const LossSpan& l : h.loss_spans)
+      spans.push_back(
+          {{"start_ns", l.start_ns}, {"end_ns", l.end_ns}, {"gpu", l.gpu}, {"host", l.host}, {"queue", l.queue}});
+    out["loss_spans"] = std::move(spans);
+  }
   if (!h.missed.empty()) {  // only live captures' self-check writes these
     json missed = json::object();
     for (const auto& [reason, n] : h.missed) missed[reason] = n;

@@ -206,67 +206,189 @@ std::string frame_text(const StackFrame& f) {
   return {};
 }
 
-std::string short_symbol(std::string_view sym) {
-  // A bracket that belongs to an operator's name (operator<, operator<<=, operator(), operator->)
-  // is part of the name, not a template or parameter list.
-  auto operator_at = [&](size_t i) {
-    size_t j = i;
-    while (j > 0 && (sym[j - 1] == '<' || sym[j - 1] == '>' || sym[j - 1] == '=' || sym[j - 1] == '-' ||
-                     sym[j - 1] == '(' || sym[j - 1] == ' '))
-      --j;
-    return j >= 8 && sym.substr(j - 8, 8) == "operator";
-  };
-  // Pass 1: drop a trailing parameter list (and cv/ref qualifiers after it).
-  std::string_view s = sym;
-  {
-    size_t end = s.size();
-    while (end > 0 && s[end - 1] != ')') --end;
-    if (end > 0 && end < s.size()) {
-      const std::string_view tail = s.substr(end);
-      if (tail.find_first_not_of(" constvlaie&") != std::string_view::npos) end = 0;  // not qualifiers
+namespace {
+
+bool ident_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '$';
+}
+
+bool word_at(std::string_view s, size_t i, std::string_view w) {
+  return s.substr(i, w.size()) == w && (i == 0 || !ident_char(s[i - 1])) &&
+         (i + w.size() >= s.size() || !ident_char(s[i + w.size()]));
+}
+
+// The symbol operators a demangler writes after `operator`, longest first so that `operator<<=`
+// is not read as `operator<` followed by `<=`.
+constexpr std::string_view kOperatorSymbols[] = {"()", "[]", "->*", "<=>", "<<=", ">>=", "->", "<<", ">>", "<=",
+                                                 ">=", "==", "!=",  "&&",  "||",  "++",  "--", "+=", "-=", "*=",
+                                                 "/=", "%=", "&=",  "|=",  "^=",  "<",   ">",  "+",  "-",  "*",
+                                                 "/",  "%",  "&",   "|",   "^",   "~",   "!",  "=",  ","};
+
+size_t match_close(std::string_view s, size_t open);
+
+// Length of the operator name starting at `i` ("operator()", "operator< ", "operator new[]",
+// "operator\"\"_km", the conversion "operator unsigned long"), 0 when no operator name starts there.
+// `conversion` is set for a conversion operator, whose type the caller shortens like any other.
+size_t operator_name(std::string_view s, size_t i, bool* conversion = nullptr) {
+  if (!word_at(s, i, "operator")) return 0;
+  size_t j = i + 8;
+  if (conversion) *conversion = false;
+  if (j >= s.size()) return 8;
+  if (s.substr(j, 2) == "\"\"") {  // user-defined literal: operator"" _km
+    j += 2;
+    if (j < s.size() && s[j] == ' ') ++j;
+    while (j < s.size() && ident_char(s[j])) ++j;
+    return j - i;
+  }
+  for (std::string_view op : kOperatorSymbols)
+    if (s.substr(j, op.size()) == op) return j + op.size() - i;
+  if (s[j] != ' ') return 8;
+  for (std::string_view w : {"new[]", "delete[]", "new", "delete", "co_await"})
+    if (s.substr(j + 1, w.size()) == w && (j + 1 + w.size() >= s.size() || !ident_char(s[j + 1 + w.size()])))
+      return j + 1 + w.size() - i;
+  // A conversion operator: its type runs to the parameter list (a top-level '(').
+  size_t k = j + 1;
+  while (k < s.size() && s[k] != '(') {
+    if (s[k] == '<' || s[k] == '[' || s[k] == '{') {
+      const size_t close = match_close(s, k);
+      if (close == std::string_view::npos) return 8;
+      k = close;
     }
-    if (end > 0) {
-      int depth = 0;
-      for (size_t i = end; i-- > 0;) {
-        if (s[i] == ')') ++depth;
-        else if (s[i] == '(' && --depth == 0) {
-          if (i > 0 && s.substr(i).find("anonymous namespace") != 1) s = s.substr(0, i);
-          break;
-        }
+    ++k;
+  }
+  if (conversion) *conversion = true;
+  return k - i;
+}
+
+// The index of the bracket that closes the one at `open` ('(', '<', '[' or '{'); npos when it is
+// never closed. Operator names inside ("&Foo::operator()", "operator<") and "->" are not brackets;
+// a '<' inside parentheses may be a less-than ("(1)<(2)") and is given up when its ')' comes first.
+size_t match_close(std::string_view s, size_t open) {
+  std::string expect;  // the closers awaited, innermost last
+  for (size_t i = open; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == 'o') {
+      if (const size_t n = operator_name(s, i)) {
+        i += n - 1;
+        continue;
       }
     }
+    if (c == '-' && i + 1 < s.size() && s[i + 1] == '>') {
+      ++i;
+      continue;
+    }
+    if (c == '(' || c == '<' || c == '[' || c == '{') {
+      expect += c == '(' ? ')' : c == '<' ? '>' : c == '[' ? ']' : '}';
+      continue;
+    }
+    if (c != ')' && c != '>' && c != ']' && c != '}') continue;
+    if (c == '>' && (expect.empty() || expect.back() != '>')) continue;  // a greater-than
+    while (!expect.empty() && expect.back() != c && expect.back() == '>') expect.pop_back();
+    if (expect.empty() || expect.back() != c) return std::string_view::npos;  // unbalanced
+    expect.pop_back();
+    if (expect.empty()) return i;
   }
-  // Pass 2: collapse template arguments; remember the last top-level space (after a return type).
-  std::string out;
-  out.reserve(s.size());
-  int angle = 0, paren = 0;
-  for (size_t i = 0; i < s.size(); ++i) {
+  return std::string_view::npos;
+}
+
+// A cv/ref/noexcept qualifier word at `i` (after a parameter list: dropped).
+size_t qualifier_at(std::string_view s, size_t i) {
+  for (std::string_view w : {"const", "volatile", "restrict", "noexcept", "transaction_safe"})
+    if (word_at(s, i, w)) return w.size();
+  if (s.substr(i, 2) == "&&") return 2;
+  if (s.substr(i, 1) == "&") return 1;
+  return 0;
+}
+
+// One pass over a demangled name (see short_symbol). Returns false when a bracket is never closed.
+bool shorten(std::string_view s, std::string& out, std::string& suffix, bool top) {
+  size_t cut = std::string::npos;  // where the name starts in `out`: after the last return-type space
+  for (size_t i = 0; i < s.size();) {
     const char c = s[i];
-    if (c == '<' && !operator_at(i + 1) && paren == 0) {
-      if (angle++ == 0) out += "<\u2026>";
+    bool conversion = false;
+    if (const size_t n = c == 'o' ? operator_name(s, i, &conversion) : 0) {
+      if (!conversion) {
+        out.append(s.substr(i, n));
+        if (s.substr(i + n, 2) == " <") {  // "operator< <int>": the space is not a return type's
+          out += ' ';
+          ++i;
+        }
+      } else {
+        out += "operator ";
+        std::string type, ignored;
+        if (!shorten(s.substr(i + 9, n - 9), type, ignored, false)) return false;
+        out += type;
+      }
+      i += n;
       continue;
     }
-    if (c == '>' && angle > 0 && paren == 0) {
-      --angle;
+    if (c == '(' || c == '<' || c == '[' || c == '{') {
+      const size_t close = match_close(s, i);
+      if (close == std::string_view::npos) return false;
+      const std::string_view inner = s.substr(i + 1, close - i - 1);
+      if (c == '<') {
+        out += "<\u2026>";
+      } else if (c == '(') {
+        // "(anonymous namespace)" is a scope's name; any other group is a parameter list (of the
+        // function, or of the function a local entity lives in), shown empty.
+        if (inner == "anonymous namespace") {
+          out += "(anonymous namespace)";
+        } else if (!inner.empty() && (inner[0] == '*' || inner[0] == '&')) {
+          // a declarator around the name: "void (*ns::f(int))(double)" -> "(*ns::f())()"
+          std::string body, ignored;
+          if (!shorten(inner.substr(1), body, ignored, false)) return false;
+          out += "(" + std::string(1, inner[0]) + body + ")";
+        } else {
+          out += "()";
+        }
+      } else if (c == '[') {
+        if (inner.starts_with("clone ")) {
+          if (top) suffix += " [" + std::string(inner) + "]";  // [clone .isra.0], [clone .cold]
+        } else if (!inner.starts_with("abi:")) {               // [abi:cxx11] is ABI noise; keep anything else whole
+          out += "[" + std::string(inner) + "]";
+        }
+      } else {
+        // {lambda(int, float)#1}, {unnamed type#2}, {default arg#1}: kept, their own lists shortened.
+        std::string body, ignored;
+        if (!shorten(inner, body, ignored, false)) return false;
+        out += "{" + body + "}";
+      }
+      i = close + 1;
       continue;
     }
-    if (angle > 0) continue;
-    if (c == '(') ++paren;
-    if (c == ')' && paren > 0) --paren;
+    if (c == ' ') {
+      size_t j = i + 1;
+      if (const size_t q = j < s.size() ? qualifier_at(s, j) : 0) {
+        i = j + q;  // "f(int) const", "char const*": the qualifier is dropped with its space
+        continue;
+      }
+      if (j < s.size() && s[j] == '[') {  // " [clone .isra.0]"
+        i = j;
+        continue;
+      }
+      out += ' ';
+      cut = out.size();
+      i = j;
+      continue;
+    }
     out += c;
+    ++i;
   }
-  // Pass 3: drop a return type ("void ns::f" -> "ns::f"): the text before the last top-level
-  // space, unless that space is inside "(anonymous namespace)" or an operator's name.
-  paren = 0;
-  size_t cut = std::string::npos;
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (out[i] == '(') ++paren;
-    else if (out[i] == ')' && paren > 0) --paren;
-    else if (out[i] == ' ' && paren == 0 && !(i >= 8 && out.compare(i - 8, 8, "operator") == 0)) cut = i;
-  }
-  if (cut != std::string::npos) out = out.substr(cut + 1);
-  if (out.empty()) return std::string(sym);
-  return out + (s.size() < sym.size() ? "()" : "");
+  if (top && cut != std::string::npos) out.erase(0, cut);
+  return true;
+}
+
+}  // namespace
+
+std::string short_symbol(std::string_view sym) {
+  // Walks the demangled name once, keeping brackets whole: template arguments become "<…>",
+  // parameter lists "()", cv/ref qualifiers and ABI tags go, "(anonymous namespace)", lambdas,
+  // operator names and clone suffixes stay whole, and the return type (the text before the last
+  // top-level space) goes. A name whose brackets never close (a truncated symbol) is kept as is.
+  std::string out, suffix;
+  out.reserve(sym.size());
+  if (!shorten(sym, out, suffix, true) || out.empty()) return std::string(sym);
+  return out + suffix;
 }
 
 std::string frame_label(const StackFrame& f) {

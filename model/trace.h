@@ -50,6 +50,16 @@ struct SystemSnapshot {
   uint64_t mem_avail_mb = 0, swap_mb = 0;
 };
 
+// A stretch of capture time in which events were lost before they reached us (live capture: a
+// ring buffer was full, or the queue between the poller and the engine). Unix ns. The lost events'
+// own times lie inside it (see add_loss): a gap between recorded events that overlaps a loss span
+// may be events we lost rather than a pause of the traced program.
+struct LossSpan {
+  uint64_t start_ns = 0, end_ns = 0;
+  uint64_t gpu = 0, host = 0, queue = 0;  // events lost: GPU-call ring, host ring, engine queue
+  uint64_t total() const { return gpu + host + queue; }
+};
+
 // Counted, never thrown: odd input rows and lost events, reported with the results.
 struct InputHealth {
   uint64_t rows_read = 0;
@@ -60,6 +70,16 @@ struct InputHealth {
   // library or process and why ("libcudart /usr/.../libcudart.so.13: calls entered whose return
   // was not seen") -> count. Not in rows_skipped: these never were rows.
   std::map<std::string, uint64_t> missed;
+  // Where in time dropped_events were lost (live capture; empty when unknown, e.g. a trace
+  // recorded by Ingero): sorted by start, disjoint (add_loss merges what overlaps or touches),
+  // at most kMaxLossSpans (beyond it neighbours are merged, so spans only ever grow).
+  std::vector<LossSpan> loss_spans;
+  static constexpr size_t kMaxLossSpans = 4096;
+  void add_loss(const LossSpan& s);
+  // The spans that overlap [t0, t1] summed (start/end = the first's start, the last's end; all
+  // zero when none, or when no span is known), and their total.
+  LossSpan losses_between(uint64_t t0, uint64_t t1) const;
+  uint64_t lost_between(uint64_t t0, uint64_t t1) const { return losses_between(t0, t1).total(); }
   void skip(const std::string& reason, uint64_t n = 1) {
     rows_skipped += n;
     reasons[reason] += n;

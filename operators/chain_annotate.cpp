@@ -644,6 +644,55 @@ void apply_split(Chain& c, const std::string& tname) {
 }  // namespace
 
 void ChainAnnotator::annotate(Chain& c, const TraceMeta& meta) {
+  annotate_body(c, meta);
+  apply_losses(c, meta);
+}
+
+// Losses in the chain's window (contract in the header).
+void ChainAnnotator::apply_losses(Chain& c, const TraceMeta& meta) {
+  const InputHealth& h = meta.health;
+  if (h.loss_spans.empty()) return;
+  const uint64_t ws = c.window_start, we = std::max(c.window_start, c.window_end);
+  const LossSpan lost = h.losses_between(ws > kLossMarginNs ? ws - kLossMarginNs : 0,
+                                         we > UINT64_MAX - kLossMarginNs ? UINT64_MAX : we + kLossMarginNs);
+  c.dropped_events = lost.total();
+  if (lost.total() == 0) return;
+  c.values.emplace_back("lost_events", static_cast<double>(lost.total()));
+  std::string where;
+  auto part = [&where](uint64_t n, const char* what) {
+    if (n) where += (where.empty() ? "" : ", ") + format_count(static_cast<double>(n)) + " " + what;
+  };
+  part(lost.gpu, "GPU-call records (ring full)");
+  part(lost.host, "host records (ring full)");
+  part(lost.queue, "events behind a full engine queue");
+  const std::string n = format_count(static_cast<double>(lost.total()));
+  const std::string span = format_ns(static_cast<double>(lost.end_ns - lost.start_ns));
+  if (c.category != "launch_gap" && c.category != "throughput_drop") {
+    if (!c.explanation.empty() && c.explanation.back() != ' ') c.explanation += ' ';
+    c.explanation += "The capture lost " + n + " events in or next to this window (" + where +
+                     "); this chain rests on the calls it recorded.";
+    return;
+  }
+  // The chain stands on events not being there: the tracer's own losses can explain it.
+  const char* missing = c.category == "launch_gap" ? "the launches missing from the gap"
+                                                   : "the calls missing from the rate";
+  c.summary = "lossy capture (" + n + " events lost in this window): " + c.summary;
+  c.root_cause = std::string("Not established: the capture lost ") + n + " events (" + where + ") in " + span +
+                 " of capture time overlapping this window, so " + missing +
+                 " may be events the tracer lost, not a pause of the program. Was: " + c.root_cause;
+  if (!c.explanation.empty() && c.explanation.back() != ' ') c.explanation += ' ';
+  c.explanation += "The capture lost " + n + " events in or next to this window (" + where +
+                   "): what is missing here may be those events, so this is not reported as a cause.";
+  c.recommendations.insert(c.recommendations.begin(),
+                           "Capture again with a larger ring (trace --ring-mb) or fewer probes (--disable) and "
+                           "compare: a gap that stays without losses is real");
+  if (c.severity > Severity::kLow) {
+    c.severity = Severity::kLow;
+    ++counters_.loss_demoted;
+  }
+}
+
+void ChainAnnotator::annotate_body(Chain& c, const TraceMeta& meta) {
   if (stack_cache_.size() > 65536) stack_cache_.clear();
   c.threads.clear();
   c.stacks.clear();

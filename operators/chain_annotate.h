@@ -58,6 +58,15 @@
 //   (or at `final`). The launches before a gap are counted when the gap is seen; its time split
 //   and stacks when its chain is built, so live retention must cover gap_window_ns +
 //   gap_context_ns + the gap (older gaps are counted in too_old and come out unannotated).
+// - Losses (TraceMeta::health.loss_spans, live capture): a chain gets dropped_events = the events
+//   lost in spans overlapping its window (kLossMarginNs either side), replacing the trace-wide
+//   count, and the value lost_events when there are any. A chain that stands on events NOT being
+//   there - launch_gap (no launch for a while) and throughput_drop (fewer calls) - could be made
+//   of the capture's own losses: it is demoted to LOW, its summary starts with "lossy capture
+//   (N events lost in this window):" and its root cause says it is not established (counted in
+//   loss_demoted). Other chains (slow calls, syncs: losses cannot make a recorded call slow) keep
+//   their severity and say in the explanation how many events the window lost. With no span
+//   known (replayed Ingero traces) nothing changes.
 // - A chain whose window starts before what retention or the record cap already evicted is left
 //   unannotated (counted in too_old) rather than annotated from partial data.
 // - Never throws, data plane: odd input is counted (AnnotateCounters). Work per chain is a binary
@@ -120,6 +129,7 @@ struct AnnotateCounters {
   uint64_t warmup_demoted = 0;  // chains demoted to LOW: their calls come from a process's warm-up
   uint64_t split_capped = 0;    // throughput_drop chains whose severity the time split capped
   uint64_t not_in_loop = 0;     // implicit_sync chains demoted: their thread launched no kernel
+  uint64_t loss_demoted = 0;    // launch_gap/throughput_drop chains demoted: the capture lost events in their window
 };
 
 // One kept event of a thread as the annotator reads it back (pid, node and rank are the thread's).
@@ -275,6 +285,9 @@ class ChainAnnotator {
   // chain's root cause and summary: call it once per chain. Never throws.
   void annotate(std::vector<Chain>& chains, const TraceMeta& meta);
   void annotate(Chain& c, const TraceMeta& meta);
+  // How far around a chain's window a loss span still counts (one poller scan and some): a ring
+  // drop is placed between two counter reads 20 ms apart.
+  static constexpr uint64_t kLossMarginNs = 25'000'000;
 
   // launch_gap chains whose window (and the context after it) is complete, annotated; each is
   // returned once. `final` flushes every pending one (end of trace).
@@ -321,6 +334,8 @@ class ChainAnnotator {
   void note_launch(Thread& t, const Event& e);
   size_t launches_in(const Thread& t, uint64_t start, uint64_t end) const;
   Chain gap_chain(const GapGroup& g, const TraceMeta& meta);
+  void annotate_body(Chain& c, const TraceMeta& meta);
+  void apply_losses(Chain& c, const TraceMeta& meta);
 
   AnnotateOptions opt_;
   AnnotateCounters counters_;

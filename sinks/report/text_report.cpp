@@ -314,7 +314,9 @@ std::string explain_text(const AnalysisResult& r, const ReportOptions& opt) {
         o << "  " << p.label << " (" << (p.lhs_text.empty() ? format_value(p.lhs, Unit::kNone) : p.lhs_text) << ")";
       o << "\n";
     }
-    if (c.dropped_events) o << "  Note: " << c.dropped_events << " event(s) were dropped at capture in this trace.\n";
+    if (c.dropped_events)
+      o << "  Note: " << c.dropped_events << " event(s) were dropped at capture "
+        << (r.meta.health.loss_spans.empty() ? "in this trace" : "in or next to this chain's window") << ".\n";
     if (!c.recommendations.empty()) {
       o << "  Fix:\n";
       for (size_t i = 0; i < c.recommendations.size(); ++i)

@@ -40,6 +40,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "model/annotation.h"
@@ -63,6 +64,15 @@ inline constexpr const char* kSqliteToolVersion = "0.1.0";
 inline constexpr int64_t kMaxPlausibleDurationNs = int64_t{24} * 3600 * 1'000'000'000;
 
 std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::string& error, size_t batch_size = 4096);
+
+// Loss spans (InputHealth::loss_spans) as our databases store them: rows of ip_health with kind
+// 'loss', reason "<start unix ns> <end unix ns> gpu=<n> host=<n> queue=<n>", count = the total.
+std::string loss_span_text(const LossSpan& s);
+bool parse_loss_span(std::string_view text, LossSpan& out);
+// Adds the loss spans a database recorded to `health` (read-only, as open_sqlite_trace opens it).
+// Returns how many; 0 for a database without any (Ingero's, or a capture that lost nothing) or a
+// file that is not one of ours. Never throws.
+size_t read_loss_spans(const std::string& path, InputHealth& health);
 
 // How open_sqlite_trace reads `events`.
 //

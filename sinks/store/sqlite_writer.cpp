@@ -405,7 +405,7 @@ bool SqliteSink::write_events(std::span<const Event> events) {
 bool SqliteSink::write_health(const InputHealth& health) {
   sqlite3* db = impl_->db.get();
   std::string why;
-  if (!sqlite_detail::exec(db, "DELETE FROM ip_health WHERE kind IN ('skip', 'drop', 'miss')", why))
+  if (!sqlite_detail::exec(db, "DELETE FROM ip_health WHERE kind IN ('skip', 'drop', 'miss', 'loss')", why))
     return fail("write health: " + why);
   Stmt ins(db, "INSERT OR REPLACE INTO ip_health(kind, reason, count) VALUES(?1, ?2, ?3)");
   if (!ins.ok()) return fail("write health: " + ins.error());
@@ -423,6 +423,9 @@ bool SqliteSink::write_health(const InputHealth& health) {
     return fail("write health: " + std::string(sqlite3_errmsg(db)));
   for (const auto& [reason, n] : health.missed)
     if (!put("miss", reason, n)) return fail("write health: " + std::string(sqlite3_errmsg(db)));
+  // Where the drops happened (read back by read_loss_spans; readers that do not know the kind skip it).
+  for (const LossSpan& l : health.loss_spans)
+    if (!put("loss", loss_span_text(l), l.total())) return fail("write health: " + std::string(sqlite3_errmsg(db)));
   return true;
 }
 

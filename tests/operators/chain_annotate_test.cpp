@@ -498,6 +498,147 @@ TEST(ChainAnnotate, NoLaunchGapWithoutLaunchesAroundIt) {
   EXPECT_EQ(find_chain(r, "launch_gap"), nullptr);
 }
 
+// --- losses: a gap the capture's own drops can explain is not a cause (issue 43, item 4) -----
+
+// One thread launching every 3 us for 4 s (a tight loop, ~330k calls/s) that never pauses; the
+// capture lost every launch from 2 s to 2.186 s (a full ring), so the recorded stream has a
+// 186 ms hole. With `lost` the loss span is recorded in the trace's health as live capture does.
+std::vector<Event> tight_loop_with_hole(TraceMeta& meta, bool lost, uint64_t span_shift = 0) {
+  constexpr uint64_t kT0 = 1'700'000'000'000'000'000ull;
+  meta.process_names[400] = "tight-loop";
+  std::vector<Event> ev;
+  uint64_t dropped = 0;
+  for (uint64_t t = 0; t < 4000 * kMs; t += 3 * kUs) {
+    if (t >= 2000 * kMs && t < 2186 * kMs) {
+      ++dropped;
+      continue;
+    }
+    Event e{};
+    e.source = Source::kCuda;
+    e.op = op::kCudaLaunchKernel;
+    e.pid = e.tid = 400;
+    e.ts_ns = kT0 + t;
+    e.dur_ns = 1 * kUs;
+    ev.push_back(e);
+  }
+  for (size_t i = 0; i < ev.size(); ++i) ev[i].id = i + 1;
+  meta.first_ts = ev.front().ts_ns;
+  meta.last_ts = ev.back().end_ns();
+  if (lost) {
+    // The poller's counter reads are 20 ms apart: the span runs from the read before the first
+    // drop to the read after the last one.
+    LossSpan l;
+    l.start_ns = kT0 + 1990 * kMs + span_shift;
+    l.end_ns = kT0 + 2190 * kMs + span_shift;
+    l.gpu = dropped;
+    meta.health.add_loss(l);
+    meta.health.dropped_events = dropped;
+  }
+  return ev;
+}
+
+TEST(ChainAnnotate, LaunchGapOverALossSpanIsNotACause) {
+  TraceMeta clean_meta;
+  const auto clean = analyse(tight_loop_with_hole(clean_meta, false), clean_meta);
+  const Chain* real = find_chain(clean, "launch_gap");
+  ASSERT_NE(real, nullptr) << "without a recorded loss the hole reads as a gap";
+  EXPECT_EQ(real->severity, Severity::kMedium);
+  EXPECT_EQ(real->dropped_events, 0u);
+  EXPECT_EQ(real->summary.find("lossy capture"), std::string::npos);
+
+  TraceMeta meta;
+  const auto r = analyse(tight_loop_with_hole(meta, true), meta);
+  for (const auto& c : r.chains) EXPECT_LT(c.severity, Severity::kMedium) << c.category << ": " << c.summary;
+  const Chain* c = find_chain(r, "launch_gap");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->severity, Severity::kLow);
+  EXPECT_EQ(c->summary.rfind("lossy capture (", 0), 0u) << c->summary;
+  EXPECT_EQ(c->root_cause.rfind("Not established: the capture lost", 0), 0u) << c->root_cause;
+  EXPECT_EQ(c->dropped_events, 62000u);  // every launch of the 186 ms
+  bool value = false;
+  for (const auto& [k, v] : c->values) value |= k == "lost_events" && v == 62000.0;
+  EXPECT_TRUE(value);
+  const auto j = health_json(r.meta.health);
+  ASSERT_TRUE(j.contains("loss_spans")) << j.dump();
+  EXPECT_EQ(j["loss_spans"][0]["gpu"], 62000u);
+  EXPECT_EQ(chain_json(*c, r.meta)["dropped_events"], 62000u);
+}
+
+TEST(ChainAnnotate, ALossElsewhereInTheTraceLeavesTheGapAlone) {
+  // The same hole, but the recorded loss is 1 s later: it cannot explain the gap.
+  TraceMeta meta;
+  const auto r = analyse(tight_loop_with_hole(meta, true, 1000 * kMs), meta);
+  const Chain* c = find_chain(r, "launch_gap");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->severity, Severity::kMedium);
+  EXPECT_EQ(c->dropped_events, 0u);  // the window's losses, not the trace's
+  EXPECT_EQ(c->summary.find("lossy capture"), std::string::npos);
+}
+
+TEST(ChainAnnotate, LossSpansMergeAndSum) {
+  InputHealth h;
+  h.add_loss({100, 200, 5, 0, 0});
+  h.add_loss({300, 400, 0, 2, 0});
+  h.add_loss({200, 250, 1, 0, 0});  // touches the first: merged
+  h.add_loss({500, 500, 0, 0, 0});  // nothing lost: ignored
+  ASSERT_EQ(h.loss_spans.size(), 2u);
+  EXPECT_EQ(h.loss_spans[0].start_ns, 100u);
+  EXPECT_EQ(h.loss_spans[0].end_ns, 250u);
+  EXPECT_EQ(h.loss_spans[0].gpu, 6u);
+  EXPECT_EQ(h.lost_between(0, 99), 0u);
+  EXPECT_EQ(h.lost_between(0, 100), 6u);
+  EXPECT_EQ(h.lost_between(251, 299), 0u);
+  EXPECT_EQ(h.lost_between(240, 310), 8u);
+  h.add_loss({50, 350, 0, 0, 3});  // spans both: one span
+  ASSERT_EQ(h.loss_spans.size(), 1u);
+  EXPECT_EQ(h.loss_spans[0].total(), 11u);
+  EXPECT_EQ(h.loss_spans[0].end_ns, 400u);
+  // Beyond the cap, neighbours merge: no loss is forgotten, spans only grow.
+  InputHealth many;
+  for (uint64_t i = 0; i <= InputHealth::kMaxLossSpans; ++i) many.add_loss({i * 10, i * 10 + 1, 1, 0, 0});
+  EXPECT_LE(many.loss_spans.size(), InputHealth::kMaxLossSpans);
+  EXPECT_EQ(many.lost_between(0, UINT64_MAX), InputHealth::kMaxLossSpans + 1);
+  for (uint64_t i = 0; i <= InputHealth::kMaxLossSpans; ++i) EXPECT_GE(many.lost_between(i * 10, i * 10), 1u);
+  // Stored the way our databases keep them, and read back.
+  LossSpan back;
+  ASSERT_TRUE(parse_loss_span(loss_span_text({7, 9, 1, 2, 3}), back));
+  EXPECT_EQ(back.start_ns, 7u);
+  EXPECT_EQ(back.end_ns, 9u);
+  EXPECT_EQ(back.total(), 6u);
+  EXPECT_FALSE(parse_loss_span("7 9 gpu=1 host=2", back));
+  EXPECT_FALSE(parse_loss_span("9 7 gpu=1 host=2 queue=3", back));
+}
+
+TEST(ChainAnnotate, LossSpansSurviveTheDatabaseAndJudgeTheReplay) {
+  // A recorded trace with its loss span: `explain` on it (open_trace -> read_loss_spans) judges
+  // the gap as the live run did.
+  TraceMeta meta;
+  const auto ev = tight_loop_with_hole(meta, true);
+  const auto dir = std::filesystem::temp_directory_path() / ("annotate_losses_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string db = (dir / "t.db").string();
+  std::string error;
+  {
+    auto sink = SqliteSink::create(db, error);
+    ASSERT_TRUE(sink) << error;
+    ASSERT_TRUE(sink->write_meta(meta));
+    ASSERT_TRUE(sink->write_events(ev));
+    ASSERT_TRUE(sink->close(error)) << error;
+  }
+  auto src = open_sqlite_trace(db, error);
+  ASSERT_TRUE(src) << error;
+  EXPECT_TRUE(src->meta().health.loss_spans.empty());  // the reader itself does not load them
+  EXPECT_EQ(read_loss_spans(db, src->meta().health), 1u);
+  ASSERT_EQ(src->meta().health.loss_spans.size(), 1u);
+  EXPECT_EQ(src->meta().health.loss_spans[0].gpu, 62000u);
+  const auto r = analyse(*src);
+  const Chain* c = find_chain(r, "launch_gap");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->severity, Severity::kLow);
+  EXPECT_EQ(c->dropped_events, 62000u);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ChainAnnotate, LiveModeKeepsOnlyTheHorizonAndRefusesOlderWindows) {
   TraceMeta meta;
   const auto ev = bursty_launcher(meta);
