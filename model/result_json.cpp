@@ -35,6 +35,12 @@ json health_json(const InputHealth& h) {
               {"rows_skipped", h.rows_skipped},
               {"skip_reasons", reasons},
               {"dropped_events", h.dropped_events}};
+  // Only a damaged input file writes these (docs/storage.md, "Damaged files"). Damage worked
+  // around exactly is only noted on stderr: the results are the undamaged file's, so is stdout.
+  if (!h.damage.empty()) {
+    out["damage"] = h.damage;
+    out["rows_unreadable"] = h.rows_unreadable;
+  }
   if (!h.missed.empty()) {  // only live captures' self-check writes these
     json missed = json::object();
     for (const auto& [reason, n] : h.missed) missed[reason] = n;
