@@ -46,7 +46,8 @@ const std::vector<Command>& commands() {
   static const std::vector<Command> c = {
       {"stats", "stats --json --db DB", false},
       {"explain", "explain --json --db DB", false},
-      {"query", "query --json --db DB \"SELECT source, op, count(*), sum(duration), max(timestamp) FROM events GROUP BY 1, 2\"",
+      {"query",
+       "query --json --db DB \"SELECT source, op, count(*), sum(duration), max(timestamp) FROM events GROUP BY 1, 2\"",
        false},
       {"export", "export --db DB --output OUT -q", true},
   };
@@ -160,8 +161,8 @@ TEST_P(DamagedTrace, EveryCommandGivesTheUndamagedAnswerOrFails) {
         for (const auto& c : commands()) {
           const Answer got = run_command(c, db, out);
           ++cases;
-          const std::string where = GetParam() + ": " + tree + " page " + std::to_string(page) + " (" +
-                                    damage_name(d) + "), " + c.name;
+          const std::string where = GetParam() + ": " + tree + " page " + std::to_string(page) + " (" + damage_name(d) +
+                                    "), " + c.name;
           // Known gaps (docs/storage.md, "Damaged files"), counted and printed, not asserted: a
           // page overwritten by a sound copy of another page of the same b-tree where nothing
           // cross-checks it: `query` planned through such an index, and stack_traces (no index
