@@ -179,7 +179,8 @@ int run_explain(const ExplainArgs& a) {
         } else {
           std::cout << why_not_text(o) << warmup_why_not_text(w, analysis.warmup_ns);
         }
-        return kExitOk;
+        std::cout.flush();
+        return input_damage_status(r.meta);
       }
     std::string names;
     for (const auto& o : r.rules) names += (names.empty() ? "" : ", ") + o.rule;
@@ -196,7 +197,8 @@ int run_explain(const ExplainArgs& a) {
     std::cout << explain_text(r, ro);
     if (!a.save.empty()) std::cout << "\nSaved trace and chains to " << a.save << "\n";
   }
-  return kExitOk;
+  std::cout.flush();
+  return input_damage_status(r.meta);
 }
 
 Registrar reg{"explain", 20, [](CLI::App& app, int& rc) {

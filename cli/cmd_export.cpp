@@ -334,7 +334,8 @@ int run_export(const ExportArgs& a) {
                    static_cast<unsigned long long>(c.lanes_exhausted));
     std::fprintf(stderr, "open it at https://ui.perfetto.dev (Open trace file) or chrome://tracing (Load)\n");
   }
-  return kExitOk;
+  // The first pass read every input whole (the second reads them again, in the same order).
+  return input_damage_status(meta1);
 }
 
 Registrar reg{

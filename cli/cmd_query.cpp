@@ -42,7 +42,7 @@ int run_query(const QueryArgs& a) {
   if (!r.ok) {
     if (a.json) std::cout << sql_result_to_json(r).dump(2) << "\n";
     print_error("query refused or failed (" + r.error_kind + "): " + r.error);
-    return kExitUsage;
+    return r.error_kind == "damaged" ? kExitDamaged : kExitUsage;
   }
   if (a.json) std::cout << sql_result_to_json(r).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   else std::cout << render_sql_table(r, a.width);

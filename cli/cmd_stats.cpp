@@ -31,7 +31,8 @@ int run_stats(const StatsArgs& a) {
   const AnalysisResult r = run_plan(empty, *source, opts);
   if (a.json) std::cout << stats_json(r).dump(2) << "\n";
   else std::cout << stats_text(r);
-  return kExitOk;
+  std::cout.flush();
+  return input_damage_status(r.meta);
 }
 
 Registrar reg{"stats", 10, [](CLI::App& app, int& rc) {

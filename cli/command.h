@@ -35,5 +35,6 @@ inline constexpr int kExitFindings = 1;  // e.g. `rules check` found errors
 inline constexpr int kExitUsage = 2;     // bad arguments
 inline constexpr int kExitInput = 3;     // unreadable or invalid input file
 inline constexpr int kExitRuntime = 4;   // the system refused (privileges, BPF)
+inline constexpr int kExitDamaged = 5;   // an input file is damaged: the results printed are partial
 
 }  // namespace ingero::cli

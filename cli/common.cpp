@@ -9,6 +9,7 @@
 #include <fstream>
 #include <mutex>
 
+#include "cli/command.h"
 #include "cli/pipeline_common.h"
 #include "sinks/store/sqlite_store.h"
 
@@ -114,6 +115,18 @@ void keep_large_buffers_out_of_the_heap() { mallopt(M_MMAP_THRESHOLD, 128 * 1024
 void use_one_malloc_arena() { mallopt(M_ARENA_MAX, 1); }
 
 void print_error(const std::string& message) { std::fprintf(stderr, "ingero-pipeline: error: %s\n", message.c_str()); }
+
+int input_damage_status(const TraceMeta& meta) {
+  const InputHealth& h = meta.health;
+  for (const auto& r : h.recovered)
+    std::fprintf(stderr, "ingero-pipeline: note: %s: damaged file: %s\n", meta.path.c_str(), r.c_str());
+  if (h.damage.empty()) return kExitOk;
+  for (const auto& d : h.damage) print_error(meta.path + ": damaged file: " + d);
+  print_error(meta.path + ": the results are partial: they may differ from the undamaged file's" +
+              (h.rows_unreadable ? " (" + std::to_string(h.rows_unreadable) + " rows unreadable)" : std::string()) +
+              " (exit status 5)");
+  return kExitDamaged;
+}
 
 void set_quiet(bool quiet) {
   if (quiet) ::setenv("INGERO_QUIET", "1", 1);

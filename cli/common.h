@@ -32,6 +32,12 @@ bool build_plan(const std::vector<std::string>& rule_files, bool no_default, Pla
                 std::vector<std::string>& errors);
 
 void print_error(const std::string& message);
+
+// After a command has read a trace (`meta`, its health final): notes on stderr the damage the
+// reader worked around without changing a result, and returns kExitOk; for damage that may
+// have changed the results (meta.health.damage), prints an error per damaged part naming the
+// file, then that the results are partial, and returns kExitDamaged (docs/cli.md).
+int input_damage_status(const TraceMeta& meta);
 bool stdout_is_terminal();
 
 // --param NAME=VALUE (repeatable), the same option on every command that runs the analyses

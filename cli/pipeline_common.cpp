@@ -208,6 +208,10 @@ bool MergeSource::next(Batch& out) {
       meta_.health.rows_skipped += m.health.rows_skipped;
       meta_.health.dropped_events += m.health.dropped_events;
       for (const auto& [r, n] : m.health.reasons) meta_.health.reasons[r] += n;
+      // Damage names its file: the merged meta's path is not the damaged one's.
+      for (const auto& d : m.health.damage) meta_.health.damaged(m.path + ": " + d);
+      for (const auto& r : m.health.recovered) meta_.health.recovered.push_back(m.path + ": " + r);
+      meta_.health.rows_unreadable += m.health.rows_unreadable;
       if (m.first_ts && (!meta_.first_ts || m.first_ts < meta_.first_ts)) meta_.first_ts = m.first_ts;
       meta_.last_ts = std::max(meta_.last_ts, m.last_ts);
     }

@@ -42,6 +42,12 @@ json health_json(const InputHealth& h) {
           {{"start_ns", l.start_ns}, {"end_ns", l.end_ns}, {"gpu", l.gpu}, {"host", l.host}, {"queue", l.queue}});
     out["loss_spans"] = std::move(spans);
   }
+  // Only a damaged input file writes these (docs/storage.md, "Damaged files"). Damage worked
+  // around exactly is only noted on stderr: the results are the undamaged file's, so is stdout.
+  if (!h.damage.empty()) {
+    out["damage"] = h.damage;
+    out["rows_unreadable"] = h.rows_unreadable;
+  }
   if (!h.missed.empty()) {  // only live captures' self-check writes these
     json missed = json::object();
     for (const auto& [reason, n] : h.missed) missed[reason] = n;

@@ -2,6 +2,7 @@
 // the trace-level metadata (node names, process names, stacks) that sinks and reports need.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -80,6 +81,18 @@ struct InputHealth {
   // zero when none, or when no span is known), and their total.
   LossSpan losses_between(uint64_t t0, uint64_t t1) const;
   uint64_t lost_between(uint64_t t0, uint64_t t1) const { return losses_between(t0, t1).total(); }
+  // The input file is damaged where the reader needed it (an SQLite error on a page, an index
+  // that disagrees with its table) and the results may differ from the undamaged file's: each
+  // entry names the file's table or index and what is wrong. Non-empty: the answer is partial
+  // (commands exit with kExitDamaged, docs/cli.md).
+  std::vector<std::string> damage;
+  uint64_t rows_unreadable = 0;  // rows lost to damage (rowids in ranges that could not be read)
+  // Damage worked around without changing any result (a damaged timestamp index: the table was
+  // read in rowid order instead). Noted on stderr; the exit status stays 0.
+  std::vector<std::string> recovered;
+  void damaged(const std::string& what) {
+    if (std::find(damage.begin(), damage.end(), what) == damage.end()) damage.push_back(what);
+  }
   void skip(const std::string& reason, uint64_t n = 1) {
     rows_skipped += n;
     reasons[reason] += n;

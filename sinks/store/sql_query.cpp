@@ -192,6 +192,8 @@ std::string kind_for(int rc, const RunGuard& guard, const char* msg) {
   if (prim == SQLITE_INTERRUPT) return guard.interrupt_kind.empty() ? "cancelled" : guard.interrupt_kind;
   if (prim == SQLITE_TOOBIG) return "too_big";
   if (prim == SQLITE_NOMEM) return "memory";
+  // The file itself is damaged (a page SQLite cannot read): not the statement's fault.
+  if (prim == SQLITE_CORRUPT || prim == SQLITE_NOTADB || prim == SQLITE_IOERR) return "damaged";
   if (msg != nullptr && std::strstr(msg, "may not be modified") != nullptr) return "denied";
   if (msg != nullptr && std::strstr(msg, "syntax error") != nullptr) return "syntax";
   return "error";
@@ -209,6 +211,9 @@ std::string message_for(const std::string& kind, const RunGuard& guard, const Sq
     return path + ": the query used more than its memory limit of " + std::to_string(limits.max_memory_bytes >> 20) +
            " MiB and was stopped";
   if (kind == "cancelled") return "the query was cancelled";
+  if (kind == "damaged")
+    return path + ": damaged file: " + std::string(msg ? msg : "unreadable page") +
+           " (a page the statement needs cannot be read; `PRAGMA integrity_check` lists the damage)";
   if (kind == "too_big")
     return path + ": " + std::string(msg ? msg : "value too big") + " (the value limit is " +
            std::to_string(limits.max_value_bytes) + " bytes per string or blob)";

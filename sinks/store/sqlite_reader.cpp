@@ -333,14 +333,16 @@ class Reader {
     for (size_t i = 0; i < meta_.nodes.size(); ++i) node_cache_.emplace(meta_.nodes[i], static_cast<uint16_t>(i));
     if (ours_) return;
     if (node_col_) {
-      Stmt s(db_, "SELECT DISTINCT node FROM events WHERE node IS NOT NULL ORDER BY node");
+      Stmt s(db_, "SELECT DISTINCT node FROM events NOT INDEXED WHERE node IS NOT NULL ORDER BY node");
       if (!s.ok()) return;
       bool cut = false;
-      while (s.step() == SQLITE_ROW) {
+      int rc;
+      while ((rc = s.step()) == SQLITE_ROW) {
         cut = false;
         node_for(capped_text(s, 0, kMaxNameBytes, cut));
         if (meta_.nodes.size() > std::numeric_limits<uint16_t>::max()) break;
       }
+      if (rc != SQLITE_ROW && rc != SQLITE_DONE) nodes_failed(rc);
       return;
     }
     if (id_col_) read_id_nodes();
@@ -353,13 +355,14 @@ class Reader {
   // ids; at most 65,535 names or 16 MiB of them are listed (a file with more is hostile: the
   // rest are numbered as rows come).
   void read_id_nodes() {
-    Stmt s(db_, "SELECT id FROM events WHERE typeof(id) = 'text'");
+    Stmt s(db_, "SELECT id FROM events NOT INDEXED WHERE typeof(id) = 'text'");
     if (!s.ok()) return;
     std::set<std::string> names;
     size_t bytes = 0;
     std::string text;
     bool cut = false;
-    while (s.step() == SQLITE_ROW) {
+    int rc;
+    while ((rc = s.step()) == SQLITE_ROW) {
       text.clear();
       copy_capped(s.get(), 0, kMaxTextBytes, text, cut);
       const size_t colon = text.rfind(':');
@@ -367,7 +370,16 @@ class Reader {
       if (names.size() >= std::numeric_limits<uint16_t>::max() || bytes > (size_t{16} << 20)) break;
       if (names.insert(text.substr(0, colon)).second) bytes += colon;
     }
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) nodes_failed(rc);
     for (const std::string& n : names) node_for(n);
+  }
+
+  // The node names are listed by one walk of `events` before its rows are read, so that their
+  // numbering does not depend on the read order; a damaged table cuts that list short (the
+  // names are then numbered as rows come, which can change the report's node order).
+  void nodes_failed(int rc) {
+    meta_.health.damaged("table `events`: node names unreadable (" + sqlite_detail::describe_sqlite_error(db_, rc) +
+                         ")");
   }
 
   // -1 when there are more names than Event::node can index.
@@ -417,6 +429,7 @@ class Reader {
       // report tells the user the rest is missing.
       meta_.health.skip("events table unreadable after row " + std::to_string(row) + ": " + what +
                         "; the remaining rows are lost");
+      meta_.health.damaged("table `events` unreadable after row " + std::to_string(row) + ": " + what);
     }
     return true;
   }
@@ -570,13 +583,16 @@ class Reader {
   }
 
   // Side tables are best-effort: a trace without them still analyses; a broken one is reported.
+  // The table is read whole, so an error is damage: the answer lacks what the table held.
   void side_table_failed(const char* table, int rc) {
-    meta_.health.skip(std::string(table) + " unreadable: " + sqlite_detail::describe_sqlite_error(db_, rc));
+    const std::string what = sqlite_detail::describe_sqlite_error(db_, rc);
+    meta_.health.skip(std::string(table) + " unreadable: " + what);
+    meta_.health.damaged("table `" + std::string(table) + "` unreadable: " + what);
   }
 
   void read_process_names() {
     if (!side_table("process_names")) return;
-    Stmt s(db_, "SELECT pid, name FROM process_names");
+    Stmt s(db_, "SELECT pid, name FROM process_names NOT INDEXED");
     if (!s.ok()) return side_table_failed("process_names", sqlite3_errcode(db_));
     int rc;
     while ((rc = s.step()) == SQLITE_ROW) {
@@ -592,7 +608,7 @@ class Reader {
   // Ours only (ip_thread_names): Ingero records process names, not thread names.
   void read_thread_names() {
     if (!side_table("ip_thread_names")) return;
-    Stmt s(db_, "SELECT tid, name FROM ip_thread_names");
+    Stmt s(db_, "SELECT tid, name FROM ip_thread_names NOT INDEXED");
     if (!s.ok()) return side_table_failed("ip_thread_names", sqlite3_errcode(db_));
     int rc;
     while ((rc = s.step()) == SQLITE_ROW) {
@@ -608,7 +624,7 @@ class Reader {
   // Ours only (ip_process_capture): when live capture of each process's calls began.
   void read_captures() {
     if (!side_table("ip_process_capture")) return;
-    Stmt s(db_, "SELECT pid, attached_at, started_at, predates FROM ip_process_capture");
+    Stmt s(db_, "SELECT pid, attached_at, started_at, predates FROM ip_process_capture NOT INDEXED");
     if (!s.ok()) return side_table_failed("ip_process_capture", sqlite3_errcode(db_));
     int rc;
     while ((rc = s.step()) == SQLITE_ROW) {
@@ -629,7 +645,8 @@ class Reader {
   void read_stacks() {
     if (!side_table("stack_traces")) return;
     const auto cols = sqlite_detail::table_columns(db_, "stack_traces");
-    Stmt s(db_, "SELECT hash, " + select_list(cols, {{"ips", "''"}, {"frames", "''"}}) + " FROM stack_traces");
+    Stmt s(db_,
+           "SELECT hash, " + select_list(cols, {{"ips", "''"}, {"frames", "''"}}) + " FROM stack_traces NOT INDEXED");
     if (!s.ok()) return side_table_failed("stack_traces", sqlite3_errcode(db_));
     int rc;
     while ((rc = s.step()) == SQLITE_ROW) {
@@ -675,7 +692,7 @@ class Reader {
                                        {"ingero_ver", "''"},
                                        {"pid_filter", "''"},
                                        {"flags", "''"}}) +
-                    " FROM sessions ORDER BY " + (has(cols, "id") ? "id" : "rowid"));
+                    " FROM sessions NOT INDEXED ORDER BY " + (has(cols, "id") ? "id" : "rowid"));
     if (!s.ok()) return side_table_failed("sessions", sqlite3_errcode(db_));
     int rc;
     while ((rc = s.step()) == SQLITE_ROW) {
@@ -713,7 +730,7 @@ class Reader {
                     select_list(
                         cols,
                         {{"cpu_pct", "0"}, {"mem_pct", "0"}, {"load_avg", "0"}, {"mem_avail", "0"}, {"swap_mb", "0"}}) +
-                    " FROM system_snapshots ORDER BY timestamp");
+                    " FROM system_snapshots NOT INDEXED ORDER BY timestamp, rowid");
     if (!s.ok()) return side_table_failed("system_snapshots", sqlite3_errcode(db_));
     int rc;
     while ((rc = s.step()) == SQLITE_ROW) {
@@ -1306,6 +1323,183 @@ class ChunkFeed {
   ResumePoint resume_;
 };
 
+// A 64-bit mix of a rowid (splitmix64's finaliser): the sum over a set of rowids identifies the
+// set (two different sets of the same size collide with probability about 2^-64).
+uint64_t rowid_mix(int64_t rowid) {
+  uint64_t z = static_cast<uint64_t>(rowid) + 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Walks `events` in rowid order past damaged pages. `head` is "SELECT ... FROM events"; the walk
+// appends " NOT INDEXED WHERE rowid >= ?1 ORDER BY rowid" (no index is ever involved). When a step
+// fails (a page SQLite cannot read), the walk finds the first readable rowid after the damage by
+// seeks on the table alone (each one descent of the B-tree: a seek that lands in a damaged leaf
+// fails, one past it succeeds; doubling, then bisecting), counts the rowids in between as
+// unreadable, records the range and resumes there. Ingero's writers and ours append rows with
+// consecutive rowids, so the gap is the number of rows lost; with deleted rows it is an upper
+// bound. A row that fails on its own (its leaf readable, its record not) is one rowid lost.
+class RowidWalk {
+ public:
+  static constexpr size_t kMaxRanges = 64;  // damage ranges recorded by name; more are counted
+
+  RowidWalk(sqlite3* db, const std::string& head)
+      : db_(db),
+        stmt_(db, head + " NOT INDEXED WHERE rowid >= ?1 ORDER BY rowid"),
+        probe_(db, "SELECT rowid FROM events NOT INDEXED WHERE rowid >= ?1 ORDER BY rowid LIMIT 1") {
+    if (stmt_.ok()) stmt_.bind(1, from_);
+  }
+  bool ok() const { return stmt_.ok() && probe_.ok(); }
+  std::string error() const { return stmt_.ok() ? probe_.error() : stmt_.error(); }
+
+  // Steps to the next readable row: `fetch(stmt, rowid)` steps the statement and, on SQLITE_ROW,
+  // sets `rowid`; it returns sqlite3_step()'s code. Returns SQLITE_ROW, SQLITE_DONE, or the code
+  // of a failure the walk cannot pass (out of memory, or damage no seek gets past: the rest of
+  // the table is then recorded as lost).
+  template <class Fetch>
+  int step(Fetch&& fetch) {
+    for (;;) {
+      int64_t rowid = 0;
+      int rc = fetch(stmt_.get(), rowid);
+      // A table walk gives rising rowids from the resume point; anything else comes from a
+      // damaged page whose bytes happen to parse: damage like an error.
+      const bool in_order = rowid >= from_ && (!read_since_resume_ || rowid > last_);
+      if (rc == SQLITE_ROW && in_order) {
+        last_ = rowid;
+        read_since_resume_ = true;
+        return rc;
+      }
+      if (rc == SQLITE_DONE || (rc & 0xff) == SQLITE_NOMEM || (rc & 0xff) == SQLITE_INTERRUPT) return rc;
+      const std::string what = rc == SQLITE_ROW ? std::string("rowids out of order (a damaged page)")
+                                                : sqlite_detail::describe_sqlite_error(db_, rc);
+      if (rc == SQLITE_ROW) rc = SQLITE_CORRUPT;
+      // The rows from `lo` on are in question: after the last one read, or the resume point.
+      int64_t lo = read_since_resume_ ? last_ : from_;
+      if (read_since_resume_) {
+        if (lo == std::numeric_limits<int64_t>::max()) return SQLITE_DONE;
+        ++lo;
+      } else if (resumed_) {
+        // Resumed at a rowid the probe could read and failed at once: that row's record is
+        // unreadable on its own. It is lost; the walk goes on after it.
+        lost(lo, lo, what);
+        if (lo == std::numeric_limits<int64_t>::max()) return SQLITE_DONE;
+        ++lo;
+      }
+      int64_t next = 0;
+      const int found = first_readable(lo, next);
+      if (found == SQLITE_ROW) {
+        if (next > lo) lost(lo, next - 1, what);
+        resume(next);
+        continue;
+      }
+      // No readable row after `lo`: the rest of the table is lost (its size as max(rowid) says).
+      int64_t top = lo - 1;
+      Stmt m(db_, "SELECT max(rowid) FROM events NOT INDEXED");
+      if (m.ok() && m.step() == SQLITE_ROW && m.type(0) == SQLITE_INTEGER) top = m.i64(0);
+      lost(lo, std::max(top, lo), what, top >= lo);
+      return found == SQLITE_DONE ? SQLITE_DONE : rc;
+    }
+  }
+
+  uint64_t unreadable() const { return unreadable_; }
+  // One line per damaged range ("rowids 120..184 unreadable: corrupt database (...)").
+  const std::vector<std::string>& ranges() const { return ranges_; }
+
+ private:
+  // The first rowid >= lo whose seek succeeds: SQLITE_ROW with `out`, SQLITE_DONE when none
+  // follows, or an error when even seeks near the end of the rowid space fail.
+  int first_readable(int64_t lo, int64_t& out) {
+    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+    int rc = probe(lo, out);
+    if (rc == SQLITE_ROW || rc == SQLITE_DONE) return rc;
+    // Doubling: the first bound past the damage; bisecting: the smallest such bound. Distances
+    // are unsigned: lo may be INT64_MIN (a walk that failed on its first row).
+    const auto distance = [](int64_t a, int64_t b) { return static_cast<uint64_t>(b) - static_cast<uint64_t>(a); };
+    int64_t bad = lo, good = lo;
+    const uint64_t room = distance(lo, kMax);
+    for (uint64_t d = 1;; d = d > room / 2 ? room : d * 2) {
+      good = d >= room ? kMax : static_cast<int64_t>(static_cast<uint64_t>(lo) + d);
+      rc = probe(good, out);
+      if (rc == SQLITE_ROW || rc == SQLITE_DONE) break;
+      bad = good;
+      if (good == kMax) return rc;
+    }
+    while (distance(bad, good) > 1) {
+      const int64_t mid = static_cast<int64_t>(static_cast<uint64_t>(bad) + distance(bad, good) / 2);
+      int64_t at = 0;
+      const int m = probe(mid, at);
+      if (m == SQLITE_ROW || m == SQLITE_DONE) good = mid;
+      else bad = mid;
+    }
+    return probe(good, out);
+  }
+
+  int probe(int64_t bound, int64_t& out) {
+    probe_.reset();
+    probe_.bind(1, bound);
+    int rc = probe_.step();
+    if (rc == SQLITE_ROW) {
+      out = probe_.i64(0);
+      if (out < bound) rc = SQLITE_CORRUPT;  // a seek never goes back: a damaged page's bytes
+    }
+    probe_.reset();
+    return rc;
+  }
+
+  void resume(int64_t at) {
+    stmt_.reset();
+    stmt_.bind(1, at);
+    from_ = at;
+    resumed_ = true;
+    read_since_resume_ = false;
+  }
+
+  // Records rowids first..last as lost. How many rows they held: an index of `events` that can
+  // still be read lists them (a full walk of it, per damaged range); without one, the gap
+  // (exact for consecutive rowids), or unknown when the range starts at the smallest rowid.
+  void lost(int64_t first, int64_t last, const std::string& what, bool known = true) {
+    uint64_t n = 0;
+    const bool counted = count_by_index(first, last, n);
+    const bool open_start = first == std::numeric_limits<int64_t>::min();
+    if (!counted && known && !open_start) n = static_cast<uint64_t>(last) - static_cast<uint64_t>(first) + 1;
+    unreadable_ += n;
+    const std::string rows = counted || (known && !open_start) ? std::to_string(n) + (counted ? "" : " at most")
+                                                               : std::string("an unknown number of");
+    const std::string range = open_start ? "rowids up to " + std::to_string(last)
+                              : known    ? "rowids " + std::to_string(first) + ".." + std::to_string(last)
+                                         : "rowids from " + std::to_string(first) + " on";
+    if (ranges_.size() < kMaxRanges) ranges_.push_back(range + " unreadable (" + rows + " rows): " + what);
+    else if (ranges_.size() == kMaxRanges) ranges_.emplace_back("more damaged ranges not listed");
+  }
+
+  bool count_by_index(int64_t first, int64_t last, uint64_t& n) {
+    std::vector<std::string> names;
+    {
+      Stmt l(db_, "SELECT name FROM pragma_index_list('events') WHERE partial = 0 ORDER BY name");
+      while (l.ok() && l.step() == SQLITE_ROW) names.push_back(l.text(0));
+    }
+    for (const auto& name : names) {
+      if (name.find('"') != std::string::npos) continue;
+      Stmt c(db_, "SELECT count(*) FROM events INDEXED BY \"" + name + "\" WHERE rowid BETWEEN ?1 AND ?2");
+      if (!c.ok()) continue;
+      c.bind(1, first);
+      c.bind(2, last);
+      if (c.step() != SQLITE_ROW) continue;
+      n = static_cast<uint64_t>(c.i64(0));
+      return true;
+    }
+    return false;
+  }
+
+  sqlite3* db_;
+  Stmt stmt_, probe_;
+  int64_t from_ = std::numeric_limits<int64_t>::min(), last_ = 0;
+  bool read_since_resume_ = false, resumed_ = false;
+  uint64_t unreadable_ = 0;
+  std::vector<std::string> ranges_;
+};
+
 // Streaming replay (contract: SqliteReadOptions in sinks/store/sqlite_store.h). Rows are decoded by the
 // same Reader::decode as the load path and merged through a min-heap keyed by (ts_ns, rowid),
 // which is exactly the order a stable sort by ts_ns of the table (in rowid order) gives.
@@ -1331,23 +1525,39 @@ class StreamSource final : public EventSource {
     small_page_cache(db_.get());
     if (!reader_.open_schema(error)) return false;
     reader_.read_side_tables();
-    const std::string index = timestamp_index();
-    std::string tail;
+    std::string index = timestamp_index();
+    // The index is walked only when it lists exactly the table's rows in order; otherwise the
+    // table itself is read, in rowid order (index_problem_ says why; finish() reports it).
+    if (!index.empty() && !index_agrees(index)) index.clear();
     if (!index.empty()) {
       indexed_ = true;
       index_ = index;
       start_feed(index);
-      slack_ = max_sched_switch_duration();
-      tail = " INDEXED BY \"" + index + "\" ORDER BY \"timestamp\", rowid";
-    } else {
+      bool slack_ok = true;
+      slack_ = max_sched_switch_duration(slack_ok);
+      if (!slack_ok) {
+        // The slack's query failed (it may use another index of `events`): without an exact
+        // slack the index walk could misorder rows, so the table is read instead.
+        index_problem_ = "the largest sched_switch duration could not be read through the indexes of `events`";
+        feed_.reset();
+        indexed_ = false;
+        index_.clear();
+      }
+    }
+    if (!indexed_) {
       slack_ = rowid_order_disorder();
+      walk_ = std::make_unique<RowidWalk>(db_.get(), reader_.events_sql(""));
+      if (!walk_->ok()) {
+        error = "cannot read `events`: " + walk_->error();
+        return false;
+      }
     }
     // With fetch threads the reader's connection is idle from here on (unless they fail): it
     // gives back the pages the side tables and the slack query cached.
     if (feed_) {
       sqlite3_db_release_memory(db_.get());
-    } else {
-      stmt_ = Stmt(db_.get(), reader_.events_sql(tail));
+    } else if (indexed_) {
+      stmt_ = Stmt(db_.get(), reader_.events_sql(" INDEXED BY \"" + index + "\" ORDER BY \"timestamp\", rowid"));
       if (!stmt_.ok()) {
         error = "cannot read `events`: " + stmt_.error();
         return false;
@@ -1389,6 +1599,9 @@ class StreamSource final : public EventSource {
   void publish_meta() {
     meta_.health.rows_read = health_.rows_read;
     for (const auto& [why, n] : health_.reasons) meta_.health.skip(why, n);
+    for (const auto& d : health_.damage) meta_.health.damaged(d);
+    meta_.health.rows_unreadable += health_.rows_unreadable;
+    for (const auto& r : health_.recovered) meta_.health.recovered.push_back(r);
     reader_.flush_cuts();
     meta_.first_ts = first_ts_;
     meta_.last_ts = last_ts_;
@@ -1464,6 +1677,116 @@ class StreamSource final : public EventSource {
     bool operator()(const Held& a, const Held& b) const { return Earlier{}(b, a); }
   };
 
+  // True when the timestamp index lists exactly the table's rows, in (timestamp, rowid) order:
+  // one walk of the index alone (its timestamps, the values the read uses, and rowids) against
+  // one walk of the table's rowids, compared by count and by a sum of mixed rowids. A damaged
+  // page on either walk is an SQLite error; an index page overwritten by another's is a
+  // different row set or a step back. Otherwise index_problem_ says what is wrong (a damaged
+  // table is left to RowidWalk, which records the ranges it cannot read). The two walks run
+  // at once on two connections where the file is immutable (both see the same rows): 0.10 s of
+  // a 5 M-row trace's replay (docs/storage.md, "Damaged files").
+  bool index_agrees(const std::string& index) {
+    struct Walk {
+      uint64_t rows = 0, sum = 0;
+      int rc = SQLITE_OK;
+      std::string what;
+      int64_t behind = 0;  // a rowid whose entry steps back, when `disorder`
+      bool disorder = false;
+    };
+    const auto table_walk = [](sqlite3* db, Walk& w) noexcept {
+      try {
+        Stmt t(db, "SELECT rowid FROM events NOT INDEXED");
+        if (!t.ok()) {
+          w.rc = SQLITE_ERROR;
+          w.what = t.error();
+          return;
+        }
+        while ((w.rc = t.step()) == SQLITE_ROW) {
+          ++w.rows;
+          w.sum += rowid_mix(t.i64(0));
+        }
+        if (w.rc != SQLITE_DONE) w.what = sqlite_detail::describe_sqlite_error(db, w.rc);
+      } catch (...) {
+        w.rc = SQLITE_NOMEM;
+        w.what = "out of memory";
+      }
+    };
+    Walk table, entries;
+    sqlite_detail::Db other;
+    std::thread thread;
+    try {
+      if (immutable_ && max_rowid() >= static_cast<int64_t>(options_.fetch_min_rows) &&
+          std::thread::hardware_concurrency() > 1)
+        other = another_connection();
+      if (other) thread = std::thread([&] { table_walk(other.get(), table); });
+    } catch (const std::exception&) {
+      // No second thread: the table is walked after the index, on this connection.
+    }
+    {
+      Stmt x(db_.get(),
+             "SELECT \"timestamp\", rowid FROM events INDEXED BY \"" + index + "\" ORDER BY \"timestamp\", rowid");
+      if (!x.ok()) {
+        entries.rc = SQLITE_ERROR;
+        entries.what = x.error();
+      } else {
+        int prev_rank = -1;
+        int64_t prev_i = 0, prev_rowid = 0;
+        double prev_f = 0;
+        bool prev_int = false;
+        while ((entries.rc = x.step()) == SQLITE_ROW) {
+          const int type = x.type(0);
+          const int64_t rowid = x.i64(1);
+          ++entries.rows;
+          entries.sum += rowid_mix(rowid);
+          // SQLite's order: NULL, numbers, text, blob; numbers by value, then rowid. Text and
+          // blobs (never in a trace) are checked by kind only.
+          const int rank = type == SQLITE_NULL ? 0 : type == SQLITE_TEXT ? 2 : type == SQLITE_BLOB ? 3 : 1;
+          bool back = rank < prev_rank;
+          if (rank == prev_rank && rank != 2 && rank != 3) {
+            int cmp = 0;
+            if (rank == 1) {
+              if (type == SQLITE_INTEGER && prev_int) {
+                const int64_t v = x.i64(0);
+                cmp = v < prev_i ? -1 : v > prev_i ? 1 : 0;
+              } else {
+                const double v = x.f64(0);
+                cmp = v < prev_f ? -1 : v > prev_f ? 1 : 0;
+              }
+            }
+            back = cmp < 0 || (cmp == 0 && rowid <= prev_rowid);
+          }
+          if (back && !entries.disorder) {
+            entries.disorder = true;
+            entries.behind = rowid;
+          }
+          prev_rank = rank;
+          prev_int = type == SQLITE_INTEGER;
+          prev_i = prev_int ? x.i64(0) : 0;
+          prev_f = type == SQLITE_INTEGER ? static_cast<double>(prev_i) : x.f64(0);
+          prev_rowid = rowid;
+        }
+        if (entries.rc != SQLITE_DONE) entries.what = sqlite_detail::describe_sqlite_error(db_.get(), entries.rc);
+      }
+    }
+    if (thread.joinable()) thread.join();
+    else table_walk(db_.get(), table);
+    other.reset();
+    if (table.rc != SQLITE_DONE) return false;  // the table is damaged: RowidWalk reports where
+    const std::string name = "index `" + index + "`";
+    if (entries.rc != SQLITE_DONE) index_problem_ = name + " unreadable: " + entries.what;
+    else if (entries.disorder)
+      index_problem_ = name + " out of order (its entry for rowid " + std::to_string(entries.behind) + " steps back)";
+    else if (entries.rows != table.rows || entries.sum != table.sum)
+      // Both walks read cleanly yet list different rows: either side may be the damaged one
+      // (a table page overwritten by another of its pages reads as a smaller, sound table), so
+      // the table is read but the answer is not claimed exact.
+      index_ambiguous_ = name + " and table `events` list different rows (" + std::to_string(entries.rows) + " and " +
+                         std::to_string(table.rows) + ")";
+    if (!index_problem_.empty() || !index_ambiguous_.empty()) return false;
+    expected_rows_ = table.rows;
+    return true;
+  }
+
   // Name of an ascending, complete index whose first column is `timestamp`, or "".
   std::string timestamp_index() {
     Stmt s(db_.get(),
@@ -1485,7 +1808,9 @@ class StreamSource final : public EventSource {
   // (an immutable file, every connection sees the same rows) the table's two rowid halves are
   // searched at once, the upper on a connection and thread of its own: 0.21-0.24 s. Best-effort: when
   // the second connection or thread cannot be had, one query does it all.
-  uint64_t max_sched_switch_duration() {
+  // `ok` is cleared when a query failed (a damaged page on its path): the slack is then unknown.
+  uint64_t max_sched_switch_duration(bool& ok) {
+    ok = true;
     const int64_t mid = feed_ ? max_rowid() / 2 : 0;
     if (mid > 0) {
       try {
@@ -1495,47 +1820,61 @@ class StreamSource final : public EventSource {
           std::thread t([&other, &upper, mid] { upper = max_switch_duration_in(other.get(), mid + 1, INT64_MAX); });
           const int64_t lower = max_switch_duration_in(db_.get(), INT64_MIN, mid);
           t.join();
+          ok = lower != kSlackFailed && upper != kSlackFailed;
           return static_cast<uint64_t>(std::max<int64_t>({0, lower, upper}));
         }
       } catch (const std::exception&) {
         // No second connection or thread (std::system_error, std::bad_alloc): one query below.
       }
     }
-    return static_cast<uint64_t>(std::max<int64_t>(0, max_switch_duration_in(db_.get(), INT64_MIN, INT64_MAX)));
+    const int64_t all = max_switch_duration_in(db_.get(), INT64_MIN, INT64_MAX);
+    ok = all != kSlackFailed;
+    return static_cast<uint64_t>(std::max<int64_t>(0, all));
   }
-  // max_sched_switch_duration() over the rows with rowid in [first, last]; -1 when none, on an
-  // error, or on an exception (std::bad_alloc): it never throws, so the thread that runs it
-  // always ends and is joined.
+  // max_sched_switch_duration() over the rows with rowid in [first, last]; -1 when none,
+  // kSlackFailed on an error or an exception (std::bad_alloc): it never throws, so the thread
+  // that runs it always ends and is joined.
+  static constexpr int64_t kSlackFailed = -2;
   static int64_t max_switch_duration_in(sqlite3* db, int64_t first, int64_t last) noexcept {
     try {
       Stmt s(db,
              "SELECT max(duration) FROM events WHERE source = ?1 AND op = ?2 AND "
              "typeof(duration) = 'integer' AND duration BETWEEN 0 AND ?3 AND rowid BETWEEN ?4 AND ?5");
-      if (!s.ok()) return -1;
+      if (!s.ok()) return kSlackFailed;
       s.bind(1, static_cast<int64_t>(Source::kHost));
       s.bind(2, static_cast<int64_t>(op::kSchedSwitch));
       s.bind(3, kMaxPlausibleDurationNs);
       s.bind(4, first);
       s.bind(5, last);
-      if (s.step() != SQLITE_ROW || s.type(0) != SQLITE_INTEGER) return -1;
+      if (s.step() != SQLITE_ROW) return kSlackFailed;
+      if (s.type(0) != SQLITE_INTEGER) return -1;
       return s.i64(0);
     } catch (...) {
-      return -1;
+      return kSlackFailed;
     }
   }
 
   // Rowid order without an index: the largest amount by which a row's start precedes the
   // latest start before it. Holding rows that long makes the heap's output fully sorted.
+  // Walks past damaged pages as the read itself will (RowidWalk: the same rows are skipped).
   uint64_t rowid_order_disorder() {
-    Stmt s(db_.get(), "SELECT \"timestamp\", duration, source, op FROM events");
-    if (!s.ok()) return 0;
+    RowidWalk walk(db_.get(), "SELECT \"timestamp\", duration, source, op, rowid FROM events");
+    if (!walk.ok()) return 0;
+    sqlite3_stmt* st = nullptr;
+    const auto fetch = [&st](sqlite3_stmt* stmt, int64_t& rowid) {
+      st = stmt;
+      const int rc = sqlite3_step(stmt);
+      if (rc == SQLITE_ROW) rowid = sqlite3_column_int64(stmt, 4);
+      return rc;
+    };
     uint64_t front = 0, worst = 0;
-    while (s.step() == SQLITE_ROW) {
-      if (s.type(0) != SQLITE_INTEGER || s.type(1) != SQLITE_INTEGER) continue;
-      const int64_t ts = s.i64(0), dur = s.i64(1);
+    while (walk.step(fetch) == SQLITE_ROW) {
+      if (sqlite3_column_type(st, 0) != SQLITE_INTEGER || sqlite3_column_type(st, 1) != SQLITE_INTEGER) continue;
+      const int64_t ts = sqlite3_column_int64(st, 0), dur = sqlite3_column_int64(st, 1);
       if (ts <= 0 || dur < 0 || dur > kMaxPlausibleDurationNs) continue;
       uint64_t start = static_cast<uint64_t>(ts);
-      if (s.i64(2) == static_cast<int64_t>(Source::kHost) && s.i64(3) == op::kSchedSwitch) {
+      if (sqlite3_column_int64(st, 2) == static_cast<int64_t>(Source::kHost) &&
+          sqlite3_column_int64(st, 3) == op::kSchedSwitch) {
         if (static_cast<uint64_t>(dur) >= start) continue;
         start -= static_cast<uint64_t>(dur);
       }
@@ -1642,6 +1981,19 @@ class StreamSource final : public EventSource {
       if (end != ChunkFeed::End::kFailed) return nullptr;
       if (!resume_single_walk()) return nullptr;
     }
+    if (walk_) {
+      const int rc = walk_->step([this](sqlite3_stmt* st, int64_t& rowid) {
+        const int step = reader_.step_fetch(st, raw_);
+        if (step == SQLITE_ROW) rowid = raw_.rowid;
+        return step;
+      });
+      if (rc == SQLITE_ROW) return &raw_;
+      if (rc != SQLITE_DONE) {
+        failed_rc_ = rc;
+        failed_what_ = sqlite_detail::describe_sqlite_error(db_.get(), rc);
+      }
+      return nullptr;
+    }
     const int rc = reader_.step_fetch(stmt_.get(), raw_);
     if (rc == SQLITE_ROW) return &raw_;
     if (rc != SQLITE_DONE) {
@@ -1702,6 +2054,7 @@ class StreamSource final : public EventSource {
     if (indexed_ && stored < front_) {
       // The index walk went backwards: the index is damaged. Never hand out unsorted events.
       health_.skip("row out of timestamp-index order (damaged index?)");
+      index_disagrees();
       return;
     }
     front_ = std::max(front_, indexed_ ? stored : h.e.ts_ns);
@@ -1711,6 +2064,8 @@ class StreamSource final : public EventSource {
       if (!overflowed_) {
         // Cannot happen on a sound file (the slack is exact); a damaged index can cause it.
         health_.skip("row arrived after its place in time order (damaged index?)");
+        if (indexed_) index_disagrees();
+        else health_.damaged("table `events`: a row arrived after its place in time order");
         return;
       }
       if (h.e.source != Source::kHost) {
@@ -1746,6 +2101,13 @@ class StreamSource final : public EventSource {
     released_any_ = true;
   }
 
+  // Found while reading, after earlier rows went out: the answer may differ from the undamaged
+  // file's, so it is partial (index_agrees() found nothing wrong: the index's damage keeps its
+  // row set and order, e.g. wrong timestamps, or another index gave a wrong slack).
+  void index_disagrees() {
+    health_.damaged("index `" + index_ + "` disagrees with table `events`: rows out of time order while reading");
+  }
+
   void report_progress() {
     const auto now = std::chrono::steady_clock::now();
     if (now < progress_next_) return;
@@ -1775,21 +2137,56 @@ class StreamSource final : public EventSource {
     else if (failed_rc_ != SQLITE_OK)
       health_.skip("events table unreadable after row " + std::to_string(row_) + ": " + failed_what_ +
                    "; the remaining rows are lost");
+    report_damage();
     if (late_count_)
       health_.skip("delivered late: the reorder buffer (" + std::to_string(options_.max_reorder_events) +
                        " rows) was too small for this trace's disorder",
                    late_count_);
     feed_.reset();
     stmt_ = Stmt();
+    walk_.reset();
     db_.reset();
   }
 
+  // What damage the read met (into health_, published with it): rows the walk could not read,
+  // an index it did not trust (worked around exactly unless the table read lost or reordered
+  // rows), a read that stopped early, a row count other than the table's.
+  void report_damage() {
+    bool exact = !threw_ && failed_rc_ == SQLITE_OK;
+    if (failed_rc_ != SQLITE_OK)
+      health_.damaged(std::string(indexed_ ? "index `" + index_ + "` or table `events`" : "table `events`") +
+                      " unreadable after row " + std::to_string(row_) + ": " + failed_what_);
+    if (walk_) {
+      for (const auto& r : walk_->ranges()) health_.damaged("table `events`: " + r);
+      health_.rows_unreadable += walk_->unreadable();
+      exact = exact && walk_->ranges().empty();
+    }
+    if (!index_problem_.empty()) {
+      if (exact && !overflowed_)
+        health_.recovered.push_back(
+            index_problem_ + ": read table `events` in rowid order instead (the results are the undamaged file's)");
+      else health_.damaged(index_problem_);
+      if (overflowed_)
+        health_.damaged("the rowid-order read's reorder buffer (" + std::to_string(options_.max_reorder_events) +
+                        " rows) was too small for this trace's disorder: rows went out late or were skipped");
+    }
+    if (!index_ambiguous_.empty()) health_.damaged(index_ambiguous_);
+    if (indexed_ && exact && expected_rows_ != kUnknownRows && row_ != expected_rows_)
+      health_.damaged("index `" + index_ + "` gave " + std::to_string(row_) + " rows, table `events` holds " +
+                      std::to_string(expected_rows_));
+  }
+
+  static constexpr uint64_t kUnknownRows = std::numeric_limits<uint64_t>::max();
   sqlite_detail::Db db_;
   TraceMeta meta_;
   SqliteReadOptions options_;
   Reader reader_;
   Stmt stmt_;
-  RawRow raw_;  // read_row()'s row being decoded (kept: its strings keep their capacity)
+  std::unique_ptr<RowidWalk> walk_;        // the rowid-order read (no index, or one not trusted)
+  std::string index_problem_;              // why the timestamp index was not walked (empty: it was, or none)
+  std::string index_ambiguous_;            // the index and the table list different rows: damage either side
+  uint64_t expected_rows_ = kUnknownRows;  // the table's rows, when index_agrees() counted them
+  RawRow raw_;                             // read_row()'s row being decoded (kept: its strings keep their capacity)
   bool indexed_ = false, done_ = false, finished_ = false, forced_ = false;
   bool released_any_ = false, seen_any_ = false, overflowed_ = false;
   int failed_rc_ = SQLITE_OK;
