@@ -231,12 +231,14 @@ Candidate judge_phases(const std::vector<uint64_t>& t, const std::vector<uint64_
 }
 
 // The series' markers in time order: (time, wait), by start or by end.
-void linearise(const StepInference::Series& s, bool ends, std::vector<uint64_t>& t, std::vector<uint64_t>& w) {
-  const size_t n = s.ts.size();
+// `last`: only the newest `last` markers of the series.
+void linearise(const StepInference::Series& s, bool ends, std::vector<uint64_t>& t, std::vector<uint64_t>& w,
+               size_t last = StepInference::kMaxMarkers) {
+  const size_t size = s.ts.size(), n = std::min(size, last);
   std::vector<std::pair<uint64_t, uint64_t>> m;
   m.reserve(n);
   for (size_t j = 0; j < n; ++j) {
-    const size_t at = (s.head + j) % n;  // oldest first once the ring has wrapped
+    const size_t at = s.at(n, j);  // oldest first once the ring has wrapped
     m.emplace_back(ends ? s.ts[at] + s.dur[at] : s.ts[at], s.dur[at]);
   }
   std::sort(m.begin(), m.end());
@@ -279,7 +281,7 @@ struct Judged {
   }
 };
 
-Judged judge_key(const StepInference::KeyState& s) {
+Judged judge_key(const StepInference::KeyState& s, size_t last = StepInference::kMaxMarkers) {
   Judged j;
   const uint64_t key_span = s.last_ns > s.first_ns ? s.last_ns - s.first_ns : 0;
   std::vector<uint64_t> t, w;
@@ -298,7 +300,7 @@ Judged judge_key(const StepInference::KeyState& s) {
     if (!series || series->ts.empty()) continue;
     j.markers += series->ts.size();
     for (const bool ends : {true, false}) {
-      linearise(*series, ends, t, w);
+      linearise(*series, ends, t, w, last);
       Candidate c = judge_phases(t, w, series->total, key_span);
       c.cls = kSyncOps[i].cls;
       c.slot = i;
@@ -311,7 +313,7 @@ Judged judge_key(const StepInference::KeyState& s) {
     const auto& series = s.bursts[b];
     if (!series || series->ts.empty()) continue;
     j.markers += series->ts.size();
-    linearise(*series, false, t, w);
+    linearise(*series, false, t, w, last);
     Candidate c = judge_phases(t, w, series->total, key_span);
     c.cls = kClassBursts;
     c.slot = kSyncOps.size() + b;
@@ -445,9 +447,9 @@ void StepInference::Series::add(uint64_t t, uint64_t d, uint32_t thread) {
   head = (head + 1) % kMaxMarkers;
 }
 
-StepInference::Pick StepInference::pick(const KeyState& s) {
+StepInference::Pick StepInference::pick(const KeyState& s, size_t last) {
   Pick p;
-  const Judged j = judge_key(s);
+  const Judged j = judge_key(s, last);
   const Candidate* c = j.pick();
   if (!c || c->boundaries.empty()) return p;
   p.ok = true;

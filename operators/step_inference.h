@@ -187,8 +187,11 @@ class StepInference final : public EventObserver {
     }
   };
 
-  // The series finish() would choose for one key now.
-  static Pick pick(const KeyState& s);
+  // The series finish() would choose for one key now; `last`: judging only the newest `last`
+  // markers of each series (the online tracker's cheaper judgements).
+  static Pick pick(const KeyState& s, size_t last = kMaxMarkers);
+  // The key the last GPU API event given to observe() belongs to (null before any).
+  const KeyState* last_state() const { return last_state_; }
   // Every key seen so far, in no particular order.
   template <class Fn>
   void for_each_key(Fn&& fn) const {

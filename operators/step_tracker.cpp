@@ -4,6 +4,8 @@
 #include <cmath>
 #include <tuple>
 
+#include "model/ops.h"
+
 namespace ingero {
 
 void StepTracker::lock(Track& tr, const StepInference::KeyState& s, const StepInference::Pick& p) {
@@ -147,36 +149,73 @@ void StepTracker::advance(Track& tr, const StepInference::KeyState& s, bool fina
   if (final) release(tr, out);
 }
 
-void StepTracker::flush(bool final, std::vector<Event>& out) {
-  const size_t from = out.size();
-  inference_.for_each_key([&](uint64_t key, const StepInference::KeyState& s) {
-    Track& tr = tracks_[key];
-    // Judge (again) once the markers grew by a quarter (and 6) unlocked, or doubled locked:
-    // O(markers) amortised. Not before the process has been active kMinSpanNs.
-    const uint64_t due = tr.locked ? 2 * tr.tried_at : tr.tried_at + tr.tried_at / 4 + 6;
-    const bool long_enough = s.last_ns > s.first_ns && s.last_ns - s.first_ns >= kMinSpanNs;
-    if ((s.markers >= due && long_enough) || (final && s.markers > tr.tried_at)) {
-      tr.tried_at = s.markers;
-      const StepInference::Pick p = StepInference::pick(s);
-      const bool sure = p.ok && (final || p.confidence >= kLockConfidence);
-      const bool same = tr.locked && p.slot == tr.slot && p.ends == tr.ends && p.k == tr.k &&
-                        std::fabs(static_cast<double>(p.period) - static_cast<double>(tr.period)) <=
-                            0.1 * static_cast<double>(tr.period);
-      // A first lock, or a judgement over more history that picks another series, k or pace.
-      if (sure && !same) {
-        if (tr.locked) unlock(tr, s);
-        lock(tr, s, p);
-        tr.judged_to = s.last_ns;
-      }
+void StepTracker::judge(Track& tr, const StepInference::KeyState& s, bool final) {
+  tr.tried_at = s.markers;
+  ++tr.tries;
+  const StepInference::Pick p = StepInference::pick(s, final ? StepInference::kMaxMarkers : kJudgedMarkers);
+  const bool sure = p.ok && (final || p.confidence >= kLockConfidence);
+  const bool same = tr.locked && p.slot == tr.slot && p.ends == tr.ends && p.k == tr.k &&
+                    std::fabs(static_cast<double>(p.period) - static_cast<double>(tr.period)) <=
+                        0.1 * static_cast<double>(tr.period);
+  // A first lock, or a judgement over more history that picks another series, k or pace.
+  if (sure && !same) {
+    if (tr.locked) unlock(tr, s);
+    lock(tr, s, p);
+    tr.judged_to = s.last_ns;
+  }
+}
+
+void StepTracker::on_marker(Track& tr, const StepInference::KeyState& s) {
+  // Judge (again) once the markers grew by a quarter (and 6) for the first kQuickTries, then
+  // doubled (a process with no period is not judged over and over), or doubled locked:
+  // O(markers) amortised. Not before the process has been active kMinSpanNs.
+  const uint64_t due = tr.locked || tr.tries >= kQuickTries ? 2 * tr.tried_at : tr.tried_at + tr.tried_at / 4 + 6;
+  if (s.markers >= due && s.last_ns > s.first_ns && s.last_ns - s.first_ns >= kMinSpanNs) judge(tr, s, false);
+  if (!tr.locked) return;
+  pull(tr, s);
+  advance(tr, s, false, ready_);
+}
+
+void StepTracker::observe(const Event* events, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const Event& e = events[i];
+    if (!is_gpu_api(e.source)) {
+      // Of the rest, StepInference reads only preempted switches (launch gaps that are no steps).
+      if (e.source == Source::kHost && e.op == op::kSchedSwitch && e.prev_state == OffCpuState::kPreempted)
+        inference_.observe(&e, 1);
+      continue;
     }
-    if (!tr.locked) return;
-    pull(tr, s);
-    advance(tr, s, final, out);
-  });
-  // In process and ordinal order, whatever the order of the map.
-  std::sort(out.begin() + static_cast<std::ptrdiff_t>(from), out.end(), [](const Event& a, const Event& b) {
+    inference_.observe(&e, 1);
+    const StepInference::KeyState* s = inference_.last_state();
+    if (!s) continue;
+    if (s != last_key_) {
+      last_key_ = s;
+      last_track_ = &tracks_[s];
+    }
+    Track& tr = *last_track_;
+    if (s->markers == tr.seen) continue;
+    tr.seen = s->markers;
+    on_marker(tr, *s);
+  }
+}
+
+void StepTracker::flush(bool final, std::vector<Event>& out) {
+  if (final) {
+    inference_.for_each_key([&](uint64_t, const StepInference::KeyState& s) {
+      Track& tr = tracks_[&s];
+      // A confirmed lock is not judged again at the end (its steps went out already).
+      if (s.markers > tr.tried_at && !tr.confirmed) judge(tr, s, true);
+      if (!tr.locked) return;
+      pull(tr, s);
+      advance(tr, s, true, ready_);
+    });
+  }
+  // In process and ordinal order, whatever the order in which processes settled them.
+  std::sort(ready_.begin(), ready_.end(), [](const Event& a, const Event& b) {
     return std::tie(a.node, a.pid, a.rank, a.arg0) < std::tie(b.node, b.pid, b.rank, b.arg0);
   });
+  out.insert(out.end(), ready_.begin(), ready_.end());
+  ready_.clear();
 }
 
 size_t StepTracker::locked() const {

@@ -8,15 +8,17 @@
 // Contract:
 // - observe() takes the events of the processes this instance owns, in time order (one engine
 //   shard's owned events); flush(final, out) appends the steps settled since the last
-//   flush as events: source Source::kStep, op 0, ts_ns = the step's first boundary, dur_ns = its
-//   length (the next boundary - ts), pid/rank/node = the process, tid = the thread whose marker
-//   ends the step, arg0 = the step's ordinal in its process (0, 1, 2, ... in time order, never
+//   flush (final: every step, after judging each process over its whole trace) as events: source Source::kStep, op 0,
+//   ts_ns = the step's first boundary, dur_ns = its length (the next boundary - ts), pid/rank/node = the process, tid =
+//   the thread whose marker ends the step, arg0 = the step's ordinal in its process (0, 1, 2, ... in time order, never
 //   reused), arg1 = the wait of the marker that ends it (the synchronising call's duration; for
 //   launch bursts, the launch-free gap before the burst), flags = kSynthetic, plus event_flags::kStepIrregular
 //   when the step is not within 20% of the period (a stall, a missing marker).
 //   Per process the steps come in ordinal order; each ts is the previous step's end.
-// - Locking on: a process is judged (StepInference::pick) once it has been active kMinSpanNs
-//   (2 s) and then whenever its markers grew by a quarter (plus 6); a period accepted with
+// - Locking on: a process is judged (StepInference::pick, over the newest kJudgedMarkers = 1024
+//   markers of each series: at least 85 steps at 12 markers a step) once it has been active kMinSpanNs
+//   (2 s) and then whenever its markers grew by a quarter (plus 6; after kQuickTries = 3
+//   judgements, doubled); a period accepted with
 //   confidence >= kLockConfidence (0.8; any accepted period at the final flush) is locked on, and
 //   its steps are tracked but held back until the lock is confirmed: followed over as much time
 //   again as it was judged on, with at most a quarter of that time in irregular steps (then the
@@ -38,14 +40,16 @@
 //   in irregular steps (the pace changed, or the lock was on a sub-step pattern), held steps are
 //   dropped and the process goes back to "locking on" from the last boundary that went out,
 //   ordinals continuing. A stall (one step of 3 periods among regular ones) does not unlock.
-// - The final flush judges the whole trace (as StepInference::finish does), never unlocks, and
-//   lets every step it tracks go out: at the end of a replay the steps are the report's.
+// - The final flush judges the whole trace (as StepInference::finish does) unless the process's
+//   lock is confirmed already, never unlocks, and lets every step it tracks go out.
 // - A process with no period never gets steps (StepInference's method "none"); explicit step
 //   markers (trace --annotate) are not used here (only in the end-of-trace report).
 // - Memory: StepInference's rings (bounded) plus, per locked process, the markers of its series
 //   after its last boundary (at most about 2k + what one flush brought).
-// - Deterministic for a given event order; results do not depend on how flushes are spaced except
-//   through when the analysis runs (a lock found at another marker count may start elsewhere).
+// - Event-driven: judgements and tracking happen as each marker arrives (inside observe()), so the
+//   steps - boundaries, ordinals, flags - are a function of each process's events alone, whatever
+//   the batches or the flushes (flush() only hands over what is out, and finishes at the end).
+//   The engine's shards see each process's events in the same order at any thread count.
 #pragma once
 
 #include <cstddef>
@@ -62,9 +66,11 @@ class StepTracker {
  public:
   static constexpr size_t kRecent = 20;                     // steps judged for unlocking
   static constexpr uint64_t kMinSpanNs = 2'000'000'000ull;  // activity before the first judgement
-  static constexpr double kLockConfidence = 0.8;            // of StepInference::pick, to lock before the end
+  static constexpr double kLockConfidence = 0.8;
+  static constexpr uint32_t kQuickTries = 3;      // judgements at +25% markers; then at x2
+  static constexpr size_t kJudgedMarkers = 1024;  // newest markers per series judged before the end
 
-  void observe(const Event* events, size_t n) { inference_.observe(events, n); }
+  void observe(const Event* events, size_t n);
   // Appends the steps settled since the last flush, in (node, pid, rank, ordinal) order.
   void flush(bool final, std::vector<Event>& out);
 
@@ -93,6 +99,8 @@ class StepTracker {
     std::vector<Event> held;    // tracked, not yet confirmed
     std::vector<Event> recent;  // the last kRecent steps tracked
     uint64_t ordinal = 0;       // of the next step to go out
+    uint64_t seen = 0;          // KeyState::markers when last looked at
+    uint32_t tries = 0;         // judgements so far
   };
 
   void lock(Track& tr, const StepInference::KeyState& s, const StepInference::Pick& p);
@@ -105,8 +113,15 @@ class StepTracker {
   // The share of the time of the last `last` steps that was in irregular steps.
   static double irregular_share(const std::vector<Event>& steps, size_t last);
 
+  // A marker was added to process `s`: judge it when due, track its locked series.
+  void on_marker(Track& tr, const StepInference::KeyState& s);
+  void judge(Track& tr, const StepInference::KeyState& s, bool final);
+
   StepInference inference_;
-  std::unordered_map<uint64_t, Track> tracks_;
+  std::unordered_map<const StepInference::KeyState*, Track> tracks_;  // KeyStates never move
+  const StepInference::KeyState* last_key_ = nullptr;
+  Track* last_track_ = nullptr;
+  std::vector<Event> ready_;  // steps out since the last flush
 };
 
 }  // namespace ingero
