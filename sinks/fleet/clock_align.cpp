@@ -229,7 +229,7 @@ OffsetEstimate estimate_offset(const std::vector<SyncPoint>& reference_in, const
 
   // ---- Every shift at which the two sequences overlap by >= min_pairs collectives. At most
   // kMaxPairs evenly spread pairs per shift while scanning (the picked one is redone with all).
-  constexpr size_t kMaxPairs = 512;
+  constexpr size_t kMaxPairs = 96;
   const int64_t s_lo = std::max(static_cast<int64_t>(idx.lo()) - static_cast<int64_t>(ref.back().ordinal),
                                 -hints.max_shift);
   const int64_t s_hi = std::min(static_cast<int64_t>(idx.hi()) - static_cast<int64_t>(ref.front().ordinal),

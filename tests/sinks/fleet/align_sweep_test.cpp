@@ -256,9 +256,9 @@ void run_case(const SweepCase& c, SweepTally& tally) {
   for (const auto& n : rep.nodes)
     if (n.method == "reference") ref = std::stoi(n.node.substr(5));
   ASSERT_GE(ref, 0);
-  const std::string what = "period " + std::to_string(c.period_ns) + " jitter " + std::to_string(c.jitter) +
-                           " ranks " + std::to_string(c.ranks) + " start " + std::to_string(c.start_events) +
-                           " anchors " + std::to_string(c.anchor_error_ns) + " seed " + std::to_string(c.seed);
+  const std::string what = "period " + std::to_string(c.period_ns) + " jitter " + std::to_string(c.jitter) + " ranks " +
+                           std::to_string(c.ranks) + " start " + std::to_string(c.start_events) + " anchors " +
+                           std::to_string(c.anchor_error_ns) + " seed " + std::to_string(c.seed);
   bool any_ambiguous = false;
   for (const auto& n : rep.nodes) {
     const int r = std::stoi(n.node.substr(5));
@@ -291,8 +291,7 @@ void run_case(const SweepCase& c, SweepTally& tally) {
 }  // namespace
 
 TEST(AlignSweep, EveryOffsetIsWithin100usOrAmbiguousAndCovered) {
-  const std::vector<uint64_t> periods = {5'000'000, 7'700'000, 50'000'000, 400'000'000, 2'000'000'000,
-                                         10'000'000'000};
+  const std::vector<uint64_t> periods = {5'000'000, 7'700'000, 50'000'000, 400'000'000, 2'000'000'000, 10'000'000'000};
   const std::vector<double> jitters = {0.0, 0.0005, 0.03};
   const std::vector<int> ranks = {4, 8, 16, 64};
   const std::vector<int64_t> anchors = {-1, 200'000, 2'000'000, 100'000'000};
@@ -308,10 +307,11 @@ TEST(AlignSweep, EveryOffsetIsWithin100usOrAmbiguousAndCovered) {
         if (HasFatalFailure()) return;
         ++seed;
       }
-  std::printf("sweep: %d nodes, %d decided by step jitter, %d by collective order, %d by anchors, %d ambiguous; "
-              "worst decided error %.1f us\n",
-              tally.nodes, tally.decided_by_data, tally.by_order, tally.by_anchors, tally.ambiguous,
-              static_cast<double>(tally.worst_decided_err) / 1e3);
+  std::printf(
+      "sweep: %d nodes, %d decided by step jitter, %d by collective order, %d by anchors, %d ambiguous; "
+      "worst decided error %.1f us\n",
+      tally.nodes, tally.decided_by_data, tally.by_order, tally.by_anchors, tally.ambiguous,
+      static_cast<double>(tally.worst_decided_err) / 1e3);
   // The sweep exercises every way of deciding, and the ambiguous outcome.
   EXPECT_GT(tally.decided_by_data, 0);
   EXPECT_GT(tally.by_order, 0);
@@ -333,6 +333,8 @@ TEST(AlignSweep, IssueCaseEightNodesAt7_7msWithin25ms) {
     spec.transfer_ns = 800'000;
     spec.launch_gap_ns = 0;
     spec.job_start_events = start;
+    spec.slow_rank = 3;  // 1 ms late at every all-reduce
+    spec.slow_extra_ns = 1'000'000;
     spec.clock_offset_ns = {0, 25'000'000, -17'000'000, 9'000'000, -24'000'000, 15'300'000, -8'000'000, 21'000'000};
     spec.first_step = start ? std::vector<int>(8, 0) : std::vector<int>{0, 1, 3, 0, 2, 0, 1, 4};
     std::vector<MergeInput> in;
@@ -361,6 +363,21 @@ TEST(AlignSweep, IssueCaseEightNodesAt7_7msWithin25ms) {
     }
     if (!start) {
       EXPECT_EQ(ambiguous, 7);
+    }
+    // What the merged file records, and the order claims read back from it: node-3 is named last
+    // only when every clock is known to better than its 1 ms lead.
+    EXPECT_EQ(test::query_int(o.out,
+                              "SELECT count(*) FROM ip_merge_nodes WHERE method = 'ambiguous'"
+                              " AND uncertainty_ns >= 7700000"),
+              start ? 0 : 7);
+    std::vector<ArrivalCount> arrivals;
+    ASSERT_TRUE(arrivals_of_merged_trace(o.out, arrivals, error)) << error;
+    for (const auto& a : arrivals) {
+      if (start && a.node == "node-3") {
+        EXPECT_GT(a.last, 150u) << a.compared;
+      } else {
+        EXPECT_EQ(a.last, 0u) << a.node << (start ? " (start covered)" : " (ambiguous clocks)");
+      }
     }  // strictly periodic, no anchors: nothing can decide
   }
 }
