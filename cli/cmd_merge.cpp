@@ -63,6 +63,10 @@ int run_merge(const MergeArgs& a) {
     std::printf("  [%s%s]\n", n.method.c_str(),
                 n.pairs ? (", " + std::to_string(n.pairs) + " collectives").c_str() : "");
     if (!n.note.empty()) std::printf("      %s\n", n.note.c_str());
+    if (n.method == "ambiguous")
+      std::printf(
+          "      clock known only to whole steps: no arrival order is claimed at collectives this node "
+          "takes part in\n");
     // Arrival order is claimed only beyond both nodes' clock uncertainties (docs/fleet.md).
     if (n.last_arrivals)
       std::printf(

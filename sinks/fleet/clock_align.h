@@ -15,16 +15,29 @@
 //   but a collective completes on every rank at the same instant, and a host that blocked on it
 //   wakes up within microseconds of that instant (docs/fleet.md).
 // - estimate_offset() matches the k-th collective of a node with the k-th of the reference, after
-//   searching the ordinal shift (captures start at different steps): the shift whose differences
-//   are tightest (MAD), and among near-ties the one closest to `prior_ns` (the wall clocks agree
-//   to far better than one step, normally). offset = median of the differences; uncertainty =
-//   max(1.4826 x MAD, 1 us). It fails (ok = false, `why` says why) with fewer than min_pairs pairs.
-//   Ambiguity: when the step period is shorter than the wall-clock error, the shift cannot be told
-//   apart from the offset; `prior_ns` decides.
+//   deciding the ordinal shift (captures start at different steps). Every shift whose pairs agree
+//   (offset = median difference, spread = MAD) is a candidate; a candidate *fits* when its MAD is
+//   within 3x the tightest one's + 5 us (6x below 16 pairs). Which fitting shift is the truth is
+//   decided, in this order, by:
+//   1. collective order: when both nodes' captures cover their communicators from the start
+//      (AlignHints::start_aligned: the process's exec or its ncclCommInitRank was captured before
+//      its first collective, nothing dropped), ordinal k is the same collective on both: shift 0,
+//      if it fits (method "collective_order");
+//   2. the data: exactly one shift fits, the others (with >= 16 pairs) do not: jittered steps
+//      make the wrong shifts' differences spread (method "collectives");
+//   3. wall-clock anchors: exactly one fitting shift lies within prior_ns +- prior_bound_ns (+ its
+//      own uncertainty) (method "collectives_anchors");
+//   4. nothing: method "ambiguous". The offset reported is the fitting one closest to prior_ns,
+//      and the uncertainty covers every fitting shift still allowed (within the anchors' window
+//      when one is given, else all of them; when the scan was subsampled, every offset at which
+//      the two traces overlap), and is never below the step period.
+//   offset = median of the differences; uncertainty = max(1.4826 x MAD, 1 us) when decided. It
+//   fails (ok = false, `why` says why) with fewer than min_pairs pairs.
 // - Offsets are "node clock minus reference clock": corrected ts = ts - offset_ns.
 // - count_last_arrivals() is the one place that orders events of different nodes (which rank
-//   entered a collective last, "the others waited for it"). Per collective matched across at
-//   least two nodes (corrected entries), the latest node is named last only when it leads the
+//   entered a collective last, "the others waited for it"). Per collective that every matched
+//   node has (at least two; corrected entries; a collective some node lacks, because its capture
+//   had not started or its wait did not block, is not judged), the latest node is named last only when it leads the
 //   next-latest by MORE than the two nodes' clock uncertainties added; otherwise the collective
 //   counts as unresolved for it, and no order is claimed. An unknown uncertainty (-1: merged
 //   without alignment or anchors) never allows a claim. A node is named last only if it leads
@@ -58,6 +71,12 @@ class SyncPointCollector {
   // node reached the same ordinal, the median exit. Sorted by ordinal.
   std::vector<SyncPoint> points() const;
   uint64_t collectives() const { return collectives_; }
+  // True when every process behind points() was captured from before its communicators' first
+  // collective: its exec (HOST process_exec) was seen before it, or at least as many successful
+  // ncclCommInitRank calls as it used communicators were. Its ordinal k is then the k-th
+  // collective of the job on that communicator (per-communicator order is the same on every
+  // rank). False without points.
+  bool covers_start() const;
 
  private:
   struct ThreadState {
@@ -78,19 +97,41 @@ class SyncPointCollector {
   std::map<CommKey, uint64_t> next_ordinal_;             // per (pid, communicator)
   // Per (pid, communicator): the sync points found (ordinal -> exit, op).
   std::map<CommKey, std::vector<SyncPoint>> points_;
+  struct PidStart {
+    uint64_t exec_ns = UINT64_MAX;  // first process_exec seen
+    std::vector<uint64_t> inits;    // successful ncclCommInitRank entries, in arrival order
+  };
+  std::unordered_map<uint32_t, PidStart> starts_;  // by pid
+  std::map<CommKey, uint64_t> first_collective_;   // per (pid, communicator): entry of the first
+};
+
+struct AlignHints {
+  int64_t prior_ns = 0;         // expected offset (the anchors'), 0 = the clocks roughly agree
+  int64_t prior_bound_ns = -1;  // the true offset is within prior_ns +- this; -1 = no bound known
+  bool start_aligned = false;   // both nodes' ordinals count from their communicators' start
+  int64_t max_shift = 1'000'000;
+  uint64_t min_pairs = 3;
 };
 
 struct OffsetEstimate {
   bool ok = false;
+  bool ambiguous = false;  // several whole-step shifts fit: uncertainty covers them (>= period)
+  std::string method;      // collective_order | collectives | collectives_anchors | ambiguous
   int64_t offset_ns = 0;
   int64_t uncertainty_ns = 0;
   int64_t ordinal_shift = 0;  // node ordinal = reference ordinal + shift
   uint64_t pairs = 0;
-  std::string why;  // when !ok
+  int64_t period_ns = 0;  // the reference's median step between consecutive collectives
+  uint64_t fitting = 0;   // shifts that fit as well as the best (1 = unique)
+  std::string why;        // when !ok
+  std::string note;       // how the shift was decided, conflicts seen
 };
 
 OffsetEstimate estimate_offset(const std::vector<SyncPoint>& reference, const std::vector<SyncPoint>& node,
-                               int64_t prior_ns = 0, int64_t max_shift = 64, uint64_t min_pairs = 3);
+                               const AlignHints& hints);
+// prior_ns without a bound: it only picks which fitting shift is reported.
+OffsetEstimate estimate_offset(const std::vector<SyncPoint>& reference, const std::vector<SyncPoint>& node,
+                               int64_t prior_ns = 0);
 
 // One node of a merged trace, for count_last_arrivals(): its sync points on the common clock
 // (already corrected), its clock uncertainty (-1 = unknown) and its ordinal shift against the

@@ -114,6 +114,7 @@ struct NodeScan {
   SyncPointCollector sync;
   std::vector<SyncPoint> points;
   AnchorSummary anchors;
+  bool from_start = false;  // ordinals count from the communicators' start (nothing dropped)
   bool duplicate = false;
   int64_t offset_ns = 0;
 };
@@ -290,7 +291,9 @@ nlohmann::json merge_node_json(const MergeNodeReport& n) {
           {"arrivals_compared", n.arrivals_compared},
           {"last_arrivals", n.last_arrivals},
           {"last_arrivals_unresolved", n.last_arrivals_unresolved},
-          {"max_lead_ns", n.max_lead_ns}};
+          {"max_lead_ns", n.max_lead_ns},
+          {"period_ns", n.period_ns},
+          {"fitting_shifts", n.fitting_shifts}};
 }
 
 bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& options, MergeReport& report,
@@ -360,6 +363,7 @@ bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& opt
       local[j].name = name_of(j);
       local[j].input = i;
       local[j].points = local[j].sync.points();
+      local[j].from_start = local[j].sync.covers_start() && metas[i].health.dropped_events == 0;
       const auto& raw_name = j < metas[i].nodes.size() ? metas[i].nodes[j] : std::string{};
       if (auto a = anchors.find(raw_name); a != anchors.end()) local[j].anchors = a->second;
       else if (auto b2 = anchors.find(local[j].name); b2 != anchors.end()) local[j].anchors = b2->second;
@@ -418,13 +422,22 @@ bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& opt
   }
 
   // ---- Alignment.
+  // The reference: the first node with sync points whose capture covers its communicators' start
+  // (its ordinals then match other such nodes' directly), else the first node with sync points.
   const NodeScan* ref = nullptr;
-  if (options.align)
+  if (options.align) {
     for (const auto& n : nodes)
-      if (n.points.size() >= 3) {
+      if (n.points.size() >= 3 && n.from_start) {
         ref = &n;
         break;
       }
+    if (!ref)
+      for (const auto& n : nodes)
+        if (n.points.size() >= 3) {
+          ref = &n;
+          break;
+        }
+  }
   std::vector<MergeNodeReport> node_reports;
   for (auto& n : nodes) {
     MergeNodeReport r;
@@ -442,16 +455,26 @@ bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& opt
       r.uncertainty_ns = 0;
       r.pairs = n.points.size();
     } else {
+      // Anchors on both nodes bound the offset (each node's wall clock is within its recorded
+      // error of true time), unless one of them stepped during the capture.
       const bool both_anchored = ref ? (n.anchors.have && ref->anchors.have) : false;
-      const int64_t prior = both_anchored ? n.anchors.offset_ns - ref->anchors.offset_ns : 0;
+      AlignHints hints;
+      if (both_anchored) {
+        hints.prior_ns = n.anchors.offset_ns - ref->anchors.offset_ns;
+        if (!n.anchors.step && !ref->anchors.step) hints.prior_bound_ns = n.anchors.bound_ns + ref->anchors.bound_ns;
+      }
+      hints.start_aligned = ref && ref->from_start && n.from_start;
       OffsetEstimate est;
-      if (ref) est = estimate_offset(ref->points, n.points, prior);
+      if (ref) est = estimate_offset(ref->points, n.points, hints);
       else est.why = "no node has blocking waits after collectives";
       if (est.ok) {
-        r.method = "collectives";
+        r.method = est.method;
         r.offset_ns = est.offset_ns;
         r.uncertainty_ns = est.uncertainty_ns;
         r.pairs = est.pairs;
+        r.period_ns = est.period_ns;
+        r.fitting_shifts = est.fitting;
+        r.note += est.note;
       } else {
         // Anchors: relative to the reference when it has them, else to true wall time.
         const AnchorSummary none;

@@ -15,9 +15,13 @@
 //   first pass, before the output is touched; the output is written to "<out>.merge-tmp" and
 //   renamed at the end, so a failed merge never leaves a half file or clobbers an existing one.
 // - Clock alignment (unless align = false): pass 1 collects each node's sync points
-//   (sinks/fleet/clock_align.h); the first node that has them is the reference (offset 0, method
-//   "reference"); every other node gets offset = median of matched sync-point differences
-//   (method "collectives"), else, from clock anchors recorded by the capture (table
+//   (sinks/fleet/clock_align.h); the reference (offset 0, method "reference") is the first node
+//   that has them and whose capture covers its communicators' start, else the first that has
+//   them; every other node gets offset = median of matched sync-point differences, the ordinal
+//   shift decided by collective order, the data, or the clock anchors (methods
+//   "collective_order", "collectives", "collectives_anchors"), or, when none decides, method
+//   "ambiguous" with an uncertainty covering every whole-step shift that fits (>= the step
+//   period, so no arrival order is claimed for it), else, from clock anchors recorded by the capture (table
 //   ip_clock_anchors, SQLite inputs), the difference of the anchors' median (event clock - wall
 //   clock) offsets with uncertainty = both nodes' recorded error bounds (method
 //   "wall_clock_anchors"), else offset 0 with uncertainty -1 = unknown (method "none").
@@ -71,8 +75,12 @@ struct MergeNodeReport {
   uint64_t events = 0;
   int64_t offset_ns = 0;
   int64_t uncertainty_ns = -1;  // -1 = unknown
-  std::string method;           // reference | collectives | wall_clock_anchors | none | duplicate
+  // reference | collective_order | collectives | collectives_anchors | ambiguous |
+  // wall_clock_anchors | none | duplicate (clock_align.h says how each is decided)
+  std::string method;
   uint64_t pairs = 0;           // matched collectives behind the offset
+  int64_t period_ns = 0;        // the reference's step between collectives (0 = not aligned on them)
+  uint64_t fitting_shifts = 0;  // ordinal shifts that fit the collectives (1 = unique; more: see method)
   uint64_t collectives = 0;
   std::string note;  // why a fallback was taken, clock steps seen, ...
   // Arrival order at collectives on the corrected clock (sinks/fleet/clock_align.h count_last_arrivals):

@@ -8,6 +8,12 @@
 // clock error `clock_offset_ns[r]` (observed ts = true ts + offset) and start at step
 // `first_step[r]` (captures start at different moments). `collectives = false` leaves out NCCL
 // and the waits (the anchor fallback). Deterministic for a seed.
+// Step shape (defaults = the original workload): compute jitter uniform in [0, compute_jitter_ns]
+// per rank, transfer `transfer_ns`, a kernel launch every `launch_gap_ns` (0 = none), and each
+// step's length `period_ns` + uniform in [-period_jitter_ns, +period_jitter_ns] (0 = strictly
+// periodic starts). `job_start_events`: a rank whose capture starts at step 0 also records its
+// process_exec and a successful ncclCommInitRank before the first step (the capture covers the
+// communicator's start).
 #pragma once
 
 #include <cstdint>
@@ -26,6 +32,11 @@ struct FleetSpec {
   int slow_rank = -1;
   uint64_t slow_extra_ns = 10'000'000;
   bool collectives = true;
+  uint64_t compute_jitter_ns = 1'000'000;
+  uint64_t transfer_ns = 2'000'000;
+  uint64_t launch_gap_ns = 500'000;
+  uint64_t period_jitter_ns = 0;
+  bool job_start_events = false;
   std::vector<int64_t> clock_offset_ns;  // by rank; missing = 0
   std::vector<int> first_step;           // by rank; missing = 0
   uint64_t seed = 7;

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 
 #include "sinks/fleet/clock_align.h"
 #include "sinks/fleet/clock_anchors.h"
@@ -54,11 +55,28 @@ TEST(ClockAlign, FindsTheOrdinalShiftAndTheOffset) {
   // The node's capture started 3 collectives later and its clock is 4 ms ahead.
   for (uint64_t k = 3; k < 50; ++k)
     node.push_back({k - 3, 1'000'000'000 + k * 50'000'000 + 4'000'000 + (k % 3) * 1000, 1});
-  const auto est = estimate_offset(ref, node);
+  // Strictly periodic steps: a shift by whole steps fits as well, so the shift closest to a zero
+  // offset is reported, flagged ambiguous, uncertain by at least the 50 ms step (this test used to
+  // expect a confident answer here: the data never allowed one).
+  auto est = estimate_offset(ref, node);
   ASSERT_TRUE(est.ok) << est.why;
   EXPECT_EQ(est.ordinal_shift, -3);
   EXPECT_NEAR(est.offset_ns, 4'000'000, 2'000);
+  EXPECT_TRUE(est.ambiguous);
+  EXPECT_GE(est.uncertainty_ns, 50'000'000);
+  // Steps of uneven length (+-0.5 ms) tell the shifts apart: decided, tight.
+  std::mt19937_64 rng(3);
+  std::vector<uint64_t> step_jitter(50);
+  for (auto& j : step_jitter) j = rng() % 1'000'000;
+  for (uint64_t k = 0; k < 50; ++k) ref[k].exit_ns += step_jitter[k];
+  for (auto& p : node) p.exit_ns += step_jitter[p.ordinal + 3];
+  est = estimate_offset(ref, node);
+  ASSERT_TRUE(est.ok) << est.why;
+  EXPECT_FALSE(est.ambiguous) << est.note;
+  EXPECT_EQ(est.ordinal_shift, -3);
+  EXPECT_NEAR(est.offset_ns, 4'000'000, 2'000);
   EXPECT_GT(est.uncertainty_ns, 0);
+  EXPECT_LT(est.uncertainty_ns, 10'000);
   EXPECT_FALSE(estimate_offset(ref, {}).ok);
 }
 
