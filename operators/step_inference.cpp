@@ -281,7 +281,8 @@ struct Judged {
   }
 };
 
-Judged judge_key(const StepInference::KeyState& s, size_t last = StepInference::kMaxMarkers) {
+// `phases`: also judge the latest 2/3, 4/9, ... of each series (judge_phases); else only whole.
+Judged judge_key(const StepInference::KeyState& s, size_t last = StepInference::kMaxMarkers, bool phases = true) {
   Judged j;
   const uint64_t key_span = s.last_ns > s.first_ns ? s.last_ns - s.first_ns : 0;
   std::vector<uint64_t> t, w;
@@ -301,7 +302,7 @@ Judged judge_key(const StepInference::KeyState& s, size_t last = StepInference::
     j.markers += series->ts.size();
     for (const bool ends : {true, false}) {
       linearise(*series, ends, t, w, last);
-      Candidate c = judge_phases(t, w, series->total, key_span);
+      Candidate c = phases ? judge_phases(t, w, series->total, key_span) : judge(t, w, series->total, key_span);
       c.cls = kSyncOps[i].cls;
       c.slot = i;
       c.ends = ends;
@@ -314,7 +315,7 @@ Judged judge_key(const StepInference::KeyState& s, size_t last = StepInference::
     if (!series || series->ts.empty()) continue;
     j.markers += series->ts.size();
     linearise(*series, false, t, w, last);
-    Candidate c = judge_phases(t, w, series->total, key_span);
+    Candidate c = phases ? judge_phases(t, w, series->total, key_span) : judge(t, w, series->total, key_span);
     c.cls = kClassBursts;
     c.slot = kSyncOps.size() + b;
     c.ends = false;  // a burst start is its only time
@@ -449,7 +450,8 @@ void StepInference::Series::add(uint64_t t, uint64_t d, uint32_t thread) {
 
 StepInference::Pick StepInference::pick(const KeyState& s, size_t last) {
   Pick p;
-  const Judged j = judge_key(s, last);
+  // Judging only the newest markers already looks at the latest phase: no suffixes then.
+  const Judged j = judge_key(s, last, last >= kMaxMarkers);
   const Candidate* c = j.pick();
   if (!c || c->boundaries.empty()) return p;
   p.ok = true;
@@ -469,6 +471,13 @@ StepInference::~StepInference() = default;
 StepInference::KeyState& StepInference::state(const Event& e) {
   const uint64_t k = key_of(e);
   if (k == last_key_ && last_state_) return *last_state_;
+  // Processes interleave in time: a small direct-mapped cache before the map.
+  auto& c = cache_[(k * 0x9E3779B97F4A7C15ull) >> 58];
+  if (c.second && c.first == k) {
+    last_key_ = k;
+    last_state_ = c.second;
+    return *c.second;
+  }
   auto& slot = keys_[k];
   if (!slot) {
     slot = std::make_unique<KeyState>();
@@ -478,6 +487,7 @@ StepInference::KeyState& StepInference::state(const Event& e) {
   }
   last_key_ = k;
   last_state_ = slot.get();
+  c = {k, slot.get()};
   return *slot;
 }
 

@@ -98,6 +98,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "model/event.h"
@@ -179,6 +180,8 @@ class StepInference final : public EventObserver {
     std::array<std::unique_ptr<Series>, kSyncSlots> sync;
     std::array<std::unique_ptr<Series>, kBurstLadder> bursts;
     uint64_t markers = 0;  // markers added to any series
+    // Free for one online user of this key (StepTracker: the index of its track); never read here.
+    mutable uint32_t user = UINT32_MAX;
     // The series of marker slot `slot` (sync slots, then the burst ladder); null if none yet.
     const Series* series(size_t slot) const {
       return slot < kSyncSlots                  ? sync[slot].get()
@@ -187,8 +190,9 @@ class StepInference final : public EventObserver {
     }
   };
 
-  // The series finish() would choose for one key now; `last`: judging only the newest `last`
-  // markers of each series (the online tracker's cheaper judgements).
+  // The series finish() would choose for one key now; `last` < kMaxMarkers: judging only the
+  // newest `last` markers of each series, whole (no shorter suffixes: the online tracker's
+  // cheaper judgements).
   static Pick pick(const KeyState& s, size_t last = kMaxMarkers);
   // The key the last GPU API event given to observe() belongs to (null before any).
   const KeyState* last_state() const { return last_state_; }
@@ -207,6 +211,7 @@ class StepInference final : public EventObserver {
   std::unordered_map<uint64_t, std::vector<StepMarker>> markers_;  // (node, pid) -> markers, as given
   uint64_t last_key_ = UINT64_MAX;
   KeyState* last_state_ = nullptr;
+  std::array<std::pair<uint64_t, KeyState*>, 64> cache_{};  // key -> state, direct-mapped
 };
 
 }  // namespace ingero

@@ -188,11 +188,11 @@ void StepTracker::observe(const Event* events, size_t n) {
     inference_.observe(&e, 1);
     const StepInference::KeyState* s = inference_.last_state();
     if (!s) continue;
-    if (s != last_key_) {
-      last_key_ = s;
-      last_track_ = &tracks_[s];
+    if (s->user == UINT32_MAX) {
+      s->user = static_cast<uint32_t>(tracks_.size());
+      tracks_.emplace_back();
     }
-    Track& tr = *last_track_;
+    Track& tr = tracks_[s->user];
     if (s->markers == tr.seen) continue;
     tr.seen = s->markers;
     on_marker(tr, *s);
@@ -202,7 +202,11 @@ void StepTracker::observe(const Event* events, size_t n) {
 void StepTracker::flush(bool final, std::vector<Event>& out) {
   if (final) {
     inference_.for_each_key([&](uint64_t, const StepInference::KeyState& s) {
-      Track& tr = tracks_[&s];
+      if (s.user == UINT32_MAX) {
+        s.user = static_cast<uint32_t>(tracks_.size());
+        tracks_.emplace_back();
+      }
+      Track& tr = tracks_[s.user];
       // A confirmed lock is not judged again at the end (its steps went out already).
       if (s.markers > tr.tried_at && !tr.confirmed) judge(tr, s, true);
       if (!tr.locked) return;
@@ -220,7 +224,7 @@ void StepTracker::flush(bool final, std::vector<Event>& out) {
 
 size_t StepTracker::locked() const {
   size_t n = 0;
-  for (const auto& [k, tr] : tracks_) n += tr.locked ? 1 : 0;
+  for (const Track& tr : tracks_) n += tr.locked ? 1 : 0;
   return n;
 }
 

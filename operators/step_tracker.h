@@ -54,7 +54,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <unordered_map>
+#include <deque>
 #include <vector>
 
 #include "model/event.h"
@@ -118,9 +118,7 @@ class StepTracker {
   void judge(Track& tr, const StepInference::KeyState& s, bool final);
 
   StepInference inference_;
-  std::unordered_map<const StepInference::KeyState*, Track> tracks_;  // KeyStates never move
-  const StepInference::KeyState* last_key_ = nullptr;
-  Track* last_track_ = nullptr;
+  std::deque<Track> tracks_;  // KeyState::user indexes it (a deque: tracks never move)
   std::vector<Event> ready_;  // steps out since the last flush
 };
 
