@@ -174,7 +174,9 @@ Candidate judge(const std::vector<uint64_t>& t, const std::vector<uint64_t>& w, 
   while (i + 1 < n) {
     size_t best = n;
     double best_err = std::numeric_limits<double>::infinity();
-    for (size_t j = i + 1; j < n && j <= i + 2 * k; ++j) {
+    // Over half a step's markers on (k = 2: not the very next one), so a pace that doubles
+    // does not read as the same period with half the markers.
+    for (size_t j = i + 1 + k / 2; j < n && j <= i + 2 * k; ++j) {
       const double err = std::fabs(static_cast<double>(t[j] - t[i]) - period);
       if (err < best_err) {
         best_err = err;

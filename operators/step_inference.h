@@ -55,9 +55,10 @@
 // (sync duration; for launch bursts, the gap before the burst) is the step boundary, by
 // convention: the wait that drains the step's queue, or the idle gap before the step's first
 // launch. The boundaries are then tracked from the first such marker: the next boundary is the
-// marker among the next 2k closest to one period later when within 20% of a period (an extra or a
-// missing marker does not shift the phase), else the k-th next marker (a stall is a long step, not
-// a lost phase). Step times are the intervals between consecutive boundaries.
+// marker among the next 2k, from the (floor(k/2)+1)-th on, closest to one period later when within 20%
+// of a period (an extra or a missing marker does not shift the phase; a pace that doubles with
+// k = 2 does not pass for the old period with half the markers), else the k-th next marker (a stall
+// is a long step, not a lost phase). Step times are the intervals between consecutive boundaries.
 //
 // Choosing among series: the highest confidence; within 0.1 of it, blocking syncs before NCCL
 // collectives before launch bursts (a sync's end is the step's end; a collective's enqueue sits

@@ -77,6 +77,7 @@ void StepTracker::unlock(Track& tr, const StepInference::KeyState& s) {
   tr.pending.clear();
   tr.recent.clear();
   tr.tried_at = s.markers;
+  tr.tries = 0;  // judged again soon: the pace changed
   // Steps not yet out are dropped: the next lock starts at the last boundary that went out.
   tr.has_boundary = tr.has_emitted;
   if (tr.has_emitted) tr.b = tr.emitted;
@@ -95,7 +96,7 @@ void StepTracker::advance(Track& tr, const StepInference::KeyState& s, bool fina
     if (!settled) break;
     size_t best = avail;
     double best_err = INFINITY;
-    for (size_t j = 0; j < avail && j < 2 * k; ++j) {
+    for (size_t j = k / 2; j < avail && j < 2 * k; ++j) {  // over half a step on (StepInference)
       const double err = std::fabs(static_cast<double>(p[j].t - tr.b.t) - period);
       if (err < best_err) {
         best_err = err;
@@ -166,10 +167,14 @@ void StepTracker::judge(Track& tr, const StepInference::KeyState& s, bool final)
 }
 
 void StepTracker::on_marker(Track& tr, const StepInference::KeyState& s) {
-  // Judge (again) once the markers grew by a quarter (and 6) for the first kQuickTries, then
-  // doubled (a process with no period is not judged over and over), or doubled locked:
-  // O(markers) amortised. Not before the process has been active kMinSpanNs.
-  const uint64_t due = tr.locked || tr.tries >= kQuickTries ? 2 * tr.tried_at : tr.tried_at + tr.tried_at / 4 + 6;
+  // Judge (again) once the markers grew by a quarter (at most kMaxGap, plus 6), or, after
+  // kQuickTries judgements with no lock, doubled (at most 8 kMaxGap): a process with no period is
+  // not judged over and over, one that lost its lock is judged again soon. Locked: doubled (at
+  // most 8 kMaxGap). A judgement reads at most kJudgedMarkers per series, so this stays
+  // O(markers). Not before the process has been active kMinSpanNs.
+  const uint64_t grow = tr.locked || tr.tries >= kQuickTries ? std::min<uint64_t>(tr.tried_at, 8 * kMaxGap)
+                                                             : std::min<uint64_t>(tr.tried_at / 4, kMaxGap);
+  const uint64_t due = tr.tried_at + grow + 6;
   if (s.markers >= due && s.last_ns > s.first_ns && s.last_ns - s.first_ns >= kMinSpanNs) judge(tr, s, false);
   if (!tr.locked) return;
   pull(tr, s);

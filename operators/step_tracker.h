@@ -17,8 +17,9 @@
 //   Per process the steps come in ordinal order; each ts is the previous step's end.
 // - Locking on: a process is judged (StepInference::pick, over the newest kJudgedMarkers = 1024
 //   markers of each series: at least 85 steps at 12 markers a step) once it has been active kMinSpanNs
-//   (2 s) and then whenever its markers grew by a quarter (plus 6; after kQuickTries = 3
-//   judgements, doubled); a period accepted with
+//   (2 s) and then whenever its markers grew by a quarter (at most kMaxGap = 2048, plus 6; after
+//   kQuickTries = 3 judgements with no lock, and once locked, doubled, at most 8 kMaxGap; an
+//   unlock starts the quick judgements again); a period accepted with
 //   confidence >= kLockConfidence (0.8; any accepted period at the final flush) is locked on, and
 //   its steps are tracked but held back until the lock is confirmed: followed over as much time
 //   again as it was judged on, with at most a quarter of that time in irregular steps (then the
@@ -31,7 +32,8 @@
 //   Once locked, the first step starts at the first boundary of the judged markers, so the steps
 //   from before the lock come out too, once confirmed (their events are late in time; step
 //   windows close by count, not by the watermark).
-// - Tracking: the next boundary after b is the marker of the locked series among the next 2k
+// - Tracking: the next boundary after b is the marker of the locked series among the next 2k (from
+//   the (floor(k/2)+1)-th on)
 //   that is closest to b + period when within 20% of a period (a regular step), else the k-th
 //   next marker (an irregular step: a stall is a long step, not a lost phase) - exactly
 //   StepInference's tracking. A decision waits until 2k markers follow b or one lies past
@@ -67,8 +69,10 @@ class StepTracker {
   static constexpr size_t kRecent = 20;                     // steps judged for unlocking
   static constexpr uint64_t kMinSpanNs = 2'000'000'000ull;  // activity before the first judgement
   static constexpr double kLockConfidence = 0.8;
-  static constexpr uint32_t kQuickTries = 3;      // judgements at +25% markers; then at x2
-  static constexpr size_t kJudgedMarkers = 1024;  // newest markers per series judged before the end
+  static constexpr uint32_t kQuickTries = 3;  // judgements at +25% markers; then at x2
+  static constexpr size_t kJudgedMarkers = 1024;
+  static constexpr uint64_t
+      kMaxGap = 2048;  // markers between quick judgements, at most  // newest markers per series judged before the end
 
   void observe(const Event* events, size_t n);
   // Appends the steps settled since the last flush, in (node, pid, rank, ordinal) order.

@@ -226,6 +226,17 @@ std::vector<Scenario> scenarios() {
                  return tr;
                },
                std::string(INGERO_SOURCE_DIR) + "/rules/optional/graph_coverage.rules"});
+  s.push_back({"steps_slow_down", "slow_steps", "step_slowdown", Source::kUnknown, 0,  // a step is no op
+               [](bool f) {
+                 return in_loop(f, [](Trace& tr, uint32_t p, uint32_t t, uint64_t ts, uint64_t i) {
+                   // From 20 s on the feeding thread sleeps ~3 ms before each sync (a slower
+                   // input, a lock): its ~2.8 ms steps take twice as long.
+                   const uint64_t d = jit(3 * kMs, i);
+                   tr.offcpu(p, t, ts, d, OffCpuState::kSleeping);
+                   return ts + d;
+                 });
+               },
+               std::string(INGERO_SOURCE_DIR) + "/rules/optional/slow_steps.rules"});
   return s;
 }
 
@@ -305,7 +316,7 @@ TEST_P(RulePackScenario, OneAndFourThreadsGiveTheSameChains) {
   EXPECT_EQ(chain_keys(analyse(tr, 1, {}, sc.extra_rules)), chain_keys(analyse(tr, 4, {}, sc.extra_rules)));
 }
 
-INSTANTIATE_TEST_SUITE_P(Issue15, RulePackScenario, ::testing::Range<size_t>(0, 6),
+INSTANTIATE_TEST_SUITE_P(Issue15, RulePackScenario, ::testing::Range<size_t>(0, 7),
                          [](const auto& info) { return scenarios()[info.param].name; });
 
 // --- implicit_sync: the call site, and the launch loop -------------------------------------
