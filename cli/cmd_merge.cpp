@@ -7,6 +7,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "model/plan.h"
 #include "sinks/fleet/merge.h"
 
 namespace ingero::cli {

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/plan.h"
 #include "model/trace.h"
 #include "sinks/fleet/clock_align.h"
 #include "sinks/fleet/process_identity.h"

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <map>
 
+#include "model/plan.h"
+
 namespace ingero {
 namespace {
 
@@ -144,7 +146,8 @@ StragglerReport find_stragglers(const std::vector<ArrivalNode>& nodes, const Str
     g.last_share = share;
     g.median_lag_ns = s.median_lag_ns;
     g.step_ns = r.step_ns;
-    g.cost_share = static_cast<double>(s.lead_sum_ns) / (static_cast<double>(s.compared) * static_cast<double>(r.step_ns));
+    g.cost_share = static_cast<double>(s.lead_sum_ns) /
+                   (static_cast<double>(s.compared) * static_cast<double>(r.step_ns));
     g.cross_check = s.median_wait_ns < 0 ? "n/a" : i == least ? "agrees" : "disagrees";
     r.stragglers.push_back(g);
   }
@@ -180,7 +183,8 @@ std::vector<Chain> straggler_chains(const StragglerReport& report) {
     c.category = "straggler";
     c.severity = g.severity;
     c.rank = static_cast<int16_t>(g.rank);
-    const std::string who = (g.rank >= 0 ? "rank " + std::to_string(g.rank) + " (node " + g.node + ")" : "node " + g.node);
+    const std::string who = (g.rank >= 0 ? "rank " + std::to_string(g.rank) + " (node " + g.node + ")"
+                                         : "node " + g.node);
     if (g.method == "arrival_order") {
       c.summary = who + " arrived last in " + pct(g.last_share) + " of " + std::to_string(g.collectives) +
                   " steps, a median " + ms(g.median_lag_ns) + " late, costing the job " + pct(g.cost_share) +

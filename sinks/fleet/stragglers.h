@@ -49,24 +49,24 @@ struct StragglerOptions {
 
 struct StragglerNodeStats {
   std::string node;
-  int rank = -1;                  // the node's rank when it has exactly one (set by the caller)
-  uint64_t compared = 0;          // collectives judged with every matched node
-  uint64_t last = 0;              // claimed last (beyond the clock uncertainties)
-  uint64_t last_unresolved = 0;   // latest only within the uncertainties
-  int64_t median_lateness_ns = 0; // entry - median of the others' entries, over compared
-  int64_t median_lag_ns = 0;      // the same, over the collectives it was claimed last at
-  int64_t lead_sum_ns = 0;        // sum of leads over the next-latest where claimed last
-  uint64_t waits = 0;             // sync points of its own (wait-least)
-  int64_t median_wait_ns = -1;    // median exit - entry on its own clock (-1: too few)
-  int64_t wait_shortfall_ns = 0;  // median of the others' median waits minus its own
+  int rank = -1;                   // the node's rank when it has exactly one (set by the caller)
+  uint64_t compared = 0;           // collectives judged with every matched node
+  uint64_t last = 0;               // claimed last (beyond the clock uncertainties)
+  uint64_t last_unresolved = 0;    // latest only within the uncertainties
+  int64_t median_lateness_ns = 0;  // entry - median of the others' entries, over compared
+  int64_t median_lag_ns = 0;       // the same, over the collectives it was claimed last at
+  int64_t lead_sum_ns = 0;         // sum of leads over the next-latest where claimed last
+  uint64_t waits = 0;              // sync points of its own (wait-least)
+  int64_t median_wait_ns = -1;     // median exit - entry on its own clock (-1: too few)
+  int64_t wait_shortfall_ns = 0;   // median of the others' median waits minus its own
 };
 
 struct Straggler {
   std::string node;
   int rank = -1;
-  std::string method;       // arrival_order | wait_least
-  uint64_t collectives = 0; // compared (arrival_order) or its own sync points (wait_least)
-  double last_share = -1;   // share of compared collectives claimed last; -1: not claimed
+  std::string method;        // arrival_order | wait_least
+  uint64_t collectives = 0;  // compared (arrival_order) or its own sync points (wait_least)
+  double last_share = -1;    // share of compared collectives claimed last; -1: not claimed
   int64_t median_lag_ns = 0;
   int64_t step_ns = 0;
   double cost_share = 0;    // share of the job's step time spent waiting for it
@@ -76,11 +76,11 @@ struct Straggler {
 
 struct StragglerReport {
   int64_t step_ns = 0;
-  uint64_t compared = 0;       // collectives judged by arrival order
-  bool order_usable = false;   // every node with points matched, uncertainties known and < the lag floor
+  uint64_t compared = 0;                  // collectives judged by arrival order
+  bool order_usable = false;              // every node with points matched, uncertainties known and < the lag floor
   std::vector<StragglerNodeStats> nodes;  // same order as the input
   std::vector<Straggler> stragglers;      // largest cost first
-  std::string note;            // why nothing was named or which signal was used
+  std::string note;                       // why nothing was named or which signal was used
 };
 
 StragglerReport find_stragglers(const std::vector<ArrivalNode>& nodes, const StragglerOptions& options = {});

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/ops.h"
+#include "model/plan.h"
 #include "sinks/fleet/merge.h"
 #include "sinks/fleet/stragglers.h"
 #include "tests/sinks/fleet/fleet_synth.h"
@@ -115,9 +116,10 @@ TEST(StepStragglers, SweepNamesTheLateRankFrom2PercentAndNobodyOnBalancedJobs) {
         ++named;
       }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("straggler sweep: %d jobs, %d stragglers named (%d by arrival order, %d by wait-least), %d balanced, "
-              "%.1f s\n",
-              jobs, named, by_order, by_wait, balanced, secs);
+  std::printf(
+      "straggler sweep: %d jobs, %d stragglers named (%d by arrival order, %d by wait-least), %d balanced, "
+      "%.1f s\n",
+      jobs, named, by_order, by_wait, balanced, secs);
   // Both signals were exercised: jittered and start-covering jobs align, strictly periodic ones
   // without the start are ambiguous.
   EXPECT_GT(by_order, 0);
@@ -149,6 +151,10 @@ TEST(StepStragglers, IssueCase27JobsAllNamedNoFalseOnes) {
           false_ones += static_cast<int>(g.size());
           continue;
         }
+        if (si == 0 && rep == 0 && li == 1)  // the issue's 8 ms step, 0.8 ms lag: print the chain
+          for (const auto& c : straggler_chains(m.stragglers))
+            std::printf("[%s] %s  %s\n  %s\n", severity_name(c.severity), c.category.c_str(), c.rule.c_str(),
+                        c.summary.c_str());
         if (g.size() == 1 && g[0].rank == s.slow_rank) ++named;
         else ADD_FAILURE() << tag << " step " << steps_ns[si] << " lag " << lags[li] << ": " << m.stragglers.note;
       }
@@ -166,6 +172,15 @@ TEST(StepStragglers, FewerThan20StepsNamesNobody) {
   const MergeReport more = merge_job(job(400'000'000, 0.4, 8, true, false, 24, 77), dir, "more");
   ASSERT_EQ(more.stragglers.stragglers.size(), 1u) << more.stragglers.note;
   EXPECT_EQ(more.stragglers.stragglers.front().rank, 77 % 8);
+  // Recomputed on the merged file with the uncertainties `merge` recorded: the same finding.
+  StragglerReport again;
+  std::string error;
+  ASSERT_TRUE(stragglers_of_merged_trace(dir("more_merged.db"), again, error)) << error;
+  ASSERT_EQ(again.stragglers.size(), 1u) << again.note;
+  EXPECT_EQ(again.stragglers[0].node, more.stragglers.stragglers[0].node);
+  EXPECT_EQ(again.stragglers[0].rank, 77 % 8);
+  EXPECT_EQ(again.stragglers[0].method, more.stragglers.stragglers[0].method);
+  EXPECT_EQ(again.stragglers[0].collectives, more.stragglers.stragglers[0].collectives);
 }
 
 TEST(StepStragglers, LagUnderOnePercentOfTheStepIsNotNamed) {
