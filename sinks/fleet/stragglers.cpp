@@ -73,9 +73,10 @@ StragglerReport find_stragglers(const std::vector<ArrivalNode>& nodes, const Str
   {
     std::vector<std::pair<int64_t, size_t>> w;
     for (size_t i = 0; i < nodes.size(); ++i)
-      if (r.nodes[i].median_wait_ns >= 0) w.push_back({r.nodes[i].median_wait_ns, i});
+      if (r.nodes[i].median_wait_ns >= 0) w.emplace_back(r.nodes[i].median_wait_ns, i);
     std::sort(w.begin(), w.end());
     std::vector<int64_t> sorted;
+    sorted.reserve(w.size());
     for (const auto& x : w) sorted.push_back(x.first);
     if (sorted.size() >= 2)
       for (size_t p = 0; p < w.size(); ++p)
@@ -84,9 +85,8 @@ StragglerReport find_stragglers(const std::vector<ArrivalNode>& nodes, const Str
 
   // Arrival order on the corrected clock: reference ordinal -> (node, corrected entry).
   r.order_usable = matched == with_points && matched >= 2;
-  for (size_t i = 0; i < nodes.size(); ++i)
-    if (nodes[i].matched && (nodes[i].uncertainty_ns < 0 || nodes[i].uncertainty_ns >= floor_ns))
-      r.order_usable = false;
+  for (const auto& n : nodes)
+    if (n.matched && (n.uncertainty_ns < 0 || n.uncertainty_ns >= floor_ns)) r.order_usable = false;
   std::map<int64_t, std::vector<std::pair<size_t, int64_t>>> by_ordinal;
   for (size_t i = 0; i < nodes.size(); ++i) {
     if (!nodes[i].matched) continue;
