@@ -7,6 +7,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "model/plan.h"
 #include "sinks/fleet/merge.h"
 
 namespace ingero::cli {
@@ -49,6 +50,7 @@ int run_merge(const MergeArgs& a) {
     j["output"] = a.out;
     j["warnings"] = r.warnings;
     j["seconds"] = r.seconds;
+    j["stragglers"] = stragglers_json(r.stragglers);
     std::printf("%s\n", j.dump(2).c_str());
     return kExitOk;
   }
@@ -78,6 +80,12 @@ int run_merge(const MergeArgs& a) {
       std::printf("      latest at %llu collectives only within the clock uncertainty: no order claimed\n",
                   static_cast<unsigned long long>(n.last_arrivals_unresolved));
   }
+  // Stragglers per step (sinks/fleet/stragglers.h): one chain per straggling rank.
+  for (const auto& c : straggler_chains(r.stragglers))
+    std::printf("[%s] %s  %s\n  %s\n", severity_name(c.severity), c.category.c_str(), c.rule.c_str(),
+                c.summary.c_str());
+  if (r.stragglers.stragglers.empty() && !r.stragglers.note.empty())
+    std::printf("stragglers: none (%s)\n", r.stragglers.note.c_str());
   for (const auto& w : r.warnings) std::printf("warning: %s\n", w.c_str());
   return kExitOk;
 }

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/plan.h"
 #include "model/trace.h"
 #include "sinks/fleet/clock_align.h"
 #include "sinks/fleet/process_identity.h"
@@ -252,6 +253,19 @@ std::vector<ArrivalNode> arrival_nodes(const std::vector<std::string>& names,
     out[i].ordinal_shift = est.ordinal_shift;
   }
   return out;
+}
+
+// A node's rank from its NCCL events: the one rank seen, else -1 (several or none known).
+constexpr int kRankUnseen = -2;
+void note_rank(int& node_rank, int16_t rank) {
+  if (node_rank == kRankUnseen) node_rank = rank;
+  else if (node_rank != rank) node_rank = -1;
+}
+void name_ranks(StragglerReport& r, const std::vector<int>& node_rank) {
+  for (size_t k = 0; k < r.nodes.size() && k < node_rank.size(); ++k) r.nodes[k].rank = std::max(node_rank[k], -1);
+  for (auto& g : r.stragglers)
+    for (const auto& n : r.nodes)
+      if (n.node == g.node) g.rank = n.rank;
 }
 
 // One input in pass 2: its current batch and position.
@@ -576,6 +590,7 @@ bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& opt
     }
   }
   std::vector<SyncPointCollector> corrected(nodes.size(), SyncPointCollector(options.min_block_ns));
+  std::vector<int> node_rank(nodes.size(), kRankUnseen);
   using HeapItem = std::pair<uint64_t, size_t>;
   std::priority_queue<HeapItem, std::vector<HeapItem>, std::greater<>> heap;
   if (ok)
@@ -602,6 +617,7 @@ bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& opt
       e.ts_ns = static_cast<uint64_t>(static_cast<int64_t>(e.ts_ns) - c.offsets[e.node]);
       e.node = static_cast<uint16_t>(dst);
       corrected[static_cast<size_t>(dst)].add(e);
+      if (e.source == Source::kNccl) note_rank(node_rank[static_cast<size_t>(dst)], e.rank);
       out.push_back(e);
       if (out.size() >= options.batch_size) flush();
     }
@@ -626,6 +642,8 @@ bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& opt
       report.nodes[k].last_arrivals_unresolved = counts[k].last_unresolved;
       report.nodes[k].max_lead_ns = counts[k].max_lead_ns;
     }
+    report.stragglers = find_stragglers(arrival_nodes(names, pts, unc));
+    name_ranks(report.stragglers, node_rank);
   }
   if (!ok && why.empty()) why = sq ? sq->error() : lm->error();
   if (ok) ok = sq ? sq->close(why) : lm->close(why);
@@ -660,9 +678,11 @@ bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& opt
   return true;
 }
 
-bool arrivals_of_merged_trace(const std::string& path, std::vector<ArrivalCount>& out, std::string& error,
-                              uint64_t min_block_ns) {
-  out.clear();
+namespace {
+
+// A merged trace's nodes for count_last_arrivals/find_stragglers, with the recorded uncertainties.
+bool merged_arrival_nodes(const std::string& path, uint64_t min_block_ns, std::vector<ArrivalNode>& out,
+                          std::vector<int>& node_rank, std::string& error) {
   auto src = open_input(path, 4096, error);
   if (!src) return false;
   std::vector<SyncPointCollector> collectors;
@@ -671,6 +691,8 @@ bool arrivals_of_merged_trace(const std::string& path, std::vector<ArrivalCount>
     for (const Event& e : b.events) {
       if (e.node >= collectors.size()) collectors.resize(e.node + 1u, SyncPointCollector(min_block_ns));
       collectors[e.node].add(e);
+      if (e.node >= node_rank.size()) node_rank.resize(e.node + 1u, kRankUnseen);
+      if (e.source == Source::kNccl) note_rank(node_rank[e.node], e.rank);
     }
     b.events.clear();
   }
@@ -712,8 +734,56 @@ bool arrivals_of_merged_trace(const std::string& path, std::vector<ArrivalCount>
     auto it = recorded.find(name);
     unc.push_back(it == recorded.end() ? -1 : it->second);
   }
-  out = count_last_arrivals(arrival_nodes(names, pts, unc));
+  out = arrival_nodes(names, pts, unc);
   return true;
+}
+
+}  // namespace
+
+bool arrivals_of_merged_trace(const std::string& path, std::vector<ArrivalCount>& out, std::string& error,
+                              uint64_t min_block_ns) {
+  out.clear();
+  std::vector<ArrivalNode> nodes;
+  std::vector<int> ranks;
+  if (!merged_arrival_nodes(path, min_block_ns, nodes, ranks, error)) return false;
+  out = count_last_arrivals(nodes);
+  return true;
+}
+
+bool stragglers_of_merged_trace(const std::string& path, StragglerReport& out, std::string& error,
+                                uint64_t min_block_ns, const StragglerOptions& options) {
+  out = {};
+  std::vector<ArrivalNode> nodes;
+  std::vector<int> ranks;
+  if (!merged_arrival_nodes(path, min_block_ns, nodes, ranks, error)) return false;
+  out = find_stragglers(nodes, options);
+  name_ranks(out, ranks);
+  return true;
+}
+
+nlohmann::json stragglers_json(const StragglerReport& r) {
+  nlohmann::json list = nlohmann::json::array();
+  const auto chains = straggler_chains(r);
+  for (size_t k = 0; k < r.stragglers.size(); ++k) {
+    const auto& g = r.stragglers[k];
+    list.push_back({{"node", g.node},
+                    {"rank", g.rank},
+                    {"method", g.method},
+                    {"collectives", g.collectives},
+                    {"last_share", g.last_share},
+                    {"median_lag_ns", g.median_lag_ns},
+                    {"step_ns", g.step_ns},
+                    {"cost_share", g.cost_share},
+                    {"cross_check", g.cross_check},
+                    {"category", "straggler"},
+                    {"severity", severity_name(g.severity)},
+                    {"summary", k < chains.size() ? chains[k].summary : ""}});
+  }
+  return {{"step_ns", r.step_ns},
+          {"compared", r.compared},
+          {"order_usable", r.order_usable},
+          {"note", r.note},
+          {"stragglers", list}};
 }
 
 }  // namespace ingero

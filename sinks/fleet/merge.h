@@ -39,6 +39,10 @@
 //   (MergeNodeReport::last_arrivals) and those where it was latest only within them
 //   (last_arrivals_unresolved: no order is claimed). Stored in ip_merge_nodes (SQLite) or the
 //   meta value "fleet_merge_nodes" (LMDB) with each node's offset and uncertainty.
+// - Stragglers per step (MergeReport::stragglers, sinks/fleet/stragglers.h): from the same
+//   corrected collectives, the node that arrived last at most steps by a share of the step, with
+//   the wait-least cross-check (`merge` prints them as chains; stragglers_of_merged_trace()
+//   recomputes them on a merged file).
 // - Fleet identity (sinks/fleet/process_identity.h): every input's ip_node_attributes (hostname) and
 //   ip_process_identity rows (rank, local rank, world size, job id per process), or an LMDB
 //   input's "fleet_identity" meta value, are carried to the output (SQLite or LMDB) under the
@@ -54,6 +58,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "sinks/fleet/clock_align.h"
+#include "sinks/fleet/stragglers.h"
 
 namespace ingero {
 
@@ -99,7 +104,14 @@ struct MergeReport {
   uint64_t events_out = 0;
   uint64_t rows_skipped = 0;  // unreadable rows the readers skipped (counted, not fatal)
   double seconds = 0;
+  // Stragglers per step on the corrected clock (sinks/fleet/stragglers.h), from pass 2; a
+  // straggler's rank is the node's when all its collectives came from one rank.
+  StragglerReport stragglers;
 };
+
+// {"step_ns", "compared", "order_usable", "note", "stragglers": [{node, rank, method, collectives,
+// last_share, median_lag_ns, cost_share, cross_check, severity, summary}]}
+nlohmann::json stragglers_json(const StragglerReport& r);
 
 bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& options, MergeReport& report,
                   std::string& error);
@@ -110,5 +122,10 @@ bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& opt
 // one count per node of the trace; false with `error` when the trace cannot be opened.
 bool arrivals_of_merged_trace(const std::string& path, std::vector<ArrivalCount>& out, std::string& error,
                               uint64_t min_block_ns = 100'000);
+
+// Stragglers per step on an already merged trace, with the uncertainties `merge` recorded
+// (as arrivals_of_merged_trace()). False with `error` when the trace cannot be opened.
+bool stragglers_of_merged_trace(const std::string& path, StragglerReport& out, std::string& error,
+                                uint64_t min_block_ns = 100'000, const StragglerOptions& options = {});
 
 }  // namespace ingero
