@@ -218,6 +218,7 @@ nlohmann::json side_json(const diff::SideSummary& s, const std::string& unit) {
           {"thread", s.thread},
           {"tid", s.tid},
           {"step_ns", s.step_ns},
+          {"period_ns", s.period_ns},
           {"p50_ns", s.p50_ns},
           {"p99_ns", s.p99_ns},
           {"steps", s.steps},
@@ -237,6 +238,7 @@ nlohmann::json report_json(const diff::DiffReport& r) {
   j["step_delta_pct"] = r.delta_pct * 100;
   j["step_significant"] = r.step_significant;
   j["step_p"] = r.step_p;
+  j["notes"] = r.notes;
   j["causes"] = nlohmann::json::array();
   for (const auto& c : r.causes)
     j["causes"].push_back({{"what", c.what},
@@ -256,13 +258,19 @@ nlohmann::json report_json(const diff::DiffReport& r) {
                             {"after", t.in_after ? buckets_json(t.after) : nlohmann::json()}});
   j["ops"] = nlohmann::json::array();
   for (const auto& o : r.ops)
-    j["ops"].push_back({{"op", o.op},
-                        {"kind", o.kind},
-                        {"before", {{"count", o.before_count}, {"per_unit", o.before_per_unit}, {"p50_ns", o.before_p50}, {"p99_ns", o.before_p99}}},
-                        {"after", {{"count", o.after_count}, {"per_unit", o.after_per_unit}, {"p50_ns", o.after_p50}, {"p99_ns", o.after_p99}}},
-                        {"median_change", o.median_change},
-                        {"p", o.p},
-                        {"significant", o.significant}});
+    j["ops"].push_back(
+        {{"op", o.op},
+         {"kind", o.kind},
+         {"before",
+          {{"count", o.before_count},
+           {"per_unit", o.before_per_unit},
+           {"p50_ns", o.before_p50},
+           {"p99_ns", o.before_p99}}},
+         {"after",
+          {{"count", o.after_count}, {"per_unit", o.after_per_unit}, {"p50_ns", o.after_p50}, {"p99_ns", o.after_p99}}},
+         {"median_change", o.median_change},
+         {"p", o.p},
+         {"significant", o.significant}});
   j["chains"] = nlohmann::json::array();
   for (const auto& c : r.chains)
     j["chains"].push_back({{"rule", c.rule},
@@ -284,11 +292,13 @@ std::string ms(double ns) {
 std::string report_text(const diff::DiffReport& r) {
   std::ostringstream o;
   char buf[512];
-  o << r.verdict << "\n\n";
+  o << r.verdict << "\n";
+  for (const auto& n : r.notes) o << "note: " << n << "\n";
+  o << "\n";
   o << "BEFORE: " << r.before.label << "\nAFTER:  " << r.after.label << "\n\n";
   if (r.unit == "step") {
     o << "Step time of " << r.before.process << " (pid " << r.before.pid << " -> " << r.after.pid << ")\n";
-    std::snprintf(buf, sizeof buf, "  %-8s %10s %10s %10s  %s\n", "", "period ms", "p50 ms", "p99 ms", "steps");
+    std::snprintf(buf, sizeof buf, "  %-8s %10s %10s %10s  %s\n", "", "mean ms", "p50 ms", "p99 ms", "steps");
     o << buf;
     for (const auto* s : {&r.before, &r.after}) {
       std::snprintf(buf, sizeof buf, "  %-8s %10.3f %10.3f %10.3f  %llu (%s)\n", s == &r.before ? "before" : "after",
@@ -296,7 +306,7 @@ std::string report_text(const diff::DiffReport& r) {
                     static_cast<double>(s->p99_ns) / 1e6, static_cast<unsigned long long>(s->steps), s->method.c_str());
       o << buf;
     }
-    std::snprintf(buf, sizeof buf, "  step times differ: p=%.4g (Mann-Whitney U)\n\n", r.step_p);
+    std::snprintf(buf, sizeof buf, "  step times differ: p=%.4g (Mann-Whitney U and Welch, Bonferroni)\n\n", r.step_p);
     o << buf;
   }
   o << "Causes (ms per " << r.unit << " of " << r.after.thread << ", tid " << r.before.tid << " -> " << r.after.tid
@@ -340,8 +350,10 @@ int run_diff(const DiffArgs& a) {
   use_one_malloc_arena();
   Range rb, ra;
   if (!parse_range(a.before_range, rb) || !parse_range(a.after_range, ra)) {
-    print_error("--before-range/--after-range: expected START:END in seconds from the trace's first event "
-                "(e.g. 0:60, 60:), got '" + (parse_range(a.before_range, rb) ? a.after_range : a.before_range) + "'");
+    print_error(
+        "--before-range/--after-range: expected START:END in seconds from the trace's first event "
+        "(e.g. 0:60, 60:), got '" +
+        (parse_range(a.before_range, rb) ? a.after_range : a.before_range) + "'");
     return kExitUsage;
   }
   std::string before_path = a.traces.at(0), after_path;
@@ -382,40 +394,39 @@ int run_diff(const DiffArgs& a) {
   return kExitOk;
 }
 
-Registrar reg{"diff", 25, [](CLI::App& app, int& rc) {
-                auto args = std::make_shared<DiffArgs>();
-                auto* cmd = app.add_subcommand(
-                    "diff",
-                    "Why is AFTER slower (or faster) than BEFORE? Runs the analysis of `explain` on both\n"
-                    "traces (or on two time ranges of one) and compares, for the process that drives the\n"
-                    "GPU most: its step time; where its main feeding thread's time per step went (the\n"
-                    "accounting buckets: preempted, launch, copy, sync, blocked, on CPU, ...); each GPU API\n"
-                    "op's latency and calls per step; the chains that appeared, vanished or grew. The first\n"
-                    "line is the verdict: \"+X ms per step (+Y%): +a from <cause>, +b from <cause>\".\n"
-                    "Noise is not a finding: a cause is significant only when a Mann-Whitney U test over\n"
-                    "the thread's whole seconds gives p < 0.01 AND it moved by at least 2% of the step.\n"
-                    "Without a step period on either side, everything is per second instead.\n"
-                    "Examples:\n"
-                    "  ingero-pipeline diff last_week.db today.db\n"
-                    "  ingero-pipeline diff last_week.db today.db --json\n"
-                    "  ingero-pipeline diff run.db --before-range 0:60 --after-range 300:360\n"
-                    "  ingero-pipeline diff a.db b.db --fail-on-regression   # exit 1 when AFTER's steps are slower");
-                cmd->add_option("traces", args->traces, "BEFORE.db AFTER.db (SQLite or LMDB traces)")
-                    ->required()
-                    ->expected(1, 2);
-                cmd->add_option("--before-range", args->before_range,
-                                "START:END seconds from the first event of BEFORE to compare (END may be empty)");
-                cmd->add_option("--after-range", args->after_range,
-                                "START:END seconds of AFTER (with one trace: of the same trace)");
-                cmd->add_flag("--json", args->json, "Machine-readable output (shape in docs/cli.md)");
-                cmd->add_flag("--fail-on-regression", args->fail_on_regression,
-                              "Exit 1 when AFTER's step time is significantly longer (for CI)");
-                cmd->add_option("--threads", args->threads, "Engine threads (results do not depend on it)")
-                    ->check(CLI::Range(1u, 256u));
-                add_param_option(cmd, &args->params);
-                add_quiet_flag(cmd);
-                cmd->callback([args, &rc] { rc = run_diff(*args); });
-              }};
+Registrar reg{
+    "diff", 25, [](CLI::App& app, int& rc) {
+      auto args = std::make_shared<DiffArgs>();
+      auto* cmd = app.add_subcommand(
+          "diff",
+          "Why is AFTER slower (or faster) than BEFORE? Runs the analysis of `explain` on both\n"
+          "traces (or on two time ranges of one) and compares, for the process that drives the\n"
+          "GPU most: its step time; where its main feeding thread's time per step went (the\n"
+          "accounting buckets: preempted, launch, copy, sync, blocked, on CPU, ...); each GPU API\n"
+          "op's latency and calls per step; the chains that appeared, vanished or grew. The first\n"
+          "line is the verdict: \"+X ms per step (+Y%): +a from <cause>, +b from <cause>\".\n"
+          "Noise is not a finding: a cause is significant only when a Mann-Whitney U test over\n"
+          "the thread's whole seconds gives p < 0.01 AND it moved by at least 2% of the step.\n"
+          "Without a step period on either side, everything is per second instead.\n"
+          "Examples:\n"
+          "  ingero-pipeline diff last_week.db today.db\n"
+          "  ingero-pipeline diff last_week.db today.db --json\n"
+          "  ingero-pipeline diff run.db --before-range 0:60 --after-range 300:360\n"
+          "  ingero-pipeline diff a.db b.db --fail-on-regression   # exit 1 when AFTER's steps are slower");
+      cmd->add_option("traces", args->traces, "BEFORE.db AFTER.db (SQLite or LMDB traces)")->required()->expected(1, 2);
+      cmd->add_option("--before-range", args->before_range,
+                      "START:END seconds from the first event of BEFORE to compare (END may be empty)");
+      cmd->add_option("--after-range", args->after_range,
+                      "START:END seconds of AFTER (with one trace: of the same trace)");
+      cmd->add_flag("--json", args->json, "Machine-readable output (shape in docs/cli.md)");
+      cmd->add_flag("--fail-on-regression", args->fail_on_regression,
+                    "Exit 1 when AFTER's step time is significantly longer (for CI)");
+      cmd->add_option("--threads", args->threads, "Engine threads (results do not depend on it)")
+          ->check(CLI::Range(1u, 256u));
+      add_param_option(cmd, &args->params);
+      add_quiet_flag(cmd);
+      cmd->callback([args, &rc] { rc = run_diff(*args); });
+    }};
 
 }  // namespace
 }  // namespace ingero::cli

@@ -93,7 +93,8 @@ std::vector<double> step_times(const ProcessSteps* s) {
 }
 
 // Per whole second of the thread (first and last dropped: partial), each bucket's share.
-std::vector<std::array<double, acct::kBuckets>> second_shares(const AnalysisResult& r, const ThreadAccounting* t) {
+std::vector<std::array<double, acct::kBuckets>> second_shares(const AnalysisResult& r, const ThreadAccounting* t,
+                                                              bool fold) {
   std::vector<std::array<double, acct::kBuckets>> out;
   if (!t) return out;
   for (const auto& s : r.accounting_series) {
@@ -102,18 +103,26 @@ std::vector<std::array<double, acct::kBuckets>> second_shares(const AnalysisResu
       const uint64_t sum = std::accumulate(s.bins[i].begin(), s.bins[i].end(), uint64_t{0});
       if (sum == 0) continue;
       std::array<double, acct::kBuckets> sh{};
-      for (size_t b = 0; b < acct::kBuckets; ++b)
-        sh[b] = static_cast<double>(s.bins[i][b]) / static_cast<double>(sum);
+      for (size_t b = 0; b < acct::kBuckets; ++b) sh[b] = static_cast<double>(s.bins[i][b]) / static_cast<double>(sum);
+      if (fold) {
+        sh[acct::kUnknown] += sh[acct::kOnCpu];
+        sh[acct::kOnCpu] = 0;
+      }
       out.push_back(sh);
     }
   }
   return out;
 }
 
-std::array<double, acct::kBuckets> per_unit(const ThreadAccounting* t, double unit_ns) {
+// `fold`: one side has scheduler data and the other not, so on CPU there is unknown here.
+std::array<double, acct::kBuckets> per_unit(const ThreadAccounting* t, double unit_ns, bool fold) {
   std::array<double, acct::kBuckets> out{};
   if (!t || t->wall_ns == 0) return out;
-  const auto b = buckets_of(*t);
+  auto b = buckets_of(*t);
+  if (fold) {
+    b[acct::kUnknown] += b[acct::kOnCpu];
+    b[acct::kOnCpu] = 0;
+  }
   for (size_t i = 0; i < acct::kBuckets; ++i)
     out[i] = static_cast<double>(b[i]) / static_cast<double>(t->wall_ns) * unit_ns;
   return out;
@@ -145,7 +154,8 @@ std::string pvalue(double p) {
 std::string signed_ns(double ns) { return (ns < 0 ? "-" : "+") + format_ns(std::fabs(ns)); }
 
 // What a change in bucket `b` means, and its category.
-std::pair<std::string, std::string> cause_name(uint8_t b, const ThreadAccounting* after, const ThreadAccounting* before) {
+std::pair<std::string, std::string> cause_name(uint8_t b, const ThreadAccounting* after,
+                                               const ThreadAccounting* before) {
   switch (b) {
     case acct::kPreempted: {
       const ThreadAccounting* t = after && !after->preempted_by.empty() ? after : before;
@@ -162,7 +172,8 @@ std::pair<std::string, std::string> cause_name(uint8_t b, const ThreadAccounting
     case acct::kNetwork: return {"input wait (blocked on the network)", "input_wait"};
     case acct::kSleep: return {"sleeping (timers)", "input_wait"};
     case acct::kBlockedOther: return {"input wait (blocked, reason unknown)", "input_wait"};
-    case acct::kSync: return {"waiting for the GPU (synchronisations: longer kernels or added device-to-host syncs)", "gpu_bound"};
+    case acct::kSync:
+      return {"waiting for the GPU (synchronisations: longer kernels or added device-to-host syncs)", "gpu_bound"};
     case acct::kLaunch: return {"host API time launching kernels", "host_api"};
     case acct::kCopy: return {"host API time in memory copies", "host_api"};
     case acct::kAlloc: return {"host API time allocating GPU memory", "host_api"};
@@ -249,10 +260,31 @@ UTest mann_whitney(std::span<const double> a, std::span<const double> b) {
   t.u = rank_a - n1 * (n1 + 1) / 2;
   const double mu = n1 * n2 / 2;
   const double var = n1 * n2 / 12 * ((n + 1) - ties / (n * (n - 1)));
-  if (var <= 0) return t;  // every value equal
+  if (var <= 0) return t;     // every value equal
   const double d = mu - t.u;  // > 0: b larger
   const double corrected = std::max(0.0, std::fabs(d) - 0.5);
   t.z = std::copysign(corrected / std::sqrt(var), d);
+  t.p = std::erfc(std::fabs(t.z) / std::sqrt(2.0));
+  return t;
+}
+
+UTest welch(std::span<const double> a, std::span<const double> b) {
+  UTest t;
+  t.n1 = a.size();
+  t.n2 = b.size();
+  if (t.n1 < 3 || t.n2 < 3) return t;
+  auto moments = [](std::span<const double> v) {
+    const double n = static_cast<double>(v.size());
+    const double mean = std::accumulate(v.begin(), v.end(), 0.0) / n;
+    double ss = 0;
+    for (double x : v) ss += (x - mean) * (x - mean);
+    return std::pair{mean, ss / (n - 1)};
+  };
+  const auto [ma, va] = moments(a);
+  const auto [mb, vb] = moments(b);
+  const double se = std::sqrt(va / static_cast<double>(t.n1) + vb / static_cast<double>(t.n2));
+  if (!(se > 0)) return t;
+  t.z = (mb - ma) / se;
   t.p = std::erfc(std::fabs(t.z) / std::sqrt(2.0));
   return t;
 }
@@ -275,6 +307,7 @@ DiffReport compare(const DiffSide& before, const DiffSide& after, const DiffOpti
   const ProcessSteps* sb = steps_of(rb, pid_b);
   const ProcessSteps* sa = steps_of(ra, pid_a);
   const bool steps = sb && sa && sb->period_ns > 0 && sa->period_ns > 0;
+  const bool fold = tb && ta && tb->scheduler_data != ta->scheduler_data;
   rep.unit = steps ? "step" : "second";
   auto summarise = [&](SideSummary& s, const DiffSide& side, const AnalysisResult& r, uint32_t pid,
                        const ThreadAccounting* t, const ProcessSteps* st) {
@@ -288,13 +321,18 @@ DiffReport compare(const DiffSide& before, const DiffSide& after, const DiffOpti
     }
     if (st) {
       s.has_steps = st->period_ns > 0;
+      s.period_ns = st->period_ns;
+      // The mean step time, slow steps included (the period leaves them out): what a job's
+      // throughput follows. From the boundaries kept (the latest steps), else the period.
       s.step_ns = st->period_ns;
+      if (s.has_steps && st->boundaries.size() >= 2)
+        s.step_ns = (st->boundaries.back() - st->boundaries.front()) / (st->boundaries.size() - 1);
       s.p50_ns = st->p50_ns;
       s.p99_ns = st->p99_ns;
       s.steps = st->count;
       s.method = st->method;
     }
-    s.per_unit = per_unit(t, steps ? static_cast<double>(s.step_ns) : 1e9);
+    s.per_unit = per_unit(t, steps ? static_cast<double>(s.step_ns) : 1e9, fold);
   };
   summarise(rep.before, before, rb, pid_b, tb, sb);
   summarise(rep.after, after, ra, pid_a, ta, sa);
@@ -305,7 +343,7 @@ DiffReport compare(const DiffSide& before, const DiffSide& after, const DiffOpti
     rep.delta_ns = static_cast<double>(rep.after.step_ns) - static_cast<double>(rep.before.step_ns);
     rep.delta_pct = rep.delta_ns / static_cast<double>(rep.before.step_ns);
     const auto xb = step_times(sb), xa = step_times(sa);
-    rep.step_p = mann_whitney(xb, xa).p;
+    rep.step_p = std::min(1.0, 2 * std::min(mann_whitney(xb, xa).p, welch(xb, xa).p));  // Bonferroni over the two
     rep.step_significant = rep.step_p < opt.alpha && std::fabs(rep.delta_ns) >= opt.min_effect * unit_b &&
                            std::fabs(rep.delta_ns) >= static_cast<double>(opt.min_effect_ns);
   }
@@ -342,7 +380,8 @@ DiffReport compare(const DiffSide& before, const DiffSide& after, const DiffOpti
   rep.chains = chain_rows(rb, ra);
 
   // Causes: each bucket's change per unit, tested on the per-second shares.
-  const auto shares_b = second_shares(rb, tb), shares_a = second_shares(ra, ta);
+  const auto shares_b = second_shares(rb, tb, fold), shares_a = second_shares(ra, ta, fold);
+  if (fold) rep.notes.push_back("only one side records the scheduler state: its on-CPU time is compared as unknown");
   for (uint8_t b = 0; b < acct::kBuckets; ++b) {
     Cause c;
     std::tie(c.what, c.category) = cause_name(b, ta, tb);
@@ -396,7 +435,7 @@ DiffReport compare(const DiffSide& before, const DiffSide& after, const DiffOpti
       row.process = process_name(r, pid);
       row.thread = key;
       (after ? row.in_after : row.in_before) = true;
-      (after ? row.after : row.before) = per_unit(&t, unit);
+      (after ? row.after : row.before) = per_unit(&t, unit, fold);
     }
   };
   add_threads(rb, pid_b, false, unit_b);
@@ -413,8 +452,9 @@ DiffReport compare(const DiffSide& before, const DiffSide& after, const DiffOpti
   std::string s;
   if (steps) {
     s = signed_ns(rep.delta_ns) + " per step (" + pct(rep.delta_pct) + ", " +
-        format_ns(static_cast<double>(rep.before.step_ns)) + " -> " + format_ns(static_cast<double>(rep.after.step_ns)) +
-        ", " + (rep.step_significant ? "significant" : "within noise") + ")";
+        format_ns(static_cast<double>(rep.before.step_ns)) + " -> " +
+        format_ns(static_cast<double>(rep.after.step_ns)) + ", " +
+        (rep.step_significant ? "significant" : "within noise") + ")";
   } else {
     s = "no step period on " + std::string(sb && sb->period_ns ? "the AFTER side" : "the BEFORE side") +
         ": per second of " + (ta ? ta->comm : std::string("the main feeding thread"));

@@ -9,6 +9,10 @@
 //   calls) has the most time in calls; on AFTER, the process of the same name (else the same pid,
 //   else the AFTER side's own focus). Its step time is ProcessSteps::period_ns; when either side
 //   has no period the unit is one second instead of one step.
+// - The step time compared is the mean step time of the steps kept (slow steps included), not the
+//   period of the regular ones: a stall every 8th step is a slower job.
+// - One side with scheduler data (on CPU known) and the other without: on-CPU time is compared as
+//   unknown on both (a note says so).
 // - Where the time per step went: for the focus process's main thread, each accounting bucket's
 //   share of the thread's wall time times the step period (so the buckets add up to the period
 //   exactly and their changes add up to the change in step time). A cause is a bucket (or, for
@@ -18,7 +22,8 @@
 //   partial and dropped) gives p < DiffOptions::alpha, and (2) its change per unit is at least
 //   min_effect of the BEFORE step (or second) and at least min_effect_ns. An op's latency change is
 //   significant when the U test of the two duration samples gives p < op_alpha and the medians
-//   differ by at least min_op_shift. Step time: the U test of the consecutive step times.
+//   differ by at least min_op_shift. Step time: the U test (a shift of the typical step) or Welch's
+//   test of the means (stalls in some steps), each at alpha / 2, of the consecutive step times.
 // - Mann-Whitney U: average ranks for ties, the tie-corrected normal approximation with a
 //   continuity correction (exact enough from about 8 values per side; fewer give p = 1).
 #pragma once
@@ -42,6 +47,9 @@ struct UTest {
   size_t n1 = 0, n2 = 0;
 };
 UTest mann_whitney(std::span<const double> a, std::span<const double> b);
+// Welch's test of the means (normal approximation: meant for tens of values per side or more),
+// two-sided; z > 0 when the second mean is larger. Fewer than 3 values a side, or no variance: p = 1.
+UTest welch(std::span<const double> a, std::span<const double> b);
 
 // The call durations of one op (a uniform sample of at most kMaxSamples, plus the true count).
 struct OpSample {
@@ -59,11 +67,11 @@ struct DiffSide {
 };
 
 struct DiffOptions {
-  double alpha = 0.01;            // causes and step time
-  double op_alpha = 0.001;        // per-op latency (many ops: a stricter level)
-  double min_effect = 0.02;       // of the BEFORE step (or second)
+  double alpha = 0.01;       // causes and step time
+  double op_alpha = 0.001;   // per-op latency (many ops: a stricter level)
+  double min_effect = 0.02;  // of the BEFORE step (or second)
   uint64_t min_effect_ns = 20'000;
-  double min_op_shift = 0.05;     // relative change of the median
+  double min_op_shift = 0.05;  // relative change of the median
 };
 
 struct SideSummary {
@@ -72,7 +80,9 @@ struct SideSummary {
   std::string thread;  // the main feeding thread's name
   uint32_t tid = 0;
   bool has_steps = false;
-  uint64_t step_ns = 0, p50_ns = 0, p99_ns = 0, steps = 0;
+  // step_ns: the mean step time, slow steps included; period_ns: ProcessSteps::period_ns (regular
+  // steps only); p50/p99: of the step times.
+  uint64_t step_ns = 0, period_ns = 0, p50_ns = 0, p99_ns = 0, steps = 0;
   std::string method;
   uint64_t wall_ns = 0;
   std::array<double, acct::kBuckets> per_unit{};  // ns per step (or per second) by bucket
@@ -105,9 +115,9 @@ struct OpRow {
 
 struct ChainRow {
   std::string rule, category, process, thread;
-  uint64_t before = 0, after = 0;              // chains
-  uint64_t before_ns = 0, after_ns = 0;        // their windows' total length
-  std::string change;  // appeared, vanished, grew, shrank, same
+  uint64_t before = 0, after = 0;        // chains
+  uint64_t before_ns = 0, after_ns = 0;  // their windows' total length
+  std::string change;                    // appeared, vanished, grew, shrank, same
 };
 
 struct DiffReport {
@@ -121,6 +131,7 @@ struct DiffReport {
   std::vector<OpRow> ops;  // significant first, then by name
   std::vector<ChainRow> chains;
   std::string verdict;
+  std::vector<std::string> notes;  // what limits the comparison
 };
 
 DiffReport compare(const DiffSide& before, const DiffSide& after, const DiffOptions& opt = {});

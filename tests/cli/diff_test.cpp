@@ -209,7 +209,7 @@ TEST_F(Diff, SameWorkloadDifferentSeedsIsNoFinding) {
 }
 
 TEST_F(Diff, TwoRangesOfOneTrace) {
-  // A trace whose second half is the contended one: compare the halves.
+  // Two halves of one steady trace: the per-step comparison runs, and nothing stands out.
   const auto base = generate(file("base.db"), Fault::kNone, 9, 8);
   const auto text = run("diff " + base.path + " --before-range 0:4 --after-range 4:8");
   ASSERT_EQ(text.status, 0) << text.err;

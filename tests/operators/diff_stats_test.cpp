@@ -47,3 +47,17 @@ TEST(MannWhitney, SameDistributionIsNotSignificantAndTooFewIsNoTest) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Welch, MeansOfUnequalVariances) {
+  const std::vector<double> a{1, 2, 3, 4, 5}, b{2, 4, 6, 8, 10};
+  // means 3 and 6, variances 2.5 and 10: se = sqrt(0.5 + 2) = 1.5811, z = 1.8974
+  const auto t = ingero::diff::welch(a, b);
+  EXPECT_NEAR(t.z, 3 / std::sqrt(2.5), 1e-9);
+  EXPECT_NEAR(t.p, std::erfc(t.z / std::sqrt(2.0)), 1e-12);
+  const std::vector<double> same{5, 5, 5, 5};
+  EXPECT_DOUBLE_EQ(ingero::diff::welch(same, same).p, 1);
+}
+
+}  // namespace
