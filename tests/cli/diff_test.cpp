@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -137,7 +138,9 @@ class Diff : public ::testing::Test {
     dir_ = fs::temp_directory_path() / ("ip-diff-" + std::to_string(getpid()));
     fs::create_directories(dir_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override {  // INGERO_DIFF_KEEP=1 keeps the generated traces (docs/cli.md's walk-through)
+    if (!std::getenv("INGERO_DIFF_KEEP")) fs::remove_all(dir_);
+  }
   std::string file(const std::string& name) const { return (dir_ / name).string(); }
   json diff_json(const std::string& before, const std::string& after) {
     const auto r = run("diff " + before + " " + after + " --json");
