@@ -189,7 +189,12 @@ int analyse(const std::string& path, const Range& range, const AnalysisPlan& ana
   std::vector<std::string> errors;
   out.result = run_plan(analysis.plan, annotated, opts, &errors);
   if (!errors.empty()) {
-    for (const auto& e : errors) print_error(path + ": plan: " + e);
+    for (const auto& e : errors) {
+      std::string message = path;
+      message += ": plan: ";
+      message += e;
+      print_error(message);
+    }
     return kExitInput;
   }
   annotator.finish(out.result);

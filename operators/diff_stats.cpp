@@ -381,7 +381,7 @@ DiffReport compare(const DiffSide& before, const DiffSide& after, const DiffOpti
 
   // Causes: each bucket's change per unit, tested on the per-second shares.
   const auto shares_b = second_shares(rb, tb, fold), shares_a = second_shares(ra, ta, fold);
-  if (fold) rep.notes.push_back("only one side records the scheduler state: its on-CPU time is compared as unknown");
+  if (fold) rep.notes.emplace_back("only one side records the scheduler state: its on-CPU time is compared as unknown");
   for (uint8_t b = 0; b < acct::kBuckets; ++b) {
     Cause c;
     std::tie(c.what, c.category) = cause_name(b, ta, tb);
