@@ -1,0 +1,239 @@
+// `ingero-pipeline diff`: generated pairs of traces of one training loop, each AFTER with one
+// injected regression, written with the SQLite sink and compared by the real binary. The diff must
+// name the injected cause first with the added time per step within 15% of what was injected; two
+// runs of the same workload with different seeds must show no significant cause. Also: bad input.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/ops.h"
+#include "sinks/store/sqlite_store.h"
+#include "tests/util/run_command.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace ingero;
+
+constexpr uint64_t kUs = 1'000, kMs = 1'000'000, kSec = 1'000'000'000;
+constexpr uint64_t kBase = 1'700'000'000 * kSec;
+constexpr uint32_t kPid = 100, kTid = 101, kHogPid = 31337, kHogTid = 31338, kBgPid = 77;
+
+enum class Fault { kNone, kCpuContention, kD2hSync };
+
+struct Rng {  // splitmix64: the same trace on every platform
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  uint64_t uni(uint64_t lo, uint64_t hi) { return lo + next() % (hi - lo + 1); }
+};
+
+struct Generated {
+  std::string path;
+  uint64_t steps = 0;
+  uint64_t injected_ns = 0;  // the fault's total time
+  double injected_per_step() const { return static_cast<double>(injected_ns) / static_cast<double>(steps); }
+};
+
+// `seconds` of a training loop on tid 101 ("trainer"): per step an H2D copy, 20 kernel launches
+// with host work between them, a stream synchronisation waiting 5-7 ms for the GPU; background
+// preemption by a kworker (pid 77) now and then for 50-150 us. Faults, in every step:
+// kCpuContention: stress-ng (pid 31337) preempts the thread for 2-4 ms between two launches;
+// kD2hSync: a `.item()`: a small D2H cudaMemcpyAsync then a cudaStreamSynchronize of 3-5 ms.
+Generated generate(const std::string& path, Fault fault, uint64_t seed, uint64_t seconds = 15) {
+  Rng rng{seed * 7919 + 1};
+  Generated g;
+  g.path = path;
+  std::vector<Event> ev;
+  auto call = [&ev](uint64_t ts, uint64_t dur, uint8_t op, uint64_t kind = 0) {
+    Event e;
+    e.ts_ns = ts;
+    e.dur_ns = dur;
+    e.pid = kPid;
+    e.tid = kTid;
+    e.source = Source::kCuda;
+    e.op = op;
+    e.arg1 = kind;
+    ev.push_back(e);
+    return ts + dur;
+  };
+  auto preempt = [&ev](uint64_t ts, uint64_t dur, uint32_t pid, uint32_t tid) {
+    Event e;
+    e.ts_ns = ts;
+    e.dur_ns = dur;
+    e.pid = kPid;
+    e.tid = kTid;
+    e.source = Source::kHost;
+    e.op = op::kSchedSwitch;
+    e.prev_state = OffCpuState::kPreempted;
+    e.arg0 = pid;
+    e.arg1 = tid;
+    ev.push_back(e);
+    return ts + dur;
+  };
+  uint64_t t = kBase + rng.uni(0, kMs);
+  while (t < kBase + seconds * kSec) {
+    ++g.steps;
+    t = call(t, rng.uni(30 * kUs, 50 * kUs), op::kCudaMemcpyAsync, 1);
+    t += rng.uni(100 * kUs, 200 * kUs);
+    for (int i = 0; i < 20; ++i) {
+      t = call(t, rng.uni(10 * kUs, 20 * kUs), op::kCudaLaunchKernel);
+      if (rng.uni(0, 99) < 2) t = preempt(t, rng.uni(50 * kUs, 150 * kUs), kBgPid, 7700);
+      if (fault == Fault::kCpuContention && i == 10) {
+        const uint64_t d = rng.uni(2 * kMs, 4 * kMs);
+        g.injected_ns += d;
+        t = preempt(t, d, kHogPid, kHogTid);
+      }
+      t += rng.uni(80 * kUs, 120 * kUs);
+    }
+    if (fault == Fault::kD2hSync) {
+      t = call(t, rng.uni(8 * kUs, 12 * kUs), op::kCudaMemcpyAsync, 2);
+      const uint64_t d = rng.uni(3 * kMs, 5 * kMs);
+      g.injected_ns += d;
+      t = call(t, d, op::kCudaStreamSync);
+      t += rng.uni(20 * kUs, 40 * kUs);
+    }
+    t = call(t, rng.uni(5 * kMs, 7 * kMs), op::kCudaStreamSync);
+    t += rng.uni(50 * kUs, 100 * kUs);
+  }
+  std::stable_sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+  for (size_t i = 0; i < ev.size(); ++i) ev[i].id = i + 1;
+  TraceMeta meta;
+  meta.process_names[kPid] = "trainer";
+  meta.process_names[kHogPid] = "stress-ng";
+  meta.process_names[kBgPid] = "kworker";
+  meta.thread_names[kTid] = "trainer";
+  meta.thread_names[kHogTid] = "stress-ng";
+  meta.first_ts = ev.front().ts_ns;
+  meta.last_ts = ev.back().ts_ns;
+  std::string error;
+  auto sink = SqliteSink::create(path, error);
+  EXPECT_TRUE(sink) << error;
+  if (!sink) return g;
+  EXPECT_TRUE(sink->write_meta(meta));
+  EXPECT_TRUE(sink->write_events(ev));
+  EXPECT_TRUE(sink->close(error)) << error;
+  return g;
+}
+
+test::CommandRun run(const std::string& args) {
+  return test::run_command(std::string(INGERO_BINARY_DIR) + "/ingero-pipeline " + args);
+}
+
+class Diff : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("ip-diff-" + std::to_string(getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {  // INGERO_DIFF_KEEP=1 keeps the generated traces (docs/cli.md's walk-through)
+    if (!std::getenv("INGERO_DIFF_KEEP")) fs::remove_all(dir_);
+  }
+  std::string file(const std::string& name) const { return (dir_ / name).string(); }
+  json diff_json(const std::string& before, const std::string& after) {
+    const auto r = run("diff " + before + " " + after + " --json");
+    EXPECT_EQ(r.status, 0) << r.err;
+    return r.status == 0 ? json::parse(r.out) : json();
+  }
+  fs::path dir_;
+};
+
+// The first cause is the injected one, significant, within 15% of the injected time per step; no
+// other cause is significant by more than a tenth of it.
+void expect_named_first(const json& j, const std::string& category, double injected_per_step) {
+  ASSERT_EQ(j["unit"], "step") << j.dump(1);
+  ASSERT_FALSE(j["causes"].empty());
+  const json& first = j["causes"][0];
+  EXPECT_EQ(first["category"], category) << j["verdict"];
+  EXPECT_TRUE(first["significant"].get<bool>()) << j["verdict"];
+  const double added = first["added_ns_per_step"].get<double>();
+  EXPECT_NEAR(added, injected_per_step, 0.15 * injected_per_step) << j["verdict"];
+  EXPECT_TRUE(j["step_significant"].get<bool>());
+  EXPECT_NEAR(j["step_delta_ns"].get<double>(), injected_per_step, 0.15 * injected_per_step);
+  for (size_t i = 1; i < j["causes"].size(); ++i) {
+    if (j["causes"][i]["significant"].get<bool>() && j["causes"][i]["added_ns_per_step"].get<double>() > 0) {
+      EXPECT_LT(j["causes"][i]["added_ns_per_step"].get<double>(), 0.1 * injected_per_step) << j["causes"][i].dump();
+    }
+  }
+  // The verdict names it first.
+  const std::string v = j["verdict"];
+  EXPECT_EQ(v.rfind('+', 0), 0u) << v;
+  EXPECT_NE(v.find(first["what"].get<std::string>()), std::string::npos) << v;
+}
+
+TEST_F(Diff, NamesCpuContentionOnTheFeedingThread) {
+  const auto before = generate(file("base.db"), Fault::kNone, 1);
+  const auto after = generate(file("cpu.db"), Fault::kCpuContention, 2);
+  const json j = diff_json(before.path, after.path);
+  expect_named_first(j, "cpu_contention", after.injected_per_step());
+  EXPECT_NE(j["causes"][0]["what"].get<std::string>().find("stress-ng"), std::string::npos) << j["causes"][0];
+  EXPECT_EQ(j["before"]["process"], "trainer");
+  EXPECT_GT(j["after"]["step_ns"].get<double>(), j["before"]["step_ns"].get<double>());
+}
+
+TEST_F(Diff, NamesAnAddedDeviceToHostSync) {
+  const auto before = generate(file("base.db"), Fault::kNone, 3);
+  const auto after = generate(file("d2h.db"), Fault::kD2hSync, 4);
+  const json j = diff_json(before.path, after.path);
+  expect_named_first(j, "gpu_bound", after.injected_per_step());
+  // Evidence: one more stream synchronisation per step (Ingero's name: cudaStreamSync), and the
+  // D2H copy is not taken for a sync.
+  bool more_syncs = false;
+  for (const auto& e : j["causes"][0]["evidence"]) {
+    more_syncs = more_syncs || e.get<std::string>().find("cudaStreamSync: 1.00 -> 2.00") != std::string::npos;
+    EXPECT_EQ(e.get<std::string>().find("cudaMemcpyAsync"), std::string::npos) << e;
+  }
+  EXPECT_TRUE(more_syncs) << j["causes"][0].dump(1);
+}
+
+TEST_F(Diff, SameWorkloadDifferentSeedsIsNoFinding) {
+  for (uint64_t seed : {5u, 7u}) {
+    const auto a = generate(file("a.db"), Fault::kNone, seed);
+    const auto b = generate(file("b.db"), Fault::kNone, seed + 100);
+    const json j = diff_json(a.path, b.path);
+    ASSERT_EQ(j["unit"], "step");
+    EXPECT_FALSE(j["step_significant"].get<bool>()) << j["verdict"];
+    for (const auto& c : j["causes"]) EXPECT_FALSE(c["significant"].get<bool>()) << c.dump(1);
+    for (const auto& o : j["ops"]) EXPECT_FALSE(o["significant"].get<bool>()) << o.dump(1);
+    EXPECT_NE(j["verdict"].get<std::string>().find("no cause stands out"), std::string::npos) << j["verdict"];
+  }
+}
+
+TEST_F(Diff, TwoRangesOfOneTrace) {
+  // Two halves of one steady trace: the per-step comparison runs, and nothing stands out.
+  const auto base = generate(file("base.db"), Fault::kNone, 9, 8);
+  const auto text = run("diff " + base.path + " --before-range 0:4 --after-range 4:8");
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find("per step"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("no cause stands out"), std::string::npos) << text.out;
+}
+
+TEST_F(Diff, BadInputIsAClearError) {
+  const auto missing = run("diff /nonexistent/a.db /nonexistent/b.db");
+  EXPECT_EQ(missing.status, 3);
+  EXPECT_NE(missing.err.find("/nonexistent/a.db"), std::string::npos) << missing.err;
+  const auto one = run("diff /nonexistent/a.db");
+  EXPECT_EQ(one.status, 2);
+  EXPECT_NE(one.err.find("two traces"), std::string::npos) << one.err;
+  const auto base = generate(file("base.db"), Fault::kNone, 1, 2);
+  const auto range = run("diff " + base.path + " --before-range 5 --after-range 0:1");
+  EXPECT_EQ(range.status, 2);
+  EXPECT_NE(range.err.find("START:END"), std::string::npos) << range.err;
+  const auto help = run("diff --help");
+  EXPECT_EQ(help.status, 0);
+  EXPECT_NE(help.out.find("Examples"), std::string::npos);
+}
+
+}  // namespace
