@@ -53,6 +53,46 @@ TEST(Plan, ValidateCatchesBadShapes) {
   EXPECT_NE(q.validate()[0].find("slide"), std::string::npos);
 }
 
+TEST(Plan, StepsWindowsAndStepsStreamsComeTogether) {
+  WindowNode steps;
+  steps.kind = WindowKind::kSteps;
+  steps.steps = 20;
+  steps.size_ns = steps.slide_ns = 0;
+  WindowNode tumbling;
+  {  // steps -> where-filter -> steps window: valid, and printed with its step count
+    Plan p;
+    const int s = p.add(ScanNode{});
+    const int st = p.add(StepNode{}, {s});
+    const int f = p.add(FilterNode{ex::ge(ex::field(Field::kDuration), ex::ns(1e6))}, {st});
+    p.add(steps, {f});
+    EXPECT_TRUE(p.validate().empty()) << p.validate()[0];
+    EXPECT_NE(p.to_string().find("%1 = steps(%0)"), std::string::npos) << p.to_string();
+    EXPECT_NE(p.to_string().find("kind=steps steps=20"), std::string::npos) << p.to_string();
+  }
+  {  // a steps window over calls
+    Plan p;
+    const int s = p.add(ScanNode{});
+    p.add(steps, {s});
+    ASSERT_FALSE(p.validate().empty());
+    EXPECT_NE(p.validate()[0].find("a steps window needs a steps stream"), std::string::npos);
+  }
+  {  // steps in a time window
+    Plan p;
+    const int s = p.add(ScanNode{});
+    p.add(tumbling, {p.add(StepNode{}, {s})});
+    ASSERT_FALSE(p.validate().empty());
+    EXPECT_NE(p.validate()[0].find("a steps stream needs a steps window"), std::string::npos);
+  }
+  {  // no steps in a steps window
+    Plan p;
+    WindowNode none = steps;
+    none.steps = 0;
+    p.add(none, {p.add(StepNode{}, {p.add(ScanNode{})})});
+    ASSERT_FALSE(p.validate().empty());
+    EXPECT_NE(p.validate()[0].find("at least 1 step"), std::string::npos);
+  }
+}
+
 TEST(Plan, FormatDurationRoundTrips) {
   EXPECT_EQ(format_duration(10'000'000'000ull), "10s");
   EXPECT_EQ(format_duration(250'000'000ull), "250ms");
