@@ -11,12 +11,35 @@
 #include "operators/chain_annotate.h"
 #include "operators/step_inference.h"
 #include "operators/time_accounting.h"
+#include "sinks/fleet/merge.h"
+#include "sinks/fleet/stragglers.h"
 #include "sinks/report/html_report.h"
 #include "sinks/report/text_report.h"
+#include "sinks/store/lmdb_store.h"
 #include "sinks/store/sqlite_store.h"
 
 namespace ingero::cli {
 namespace {
+
+// A merged fleet trace (more than one node): the rank that arrives last at each collective,
+// judged per step on the clocks `merge` corrected (sinks/fleet/stragglers.h), as `merge`
+// reports it. It replaces the per-window rule's chain for the same rank (fleet_training_straggler:
+// 10 s windows with n >= 20 and a 1 ms floor, docs/fleet.md). A second pass over the trace.
+void add_step_stragglers(const std::string& db, AnalysisResult& r) {
+  if (db.empty() || r.meta.nodes.size() < 2 || !(is_sqlite_file(db) || is_lmdb_file(db))) return;
+  StragglerReport sr;
+  std::string error;
+  if (!stragglers_of_merged_trace(db, sr, error)) {
+    std::fprintf(stderr, "warning: stragglers per step: %s\n", error.c_str());
+    return;
+  }
+  for (Chain& c : straggler_chains(sr)) {
+    std::erase_if(r.chains, [&](const Chain& old) {
+      return old.rule == "fleet_training_straggler" && old.rank >= 0 && old.rank == c.rank;
+    });
+    r.chains.push_back(std::move(c));
+  }
+}
 
 struct ExplainArgs {
   std::string db;
@@ -132,6 +155,7 @@ int run_explain(const ExplainArgs& a) {
   }
   annotator.finish(r);  // first: chains get their threads, then their accounting
   observed.finish(r);
+  add_step_stragglers(a.db, r);
   if (!a.html.empty()) add_accounting_series(accounting, r);  // the report's charts over time
   if (const std::string w = annotator_spill_warning(annotator.spill_counters()); !w.empty())
     std::fprintf(stderr, "warning: %s\n", w.c_str());

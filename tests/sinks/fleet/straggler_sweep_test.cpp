@@ -237,4 +237,37 @@ TEST(StepStragglers, ClockCoarserThanTheLagFallsBackToWaitLeast) {
   EXPECT_TRUE(find_stragglers(four_nodes(8'000'000, 0, 1'000'000)).stragglers.empty());
 }
 
+// `explain` on a merged trace gives the same per-step straggler chain as `merge` (the issue's
+// 8 ms step with a rank 0.8 ms late: under the per-window rule's 1 ms floor), and none on the
+// balanced control.
+std::string explain_json(const std::string& db) {
+  const std::string cmd = std::string(INGERO_BINARY_DIR) + "/ingero-pipeline explain --json --db '" + db +
+                          "' 2>/dev/null";
+  std::string out;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    pclose(p);
+  }
+  return out;
+}
+
+TEST(StepStragglers, ExplainOnTheMergedTraceNamesTheSameRank) {
+  test::ScratchDir dir("straggler_explain");
+  const FleetSpec s = job(8'000'000, 0.1, 8, true, false, 300, 13);
+  const MergeReport rep = merge_job(s, dir, "late");
+  ASSERT_EQ(rep.stragglers.stragglers.size(), 1u) << rep.stragglers.note;
+  const std::string j = explain_json(dir("late_merged.db"));
+  ASSERT_NE(j.find("\"chains\""), std::string::npos) << "explain gave no JSON";
+  const size_t at = j.find("\"fleet_step_straggler\"");
+  ASSERT_NE(at, std::string::npos) << j.substr(0, 2000);
+  const std::string rank = "\"rank\": " + std::to_string(rep.stragglers.stragglers[0].rank);
+  EXPECT_NE(j.find(rank), std::string::npos) << rank;
+  EXPECT_EQ(j.find("\"fleet_step_straggler\"", at + 1), std::string::npos) << "one chain for one straggler";
+  const MergeReport even = merge_job(job(8'000'000, 0, 8, true, false, 300, 13), dir, "even");
+  EXPECT_TRUE(even.stragglers.stragglers.empty()) << even.stragglers.note;
+  EXPECT_EQ(explain_json(dir("even_merged.db")).find("\"fleet_step_straggler\""), std::string::npos);
+}
+
 }  // namespace
