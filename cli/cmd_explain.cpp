@@ -144,6 +144,7 @@ int run_explain(const ExplainArgs& a) {
     for (const Annotation& x : program_annotations)
       if (StepMarker m; step_marker_of(x, m)) markers.push_back(m);
     steps.add_markers(markers);
+    if (!markers.empty()) opts.step_markers = std::make_shared<const std::vector<StepMarker>>(markers);
   }
   ObservingSource observed(tee, {&accounting, &steps});
   EventSource& annotated = annotator.tap(observed);

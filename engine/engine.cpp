@@ -735,6 +735,7 @@ AnalysisResult run_plan(const Plan& plan, EventSource& source, const EngineOptio
   }
   compiled->node_names = source.meta().nodes;
   compiled->process_names = source.meta().process_names;
+  compiled->step_markers = opts.step_markers;
   if (compiled->uses_stacks) compiled->stacks->sync(source.meta().stacks);
 
   const unsigned threads = opts.threads ? opts.threads : std::max(1u, std::thread::hardware_concurrency());

@@ -34,11 +34,13 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "model/plan.h"
 #include "model/result.h"
+#include "model/steps.h"
 #include "model/trace.h"
 
 namespace ingero {
@@ -60,6 +62,9 @@ struct EngineOptions {
   // trace whose one window spans it all (the spans some held call touches grow with its length)
   // stays flat in memory with it. EngineCounters::join_spill_* say what it did.
   size_t join_resident_bytes = 0;
+  // The program's own step markers (replay: the trace's ip_annotations): the `steps` stream takes
+  // a marked process's steps from them (operators/step_tracker.h). May be null.
+  std::shared_ptr<const std::vector<StepMarker>> step_markers;
   // Called as chains are emitted (live view), one call at a time: from the merge node, or at two
   // threads split by group from either stage's thread under a lock; may be empty.
   std::function<void(const Chain&)> on_chain;

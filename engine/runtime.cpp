@@ -1347,7 +1347,10 @@ struct Shard::Impl {
     }
     step_steps.resize(plan.streams.size());
     for (size_t i = 0; i < plan.streams.size(); ++i)
-      if (plan.streams[i].steps) step_steps[i].tracker = std::make_unique<StepTracker>();
+      if (plan.streams[i].steps) {
+        step_steps[i].tracker = std::make_unique<StepTracker>();
+        if (plan.step_markers) step_steps[i].tracker->add_markers(*plan.step_markers);
+      }
     group_of_pipe.assign(plan.pipes.size(), 0);
     for (size_t gi = 0; gi < plan.groups.size(); ++gi)
       for (size_t pi : plan.groups[gi].pipes) group_of_pipe[pi] = gi;

@@ -165,6 +165,8 @@ struct CompiledPlan {
   // keeps in sync with TraceMeta::stacks (before the run, then whenever new ones appear).
   bool uses_stacks = false;
   std::shared_ptr<StackTable> stacks = std::make_shared<StackTable>();
+  // The program's own step markers for the `steps` stream (EngineOptions::step_markers); may be null.
+  std::shared_ptr<const std::vector<StepMarker>> step_markers;
 };
 
 // mask[source << 8 | op] = 1 where `filter`, which reads no field but the event's source and op,

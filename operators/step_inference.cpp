@@ -467,6 +467,12 @@ StepInference::Pick StepInference::pick(const KeyState& s, size_t last) {
   return p;
 }
 
+std::vector<uint64_t> StepInference::marker_boundaries(std::span<const StepMarker> markers) {
+  ProcessSteps p;
+  if (!steps_from_markers(std::vector<StepMarker>(markers.begin(), markers.end()), p)) return {};
+  return p.boundaries;
+}
+
 StepInference::StepInference() = default;
 StepInference::~StepInference() = default;
 

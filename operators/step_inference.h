@@ -136,6 +136,11 @@ class StepInference final : public EventObserver {
   // (the live capture's annotation socket hands them over as the capture stops).
   void add_markers(std::span<const StepMarker> markers);
 
+  // The step boundaries the markers of one process make (the header's "Explicit markers win":
+  // a boundary per new "step" label, the last kMaxMarkers), in time order; empty when they make
+  // no complete step.
+  static std::vector<uint64_t> marker_boundaries(std::span<const StepMarker> markers);
+
   // The same analysis without an AnalysisResult (tests): one entry per key, sorted.
   std::vector<ProcessSteps> results() const;
 

@@ -198,9 +198,54 @@ void StepTracker::observe(const Event* events, size_t n) {
       tracks_.emplace_back();
     }
     Track& tr = tracks_[s->user];
+    if (tr.seen == 0 && !marks_.empty() && !tr.marked) {
+      const auto it = marks_.find(uint64_t{s->node} << 32 | s->pid);
+      tr.marked = it != marks_.end();
+    }
+    if (tr.marked) {
+      tr.last_tid = e.tid;
+      emit_marked(tr, *s, marks_.at(uint64_t{s->node} << 32 | s->pid), e.ts_ns, e.tid);
+      tr.seen = std::max<uint64_t>(tr.seen, 1);
+      continue;
+    }
     if (s->markers == tr.seen) continue;
     tr.seen = s->markers;
     on_marker(tr, *s);
+  }
+}
+
+void StepTracker::add_markers(std::span<const StepMarker> markers) {
+  std::unordered_map<uint64_t, std::vector<StepMarker>> by;
+  for (const StepMarker& m : markers) by[uint64_t{m.node} << 32 | m.pid].push_back(m);
+  for (auto& [k, v] : by) {
+    Marks mk;
+    mk.boundaries = StepInference::marker_boundaries(v);
+    if (mk.boundaries.size() < 2) continue;
+    std::stable_sort(v.begin(), v.end(), [](const StepMarker& a, const StepMarker& b) { return a.ts_ns < b.ts_ns; });
+    for (uint64_t b : mk.boundaries) {
+      const auto at = std::lower_bound(v.begin(), v.end(), b,
+                                       [](const StepMarker& m, uint64_t t) { return m.ts_ns < t; });
+      mk.tids.push_back(at != v.end() && at->ts_ns == b ? at->tid : 0);
+    }
+    marks_[k] = std::move(mk);
+  }
+}
+
+void StepTracker::emit_marked(Track& tr, const StepInference::KeyState& s, const Marks& m, uint64_t upto,
+                              uint32_t tid) {
+  while (tr.next_mark + 1 < m.boundaries.size() && m.boundaries[tr.next_mark + 1] <= upto) {
+    const size_t i = tr.next_mark++;
+    Event e;
+    e.ts_ns = m.boundaries[i];
+    e.dur_ns = m.boundaries[i + 1] - m.boundaries[i];
+    e.source = Source::kStep;
+    e.pid = s.pid;
+    e.rank = s.rank;
+    e.node = s.node;
+    e.tid = m.tids[i + 1] ? m.tids[i + 1] : tid;
+    e.arg0 = tr.ordinal++;
+    e.flags = event_flags::kSynthetic;
+    ready_.push_back(e);
   }
 }
 
@@ -212,6 +257,10 @@ void StepTracker::flush(bool final, std::vector<Event>& out) {
         tracks_.emplace_back();
       }
       Track& tr = tracks_[s.user];
+      if (tr.marked) {
+        emit_marked(tr, s, marks_.at(uint64_t{s.node} << 32 | s.pid), UINT64_MAX, tr.last_tid);
+        return;
+      }
       // A confirmed lock is not judged again at the end (its steps went out already).
       if (s.markers > tr.tried_at && !tr.confirmed) judge(tr, s, true);
       if (!tr.locked) return;

@@ -44,8 +44,13 @@
 //   ordinals continuing. A stall (one step of 3 periods among regular ones) does not unlock.
 // - The final flush judges the whole trace (as StepInference::finish does) unless the process's
 //   lock is confirmed already, never unlocks, and lets every step it tracks go out.
-// - A process with no period never gets steps (StepInference's method "none"); explicit step
-//   markers (trace --annotate) are not used here (only in the end-of-trace report).
+// - A process with no period never gets steps (StepInference's method "none").
+// - Explicit markers win (add_markers, before the first event; replay: the trace's
+//   ip_annotations): a process whose markers make at least one step gets its steps from them
+//   (StepInference::marker_boundaries), none inferred. Step [b_i, b_i+1] goes out once an event
+//   of the process at or past b_i+1 is seen (the rest at the final flush); tid = the marker's
+//   thread when it named one, else the thread of that event; arg1 = 0; never irregular. Live
+//   capture hands markers over only at its end, so a live run infers.
 // - Memory: StepInference's rings (bounded) plus, per locked process, the markers of its series
 //   after its last boundary (at most about 2k + what one flush brought).
 // - Event-driven: judgements and tracking happen as each marker arrives (inside observe()), so the
@@ -57,9 +62,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "model/event.h"
+#include "model/steps.h"
 #include "operators/step_inference.h"
 
 namespace ingero {
@@ -75,6 +83,8 @@ class StepTracker {
       kMaxGap = 2048;  // markers between quick judgements, at most  // newest markers per series judged before the end
 
   void observe(const Event* events, size_t n);
+  // The program's own step markers (any order, several processes); before the first observe().
+  void add_markers(std::span<const StepMarker> markers);
   // Appends the steps settled since the last flush, in (node, pid, rank, ordinal) order.
   void flush(bool final, std::vector<Event>& out);
 
@@ -105,6 +115,9 @@ class StepTracker {
     uint64_t ordinal = 0;       // of the next step to go out
     uint64_t seen = 0;          // KeyState::markers when last looked at
     uint32_t tries = 0;         // judgements so far
+    bool marked = false;        // steps from the program's markers (marks), not inferred
+    size_t next_mark = 0;       // the next boundary of marks to end a step at
+    uint32_t last_tid = 0;      // marked: the thread of its last GPU call
   };
 
   void lock(Track& tr, const StepInference::KeyState& s, const StepInference::Pick& p);
@@ -122,8 +135,15 @@ class StepTracker {
   void judge(Track& tr, const StepInference::KeyState& s, bool final);
 
   StepInference inference_;
-  std::deque<Track> tracks_;  // KeyState::user indexes it (a deque: tracks never move)
-  std::vector<Event> ready_;  // steps out since the last flush
+  struct Marks {
+    std::vector<uint64_t> boundaries;
+    std::vector<uint32_t> tids;  // the marker's thread at each boundary (0: not said)
+  };
+  // A marked process's steps up to `upto` (UINT64_MAX: all).
+  void emit_marked(Track& tr, const StepInference::KeyState& s, const Marks& m, uint64_t upto, uint32_t tid);
+  std::unordered_map<uint64_t, Marks> marks_;  // (node << 32 | pid) -> its markers' boundaries
+  std::deque<Track> tracks_;                   // KeyState::user indexes it (a deque: tracks never move)
+  std::vector<Event> ready_;                   // steps out since the last flush
 };
 
 }  // namespace ingero

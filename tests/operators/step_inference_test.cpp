@@ -818,5 +818,67 @@ TEST(StepTracker, TheSameStepsForAnyBatchSizeAndFlushSpacing) {
   }
 }
 
+TEST(StepTracker, ExplicitMarkersWinForTheirProcessOnly) {
+  // Two processes with regular syncs every 20 ms; pid 4000 also sent a "step" marker every 60 ms
+  // (its own notion of a step: three syncs), with gradient accumulation's repeated step numbers.
+  Spec sp;
+  sp.period = 20 * kMs;
+  sp.ranks = 2;
+  sp.steps = 300;
+  sp.seed = 5;
+  std::vector<Truth> truth;
+  const auto ev = generate(sp, truth);
+  std::vector<StepMarker> marks;
+  const uint64_t t0 = truth[0].boundaries.front();
+  for (int i = 0; i < 90; ++i) {
+    StepMarker m;
+    m.pid = 4000;
+    m.ts_ns = t0 + static_cast<uint64_t>(i) * 60 * kMs;
+    m.has_step = true;
+    m.step = i;
+    marks.push_back(m);
+    if (i % 2 == 0) {  // a repeated step number (a micro-batch) is no boundary
+      m.ts_ns += 5 * kMs;
+      m.tid = 77;
+      marks.push_back(m);
+    }
+  }
+  std::vector<std::vector<Event>> runs;
+  for (size_t batch : {size_t{1}, size_t{333}, ev.size()}) {
+    StepTracker t;
+    t.add_markers(marks);
+    std::vector<Event> out;
+    for (size_t i = 0; i < ev.size(); i += batch) {
+      const size_t n = std::min(batch, ev.size() - i);
+      t.observe(ev.data() + i, n);
+      t.flush(i + n == ev.size(), out);
+    }
+    std::stable_sort(out.begin(), out.end(),
+                     [](const Event& a, const Event& b) { return std::tie(a.pid, a.arg0) < std::tie(b.pid, b.arg0); });
+    runs.push_back(out);
+  }
+  const auto m = by_process(runs[0], "markers");
+  ASSERT_EQ(m.size(), 2u);
+  const auto& marked = m.at({4000, 0});
+  ASSERT_EQ(marked.size(), 89u) << "one step between each two of the 90 step numbers";
+  for (size_t i = 0; i < marked.size(); ++i) {
+    EXPECT_EQ(marked[i].ts_ns, t0 + i * 60 * kMs);
+    EXPECT_EQ(marked[i].dur_ns, 60 * kMs);
+    EXPECT_FALSE(marked[i].flags & event_flags::kStepIrregular);
+  }
+  // The other process is still inferred: its ~20 ms steps.
+  const auto& other = m.at({4001, 1});
+  ASSERT_GT(other.size(), 250u);
+  for (const Event& e : other) EXPECT_NEAR(static_cast<double>(e.dur_ns), 20e6, 0.2 * 20e6);
+  for (size_t r = 1; r < runs.size(); ++r) {
+    ASSERT_EQ(runs[r].size(), runs[0].size()) << "batch variant " << r;
+    for (size_t i = 0; i < runs[r].size(); ++i) {
+      EXPECT_EQ(runs[r][i].ts_ns, runs[0][i].ts_ns);
+      EXPECT_EQ(runs[r][i].dur_ns, runs[0][i].dur_ns);
+      EXPECT_EQ(runs[r][i].arg0, runs[0][i].arg0);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ingero
