@@ -167,11 +167,11 @@ std::pair<std::string, std::string> cause_name(uint8_t b, const ThreadAccounting
       }
       return {"CPU contention" + who, "cpu_contention"};
     }
-    case acct::kLock: return {"input wait (blocked on a lock)", "input_wait"};
-    case acct::kIo: return {"input wait (blocked on disk I/O)", "input_wait"};
-    case acct::kNetwork: return {"input wait (blocked on the network)", "input_wait"};
-    case acct::kSleep: return {"sleeping (timers)", "input_wait"};
-    case acct::kBlockedOther: return {"input wait (blocked, reason unknown)", "input_wait"};
+    case acct::kLock: return {"input wait (blocked on a lock)", "input_starvation"};
+    case acct::kIo: return {"input wait (blocked on disk I/O)", "input_starvation"};
+    case acct::kNetwork: return {"input wait (blocked on the network)", "input_starvation"};
+    case acct::kSleep: return {"sleeping (timers)", "input_starvation"};
+    case acct::kBlockedOther: return {"input wait (blocked, reason unknown)", "input_starvation"};
     case acct::kSync:
       return {"waiting for the GPU (synchronisations: longer kernels or added device-to-host syncs)", "gpu_bound"};
     case acct::kLaunch: return {"host API time launching kernels", "host_api"};
@@ -187,9 +187,10 @@ std::pair<std::string, std::string> cause_name(uint8_t b, const ThreadAccounting
 // The cause category a chain is evidence for ("" for none).
 std::string chain_cause_category(const ChainRow& c) {
   if (c.category == "cpu_contention" || c.rule.find("preempt") != std::string::npos) return "cpu_contention";
-  if (c.category == "blocking" || c.category == "input_wait" || c.rule.find("input") != std::string::npos)
-    return "input_wait";
-  if (c.category == "block_io") return "input_wait";
+  // The rule pack's category where one exists (rules/time.rules input_wait: input_starvation).
+  if (c.category == "blocking" || c.category == "input_starvation" || c.rule.find("input") != std::string::npos)
+    return "input_starvation";
+  if (c.category == "block_io") return "input_starvation";
   return c.category;
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "model/ops.h"
+#include "model/stack.h"
 #include "sinks/store/sqlite_store.h"
 #include "tests/util/run_command.h"
 
@@ -27,7 +28,7 @@ constexpr uint64_t kUs = 1'000, kMs = 1'000'000, kSec = 1'000'000'000;
 constexpr uint64_t kBase = 1'700'000'000 * kSec;
 constexpr uint32_t kPid = 100, kTid = 101, kHogPid = 31337, kHogTid = 31338, kBgPid = 77;
 
-enum class Fault { kNone, kCpuContention, kD2hSync };
+enum class Fault { kNone, kCpuContention, kD2hSync, kSlowLoader };
 
 struct Rng {  // splitmix64: the same trace on every platform
   uint64_t s;
@@ -51,7 +52,9 @@ struct Generated {
 // with host work between them, a stream synchronisation waiting 5-7 ms for the GPU; background
 // preemption by a kworker (pid 77) now and then for 50-150 us. Faults, in every step:
 // kCpuContention: stress-ng (pid 31337) preempts the thread for 2-4 ms between two launches;
-// kD2hSync: a `.item()`: a small D2H cudaMemcpyAsync then a cudaStreamSynchronize of 3-5 ms.
+// kD2hSync: a `.item()`: a small D2H cudaMemcpyAsync then a cudaStreamSynchronize of 3-5 ms;
+// kSlowLoader: the thread waits for its next batch 0.2-0.4 ms every step (a futex: queue.get());
+// with the fault, 2.2-4.4 ms (the loader's workers fell behind). Its switch-out stack is stored.
 Generated generate(const std::string& path, Fault fault, uint64_t seed, uint64_t seconds = 15) {
   Rng rng{seed * 7919 + 1};
   Generated g;
@@ -83,9 +86,29 @@ Generated generate(const std::string& path, Fault fault, uint64_t seed, uint64_t
     ev.push_back(e);
     return ts + dur;
   };
+  constexpr uint64_t kFutexStack = 0xf07e;
+  auto wait_batch = [&ev](uint64_t ts, uint64_t dur) {
+    Event e;
+    e.ts_ns = ts;
+    e.dur_ns = dur;
+    e.pid = kPid;
+    e.tid = kTid;
+    e.source = Source::kHost;
+    e.op = op::kSchedSwitch;
+    e.prev_state = OffCpuState::kSleeping;
+    e.stack_id = kFutexStack;
+    ev.push_back(e);
+    return ts + dur;
+  };
   uint64_t t = kBase + rng.uni(0, kMs);
   while (t < kBase + seconds * kSec) {
     ++g.steps;
+    if (fault == Fault::kNone || fault == Fault::kSlowLoader) {
+      const uint64_t usual = rng.uni(200 * kUs, 400 * kUs);
+      const uint64_t extra = fault == Fault::kSlowLoader ? rng.uni(2 * kMs, 4 * kMs) : 0;
+      g.injected_ns += extra;
+      t = wait_batch(t, usual + extra);
+    }
     t = call(t, rng.uni(30 * kUs, 50 * kUs), op::kCudaMemcpyAsync, 1);
     t += rng.uni(100 * kUs, 200 * kUs);
     for (int i = 0; i < 20; ++i) {
@@ -111,6 +134,16 @@ Generated generate(const std::string& path, Fault fault, uint64_t seed, uint64_t
   std::stable_sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
   for (size_t i = 0; i < ev.size(); ++i) ev[i].id = i + 1;
   TraceMeta meta;
+  {
+    ParsedStack st;
+    for (const char* f : {"futex_wait_queue", "futex_wait", "do_futex", "__x64_sys_futex"}) {
+      StackFrame k;
+      k.kind = FrameKind::kKernel;
+      k.function = f;
+      st.frames.push_back(k);
+    }
+    meta.stacks[kFutexStack] = encode_stack(st);
+  }
   meta.process_names[kPid] = "trainer";
   meta.process_names[kHogPid] = "stress-ng";
   meta.process_names[kBgPid] = "kworker";
@@ -196,6 +229,14 @@ TEST_F(Diff, NamesAnAddedDeviceToHostSync) {
     EXPECT_EQ(e.get<std::string>().find("cudaMemcpyAsync"), std::string::npos) << e;
   }
   EXPECT_TRUE(more_syncs) << j["causes"][0].dump(1);
+}
+
+TEST_F(Diff, NamesASlowerDataLoader) {
+  const auto before = generate(file("base.db"), Fault::kNone, 7);
+  const auto after = generate(file("loader.db"), Fault::kSlowLoader, 8);
+  const json j = diff_json(before.path, after.path);
+  expect_named_first(j, "input_starvation", after.injected_per_step());
+  EXPECT_NE(j["causes"][0]["what"].get<std::string>().find("lock"), std::string::npos) << j["causes"][0];
 }
 
 TEST_F(Diff, SameWorkloadDifferentSeedsIsNoFinding) {
