@@ -371,16 +371,8 @@ int run_diff(const DiffArgs& a) {
     return kExitUsage;
   }
   AnalysisSpec spec;
-  std::string error;
-  if (!parse_param_overrides(a.params, spec.params, error)) {
-    print_error(error);
-    return kExitUsage;
-  }
   AnalysisPlan analysis;
-  if (!build_analysis(spec, analysis, error)) {
-    std::fprintf(stderr, "%s\n", error.c_str());
-    return kExitInput;
-  }
+  if (const int rc = prepare_analysis(a.params, spec, analysis); rc != kExitOk) return rc;
   Analysed before, after;
   int rc_b = analyse(before_path, rb, analysis, a.threads, before);
   if (rc_b != kExitOk && rc_b != kExitDamaged) return rc_b;

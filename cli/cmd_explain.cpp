@@ -68,16 +68,9 @@ int run_explain(const ExplainArgs& a) {
   spec.use_default = !a.no_default_rules;
   spec.builtin = a.builtin;
   spec.rule_files = a.rules;
-  std::string error;
-  if (!parse_param_overrides(a.params, spec.params, error)) {
-    print_error(error);
-    return kExitUsage;
-  }
   AnalysisPlan analysis;
-  if (!build_analysis(spec, analysis, error)) {
-    std::fprintf(stderr, "%s\n", error.c_str());
-    return kExitInput;
-  }
+  if (const int rc = prepare_analysis(a.params, spec, analysis); rc != kExitOk) return rc;
+  std::string error;
   const Plan& plan = analysis.plan;
   std::vector<std::string> errors;
   auto source = open_any_trace(a.db, error);

@@ -254,13 +254,7 @@ int run_trace(const TraceArgs& a) {
   spec.rule_files = a.rules;
   AnalysisPlan analysis;
   std::vector<std::string> errors;
-  if (std::string error; !parse_param_overrides(a.params, spec.params, error)) {
-    print_error(error);
-    return kExitUsage;
-  } else if (!build_analysis(spec, analysis, error)) {
-    std::fprintf(stderr, "%s\n", error.c_str());
-    return kExitInput;
-  }
+  if (const int rc = prepare_analysis(a.params, spec, analysis); rc != kExitOk) return rc;
   const Plan& plan = analysis.plan;
 
   bpf::LiveOptions lo;

@@ -7,6 +7,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "cli/command.h"
 #include "cli/common.h"
 #include "model/ops.h"
 #include "sinks/store/lmdb_store.h"
@@ -34,6 +35,19 @@ bool have_rule_compiler() {
 #else
   return false;
 #endif
+}
+
+int prepare_analysis(const std::vector<std::string>& params, AnalysisSpec& spec, AnalysisPlan& out) {
+  std::string error;
+  if (!parse_param_overrides(params, spec.params, error)) {
+    print_error(error);
+    return kExitUsage;
+  }
+  if (!build_analysis(spec, out, error)) {
+    std::fprintf(stderr, "%s\n", error.c_str());
+    return kExitInput;
+  }
+  return kExitOk;
 }
 
 bool build_analysis(const AnalysisSpec& spec, AnalysisPlan& out, std::string& errors) {

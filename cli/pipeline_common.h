@@ -68,6 +68,9 @@ std::string annotator_spill_warning(const SpillCounters& c);
 std::string join_spill_warning(const EngineCounters& k);
 
 bool build_analysis(const AnalysisSpec& spec, AnalysisPlan& out, std::string& errors);
+// `--param NAME=VALUE` overrides into spec.params, then build_analysis: kExitOk, or the exit
+// status after printing why (kExitUsage: a malformed --param; kExitInput: rules that do not compile).
+int prepare_analysis(const std::vector<std::string>& params, AnalysisSpec& spec, AnalysisPlan& out);
 bool have_rule_compiler();
 
 // Peak resident set size of this process (VmHWM), bytes; 0 if unknown.

@@ -72,7 +72,8 @@ Generated generate(const std::string& path, Fault fault, uint64_t seed, uint64_t
     ev.push_back(e);
     return ts + dur;
   };
-  auto preempt = [&ev](uint64_t ts, uint64_t dur, uint32_t pid, uint32_t tid) {
+  // An off-CPU span of the trainer: preempted by (pid, tid), or asleep in `stack`.
+  auto off_cpu = [&ev](uint64_t ts, uint64_t dur, OffCpuState state, uint32_t pid, uint32_t tid, uint64_t stack) {
     Event e;
     e.ts_ns = ts;
     e.dur_ns = dur;
@@ -80,25 +81,19 @@ Generated generate(const std::string& path, Fault fault, uint64_t seed, uint64_t
     e.tid = kTid;
     e.source = Source::kHost;
     e.op = op::kSchedSwitch;
-    e.prev_state = OffCpuState::kPreempted;
+    e.prev_state = state;
     e.arg0 = pid;
     e.arg1 = tid;
+    e.stack_id = stack;
     ev.push_back(e);
     return ts + dur;
   };
+  auto preempt = [&off_cpu](uint64_t ts, uint64_t dur, uint32_t pid, uint32_t tid) {
+    return off_cpu(ts, dur, OffCpuState::kPreempted, pid, tid, 0);
+  };
   constexpr uint64_t kFutexStack = 0xf07e;
-  auto wait_batch = [&ev](uint64_t ts, uint64_t dur) {
-    Event e;
-    e.ts_ns = ts;
-    e.dur_ns = dur;
-    e.pid = kPid;
-    e.tid = kTid;
-    e.source = Source::kHost;
-    e.op = op::kSchedSwitch;
-    e.prev_state = OffCpuState::kSleeping;
-    e.stack_id = kFutexStack;
-    ev.push_back(e);
-    return ts + dur;
+  auto wait_batch = [&off_cpu](uint64_t ts, uint64_t dur) {
+    return off_cpu(ts, dur, OffCpuState::kSleeping, 0, 0, kFutexStack);
   };
   uint64_t t = kBase + rng.uni(0, kMs);
   while (t < kBase + seconds * kSec) {

@@ -672,9 +672,11 @@ TEST(StepInference, MarkersBeyondTheCapAreCountedAndTheJsonAndTextSayAnnotated) 
 namespace ingero {
 namespace {
 
-// The steps of `ev` fed in batches of `batch` (a flush after each), in (pid, rank, ordinal) order.
-std::vector<Event> track(const std::vector<Event>& ev, size_t batch) {
+// The steps of `ev` fed in batches of `batch` (a flush after each), in (pid, rank, ordinal) order;
+// `markers`: the program's own step markers, given first.
+std::vector<Event> track(const std::vector<Event>& ev, size_t batch, const std::vector<StepMarker>& markers = {}) {
   StepTracker t;
+  t.add_markers(markers);
   std::vector<Event> out;
   for (size_t i = 0; i < ev.size(); i += batch) {
     const size_t n = std::min(batch, ev.size() - i);
@@ -699,7 +701,9 @@ std::map<std::pair<uint32_t, int16_t>, std::vector<Event>> by_process(const std:
   for (const auto& [k, v] : m)
     for (size_t i = 0; i < v.size(); ++i) {
       EXPECT_EQ(v[i].arg0, i) << what << ": ordinals 0, 1, 2, ... in order";
-      if (i) EXPECT_EQ(v[i].ts_ns, v[i - 1].end_ns()) << what << ": each step starts where the previous ended";
+      if (i) {
+        EXPECT_EQ(v[i].ts_ns, v[i - 1].end_ns()) << what << ": each step starts where the previous ended";
+      }
     }
   return m;
 }
@@ -844,19 +848,7 @@ TEST(StepTracker, ExplicitMarkersWinForTheirProcessOnly) {
     }
   }
   std::vector<std::vector<Event>> runs;
-  for (size_t batch : {size_t{1}, size_t{333}, ev.size()}) {
-    StepTracker t;
-    t.add_markers(marks);
-    std::vector<Event> out;
-    for (size_t i = 0; i < ev.size(); i += batch) {
-      const size_t n = std::min(batch, ev.size() - i);
-      t.observe(ev.data() + i, n);
-      t.flush(i + n == ev.size(), out);
-    }
-    std::stable_sort(out.begin(), out.end(),
-                     [](const Event& a, const Event& b) { return std::tie(a.pid, a.arg0) < std::tie(b.pid, b.arg0); });
-    runs.push_back(out);
-  }
+  for (size_t batch : {size_t{1}, size_t{333}, ev.size()}) runs.push_back(track(ev, batch, marks));
   const auto m = by_process(runs[0], "markers");
   ASSERT_EQ(m.size(), 2u);
   const auto& marked = m.at({4000, 0});
