@@ -22,6 +22,9 @@
 #include "operators/diff_stats.h"
 #include "operators/step_inference.h"
 #include "operators/time_accounting.h"
+#include "sinks/fleet/merge.h"
+#include "sinks/fleet/stragglers.h"
+#include "sinks/store/lmdb_store.h"
 #include "sinks/store/sqlite_store.h"
 
 namespace ingero::cli {
@@ -150,7 +153,35 @@ struct Analysed {
   AnalysisResult result;
   std::vector<diff::OpSample> ops;
   uint64_t wall_ns = 0;
+  bool fleet = false;
+  std::vector<diff::RankStraggler> stragglers;
 };
+
+// A merged trace of several nodes: the stragglers per step as `merge` judges them, each with the
+// pid of its rank's process. A second pass over the trace; the whole trace, not a range.
+void add_stragglers(const std::string& path, const Range& range, Analysed& out) {
+  if (out.result.meta.nodes.size() < 2 || !(is_sqlite_file(path) || is_lmdb_file(path))) return;
+  if (range.set) {
+    std::fprintf(stderr, "note: %s: stragglers per step are compared on whole merged traces only, not over a range\n",
+                 path.c_str());
+    return;
+  }
+  StragglerReport sr;
+  std::string error;
+  if (!stragglers_of_merged_trace(path, sr, error)) {
+    std::fprintf(stderr, "warning: %s: stragglers per step: %s\n", path.c_str(), error.c_str());
+    return;
+  }
+  out.fleet = true;
+  const auto& nodes = out.result.meta.nodes;
+  for (const Straggler& g : sr.stragglers) {
+    diff::RankStraggler r{g.node,       g.rank,       0, g.method, g.last_share, g.median_lag_ns, g.step_ns,
+                          g.cost_share, g.collectives};
+    for (const auto& t : out.result.accounting)
+      if (t.rank == g.rank && t.node < nodes.size() && nodes[t.node] == g.node) r.pid = t.pid;
+    out.stragglers.push_back(std::move(r));
+  }
+}
 
 // The analysis `explain` runs, on one side. Returns an exit status (kExitOk on success).
 int analyse(const std::string& path, const Range& range, const AnalysisPlan& analysis, unsigned threads,
@@ -202,6 +233,7 @@ int analyse(const std::string& path, const Range& range, const AnalysisPlan& ana
   add_accounting_series(accounting, out.result);
   out.ops = sampler.take();
   out.wall_ns = sampler.wall_ns();
+  add_stragglers(path, range, out);
   if (out.result.accounting.empty()) {
     print_error(path + (range.set ? " (range " + range.text + ")" : "") +
                 ": no GPU API calls: nothing to compare (expected a trace of a process that calls CUDA)");
@@ -254,6 +286,7 @@ nlohmann::json report_json(const diff::DiffReport& r) {
                            {"after_ns", std::llround(c.after_ns)},
                            {"significant", c.significant},
                            {"p", c.p},
+                           {"explained_by", c.explained_by},
                            {"evidence", c.evidence}});
   j["threads"] = nlohmann::json::array();
   for (const auto& t : r.threads)
@@ -319,9 +352,10 @@ std::string report_text(const diff::DiffReport& r) {
   for (const auto& c : r.causes) {
     std::snprintf(buf, sizeof buf, "  %s %s %s -> %s  %-13s %s\n", c.significant ? "*" : " ",
                   (c.added_ns >= 0 ? "+" + ms(c.added_ns).substr(1) : ms(c.added_ns)).c_str(), ms(c.before_ns).c_str(),
-                  ms(c.after_ns).c_str(), c.bucket.c_str(), c.what.c_str());
+                  ms(c.after_ns).c_str(), c.bucket.empty() ? c.category.c_str() : c.bucket.c_str(), c.what.c_str());
     o << buf;
-    if (c.significant)
+    if (!c.explained_by.empty()) o << "        explained by " << c.explained_by << "\n";
+    if (c.significant && c.explained_by.empty())
       for (const auto& e : c.evidence) o << "        " << e << "\n";
   }
   o << "\nFeeding threads of " << r.before.process << ", ms per " << r.unit << " (before -> after)\n";
@@ -378,10 +412,18 @@ int run_diff(const DiffArgs& a) {
   if (rc_b != kExitOk && rc_b != kExitDamaged) return rc_b;
   int rc_a = analyse(after_path, ra, analysis, a.threads, after);
   if (rc_a != kExitOk && rc_a != kExitDamaged) return rc_a;
-  diff::DiffSide sb{before_path + (rb.set ? " [" + rb.text + " s]" : ""), &before.result, std::move(before.ops),
-                    before.wall_ns};
-  diff::DiffSide sa{after_path + (ra.set ? " [" + ra.text + " s]" : ""), &after.result, std::move(after.ops),
-                    after.wall_ns};
+  diff::DiffSide sb{before_path + (rb.set ? " [" + rb.text + " s]" : ""),
+                    &before.result,
+                    std::move(before.ops),
+                    before.wall_ns,
+                    before.fleet,
+                    std::move(before.stragglers)};
+  diff::DiffSide sa{after_path + (ra.set ? " [" + ra.text + " s]" : ""),
+                    &after.result,
+                    std::move(after.ops),
+                    after.wall_ns,
+                    after.fleet,
+                    std::move(after.stragglers)};
   const diff::DiffReport rep = diff::compare(sb, sa);
   if (a.json) std::cout << report_json(rep).dump(2) << "\n";
   else std::cout << report_text(rep);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <tuple>
@@ -69,6 +70,9 @@ uint32_t focus_pid(const AnalysisResult& r) {
 
 // The same process on the other side: by name, else by pid, else that side's own focus.
 uint32_t matching_pid(const AnalysisResult& other, const std::string& name, uint32_t pid) {
+  // The same pid under the same name first: the ranks of a merged fleet trace share one name.
+  for (const auto& t : other.accounting)
+    if (t.pid == pid && process_name(other, t.pid) == name) return pid;
   if (!name.empty())
     for (const auto& t : other.accounting)
       if (process_name(other, t.pid) == name) return t.pid;
@@ -222,6 +226,63 @@ std::vector<ChainRow> chain_rows(const AnalysisResult& b, const AnalysisResult& 
     out.push_back(std::move(r));
   }
   return out;
+}
+
+// Stragglers named on AFTER (both sides merged fleet traces): a cause each, put first, with the
+// focus thread's buckets it explains marked (contract in the header).
+void add_straggler_causes(const DiffSide& before, const DiffSide& after, const ThreadAccounting* focus,
+                          const DiffOptions& opt, double unit_b, DiffReport& rep) {
+  if (!before.fleet || !after.fleet) return;
+  std::vector<Cause> found;
+  for (const RankStraggler& g : after.stragglers) {
+    auto cost = [](const RankStraggler& x) { return x.cost_share * static_cast<double>(x.step_ns); };
+    double was = 0;
+    for (const RankStraggler& b : before.stragglers)
+      if (b.rank == g.rank && b.node == g.node) was = cost(b);
+    Cause c;
+    c.category = "straggler";
+    c.after_ns = cost(g);
+    c.before_ns = was;
+    c.added_ns = c.after_ns - c.before_ns;
+    c.what = "rank " + std::to_string(g.rank) + " (" + g.node + ") arriving late at the collectives";
+    c.significant = c.added_ns >= opt.min_effect * unit_b && c.added_ns >= static_cast<double>(opt.min_effect_ns);
+    c.p = std::numeric_limits<double>::quiet_NaN();  // named by the straggler rules, not by a U test
+    char buf[320];
+    if (g.last_share >= 0)
+      std::snprintf(buf, sizeof buf,
+                    "after: rank %d arrived last in %.0f%% of %llu steps, a median %s late, costing the job %.1f%% of "
+                    "its %s step (arrival order on the corrected clock)",
+                    g.rank, g.last_share * 100, static_cast<unsigned long long>(g.collectives),
+                    format_ns(static_cast<double>(g.median_lag_ns)).c_str(), g.cost_share * 100,
+                    format_ns(static_cast<double>(g.step_ns)).c_str());
+    else
+      std::snprintf(buf, sizeof buf,
+                    "after: rank %d waits a median %s less than the other ranks at the collectives (clocks cannot "
+                    "order arrivals: the wait-least signal)",
+                    g.rank, format_ns(static_cast<double>(g.median_lag_ns)).c_str());
+    c.evidence.emplace_back(buf);
+    c.evidence.push_back(was > 0 ? "before: the same rank cost " + format_ns(was) + " per step"
+                                 : "before: no straggling rank");
+    if (c.significant && focus) {
+      const bool focus_is_late = focus->rank >= 0 ? focus->rank == g.rank : g.pid != 0 && focus->pid == g.pid;
+      for (Cause& other : rep.causes) {
+        if (!other.explained_by.empty() || other.bucket.empty() || !(other.added_ns > 0)) continue;
+        const bool wait = other.bucket == acct::bucket_name(acct::kSync) ||
+                          other.bucket == acct::bucket_name(acct::kCollective);
+        if (focus_is_late == wait) continue;  // the late rank computes longer; the others wait longer
+        other.explained_by = c.what;
+        c.evidence.push_back(std::string(focus_is_late ? "on rank " : "the ranks wait: on ") + focus->comm +
+                             " (the focus thread) " + other.bucket + " " + signed_ns(other.added_ns) + " per step");
+      }
+    }
+    found.push_back(std::move(c));
+  }
+  std::stable_sort(found.begin(), found.end(), [](const Cause& x, const Cause& y) { return x.added_ns > y.added_ns; });
+  // Significant stragglers first (they explain the waits of everyone else), the rest after.
+  auto sig_end = std::stable_partition(found.begin(), found.end(), [](const Cause& c) { return c.significant; });
+  rep.causes.insert(rep.causes.begin(), std::make_move_iterator(found.begin()), std::make_move_iterator(sig_end));
+  rep.causes.insert(rep.causes.end(), std::make_move_iterator(sig_end), std::make_move_iterator(found.end()));
+  if (after.stragglers.empty()) rep.notes.emplace_back("merged fleet traces: no straggling rank on the AFTER side");
 }
 
 }  // namespace
@@ -425,6 +486,7 @@ DiffReport compare(const DiffSide& before, const DiffSide& after, const DiffOpti
   }
   std::stable_sort(rep.causes.begin(), rep.causes.end(),
                    [](const Cause& x, const Cause& y) { return x.added_ns > y.added_ns; });
+  add_straggler_causes(before, after, ta, opt, unit_b, rep);
 
   // Feeding threads of the focus process, side by side.
   std::map<std::string, ThreadRow> threads;
@@ -447,7 +509,7 @@ DiffReport compare(const DiffSide& before, const DiffSide& after, const DiffOpti
   const bool up = steps ? rep.delta_ns >= 0 : true;
   std::vector<const Cause*> named;
   for (const auto& c : rep.causes)
-    if (c.significant && (c.added_ns > 0) == up) named.push_back(&c);
+    if (c.significant && c.explained_by.empty() && (c.bucket.empty() || (c.added_ns > 0) == up)) named.push_back(&c);
   std::sort(named.begin(), named.end(),
             [](const Cause* x, const Cause* y) { return std::fabs(x->added_ns) > std::fabs(y->added_ns); });
   std::string s;

@@ -24,6 +24,14 @@
 //   significant when the U test of the two duration samples gives p < op_alpha and the medians
 //   differ by at least min_op_shift. Step time: the U test (a shift of the typical step) or Welch's
 //   test of the means (stalls in some steps), each at alpha / 2, of the consecutive step times.
+// - A straggling rank (both sides merged fleet traces, sinks/fleet/stragglers.h): a rank named on
+//   AFTER is a cause of its own, category "straggler", whose time per step is what the job waits
+//   for it (cost_share x step on AFTER minus the same rank's on BEFORE, 0 when not named there).
+//   It is significant when it was named on AFTER (>= 20 steps compared, last at half of them or
+//   more, late by >= 1% of the step: the straggler rules) and its time per step passes the effect
+//   floors. It goes first, and the focus thread's buckets it explains (the waits, sync and
+//   collective, when the focus rank is not the straggler; every grown bucket when it is) name it
+//   in `explained_by` and leave the verdict sentence, so no time is counted twice.
 // - Mann-Whitney U: average ranks for ties, the tie-corrected normal approximation with a
 //   continuity correction (exact enough from about 8 values per side; fewer give p = 1).
 #pragma once
@@ -59,11 +67,27 @@ struct OpSample {
   std::vector<double> durations_ns;
 };
 
+// A rank named as a straggler on a merged multi-node trace (sinks/fleet/stragglers.h computes it;
+// the caller copies what the diff needs, so this module stays below sinks/).
+struct RankStraggler {
+  std::string node;
+  int rank = -1;
+  uint32_t pid = 0;        // its process in the trace (0: unknown)
+  std::string method;      // arrival_order | wait_least
+  double last_share = -1;  // share of steps it arrived last (-1: not claimed, wait_least)
+  int64_t median_lag_ns = 0;
+  int64_t step_ns = 0;
+  double cost_share = 0;  // share of the job's step time spent waiting for it
+  uint64_t collectives = 0;
+};
+
 struct DiffSide {
   std::string label;  // the file (and range) shown in the report
   const AnalysisResult* result = nullptr;
   std::vector<OpSample> ops;
   uint64_t wall_ns = 0;  // the side's time span (first event start to last event end)
+  bool fleet = false;    // a merged trace of several nodes: `stragglers` was computed
+  std::vector<RankStraggler> stragglers;
 };
 
 struct DiffOptions {
@@ -89,12 +113,13 @@ struct SideSummary {
 };
 
 struct Cause {
-  std::string what, category, bucket;
-  double added_ns = 0;  // per step (or per second when unit is "second")
+  std::string what, category, bucket;  // bucket "" for a straggling rank
+  double added_ns = 0;                 // per step (or per second when unit is "second")
   double before_ns = 0, after_ns = 0;
   bool significant = false;
   double p = 1;
   std::vector<std::string> evidence;
+  std::string explained_by;  // a bucket whose change a straggling rank explains: that cause's `what`
 };
 
 struct ThreadRow {

@@ -47,8 +47,9 @@ std::vector<Event> fleet_node_events(const FleetSpec& spec, int rank) {
       enq[r] = t0 + spec.compute_ns + jitter(rng) + (r == spec.slow_rank ? spec.slow_extra_ns : 0);
       wk[r] = wake(rng);
     }
-    if (k < first) continue;
     const uint64_t done = *std::max_element(enq.begin(), enq.end()) + spec.transfer_ns;
+    if (spec.back_to_back) next_t0 = done + *std::max_element(wk.begin(), wk.end());
+    if (k < first) continue;
     const uint64_t my_enq = enq[rank];
     if (spec.launch_gap_ns)
       for (uint64_t t = t0; t + 12'000 < my_enq; t += spec.launch_gap_ns)

@@ -37,6 +37,10 @@ struct FleetSpec {
   uint64_t launch_gap_ns = 500'000;
   uint64_t period_jitter_ns = 0;
   bool job_start_events = false;
+  // Back to back: the next step starts when this one's collective has completed on every rank
+  // (the latest wake-up), not every period_ns; a late rank then lengthens the job's step, as in a
+  // real synchronous job (period_ns and period_jitter_ns are not used).
+  bool back_to_back = false;
   std::vector<int64_t> clock_offset_ns;  // by rank; missing = 0
   std::vector<int> first_step;           // by rank; missing = 0
   uint64_t seed = 7;

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "model/ops.h"
 #include "model/plan.h"
 #include "sinks/fleet/merge.h"
@@ -268,6 +270,90 @@ TEST(StepStragglers, ExplainOnTheMergedTraceNamesTheSameRank) {
   const MergeReport even = merge_job(job(8'000'000, 0, 8, true, false, 300, 13), dir, "even");
   EXPECT_TRUE(even.stragglers.stragglers.empty()) << even.stragglers.note;
   EXPECT_EQ(explain_json(dir("even_merged.db")).find("\"fleet_step_straggler\""), std::string::npos);
+}
+
+// `diff BEFORE AFTER` on merged fleet traces (issue: "a straggling rank" among the injected
+// regressions): a balanced job, then the same job with one rank late by a share of the step.
+// Steps run back to back (the next starts when the all-reduce has completed everywhere), so the
+// late rank lengthens the job's step; the truth is the generator's own mean step time, before and
+// after. The straggler must be the first cause, with its time per step within 15% of the true
+// added step time, and the waits of the focus rank it explains must not be counted again.
+double mean_step_ns(const FleetSpec& s) {
+  const auto ev = test::fleet_node_events(s, 0);
+  std::vector<uint64_t> ends;  // the blocking wait after each all-reduce returns: a step boundary
+  for (const Event& e : ev)
+    if (e.source == Source::kCuda && e.op == op::kCudaStreamSync) ends.push_back(e.ts_ns + e.dur_ns);
+  return ends.size() < 2 ? 0 : static_cast<double>(ends.back() - ends.front()) / static_cast<double>(ends.size() - 1);
+}
+
+std::string run_json(const std::string& args) {
+  const std::string cmd = std::string(INGERO_BINARY_DIR) + "/ingero-pipeline " + args + " 2>/dev/null";
+  std::string out;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    pclose(p);
+  }
+  return out;
+}
+
+TEST(StepStragglers, DiffNamesTheStragglingRankFirst) {
+  test::ScratchDir dir("straggler_diff");
+  struct Case {
+    uint64_t step;
+    double lag;
+    int ranks, steps;
+    uint64_t seed;
+  };
+  // Three 4-rank jobs with the late rank 1-3: the focus rank (the diff's own pick) is the late one in
+  // some and waits for it in the others.
+  for (const Case& k :
+       {Case{50'000'000, 0.10, 8, 200, 21}, Case{400'000'000, 0.05, 4, 60, 22}, Case{20'000'000, 0.2, 4, 100, 25},
+        Case{20'000'000, 0.2, 4, 100, 26}, Case{20'000'000, 0.2, 4, 100, 27}}) {
+    const std::string tag = std::to_string(k.step / 1'000'000) + "ms_seed" + std::to_string(k.seed);
+    FleetSpec even = job(k.step, 0, k.ranks, false, false, k.steps, k.seed);
+    even.back_to_back = true;
+    FleetSpec late = job(k.step, k.lag, k.ranks, false, false, k.steps, k.seed);
+    late.back_to_back = true;
+    late.seed = k.seed + 100;  // another run of the workload, not the same random draws
+    const double truth = mean_step_ns(late) - mean_step_ns(even);
+    ASSERT_GT(truth, 0) << tag;
+    merge_job(even, dir, tag + "_even");
+    const MergeReport rep = merge_job(late, dir, tag + "_late");
+    ASSERT_EQ(rep.stragglers.stragglers.size(), 1u) << tag << ": " << rep.stragglers.note;
+    const int slow = late.slow_rank;
+    const std::string out = run_json("diff --json '" + dir(tag + "_even_merged.db") + "' '" +
+                                     dir(tag + "_late_merged.db") + "'");
+    const auto j = nlohmann::json::parse(out, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("causes") && !j["causes"].empty()) << tag << ": " << out.substr(0, 2000);
+    const auto& first = j["causes"][0];
+    EXPECT_EQ(first.value("category", ""), "straggler") << tag << ": " << j["verdict"];
+    EXPECT_TRUE(first.value("significant", false)) << tag;
+    EXPECT_NE(first.value("what", "").find("rank " + std::to_string(slow) + " "), std::string::npos)
+        << tag << ": " << first.value("what", "");
+    const double added = first.value("added_ns_per_step", 0.0);
+    EXPECT_NEAR(added, truth, 0.15 * truth) << tag << ": added " << added << " ns per step, truth " << truth;
+    const std::string verdict = j.value("verdict", "");
+    std::printf("%s (truth +%.3f ms per step; focus pid %d): %s\n", tag.c_str(), truth / 1e6,
+                j["after"].value("pid", 0), verdict.c_str());
+    EXPECT_NE(verdict.find("rank " + std::to_string(slow) + " "), std::string::npos) << verdict;
+    // The focus rank's wait grew by about the same time: explained by the straggler, not a second cause.
+    for (const auto& c : j["causes"])
+      if (c.value("significant", false) && c.value("category", "") != "straggler")
+        EXPECT_NE(c.value("explained_by", ""), "")
+            << tag << ": counted twice: " << c.value("what", "") << " in " << verdict;
+    // Two balanced runs with different seeds: no straggler cause.
+    FleetSpec even2 = even;
+    even2.seed = k.seed + 200;
+    merge_job(even2, dir, tag + "_even2");
+    const auto n = nlohmann::json::parse(run_json("diff --json '" + dir(tag + "_even_merged.db") + "' '" +
+                                                  dir(tag + "_even2_merged.db") + "'"),
+                                         nullptr, false);
+    ASSERT_TRUE(n.is_object() && n.contains("causes")) << tag;
+    for (const auto& c : n["causes"])
+      EXPECT_FALSE(c.value("significant", false)) << tag << ": balanced pair: " << c.value("what", "");
+  }
 }
 
 }  // namespace
