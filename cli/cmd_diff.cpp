@@ -1,31 +1,21 @@
 // `ingero-pipeline diff BEFORE AFTER`: what changed between two traces (or two time ranges of one)
 // and why: step time, where the feeding thread's time per step went, per-op latency with a
 // significance test, chains that appeared or vanished, and the verdict sentence first.
-// The statistics are operators/diff_stats.h; this file runs the analysis of each side (the same
-// as `explain`: rule pack, chain annotator, time accounting, step inference) and prints.
-#include <cmath>
+// The statistics are operators/diff_stats.h; the analysis of each side (the same as `explain`:
+// rule pack, chain annotator, time accounting, step inference) and the report are
+// sinks/mcp/diff_run.h (shared with the MCP tool compare_traces); this file parses and prints.
 #include <cstdio>
+#include <fstream>
 #include <iostream>
-#include <limits>
-#include <map>
 #include <nlohmann/json.hpp>
-#include <optional>
-#include <sstream>
 
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/pipeline_common.h"
-#include "engine/engine.h"
-#include "model/annotation.h"
-#include "model/ops.h"
 #include "operators/chain_annotate.h"
 #include "operators/diff_stats.h"
-#include "operators/step_inference.h"
-#include "operators/time_accounting.h"
-#include "sinks/fleet/merge.h"
-#include "sinks/fleet/stragglers.h"
-#include "sinks/store/lmdb_store.h"
-#include "sinks/store/sqlite_store.h"
+#include "sinks/mcp/diff_run.h"
+#include "sinks/report/diff_html.h"
 
 namespace ingero::cli {
 namespace {
@@ -34,365 +24,41 @@ struct DiffArgs {
   std::vector<std::string> traces;  // BEFORE [AFTER]
   std::string before_range, after_range;
   bool json = false;
+  std::string html;  // --html FILE (sinks/report/diff_html.h)
   bool fail_on_regression = false;
   std::vector<std::string> params;
   unsigned threads = 1;
 };
 
-struct Range {
-  bool set = false;
-  double from_s = 0, to_s = std::numeric_limits<double>::infinity();
-  std::string text;
-};
-
-// "A:B" seconds from the trace's first event; "A:" to the end. False on anything else.
-bool parse_range(const std::string& s, Range& out) {
-  if (s.empty()) return true;
-  const auto colon = s.find(':');
-  if (colon == std::string::npos) return false;
-  try {
-    size_t used = 0;
-    const std::string a = s.substr(0, colon), b = s.substr(colon + 1);
-    out.from_s = a.empty() ? 0 : std::stod(a, &used);
-    if (!a.empty() && used != a.size()) return false;
-    if (!b.empty()) {
-      out.to_s = std::stod(b, &used);
-      if (used != b.size()) return false;
-    }
-  } catch (const std::exception&) {
-    return false;
-  }
-  if (out.from_s < 0 || !(out.to_s > out.from_s)) return false;
-  out.set = true;
-  out.text = s;
-  return true;
-}
-
-// Keeps the events that start in [first + from, first + to), `first` the first event's start.
-class RangeSource final : public EventSource {
- public:
-  RangeSource(EventSource& in, const Range& r) : in_(in), r_(r) {}
-  bool next(Batch& out) override {
-    if (done_) return false;
-    Batch b;
-    while (in_.next(b)) {
-      const std::vector<Event>& v = b.view();
-      if (!v.empty() && !first_) first_ = v.front().ts_ns;
-      out.events.clear();
-      out.lent = nullptr;
-      out.watermark = b.watermark;
-      out.seq = b.seq;
-      out.final = b.final;
-      bool past = false;
-      for (const Event& e : v) {
-        const double rel = static_cast<double>(e.ts_ns - *first_) / 1e9;
-        if (rel >= r_.to_s) {
-          past = true;
-          break;
-        }
-        if (rel >= r_.from_s) out.events.push_back(e);
-      }
-      if (past) done_ = true;
-      if (!out.events.empty()) return true;
-      if (done_) return false;
-    }
-    return false;
-  }
-  TraceMeta& meta() override { return in_.meta(); }
-
- private:
-  EventSource& in_;
-  Range r_;
-  std::optional<uint64_t> first_;
-  bool done_ = false;
-};
-
-// A uniform sample of each GPU API op's call durations (reservoir, deterministic), its true count,
-// and the span of the events seen.
-class OpSampler final : public EventObserver {
- public:
-  static constexpr size_t kMaxSamples = 20000;
-  void observe(const Event* events, size_t n) override {
-    for (size_t i = 0; i < n; ++i) {
-      const Event& e = events[i];
-      if (first_ == 0 || e.ts_ns < first_) first_ = e.ts_ns;
-      last_ = std::max(last_, e.end_ns());
-      if (!is_gpu_api(e.source)) continue;
-      diff::OpSample& s = ops_[{e.source, e.op}];
-      s.source = e.source;
-      s.op = e.op;
-      ++s.count;
-      if (s.durations_ns.size() < kMaxSamples) {
-        s.durations_ns.push_back(static_cast<double>(e.dur_ns));
-      } else {
-        const uint64_t j = next_random() % s.count;
-        if (j < kMaxSamples) s.durations_ns[j] = static_cast<double>(e.dur_ns);
-      }
-    }
-  }
-  void finish(const TraceMeta&, AnalysisResult&) override {}
-  std::vector<diff::OpSample> take() {
-    std::vector<diff::OpSample> v;
-    for (auto& [k, s] : ops_) v.push_back(std::move(s));
-    return v;
-  }
-  uint64_t wall_ns() const { return last_ > first_ ? last_ - first_ : 0; }
-
- private:
-  uint64_t next_random() {  // splitmix64
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  std::map<std::pair<Source, uint8_t>, diff::OpSample> ops_;
-  uint64_t first_ = 0, last_ = 0, state_ = 1;
-};
-
-struct Analysed {
-  AnalysisResult result;
-  std::vector<diff::OpSample> ops;
-  uint64_t wall_ns = 0;
-  bool fleet = false;
-  std::vector<diff::RankStraggler> stragglers;
-};
-
-// A merged trace of several nodes: the stragglers per step as `merge` judges them, each with the
-// pid of its rank's process. A second pass over the trace; the whole trace, not a range.
-void add_stragglers(const std::string& path, const Range& range, Analysed& out) {
-  if (out.result.meta.nodes.size() < 2 || !(is_sqlite_file(path) || is_lmdb_file(path))) return;
-  if (range.set) {
-    std::fprintf(stderr, "note: %s: stragglers per step are compared on whole merged traces only, not over a range\n",
-                 path.c_str());
-    return;
-  }
-  StragglerReport sr;
-  std::string error;
-  if (!stragglers_of_merged_trace(path, sr, error)) {
-    std::fprintf(stderr, "warning: %s: stragglers per step: %s\n", path.c_str(), error.c_str());
-    return;
-  }
-  out.fleet = true;
-  const auto& nodes = out.result.meta.nodes;
-  for (const Straggler& g : sr.stragglers) {
-    diff::RankStraggler r{g.node,       g.rank,       0, g.method, g.last_share, g.median_lag_ns, g.step_ns,
-                          g.cost_share, g.collectives};
-    for (const auto& t : out.result.accounting)
-      if (t.rank == g.rank && t.node < nodes.size() && nodes[t.node] == g.node) r.pid = t.pid;
-    out.stragglers.push_back(std::move(r));
-  }
-}
-
-// The analysis `explain` runs, on one side. Returns an exit status (kExitOk on success).
-int analyse(const std::string& path, const Range& range, const AnalysisPlan& analysis, unsigned threads,
-            Analysed& out) {
+// The analysis of one side (sinks/mcp/diff_run.h), with the trace opened by its content.
+int analyse(const std::string& path, const diff::TimeRange& range, const AnalysisPlan& analysis, unsigned threads,
+            diff::Analysed& out) {
   std::string error;
   auto source = open_any_trace(path, error);
   if (!source) {
     print_error(error);
     return kExitInput;
   }
-  RangeSource ranged(*source, range);
-  EventSource& in = range.set ? static_cast<EventSource&>(ranged) : *source;
-  EngineOptions opts;
-  opts.threads = threads;
-  opts.join_resident_bytes = replay_join_resident_bytes();
-  LiveChainAnnotator annotator(annotate_options(analysis, LiveChainAnnotator::replay_defaults()));
-  AccountingOptions acct_opts;
-  acct_opts.chain_accounting = true;  // per-second bins: the significance test of each bucket
-  acct_opts.meta = &in.meta();
-  TimeAccounting accounting(acct_opts);
-  StepInference steps;
-  if (is_sqlite_file(path)) {  // the program's own step markers, as `explain` reads them
-    std::vector<Annotation> notes;
-    AnnotationReadStats as;
-    if (read_annotations(path, source->meta().nodes, notes, as, error)) {
-      std::vector<StepMarker> markers;
-      for (const Annotation& x : notes)
-        if (StepMarker m; step_marker_of(x, m)) markers.push_back(m);
-      steps.add_markers(markers);
-    }
-  }
-  OpSampler sampler;
-  ObservingSource observed(in, {&accounting, &steps, &sampler});
-  EventSource& annotated = annotator.tap(observed);
-  opts.on_chain = [&annotator](const Chain& c) { annotator.annotate(c); };
-  std::vector<std::string> errors;
-  out.result = run_plan(analysis.plan, annotated, opts, &errors);
-  if (!errors.empty()) {
-    for (const auto& e : errors) {
-      std::string message = path;
-      message += ": plan: ";
-      message += e;
-      print_error(message);
-    }
+  diff::SideOptions o;
+  o.plan = &analysis.plan;
+  o.annotate = annotate_options(analysis, LiveChainAnnotator::replay_defaults());
+  o.threads = threads;
+  if (!diff::analyse_side(*source, path, range, o, out, error)) {
+    print_error(error);
     return kExitInput;
   }
-  annotator.finish(out.result);
-  observed.finish(out.result);
-  add_accounting_series(accounting, out.result);
-  out.ops = sampler.take();
-  out.wall_ns = sampler.wall_ns();
-  add_stragglers(path, range, out);
-  if (out.result.accounting.empty()) {
-    print_error(path + (range.set ? " (range " + range.text + ")" : "") +
-                ": no GPU API calls: nothing to compare (expected a trace of a process that calls CUDA)");
-    return kExitInput;
-  }
+  for (const auto& n : out.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
   return input_damage_status(out.result.meta);
-}
-
-nlohmann::json buckets_json(const std::array<double, acct::kBuckets>& b) {
-  nlohmann::json j = nlohmann::json::object();
-  for (uint8_t i = 0; i < acct::kBuckets; ++i) j[acct::bucket_name(i)] = std::llround(b[i]);
-  return j;
-}
-
-nlohmann::json side_json(const diff::SideSummary& s, const std::string& unit) {
-  return {{"trace", s.label},
-          {"process", s.process},
-          {"pid", s.pid},
-          {"thread", s.thread},
-          {"tid", s.tid},
-          {"step_ns", s.step_ns},
-          {"period_ns", s.period_ns},
-          {"p50_ns", s.p50_ns},
-          {"p99_ns", s.p99_ns},
-          {"steps", s.steps},
-          {"method", s.method},
-          {"wall_ns", s.wall_ns},
-          {"unit", unit},
-          {"buckets_ns_per_unit", buckets_json(s.per_unit)}};
-}
-
-nlohmann::json report_json(const diff::DiffReport& r) {
-  nlohmann::json j;
-  j["verdict"] = r.verdict;
-  j["unit"] = r.unit;
-  j["before"] = side_json(r.before, r.unit);
-  j["after"] = side_json(r.after, r.unit);
-  j["step_delta_ns"] = std::llround(r.delta_ns);
-  j["step_delta_pct"] = r.delta_pct * 100;
-  j["step_significant"] = r.step_significant;
-  j["step_p"] = r.step_p;
-  j["notes"] = r.notes;
-  j["causes"] = nlohmann::json::array();
-  for (const auto& c : r.causes)
-    j["causes"].push_back({{"what", c.what},
-                           {"category", c.category},
-                           {"bucket", c.bucket},
-                           {"added_ns_per_step", std::llround(c.added_ns)},
-                           {"before_ns", std::llround(c.before_ns)},
-                           {"after_ns", std::llround(c.after_ns)},
-                           {"significant", c.significant},
-                           {"p", c.p},
-                           {"explained_by", c.explained_by},
-                           {"evidence", c.evidence}});
-  j["threads"] = nlohmann::json::array();
-  for (const auto& t : r.threads)
-    j["threads"].push_back({{"process", t.process},
-                            {"thread", t.thread},
-                            {"before", t.in_before ? buckets_json(t.before) : nlohmann::json()},
-                            {"after", t.in_after ? buckets_json(t.after) : nlohmann::json()}});
-  j["ops"] = nlohmann::json::array();
-  for (const auto& o : r.ops)
-    j["ops"].push_back(
-        {{"op", o.op},
-         {"kind", o.kind},
-         {"before",
-          {{"count", o.before_count},
-           {"per_unit", o.before_per_unit},
-           {"p50_ns", o.before_p50},
-           {"p99_ns", o.before_p99}}},
-         {"after",
-          {{"count", o.after_count}, {"per_unit", o.after_per_unit}, {"p50_ns", o.after_p50}, {"p99_ns", o.after_p99}}},
-         {"median_change", o.median_change},
-         {"p", o.p},
-         {"significant", o.significant}});
-  j["chains"] = nlohmann::json::array();
-  for (const auto& c : r.chains)
-    j["chains"].push_back({{"rule", c.rule},
-                           {"category", c.category},
-                           {"process", c.process},
-                           {"thread", c.thread},
-                           {"before", c.before},
-                           {"after", c.after},
-                           {"change", c.change}});
-  return j;
-}
-
-std::string ms(double ns) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%9.3f", ns / 1e6);
-  return buf;
-}
-
-std::string report_text(const diff::DiffReport& r) {
-  std::ostringstream o;
-  char buf[512];
-  o << r.verdict << "\n";
-  for (const auto& n : r.notes) o << "note: " << n << "\n";
-  o << "\n";
-  o << "BEFORE: " << r.before.label << "\nAFTER:  " << r.after.label << "\n\n";
-  if (r.unit == "step") {
-    o << "Step time of " << r.before.process << " (pid " << r.before.pid << " -> " << r.after.pid << ")\n";
-    std::snprintf(buf, sizeof buf, "  %-8s %10s %10s %10s  %s\n", "", "mean ms", "p50 ms", "p99 ms", "steps");
-    o << buf;
-    for (const auto* s : {&r.before, &r.after}) {
-      std::snprintf(buf, sizeof buf, "  %-8s %10.3f %10.3f %10.3f  %llu (%s)\n", s == &r.before ? "before" : "after",
-                    static_cast<double>(s->step_ns) / 1e6, static_cast<double>(s->p50_ns) / 1e6,
-                    static_cast<double>(s->p99_ns) / 1e6, static_cast<unsigned long long>(s->steps), s->method.c_str());
-      o << buf;
-    }
-    std::snprintf(buf, sizeof buf, "  step times differ: p=%.4g (Mann-Whitney U and Welch, Bonferroni)\n\n", r.step_p);
-    o << buf;
-  }
-  o << "Causes (ms per " << r.unit << " of " << r.after.thread << ", tid " << r.before.tid << " -> " << r.after.tid
-    << "; * = significant)\n";
-  for (const auto& c : r.causes) {
-    std::snprintf(buf, sizeof buf, "  %s %s %s -> %s  %-13s %s\n", c.significant ? "*" : " ",
-                  (c.added_ns >= 0 ? "+" + ms(c.added_ns).substr(1) : ms(c.added_ns)).c_str(), ms(c.before_ns).c_str(),
-                  ms(c.after_ns).c_str(), c.bucket.empty() ? c.category.c_str() : c.bucket.c_str(), c.what.c_str());
-    o << buf;
-    if (!c.explained_by.empty()) o << "        explained by " << c.explained_by << "\n";
-    if (c.significant && c.explained_by.empty())
-      for (const auto& e : c.evidence) o << "        " << e << "\n";
-  }
-  o << "\nFeeding threads of " << r.before.process << ", ms per " << r.unit << " (before -> after)\n";
-  for (const auto& t : r.threads) {
-    o << "  " << t.thread << (t.in_before ? "" : " (only after)") << (t.in_after ? "" : " (only before)") << "\n";
-    for (uint8_t b = 0; b < acct::kBuckets; ++b) {
-      if (t.before[b] < 1 && t.after[b] < 1) continue;
-      std::snprintf(buf, sizeof buf, "    %-13s %s -> %s\n", acct::bucket_name(b), ms(t.before[b]).c_str(),
-                    ms(t.after[b]).c_str());
-      o << buf;
-    }
-  }
-  o << "\nGPU API ops (calls per " << r.unit << "; latency p50/p99; * = significant shift of the median)\n";
-  for (const auto& p : r.ops) {
-    std::snprintf(buf, sizeof buf, "  %s %-24s %8.2f -> %8.2f  p50 %9s -> %9s  p99 %9s -> %9s  %+6.1f%%  p=%.3g\n",
-                  p.significant ? "*" : " ", p.op.c_str(), p.before_per_unit, p.after_per_unit,
-                  diff::format_ns(p.before_p50).c_str(), diff::format_ns(p.after_p50).c_str(),
-                  diff::format_ns(p.before_p99).c_str(), diff::format_ns(p.after_p99).c_str(), p.median_change * 100,
-                  p.p);
-    o << buf;
-  }
-  o << "\nChains (before -> after)\n";
-  if (r.chains.empty()) o << "  none on either side\n";
-  for (const auto& c : r.chains)
-    o << "  " << c.change << ": " << c.rule << " (" << c.category << ") " << c.process
-      << (c.thread.empty() ? "" : "/" + c.thread) << "  " << c.before << " -> " << c.after << "\n";
-  return o.str();
 }
 
 int run_diff(const DiffArgs& a) {
   use_one_malloc_arena();
-  Range rb, ra;
-  if (!parse_range(a.before_range, rb) || !parse_range(a.after_range, ra)) {
+  diff::TimeRange rb, ra;
+  if (!diff::parse_range(a.before_range, rb) || !diff::parse_range(a.after_range, ra)) {
     print_error(
         "--before-range/--after-range: expected START:END in seconds from the trace's first event "
         "(e.g. 0:60, 60:), got '" +
-        (parse_range(a.before_range, rb) ? a.after_range : a.before_range) + "'");
+        (diff::parse_range(a.before_range, rb) ? a.after_range : a.before_range) + "'");
     return kExitUsage;
   }
   std::string before_path = a.traces.at(0), after_path;
@@ -407,7 +73,7 @@ int run_diff(const DiffArgs& a) {
   AnalysisSpec spec;
   AnalysisPlan analysis;
   if (const int rc = prepare_analysis(a.params, spec, analysis); rc != kExitOk) return rc;
-  Analysed before, after;
+  diff::Analysed before, after;
   int rc_b = analyse(before_path, rb, analysis, a.threads, before);
   if (rc_b != kExitOk && rc_b != kExitDamaged) return rc_b;
   int rc_a = analyse(after_path, ra, analysis, a.threads, after);
@@ -425,8 +91,19 @@ int run_diff(const DiffArgs& a) {
                     after.fleet,
                     std::move(after.stragglers)};
   const diff::DiffReport rep = diff::compare(sb, sa);
-  if (a.json) std::cout << report_json(rep).dump(2) << "\n";
-  else std::cout << report_text(rep);
+  if (!a.html.empty()) {  // written whole to a temporary name, then renamed
+    const std::string tmp = a.html + ".tmp";
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << diff_html(diff::report_json(rep));
+    f.close();
+    if (!f || std::rename(tmp.c_str(), a.html.c_str()) != 0) {
+      std::remove(tmp.c_str());
+      print_error("--html: cannot write " + a.html);
+      return kExitInput;
+    }
+  }
+  if (a.json) std::cout << diff::report_json(rep).dump(2) << "\n";
+  else std::cout << diff::report_text(rep);
   std::cout.flush();
   if (rc_b == kExitDamaged || rc_a == kExitDamaged) return kExitDamaged;
   if (a.fail_on_regression && rep.step_significant && rep.delta_ns > 0) return kExitFindings;
@@ -450,6 +127,8 @@ Registrar reg{
           "Examples:\n"
           "  ingero-pipeline diff last_week.db today.db\n"
           "  ingero-pipeline diff last_week.db today.db --json\n"
+          "  ingero-pipeline diff last_week.db today.db --html diff.html\n"
+          "  ingero-pipeline diff fleet_before.db fleet_after.db   # merged traces (`merge`): a straggling rank too\n"
           "  ingero-pipeline diff run.db --before-range 0:60 --after-range 300:360\n"
           "  ingero-pipeline diff a.db b.db --fail-on-regression   # exit 1 when AFTER's steps are slower");
       cmd->add_option("traces", args->traces, "BEFORE.db AFTER.db (SQLite or LMDB traces)")->required()->expected(1, 2);
@@ -458,6 +137,7 @@ Registrar reg{
       cmd->add_option("--after-range", args->after_range,
                       "START:END seconds of AFTER (with one trace: of the same trace)");
       cmd->add_flag("--json", args->json, "Machine-readable output (shape in docs/cli.md)");
+      cmd->add_option("--html", args->html, "Also write the report as one self-contained HTML page, verdict first");
       cmd->add_flag("--fail-on-regression", args->fail_on_regression,
                     "Exit 1 when AFTER's step time is significantly longer (for CI)");
       cmd->add_option("--threads", args->threads, "Engine threads (results do not depend on it)")

@@ -23,6 +23,7 @@ namespace {
 
 struct McpArgs {
   std::string db;
+  std::string baseline;                    // compare_traces' BEFORE
   std::vector<std::string> rules, params;  // --rules, --param NAME=VALUE
   bool no_default = false;
   int http_port = -1;
@@ -54,6 +55,7 @@ int run_mcp(const McpArgs& a) {
   use_one_malloc_arena();
   mcp::ServerOptions opts;
   opts.db_path = a.db.empty() ? embedded_sample_path() : a.db;
+  opts.baseline_path = a.baseline;
   if (opts.db_path.empty()) {
     print_error("no --db given and this build has no embedded sample trace");
     return kExitUsage;
@@ -152,6 +154,9 @@ Registrar reg{
           "  ingero-pipeline mcp --db trace.db --http 8787      Streamable HTTP on 127.0.0.1");
       cmd->add_option("--db", args->db, "Trace database (Ingero 0.8/0.9 or ours); default: the embedded sample");
       cmd->add_option("--rules", args->rules, "Rule files (.rules) to run besides the default analyses");
+      cmd->add_option("--baseline", args->baseline,
+                      "A trace of an earlier run: the tool compare_traces diffs --db against it (`diff BASELINE DB`)")
+          ->check(CLI::ExistingFile);
       cmd->add_flag("--no-default", args->no_default, "Run only the --rules files");
       add_param_option(cmd, &args->params);
       cmd->add_option("--http", args->http_port, "Serve Streamable HTTP on 127.0.0.1:PORT (0 = any free port)")

@@ -116,30 +116,7 @@ class TapSource final : public EventSource {
   std::function<void(const Batch&, const TraceMeta&)> tap_;
 };
 
-// A pass-through source that shows every batch to observers (operators/event_observer.h) on the
-// thread that pulls it, then finish() hands them the source's final metadata and the result.
-//   ObservingSource obs(in, {&accounting});
-//   AnalysisResult r = run_plan(plan, obs, opts);
-//   obs.finish(r);
-class ObservingSource final : public EventSource {
- public:
-  ObservingSource(EventSource& in, std::vector<EventObserver*> observers) : in_(in), observers_(std::move(observers)) {}
-  bool next(Batch& out) override {
-    if (!in_.next(out)) return false;
-    const std::vector<Event>& v = out.view();
-    for (EventObserver* o : observers_) o->observe(v.data(), v.size());
-    return true;
-  }
-  TraceMeta& meta() override { return in_.meta(); }
-  PrefetchHint upcoming() override { return in_.upcoming(); }
-  void finish(AnalysisResult& r) {
-    for (EventObserver* o : observers_) o->finish(in_.meta(), r);
-  }
-
- private:
-  EventSource& in_;
-  std::vector<EventObserver*> observers_;
-};
+// ObservingSource (a pass-through source that shows every batch to observers): operators/event_observer.h.
 
 // r.accounting_series = the per-second series of r.accounting's threads (the HTML report's and the
 // Perfetto export's charts), from an accounting observer run with chain_accounting after its

@@ -49,7 +49,8 @@ inline constexpr int kInternalError = -32603;
 inline constexpr int kResourceNotFound = -32002;
 
 struct ServerOptions {
-  std::string db_path;  // the trace every tool reads
+  std::string db_path;        // the trace every tool reads
+  std::string baseline_path;  // compare_traces: the BEFORE trace when no before_range is given ("" = none)
   // The analysis the tools report: the default analyses and/or compiled rule files. An empty plan
   // means default_plan(). `rule_files` are the .rules files it came from (rules/pack resource).
   Plan plan;

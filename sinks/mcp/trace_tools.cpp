@@ -1,5 +1,7 @@
 #include "sinks/mcp/trace_tools.h"
 
+#include "sinks/mcp/diff_run.h"
+
 #include "sinks/mcp/fleet_query.h"
 
 #include <cxxabi.h>
@@ -20,6 +22,7 @@
 #include "operators/chain_annotate.h"
 #include "operators/time_accounting.h"
 #include "sinks/mcp/rule_inspect.h"
+#include "sinks/store/lmdb_store.h"
 #include "sinks/store/sqlite_store.h"
 #ifdef INGERO_MCP_HAVE_DSL
 #include "dsl/compiler.h"
@@ -396,6 +399,18 @@ TraceTools::TraceTools(const ServerOptions& options) : options_(options) {
         {"to_s", ArgType::kNumber, false, "Range end in seconds from the trace start (default: the end).", {}, 0},
         {"start_ns", ArgType::kInteger, false, "Range start as unix time in ns, instead of from_s.", {}, 0},
         {"end_ns", ArgType::kInteger, false, "Range end as unix time in ns, instead of to_s.", {}, 0}}},
+      {"compare_traces",
+       "Why is this run slower (or faster) than another?",
+       "`diff` between two runs: BEFORE is the baseline trace the server was started with (mcp --baseline "
+       "FILE), or before_range of this trace; AFTER is this trace, or after_range of it. Runs the analysis of "
+       "each side and compares the main GPU-feeding thread's step time and where its time per step went "
+       "(accounting buckets, tested for significance: noise is not a finding), each op's latency, the chains "
+       "that appeared or vanished and, on merged fleet traces, a rank that turned straggler. The verdict comes "
+       "first: \"+X ms per step (+Y%): +a from <cause>, ...\"; causes are ordered by added time per step. "
+       "Reads both traces once per call (seconds on large traces).",
+       {{"before_range", ArgType::kString, false, "START:END seconds of this trace to use as BEFORE, e.g. 0:60."},
+        {"after_range", ArgType::kString, false,
+         "START:END seconds of this trace to use as AFTER, e.g. 300: (default: all)."}}},
       {"why_not",
        "Why a rule did not fire",
        "For a rule that did not fire on this trace: how many windows reached it, which predicate stopped "
@@ -529,6 +544,7 @@ Json TraceTools::call(const std::string& name, const Json& arguments, RequestCon
     else if (name == "check_rule") data = check_rule(arguments);
     else if (name == "why_not") data = why_not(arguments);
     else if (name == "thread_accounting") data = thread_accounting(arguments, ctx);
+    else if (name == "compare_traces") data = compare_traces(arguments, ctx);
     else if (name == "query_fleet") {
       std::string why;
       if (!query_fleet(arguments, options_.fleet_nodes, options_.fleet_token, data, why)) throw ToolFailure{why};
@@ -949,6 +965,66 @@ std::vector<ThreadAccounting> TraceTools::accounts_over(uint64_t from, uint64_t 
   if (range_cache_.size() >= 8) range_cache_.erase(range_cache_.begin());
   range_cache_.emplace(std::make_pair(from, to), out);
   return out;
+}
+
+Json TraceTools::compare_traces(const Json& a, RequestContext* ctx) {
+  diff::TimeRange rb, ra;
+  const std::string br = arg_or<std::string>(a, "before_range", ""), ar = arg_or<std::string>(a, "after_range", "");
+  if (!diff::parse_range(br, rb)) throw ToolFailure{"before_range: expected START:END in seconds, e.g. 0:60"};
+  if (!diff::parse_range(ar, ra)) throw ToolFailure{"after_range: expected START:END in seconds, e.g. 300:"};
+  std::string before_path = options_.db_path;
+  if (!rb.set) {
+    if (options_.baseline_path.empty())
+      throw ToolFailure{
+          "no BEFORE: give before_range (and after_range) to compare two ranges of this trace, or "
+          "start the server with --baseline BEFORE.db"};
+    before_path = options_.baseline_path;
+  }
+  diff::SideOptions so;
+  so.plan = &plan();
+  so.annotate = options_.annotate;
+  so.threads = options_.engine_threads;
+  diff::Analysed sides[2];
+  const std::string paths[2] = {before_path, options_.db_path};
+  const diff::TimeRange* ranges[2] = {&rb, &ra};
+  for (int k = 0; k < 2; ++k) {
+    if (ctx && ctx->cancelled.load()) throw ToolFailure{"cancelled"};
+    std::string error;
+    std::unique_ptr<EventSource> src = is_lmdb_file(paths[k]) ? open_lmdb_trace(paths[k], error)
+                                                              : open_sqlite_trace(paths[k], error);
+    if (!src) throw ToolFailure{error};
+    if (!diff::analyse_side(*src, paths[k], *ranges[k], so, sides[k], error)) throw ToolFailure{error};
+  }
+  const diff::DiffSide before{
+      diff::side_label(before_path, rb), &sides[0].result, std::move(sides[0].ops), sides[0].wall_ns, sides[0].fleet,
+      std::move(sides[0].stragglers)};
+  const diff::DiffSide after{diff::side_label(options_.db_path, ra),
+                             &sides[1].result,
+                             std::move(sides[1].ops),
+                             sides[1].wall_ns,
+                             sides[1].fleet,
+                             std::move(sides[1].stragglers)};
+  Json j = diff::report_json(diff::compare(before, after));
+  // Names from the traces (processes, threads, tasks in the evidence) are data, not instructions.
+  j["verdict"] = untrusted(j.value("verdict", ""));
+  for (const char* side : {"before", "after"})
+    for (const char* f : {"trace", "process", "thread"}) j[side][f] = untrusted(j[side].value(f, ""));
+  for (auto& c : j["causes"]) {
+    c["what"] = untrusted(c.value("what", ""));
+    c["explained_by"] = untrusted(c.value("explained_by", ""));
+    for (auto& e : c["evidence"]) e = untrusted(e.get<std::string>());
+  }
+  for (auto& t : j["threads"])
+    for (const char* f : {"process", "thread"}) t[f] = untrusted(t.value(f, ""));
+  for (auto& c : j["chains"])
+    for (const char* f : {"process", "thread"}) c[f] = untrusted(c.value(f, ""));
+  Json notes = Json::array();
+  for (auto& n : j["notes"]) notes.push_back(untrusted(n.get<std::string>()));
+  for (const auto& side : sides)
+    for (const auto& n : side.notes) notes.push_back(untrusted(n));
+  j["notes"] = std::move(notes);
+  j["note"] = kUntrustedNote;
+  return j;
 }
 
 Json TraceTools::thread_accounting(const Json& a, RequestContext* ctx) {

@@ -89,6 +89,7 @@ class TraceTools {
   Json check_rule(const Json& a);
   Json get_check(const Json& a, RequestContext* ctx);
   Json thread_accounting(const Json& a, RequestContext* ctx);
+  Json compare_traces(const Json& a, RequestContext* ctx);  // `diff` (sinks/mcp/diff_run.h)
   // Every feeding thread's accounting over [from, to) (one pass over the trace; the last few
   // ranges are cached). Throws ToolFailure when the trace cannot be read or the call is cancelled.
   std::vector<ThreadAccounting> accounts_over(uint64_t from, uint64_t to, const TraceMeta& meta, RequestContext* ctx);

@@ -16,27 +16,14 @@
 #include "model/plan.h"
 #include "model/result_json.h"
 #include "model/stack.h"
+#include "sinks/report/html_escape.h"
 #include "sinks/report/text_report.h"
 
 namespace ingero {
 
 namespace {
 
-std::string html(const std::string& s) {
-  std::string o;
-  o.reserve(s.size());
-  for (char c : s) {
-    switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      case '\'': o += "&#39;"; break;
-      default: o += c;
-    }
-  }
-  return o;
-}
+std::string html(const std::string& s) { return html_escape(s); }
 
 // JSON safe to inline in a <script> element.
 std::string script_json(const nlohmann::json& j) {

@@ -9,7 +9,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -244,6 +246,98 @@ TEST_F(Diff, SameWorkloadDifferentSeedsIsNoFinding) {
     for (const auto& c : j["causes"]) EXPECT_FALSE(c["significant"].get<bool>()) << c.dump(1);
     for (const auto& o : j["ops"]) EXPECT_FALSE(o["significant"].get<bool>()) << o.dump(1);
     EXPECT_NE(j["verdict"].get<std::string>().find("no cause stands out"), std::string::npos) << j["verdict"];
+  }
+}
+
+// The MCP tool compare_traces (`mcp --db AFTER --baseline BEFORE`, over stdio) gives the same
+// verdict and causes as the command, with the names from the traces marked untrusted.
+TEST_F(Diff, McpToolComparesLikeTheCommand) {
+  const auto before = generate(file("base.db"), Fault::kNone, 11);
+  const auto after = generate(file("cpu.db"), Fault::kCpuContention, 12);
+  const json cli = diff_json(before.path, after.path);
+  const std::string req = file("req.jsonl");
+  {
+    std::ofstream o(req);
+    o << json{{"jsonrpc", "2.0"},
+              {"id", 1},
+              {"method", "initialize"},
+              {"params",
+               {{"protocolVersion", "2025-11-25"},
+                {"capabilities", json::object()},
+                {"clientInfo", {{"name", "t"}, {"version", "1"}}}}}}
+             .dump()
+      << "\n"
+      << json{{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}}.dump() << "\n"
+      << json{{"jsonrpc", "2.0"},
+              {"id", 2},
+              {"method", "tools/call"},
+              {"params", {{"name", "compare_traces"}, {"arguments", json::object()}}}}
+             .dump()
+      << "\n"
+      << json{{"jsonrpc", "2.0"},
+              {"id", 3},
+              {"method", "tools/call"},
+              {"params", {{"name", "compare_traces"}, {"arguments", {{"before_range", "soon"}}}}}}
+             .dump()
+      << "\n";
+  }
+  const auto r = run("mcp --db " + after.path + " --baseline " + before.path + " < " + req);
+  ASSERT_EQ(r.status, 0) << r.err;
+  json reply, bad;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    const json m = json::parse(line, nullptr, false);
+    if (m.is_object() && m.value("id", 0) == 2) reply = m;
+    if (m.is_object() && m.value("id", 0) == 3) bad = m;
+  }
+  ASSERT_TRUE(reply.contains("result")) << r.out.substr(0, 2000);
+  ASSERT_FALSE(reply["result"].value("isError", false)) << reply.dump(1);
+  const json& d = reply["result"]["structuredContent"];
+  EXPECT_EQ(d["verdict"], "<untrusted>" + cli["verdict"].get<std::string>() + "</untrusted>");
+  ASSERT_EQ(d["causes"].size(), cli["causes"].size());
+  for (size_t i = 0; i < d["causes"].size(); ++i) {
+    EXPECT_EQ(d["causes"][i]["category"], cli["causes"][i]["category"]) << i;
+    EXPECT_EQ(d["causes"][i]["added_ns_per_step"], cli["causes"][i]["added_ns_per_step"]) << i;
+    EXPECT_EQ(d["causes"][i]["significant"], cli["causes"][i]["significant"]) << i;
+  }
+  EXPECT_EQ(d["causes"][0]["category"], "cpu_contention");
+  ASSERT_TRUE(bad.contains("result")) << r.out.substr(0, 2000);
+  EXPECT_TRUE(bad["result"].value("isError", false));
+  EXPECT_NE(bad["result"].dump().find("before_range: expected START:END"), std::string::npos) << bad.dump();
+  // Without a baseline, no before_range: an error that says what to give.
+  const auto none = run("mcp --db " + after.path + " < " + req);
+  EXPECT_NE(none.out.find("start the server with --baseline"), std::string::npos) << none.out.substr(0, 2000);
+}
+
+// `--html`: one page, no script, the verdict first, every cause of the JSON in its table.
+TEST_F(Diff, HtmlOpensWithTheVerdict) {
+  const auto before = generate(file("base.db"), Fault::kNone, 13);
+  const auto after = generate(file("loader.db"), Fault::kSlowLoader, 14);
+  const std::string page = file("diff.html");
+  const auto r = run("diff " + before.path + " " + after.path + " --json --html " + page);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json j = json::parse(r.out);
+  std::ifstream f(page);
+  const std::string h{std::istreambuf_iterator<char>(f), {}};
+  const size_t body = h.find("<body>");
+  ASSERT_NE(body, std::string::npos);
+  EXPECT_EQ(h.find("<h1 id=\"verdict\">", body), body + 7) << h.substr(body, 200);  // the first element
+  std::string verdict = j["verdict"];
+  EXPECT_NE(h.find(verdict.substr(0, verdict.find('('))), std::string::npos) << verdict;
+  EXPECT_EQ(h.find("<script"), std::string::npos);
+  size_t rows = 0;
+  for (size_t at = h.find("<table id=\"causes\">");
+       (at = h.find("<tr", at + 1)) < h.find("</table>", h.find("<table id=\"causes\">"));)
+    ++rows;
+  EXPECT_EQ(rows, j["causes"].size() + 1);  // + the header
+  EXPECT_FALSE(fs::exists(page + ".tmp"));
+  // Chromium renders it with the verdict on top, when it is installed.
+  for (const char* chromium : {"/usr/bin/chromium", "/usr/bin/chromium-browser"}) {
+    if (::access(chromium, X_OK) != 0) continue;
+    const auto dom = test::run_command(std::string(chromium) +
+                                       " --headless --no-sandbox --disable-gpu --dump-dom file://" + page);
+    EXPECT_NE(dom.out.find("<h1 id=\"verdict\">"), std::string::npos) << dom.err.substr(0, 500);
+    break;
   }
 }
 

@@ -339,10 +339,12 @@ TEST(StepStragglers, DiffNamesTheStragglingRankFirst) {
                 j["after"].value("pid", 0), verdict.c_str());
     EXPECT_NE(verdict.find("rank " + std::to_string(slow) + " "), std::string::npos) << verdict;
     // The focus rank's wait grew by about the same time: explained by the straggler, not a second cause.
-    for (const auto& c : j["causes"])
-      if (c.value("significant", false) && c.value("category", "") != "straggler")
+    for (const auto& c : j["causes"]) {
+      if (c.value("significant", false) && c.value("category", "") != "straggler") {
         EXPECT_NE(c.value("explained_by", ""), "")
             << tag << ": counted twice: " << c.value("what", "") << " in " << verdict;
+      }
+    }
     // Two balanced runs with different seeds: no straggler cause.
     FleetSpec even2 = even;
     even2.seed = k.seed + 200;

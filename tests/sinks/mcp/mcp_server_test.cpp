@@ -206,7 +206,7 @@ TEST_F(McpServerTest, ToolsListIsReadOnlyAndPaginated) {
   }
   const std::set<std::string> expected = {"get_check",  "get_trace_stats", "get_causal_chains", "explain_chain",
                                           "get_stacks", "run_sql",         "list_rules",        "check_rule",
-                                          "why_not",    "query_fleet",     "thread_accounting"};
+                                          "why_not",    "query_fleet",     "thread_accounting", "compare_traces"};
   EXPECT_EQ(std::set<std::string>(names.begin(), names.end()), expected);
   EXPECT_EQ(names.size(), expected.size());
   EXPECT_EQ(error_code(request("tools/list", {{"cursor", "bogus"}})), kInvalidParams);

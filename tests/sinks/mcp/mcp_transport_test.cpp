@@ -102,7 +102,7 @@ TEST(McpStdio, RepliesInOrderAndExitsOnEof) {
   EXPECT_EQ(replies[1]["id"], 2);
   EXPECT_EQ(replies[2]["error"]["code"], kParseError);
   EXPECT_EQ(replies[3]["id"], 3);
-  EXPECT_EQ(replies[3]["result"]["tools"].size(), 11u);  // the ten trace tools + query_fleet
+  EXPECT_EQ(replies[3]["result"]["tools"].size(), 12u);  // the eleven trace tools + query_fleet
 }
 
 TEST(McpStdio, OversizedLineIsRefusedWithoutStoppingTheServer) {
@@ -225,7 +225,7 @@ TEST(McpHttp, TokenOriginAndSessionAreEnforced) {
   HttpReply tools = http(port, "POST", list,
                          {json, auth, "Mcp-Session-Id: " + session, "MCP-Protocol-Version: 2025-11-25"});
   ASSERT_EQ(tools.status, 200);
-  EXPECT_EQ(Json::parse(tools.body)["result"]["tools"].size(), 11u);
+  EXPECT_EQ(Json::parse(tools.body)["result"]["tools"].size(), 12u);
   EXPECT_EQ(http(port, "POST", R"({"jsonrpc":"2.0","method":"notifications/initialized"})",
                  {json, auth, "Mcp-Session-Id: " + session})
                 .status,
