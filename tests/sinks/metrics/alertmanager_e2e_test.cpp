@@ -1,14 +1,13 @@
 // End to end, onset to alert received: a real Prometheus (5 s scrape and evaluation) and a real
 // Alertmanager on loopback (cluster mode off), Alertmanager routing to a webhook receiver this
 // test runs. Eight `ingero-pipeline run --metrics-addr --replay-speed 1 --replay-start-at T`
-// processes replay one node each at real speed, in step (first events at the same wall instant): cluster c1 (4 ranks, 50 ms steps) whose rank 2 turns straggler at 15 s of
-// trace time (arrives 2.5 ms = 5 % of a step late from then on), and the balanced control c2 (4
-// ranks). The shipped rules (prometheus/gpustall_fleet.rules.yml, as shipped) must deliver
-// GpuStallStepStraggler to the webhook for c1 / node-2 / rank 2 only, not before the onset, and
-// never for c2. The onset is the wall instant node-2's /metrics first covers 15 s of trace
-// (polled every 50 ms; a batch is observed at once, so it is early by at most one 64-event batch,
-// ~75 ms: the latency printed is conservative). Prints "onset -> alert received: X s" (used by
-// bench/alert_latency.sh). Bounded: 75 s. Skips with the reason when prometheus,
+// processes replay one node each at real speed, in step (first events at the same wall instant): cluster c1 (4 ranks,
+// 50 ms steps) whose rank 2 turns straggler at 15 s of trace time (arrives 2.5 ms = 5 % of a step late from then on),
+// and the balanced control c2 (4 ranks). The shipped rules (prometheus/gpustall_fleet.rules.yml, as shipped) must
+// deliver GpuStallStepStraggler to the webhook for c1 / node-2 / rank 2 only, not before the onset, and never for c2.
+// The onset is the wall instant node-2's /metrics first covers 15 s of trace (polled every 50 ms; a batch is observed
+// at once, so it is early by at most one 64-event batch, ~75 ms: the latency printed is conservative). Prints "onset ->
+// alert received: X s" (used by bench/alert_latency.sh). Bounded: 75 s. Skips with the reason when prometheus,
 // prometheus-alertmanager or the ingero-pipeline binary is absent.
 #include <gtest/gtest.h>
 
@@ -45,8 +44,8 @@ double trace_seconds(int port) {
 TEST(AlertmanagerEndToEnd, StepStragglerAlertReachesTheWebhookForTheLateRankOnly) {
   const std::string prom = find_binary({"/usr/bin/prometheus", "/usr/local/bin/prometheus"});
   if (prom.empty()) GTEST_SKIP() << "prometheus is not installed (apt-get install prometheus)";
-  const std::string am =
-      find_binary({"/usr/bin/prometheus-alertmanager", "/usr/local/bin/alertmanager", "/usr/bin/alertmanager"});
+  const std::string am = find_binary(
+      {"/usr/bin/prometheus-alertmanager", "/usr/local/bin/alertmanager", "/usr/bin/alertmanager"});
   if (am.empty()) GTEST_SKIP() << "alertmanager is not installed (apt-get install prometheus-alertmanager)";
   const std::string bin = std::string(INGERO_BINARY_DIR) + "/ingero-pipeline";
   if (::access(bin.c_str(), X_OK) != 0) GTEST_SKIP() << bin << " is not built";
@@ -65,8 +64,8 @@ TEST(AlertmanagerEndToEnd, StepStragglerAlertReachesTheWebhookForTheLateRankOnly
   constexpr double kOnsetS = kOnsetStep * 0.050;  // trace seconds at the onset
   // All replays map their first event to the same wall instant (--replay-start-at), so the ranks
   // run in step as in one job, whatever each process's start-up time.
-  const double start_at =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() + 3.0;
+  const double start_at = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() +
+                          3.0;
   char start_at_arg[32];
   std::snprintf(start_at_arg, sizeof start_at_arg, "%.3f", start_at);
   WebhookListener hook;
@@ -94,8 +93,8 @@ TEST(AlertmanagerEndToEnd, StepStragglerAlertReachesTheWebhookForTheLateRankOnly
       const int port = free_port();
       if (cluster == "c1" && r == kSlow) slow_port = port;
       kids.pids.push_back(spawn({bin, "run", "--config", cfg, "--metrics-addr", "127.0.0.1:" + std::to_string(port),
-                                 "--replay-speed", "1", "--replay-start-at", start_at_arg, "--metrics-linger", "120", "--node", node, "--cluster",
-                                 cluster, "-q"},
+                                 "--replay-speed", "1", "--replay-start-at", start_at_arg, "--metrics-linger", "120",
+                                 "--node", node, "--cluster", cluster, "-q"},
                                 (dir / (stem + ".log")).string()));
       ASSERT_GT(kids.pids.back(), 0);
       targets += "      - targets: ['127.0.0.1:" + std::to_string(port) + "']\n        labels: {node: " + node +
@@ -108,10 +107,10 @@ TEST(AlertmanagerEndToEnd, StepStragglerAlertReachesTheWebhookForTheLateRankOnly
          "  group_interval: 1s\n  repeat_interval: 1h\nreceivers:\n  - name: hook\n    webhook_configs:\n"
          "      - url: 'http://127.0.0.1:"
       << hook.port() << "/alerts'\n        send_resolved: false\n";
-  kids.pids.push_back(spawn({am, "--config.file=" + (dir / "alertmanager.yml").string(),
-                             "--storage.path=" + (dir / "am").string(),
-                             "--web.listen-address=127.0.0.1:" + std::to_string(am_port), "--cluster.listen-address="},
-                            (dir / "alertmanager.log").string()));
+  kids.pids.push_back(
+      spawn({am, "--config.file=" + (dir / "alertmanager.yml").string(), "--storage.path=" + (dir / "am").string(),
+             "--web.listen-address=127.0.0.1:" + std::to_string(am_port), "--cluster.listen-address="},
+            (dir / "alertmanager.log").string()));
   ASSERT_GT(kids.pids.back(), 0);
   std::ofstream(dir / "prometheus.yml") << "global:\n  scrape_interval: 5s\n  evaluation_interval: 5s\nrule_files: ['"
                                         << INGERO_SOURCE_DIR << "/prometheus/gpustall_fleet.rules.yml']\n"
@@ -193,15 +192,15 @@ TEST(AlertmanagerEndToEnd, StepStragglerAlertReachesTheWebhookForTheLateRankOnly
     EXPECT_EQ(a["status"], "firing") << a.dump();
   }
   // Prometheus agrees: the step-lateness series exist for all 8 ranks and only c1's rank 2 is >= 2 %.
-  const auto q = json::parse(
-      http_get(prom_port, "/api/v1/query?query=" + url_encode("count(node_rank:gpustall_step_lateness:ratio)")),
-      nullptr, false);
+  const auto q = json::parse(http_get(prom_port, "/api/v1/query?query=" +
+                                                     url_encode("count(node_rank:gpustall_step_lateness:ratio)")),
+                             nullptr, false);
   ASSERT_FALSE(q.is_discarded());
   ASSERT_EQ(q["data"]["result"].size(), 1u) << q.dump();
   EXPECT_EQ(q["data"]["result"][0]["value"][1], "8") << q.dump();
-  const auto late = json::parse(
-      http_get(prom_port, "/api/v1/query?query=" + url_encode("node_rank:gpustall_step_lateness:ratio >= 0.02")),
-      nullptr, false);
+  const auto late = json::parse(http_get(prom_port, "/api/v1/query?query=" +
+                                                        url_encode("node_rank:gpustall_step_lateness:ratio >= 0.02")),
+                                nullptr, false);
   ASSERT_EQ(late["data"]["result"].size(), 1u) << late.dump();
   EXPECT_EQ(late["data"]["result"][0]["metric"]["cluster"], "c1") << late.dump();
   EXPECT_EQ(late["data"]["result"][0]["metric"]["rank"], "2") << late.dump();

@@ -23,7 +23,6 @@
 #include <thread>
 #include <vector>
 
-
 namespace ingero::test {
 
 inline std::string find_binary(std::initializer_list<const char*> paths) {
