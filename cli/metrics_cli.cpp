@@ -21,6 +21,10 @@ void add_metrics_options(CLI::App* cmd, MetricsCliArgs& a) {
   cmd->add_option("--replay-speed", a.replay_speed,
                   "Pace a replay at this multiple of its recorded speed (1 = real time; 0 = full speed)")
       ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--replay-start-at", a.replay_start_at,
+                  "With --replay-speed: the Unix time (seconds) the replay's first event maps to, so several "
+                  "replays run in step (default: when the first batch arrives)")
+      ->check(CLI::Range(0.0, 1e11));
   cmd->add_option("--metrics-linger", a.linger_s, "Keep /metrics up this many seconds after the run")
       ->check(CLI::Range(0.0, 86400.0));
 }
@@ -82,9 +86,15 @@ void MetricsHook::observe(const Batch& b, const TraceMeta& meta, bool live) {
       impl_->paced_started = true;
       impl_->first_ts = b.events.front().ts_ns;
       impl_->wall0 = std::chrono::steady_clock::now();
+      if (impl_->args.replay_start_at > 0) {
+        const double now_unix = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                                    .count();
+        impl_->wall0 += std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            std::chrono::duration<double>(impl_->args.replay_start_at - now_unix));
+      }
     }
     const uint64_t ts = b.events.front().ts_ns;
-    if (ts > impl_->first_ts) {
+    if (ts >= impl_->first_ts) {
       const auto due = impl_->wall0 + std::chrono::nanoseconds(static_cast<int64_t>(
                                           static_cast<double>(ts - impl_->first_ts) / impl_->args.replay_speed));
       lock.unlock();

@@ -8,7 +8,9 @@
 //   "HOST:PORT" binds that address (0.0.0.0 exposes it to the network: the caller's choice).
 // - --replay-speed X paces a replay at X times its recorded speed (1 = real time), so counters
 //   grow as they would live and Prometheus's rate() sees them move; 0 (default) = full speed.
-//   Live sources are never paced.
+//   Live sources are never paced. --replay-start-at T (Unix seconds) maps the first event to
+//   wall time T instead of to the first batch's arrival, so several replays started a few
+//   hundred ms apart run in step like the ranks of one job (one behind T catches up at full speed).
 // - --metrics-linger D keeps /metrics up D seconds after the run ends (scrapers get the final
 //   counts); Ctrl-C/SIGTERM ends the wait.
 // - Without prometheus-cpp in the build the options exist and --metrics-addr is an error.
@@ -31,6 +33,7 @@ namespace ingero::cli {
 struct MetricsCliArgs {
   std::string addr, node, cluster;
   double replay_speed = 0;
+  double replay_start_at = 0;  // Unix seconds; 0 = when the first batch arrives
   double linger_s = 0;
 };
 

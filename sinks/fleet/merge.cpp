@@ -153,7 +153,10 @@ bool write_node_tables(const std::string& path, const MergeReport& report,
                  "CREATE TABLE IF NOT EXISTS ip_node_process_names (node TEXT, pid INTEGER, name TEXT,"
                  " PRIMARY KEY(node, pid));"
                  "CREATE TABLE IF NOT EXISTS ip_node_snapshots (node TEXT, ts INTEGER, cpu_pct REAL,"
-                 " mem_pct REAL, load_avg REAL, PRIMARY KEY(node, ts));",
+                 " mem_pct REAL, load_avg REAL, PRIMARY KEY(node, ts));"
+                 "CREATE TABLE IF NOT EXISTS ip_stragglers (node TEXT, rank INTEGER, method TEXT,"
+                 " collectives INTEGER, last_share REAL, median_lag_ns INTEGER, step_ns INTEGER,"
+                 " cost_share REAL, cross_check TEXT, severity TEXT, summary TEXT);",
                  error);
   auto run = [&](const char* sql, const std::function<void(sqlite3_stmt*)>& bind) {
     if (!ok) return;
@@ -224,6 +227,26 @@ bool write_node_tables(const std::string& path, const MergeReport& report,
         sqlite3_bind_double(st, 5, s.load_avg);
         step(st);
       }
+  });
+  run("INSERT INTO ip_stragglers VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)", [&](sqlite3_stmt* st) {
+    const auto chains = straggler_chains(report.stragglers);
+    for (size_t k = 0; k < report.stragglers.stragglers.size(); ++k) {
+      const auto& g = report.stragglers.stragglers[k];
+      text(st, 1, g.node);
+      if (g.rank >= 0) sqlite3_bind_int64(st, 2, g.rank);
+      else sqlite3_bind_null(st, 2);
+      text(st, 3, g.method);
+      sqlite3_bind_int64(st, 4, static_cast<int64_t>(g.collectives));
+      if (g.last_share >= 0) sqlite3_bind_double(st, 5, g.last_share);
+      else sqlite3_bind_null(st, 5);  // wait_least: no "last in X %" claimed
+      sqlite3_bind_int64(st, 6, g.median_lag_ns);
+      sqlite3_bind_int64(st, 7, g.step_ns);
+      sqlite3_bind_double(st, 8, g.cost_share);
+      text(st, 9, g.cross_check);
+      text(st, 10, severity_name(g.severity));
+      text(st, 11, k < chains.size() ? chains[k].summary : "");
+      step(st);
+    }
   });
   if (ok) ok = exec(db, "COMMIT", error);
   if (!ok) error = path + ": writing per-node tables: " + error;
@@ -656,6 +679,7 @@ bool merge_traces(const std::vector<MergeInput>& inputs, const MergeOptions& opt
     for (const auto& n : report.nodes)
       if (n.method != "duplicate") j.push_back(merge_node_json(n));
     ok = lmdb_put_meta_value(tmp, "fleet_merge_nodes", j.dump(), why);
+    if (ok) ok = lmdb_put_meta_value(tmp, "fleet_stragglers", stragglers_json(report.stragglers).dump(), why);
   }
   if (ok) {
     fs::rename(tmp, options.out, ec);

@@ -42,7 +42,10 @@
 // - Stragglers per step (MergeReport::stragglers, sinks/fleet/stragglers.h): from the same
 //   corrected collectives, the node that arrived last at most steps by a share of the step, with
 //   the wait-least cross-check (`merge` prints them as chains; stragglers_of_merged_trace()
-//   recomputes them on a merged file).
+//   recomputes them on a merged file). Stored, one row per straggler, in ip_stragglers (node,
+//   rank (NULL: unknown), method, collectives, last_share (NULL for wait_least), median_lag_ns,
+//   step_ns, cost_share, cross_check, severity, summary) or, for LMDB, the meta value
+//   "fleet_stragglers" (stragglers_json()).
 // - Fleet identity (sinks/fleet/process_identity.h): every input's ip_node_attributes (hostname) and
 //   ip_process_identity rows (rank, local rank, world size, job id per process), or an LMDB
 //   input's "fleet_identity" meta value, are carried to the output (SQLite or LMDB) under the

@@ -69,6 +69,7 @@ void MetricsState::observe(std::span<const Event> events, const TraceMeta& meta)
     first_ts_ = std::min(first_ts_, e.ts_ns);
     last_end_ = std::max(last_end_, e.end_ns());
     if (!is_gpu_api(e.source)) continue;
+    steps_.add(e);
     const std::string rank = rank_label(e.rank);
     const std::string name = op_name(e.source, e.op);
     auto& sk = latency_[{name, rank}];
@@ -189,6 +190,59 @@ class FamiliesBuilder {
         auto m = labelled({{"op", key.first}, {"rank", key.second}});
         m.counter.value = static_cast<double>(n);
         f.metric.push_back(std::move(m));
+      }
+    }
+    {
+      const auto ranks = s.steps_.ranks();
+      std::map<std::string, RankStepWaits> by_label;  // counters: ranks sharing "other" are summed
+      std::vector<std::pair<std::string, RankStepWaits>> gauges;
+      for (const auto& r : ranks) {
+        auto it = s.ranks_.find(r.rank);
+        const std::string label = r.rank < 0 ? "" : it != s.ranks_.end() ? it->second : "other";
+        auto& t = by_label[label];
+        t.steps += r.steps;
+        t.wait_s += r.wait_s;
+        t.step_s += r.step_s;
+        if (r.ready && label != "other") gauges.emplace_back(label, r);
+      }
+      auto& syncs = family("gpustall_step_syncs_total",
+                           "Steps seen: a collective and the first synchronising call after it, by rank",
+                           MetricType::Counter);
+      for (const auto& [label, t] : by_label) {
+        auto m = labelled({{"rank", label}});
+        m.counter.value = static_cast<double>(t.steps);
+        syncs.metric.push_back(std::move(m));
+      }
+      auto& waits = family("gpustall_step_wait_seconds_total",
+                           "Time waited at the collective (its entry to the end of the wait after it), by rank",
+                           MetricType::Counter);
+      for (const auto& [label, t] : by_label) {
+        auto m = labelled({{"rank", label}});
+        m.counter.value = t.wait_s;
+        waits.metric.push_back(std::move(m));
+      }
+      auto& lens = family("gpustall_step_seconds_total",
+                          "Sum of step lengths (collective entry to the next one's), by rank", MetricType::Counter);
+      for (const auto& [label, t] : by_label) {
+        auto m = labelled({{"rank", label}});
+        m.counter.value = t.step_s;
+        lens.metric.push_back(std::move(m));
+      }
+      auto& mw = family("gpustall_step_wait_median_seconds",
+                        "Median wait at the collective over the rank's last 20 steps (the rank that arrives last "
+                        "waits least)",
+                        MetricType::Gauge);
+      for (const auto& [label, r] : gauges) {
+        auto m = labelled({{"rank", label}});
+        m.gauge.value = static_cast<double>(r.median_wait_ns) * 1e-9;
+        mw.metric.push_back(std::move(m));
+      }
+      auto& ms = family("gpustall_step_median_seconds", "Median step length over the rank's last 20 steps",
+                        MetricType::Gauge);
+      for (const auto& [label, r] : gauges) {
+        auto m = labelled({{"rank", label}});
+        m.gauge.value = static_cast<double>(r.median_step_ns) * 1e-9;
+        ms.metric.push_back(std::move(m));
       }
     }
     {

@@ -18,6 +18,13 @@
 //   `category`/`severity` of chains; pid and comm appear only in gpustall_rank_info (at most
 //   kMaxRankInfo series). `node` and `cluster` are target labels set by Prometheus's scrape
 //   config, and also carried by target_info.
+// - The per-step straggler signal (sinks/metrics/step_waits.h), per rank: counters
+//   gpustall_step_syncs_total (steps: a collective and the wait after it),
+//   gpustall_step_wait_seconds_total (the waits at the collective) and gpustall_step_seconds_total
+//   (the steps' lengths), and the gauges gpustall_step_wait_median_seconds and
+//   gpustall_step_median_seconds: medians over the last kWindowSteps steps of the rank's busiest
+//   communicator, present only once that many steps were seen (a rank labelled "other" gets no
+//   gauges: several ranks' waits are not one rank's).
 // - gpustall_trace_seconds_total counts the trace time the events cover (last end - first start),
 //   so rules can divide a time counter by it: the share stays right for a paced replay and for a
 //   5 m rate() window that is only partly filled (rate() divides by the whole range).
@@ -37,6 +44,7 @@
 #include "model/event.h"
 #include "model/result.h"
 #include "model/trace.h"
+#include "sinks/metrics/step_waits.h"
 
 namespace ingero::metrics {
 
@@ -85,6 +93,7 @@ class MetricsState {
   std::map<std::string, bool> chain_ids_;
   uint64_t first_ts_ = UINT64_MAX, last_end_ = 0;  // trace time covered: gpustall_trace_seconds_total
   uint64_t rank_info_dropped_ = 0;
+  StepWaitTracker steps_;  // the per-step straggler signal (step_waits.h)
 };
 
 class MetricsExporter {

@@ -44,7 +44,8 @@ std::vector<Event> fleet_node_events(const FleetSpec& spec, int rank) {
     // times (the collective's completion) and each takes its own.
     std::vector<uint64_t> enq(spec.ranks), wk(spec.ranks);
     for (int r = 0; r < spec.ranks; ++r) {
-      enq[r] = t0 + spec.compute_ns + jitter(rng) + (r == spec.slow_rank ? spec.slow_extra_ns : 0);
+      enq[r] = t0 + spec.compute_ns + jitter(rng) +
+               (r == spec.slow_rank && k >= spec.slow_from_step ? spec.slow_extra_ns : 0);
       wk[r] = wake(rng);
     }
     const uint64_t done = *std::max_element(enq.begin(), enq.end()) + spec.transfer_ns;

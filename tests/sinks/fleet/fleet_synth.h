@@ -31,6 +31,7 @@ struct FleetSpec {
   uint64_t compute_ns = 20'000'000;
   int slow_rank = -1;
   uint64_t slow_extra_ns = 10'000'000;
+  int slow_from_step = 0;  // the slowed rank turns straggler at this step (an onset at a known moment)
   bool collectives = true;
   uint64_t compute_jitter_ns = 1'000'000;
   uint64_t transfer_ns = 2'000'000;

@@ -3,6 +3,7 @@
 // step late, 4-64 ranks, captures starting at different steps. The straggler must be named
 // whenever its lag is >= 2 % of the step over >= 20 steps; balanced jobs name nobody.
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 
 #include <algorithm>
 #include <chrono>
@@ -17,6 +18,7 @@
 #include "model/plan.h"
 #include "sinks/fleet/merge.h"
 #include "sinks/fleet/stragglers.h"
+#include "sinks/store/lmdb_store.h"
 #include "tests/sinks/fleet/fleet_synth.h"
 #include "tests/util/scratch_db.h"
 
@@ -359,3 +361,62 @@ TEST(StepStragglers, DiffNamesTheStragglingRankFirst) {
 }
 
 }  // namespace
+
+// The stragglers `merge` found are stored with the merged trace: ip_stragglers (SQLite), the
+// meta value "fleet_stragglers" (LMDB); a balanced job stores no row.
+TEST(StepStragglers, StoredInTheMergedTrace) {
+  test::ScratchDir dir("straggler_stored");
+  const FleetSpec s = job(50'000'000, 0.1, 6, true, false, 40, 31);
+  const MergeReport rep = merge_job(s, dir, "late");
+  ASSERT_EQ(rep.stragglers.stragglers.size(), 1u) << rep.stragglers.note;
+  const Straggler& g = rep.stragglers.stragglers[0];
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open_v2(dir("late_merged.db").c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db,
+                               "SELECT node, rank, method, collectives, last_share, median_lag_ns, step_ns, cost_share,"
+                               " cross_check, severity, summary FROM ip_stragglers",
+                               -1, &st, nullptr),
+            SQLITE_OK)
+      << sqlite3_errmsg(db);
+  ASSERT_EQ(sqlite3_step(st), SQLITE_ROW);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(sqlite3_column_text(st, 0))), g.node);
+  EXPECT_EQ(sqlite3_column_int(st, 1), 31 % 6);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(sqlite3_column_text(st, 2))), "arrival_order");
+  EXPECT_EQ(static_cast<uint64_t>(sqlite3_column_int64(st, 3)), g.collectives);
+  EXPECT_DOUBLE_EQ(sqlite3_column_double(st, 4), g.last_share);
+  EXPECT_NEAR(static_cast<double>(sqlite3_column_int64(st, 5)), 5e6, 0.6e6);  // 10 % of 50 ms
+  EXPECT_EQ(sqlite3_column_int64(st, 6), g.step_ns);
+  EXPECT_DOUBLE_EQ(sqlite3_column_double(st, 7), g.cost_share);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(sqlite3_column_text(st, 9))), "HIGH");
+  EXPECT_NE(std::string(reinterpret_cast<const char*>(sqlite3_column_text(st, 10))).find("arrived last in"),
+            std::string::npos);
+  EXPECT_EQ(sqlite3_step(st), SQLITE_DONE);  // one row
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+
+  // Balanced: the table exists and is empty.
+  merge_job(job(50'000'000, 0, 6, true, false, 40, 32), dir, "even");
+  ASSERT_EQ(sqlite3_open_v2(dir("even_merged.db").c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT count(*) FROM ip_stragglers", -1, &st, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(st), SQLITE_ROW);
+  EXPECT_EQ(sqlite3_column_int(st, 0), 0);
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+
+  // LMDB output: the same straggler in the meta value.
+  std::vector<MergeInput> in;
+  for (int r = 0; r < s.ranks; ++r) in.push_back({dir("late_n" + std::to_string(r) + ".db"), ""});
+  MergeOptions o;
+  o.out = dir("late_merged.lmdb");
+  MergeReport lrep;
+  std::string error;
+  ASSERT_TRUE(merge_traces(in, o, lrep, error)) << error;
+  std::string value;
+  ASSERT_TRUE(lmdb_get_meta_value(o.out, "fleet_stragglers", value));
+  const auto j = nlohmann::json::parse(value, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << value;
+  ASSERT_EQ(j["stragglers"].size(), 1u) << value;
+  EXPECT_EQ(j["stragglers"][0]["rank"], 31 % 6) << value;
+  EXPECT_EQ(j["stragglers"][0]["method"], "arrival_order") << value;
+}

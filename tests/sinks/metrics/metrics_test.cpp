@@ -128,3 +128,123 @@ TEST(Metrics, ServesMetricsOnLoopback) {
   EXPECT_FALSE(second);
   EXPECT_NE(error.find("--metrics-addr"), std::string::npos) << error;
 }
+
+// ---- The per-step straggler signal (sinks/metrics/step_waits.h).
+namespace {
+
+// One rank's step k: compute until `arrive`, enqueue the all-reduce, block until `done`.
+void add_step(std::vector<Event>& out, int16_t rank, uint64_t arrive, uint64_t done, int64_t clock_off = 0,
+              uint64_t comm = 0xC0) {
+  Event c = call(Source::kNccl, op::kNcclAllReduce, 15'000, rank, 100 + static_cast<uint32_t>(rank));
+  c.ts_ns = static_cast<uint64_t>(static_cast<int64_t>(arrive) + clock_off);
+  c.arg1 = comm;
+  out.push_back(c);
+  Event w = call(Source::kCuda, op::kCudaStreamSync, 0, rank, 100 + static_cast<uint32_t>(rank));
+  w.ts_ns = c.ts_ns + 20'000;
+  w.dur_ns = done > arrive + 20'000 ? done - arrive - 20'000 : 1'000;
+  out.push_back(w);
+}
+
+}  // namespace
+
+TEST(StepWaits, MediansOverTheLast20StepsOnlyOnceThereAre20) {
+  StepWaitTracker t;
+  constexpr uint64_t kStep = 50'000'000;
+  for (uint64_t k = 0; k < 20; ++k) {
+    std::vector<Event> ev;
+    add_step(ev, 0, 1'000'000'000 + k * kStep + 20'000'000, 1'000'000'000 + k * kStep + 30'000'000);
+    for (const auto& e : ev) t.add(e);
+  }
+  auto r = t.ranks();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].steps, 20u);
+  EXPECT_FALSE(r[0].ready);  // 20 sync points = 19 steps
+  std::vector<Event> ev;
+  add_step(ev, 0, 1'000'000'000 + 20 * kStep + 20'000'000, 1'000'000'000 + 20 * kStep + 30'000'000);
+  for (const auto& e : ev) t.add(e);
+  r = t.ranks();
+  ASSERT_TRUE(r[0].ready);
+  EXPECT_EQ(r[0].median_wait_ns, 10'000'000);
+  EXPECT_EQ(r[0].median_step_ns, static_cast<int64_t>(kStep));
+  EXPECT_NEAR(r[0].wait_s, 21 * 0.010, 1e-9);
+  EXPECT_NEAR(r[0].step_s, 20 * 0.050, 1e-9);
+}
+
+TEST(StepWaits, TheRankThatArrivesLastWaitsLeastByItsLagWhateverItsClock) {
+  // 4 ranks; rank 2 arrives 3 ms after the others from step 30 on; every collective completes
+  // 2 ms after the last arrival. Rank 2's clock is 400 ms ahead, rank 3's 250 ms behind.
+  StepWaitTracker t;
+  constexpr uint64_t kStep = 50'000'000, kT0 = 5'000'000'000;
+  const int64_t off[4] = {0, 0, 400'000'000, -250'000'000};
+  for (uint64_t k = 0; k < 60; ++k) {
+    uint64_t arrive[4];
+    for (int r = 0; r < 4; ++r) arrive[r] = kT0 + k * kStep + 20'000'000 + static_cast<uint64_t>(r) * 50'000;
+    if (k >= 30) arrive[2] += 3'000'000;
+    const uint64_t done = *std::max_element(arrive, arrive + 4) + 2'000'000;
+    std::vector<Event> ev;
+    for (int r = 0; r < 4; ++r) add_step(ev, static_cast<int16_t>(r), arrive[r], done, off[r]);
+    std::stable_sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+    for (const auto& e : ev) t.add(e);
+    if (k == 29) {  // balanced so far: waits within the 150 us arrival spread
+      const auto r = t.ranks();
+      for (const auto& x : r) EXPECT_NEAR(static_cast<double>(x.median_wait_ns), 2.1e6, 0.1e6) << x.rank;
+    }
+  }
+  const auto r = t.ranks();
+  ASSERT_EQ(r.size(), 4u);
+  for (const auto& x : r) {
+    ASSERT_TRUE(x.ready);
+    EXPECT_EQ(x.median_step_ns, static_cast<int64_t>(kStep)) << x.rank;
+  }
+  EXPECT_EQ(r[2].median_wait_ns, 2'000'000);  // arrives last: only the transfer
+  for (int i : {0, 1, 3})                     // the others wait for it: ~3 ms more
+    EXPECT_NEAR(static_cast<double>(r[i].median_wait_ns - r[2].median_wait_ns), 3.0e6, 0.16e6) << i;
+}
+
+TEST(StepWaits, ShortWaitsCountAndOnlyTheFirstWaitAfterTheLastCollectiveCloses) {
+  StepWaitTracker t;
+  std::vector<Event> ev;
+  for (uint64_t k = 0; k < 30; ++k) {
+    const uint64_t t0 = 1'000'000'000 + k * 10'000'000;
+    Event first = call(Source::kNccl, op::kNcclAllReduce, 10'000);
+    first.ts_ns = t0;
+    ev.push_back(first);
+    Event last = first;
+    last.ts_ns = t0 + 1'000'000;  // the second bucket's all-reduce: the step's collective
+    ev.push_back(last);
+    Event w = call(Source::kCuda, op::kCudaStreamSync, 0);
+    w.ts_ns = t0 + 1'020'000;
+    w.dur_ns = 30'000;  // under merge's 100 us floor: still a wait at the collective
+    ev.push_back(w);
+    Event w2 = w;  // a second wait in the same step: not the collective's
+    w2.ts_ns = t0 + 5'000'000;
+    w2.dur_ns = 3'000'000;
+    ev.push_back(w2);
+  }
+  for (const auto& e : ev) t.add(e);
+  const auto r = t.ranks();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].steps, 30u);
+  ASSERT_TRUE(r[0].ready);
+  EXPECT_EQ(r[0].median_wait_ns, 50'000);
+  EXPECT_EQ(r[0].median_step_ns, 10'000'000);
+}
+
+TEST(Metrics, StepSignalSeriesAreBoundedPerRank) {
+  MetricsState s({"n1", "c1", "host", "test"});
+  std::vector<Event> ev;
+  for (uint64_t k = 0; k < 25; ++k)
+    for (int16_t r = 0; r < 18; ++r)
+      add_step(ev, r, 1'000'000'000 + k * 50'000'000 + 20'000'000, 1'000'000'000 + k * 50'000'000 + 30'000'000);
+  std::stable_sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+  TraceMeta meta;
+  s.observe(ev, meta);
+  const std::string text = s.render();
+  EXPECT_NE(text.find("gpustall_step_wait_median_seconds{rank=\"0\"} 0.01"), std::string::npos) << text;
+  EXPECT_NE(text.find("gpustall_step_median_seconds{rank=\"15\"} 0.05"), std::string::npos) << text;
+  EXPECT_NE(text.find("gpustall_step_syncs_total{rank=\"other\"} 50"), std::string::npos) << text;  // ranks 16, 17
+  EXPECT_EQ(text.find("gpustall_step_wait_median_seconds{rank=\"other\"}"), std::string::npos) << text;
+  size_t gauges = 0;
+  for (size_t p = 0; (p = text.find("\ngpustall_step_wait_median_seconds{", p)) != std::string::npos; ++p) ++gauges;
+  EXPECT_EQ(gauges, 16u);
+}

@@ -24,103 +24,14 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/sinks/fleet/fleet_synth.h"
+#include "tests/sinks/metrics/e2e_util.h"
 
-extern char** environ;
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-namespace {
-
-std::string find_prometheus() {
-  for (const char* p : {"/usr/bin/prometheus", "/usr/local/bin/prometheus"})
-    if (::access(p, X_OK) == 0) return p;
-  return "";
-}
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-std::string http_get(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return "";
-  }
-  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  (void)!::write(fd, req.data(), req.size());
-  std::string out;
-  char buf[8192];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  const auto body = out.find("\r\n\r\n");
-  return body == std::string::npos ? "" : out.substr(body + 4);
-}
-
-std::string url_encode(const std::string& s) {
-  std::string o;
-  char b[4];
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '_' || c == '-' || c == '.') {
-      o += static_cast<char>(c);
-    } else {
-      std::snprintf(b, sizeof b, "%%%02X", c);
-      o += b;
-    }
-  }
-  return o;
-}
-
-pid_t spawn(const std::vector<std::string>& argv, const std::string& log) {
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = -1;
-  if (posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ) != 0) pid = -1;
-  posix_spawn_file_actions_destroy(&fa);
-  return pid;
-}
-
-struct Children {
-  std::vector<pid_t> pids;
-  ~Children() {
-    for (pid_t p : pids)
-      if (p > 0) ::kill(p, SIGTERM);
-    for (pid_t p : pids)
-      if (p > 0) ::waitpid(p, nullptr, 0);
-  }
-};
-
-std::string slurp(const std::string& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-}  // namespace
+using namespace ingero::test;
 
 TEST(PrometheusEndToEnd, StragglerAlertForTheSlowNodeOnly) {
-  const std::string prom = find_prometheus();
+  const std::string prom = find_binary({"/usr/bin/prometheus", "/usr/local/bin/prometheus"});
   if (prom.empty()) GTEST_SKIP() << "prometheus is not installed (apt-get install prometheus)";
   const std::string bin = std::string(INGERO_BINARY_DIR) + "/ingero-pipeline";
   if (::access(bin.c_str(), X_OK) != 0) GTEST_SKIP() << bin << " is not built";
@@ -135,7 +46,7 @@ TEST(PrometheusEndToEnd, StragglerAlertForTheSlowNodeOnly) {
     }
   } cleanup{dir};
 
-  ingero::test::FleetSpec spec;
+  FleetSpec spec;
   spec.ranks = 5;
   spec.slow_rank = 3;
   spec.steps = 1800;  // 90 s of trace at real-time replay: longer than the test waits
@@ -144,7 +55,7 @@ TEST(PrometheusEndToEnd, StragglerAlertForTheSlowNodeOnly) {
   for (int r = 0; r < spec.ranks; ++r) {
     const std::string node = "node-" + std::to_string(r);
     const std::string db = (dir / (node + ".db")).string();
-    ASSERT_EQ(ingero::test::write_fleet_node(spec, r, node, db), "");
+    ASSERT_EQ(write_fleet_node(spec, r, node, db), "");
     const std::string cfg = (dir / (node + ".yaml")).string();
     std::ofstream(cfg)
         << "version: 1\nengine:\n  threads: 1\n  batch_size: 256\nsources:\n  - name: n\n    type: sqlite\n    path: "
@@ -161,7 +72,7 @@ TEST(PrometheusEndToEnd, StragglerAlertForTheSlowNodeOnly) {
   // The shipped rules, evaluated every second.
   std::string rules = slurp(std::string(INGERO_SOURCE_DIR) + "/prometheus/gpustall_fleet.rules.yml");
   ASSERT_FALSE(rules.empty());
-  rules = std::regex_replace(rules, std::regex("interval: 30s"), "interval: 1s");
+  rules = std::regex_replace(rules, std::regex("interval: (30|5)s"), "interval: 1s");
   std::ofstream(dir / "rules.yml") << rules;
   std::ofstream(dir / "prometheus.yml") << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: ['"
                                         << (dir / "rules.yml").string()
