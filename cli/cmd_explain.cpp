@@ -12,6 +12,7 @@
 #include "operators/step_inference.h"
 #include "operators/time_accounting.h"
 #include "sinks/fleet/merge.h"
+#include "sinks/fleet/replica_steps.h"
 #include "sinks/fleet/stragglers.h"
 #include "sinks/report/html_report.h"
 #include "sinks/report/text_report.h"
@@ -27,6 +28,9 @@ namespace {
 // 10 s windows with n >= 20 and a 1 ms floor, docs/fleet.md). A second pass over the trace.
 void add_step_stragglers(const std::string& db, AnalysisResult& r) {
   if (db.empty() || r.meta.nodes.size() < 2 || !(is_sqlite_file(db) || is_lmdb_file(db))) return;
+  // Inference replicas at the step (sinks/fleet/replica_steps.h), decode and prefill apart, from
+  // the steps this run inferred per process.
+  for (Chain& c : replica_step_chains(slow_replicas(r.steps, r.meta.nodes))) r.chains.push_back(std::move(c));
   StragglerReport sr;
   std::string error;
   if (!stragglers_of_merged_trace(db, sr, error)) {

@@ -118,8 +118,7 @@ void add_stragglers(const std::string& path, const TimeRange& range, Analysed& o
   out.fleet = true;
   const auto& nodes = out.result.meta.nodes;
   for (const Straggler& g : sr.stragglers) {
-    RankStraggler r{g.node,       g.rank,       0, g.method, g.last_share, g.median_lag_ns, g.step_ns,
-                          g.cost_share, g.collectives};
+    RankStraggler r{g.node, g.rank, 0, g.method, g.last_share, g.median_lag_ns, g.step_ns, g.cost_share, g.collectives};
     for (const auto& t : out.result.accounting)
       if (t.rank == g.rank && t.node < nodes.size() && nodes[t.node] == g.node) r.pid = t.pid;
     out.stragglers.push_back(std::move(r));
@@ -213,7 +212,6 @@ nlohmann::json report_json(const DiffReport& r) {
   return j;
 }
 
-
 std::string report_text(const DiffReport& r) {
   std::ostringstream o;
   char buf[512];
@@ -259,9 +257,8 @@ std::string report_text(const DiffReport& r) {
   for (const auto& p : r.ops) {
     std::snprintf(buf, sizeof buf, "  %s %-24s %8.2f -> %8.2f  p50 %9s -> %9s  p99 %9s -> %9s  %+6.1f%%  p=%.3g\n",
                   p.significant ? "*" : " ", p.op.c_str(), p.before_per_unit, p.after_per_unit,
-                  format_ns(p.before_p50).c_str(), format_ns(p.after_p50).c_str(),
-                  format_ns(p.before_p99).c_str(), format_ns(p.after_p99).c_str(), p.median_change * 100,
-                  p.p);
+                  format_ns(p.before_p50).c_str(), format_ns(p.after_p50).c_str(), format_ns(p.before_p99).c_str(),
+                  format_ns(p.after_p99).c_str(), p.median_change * 100, p.p);
     o << buf;
   }
   o << "\nChains (before -> after)\n";
@@ -271,7 +268,6 @@ std::string report_text(const DiffReport& r) {
       << (c.thread.empty() ? "" : "/" + c.thread) << "  " << c.before << " -> " << c.after << "\n";
   return o.str();
 }
-
 
 bool parse_range(const std::string& s, TimeRange& out) {
   if (s.empty()) return true;

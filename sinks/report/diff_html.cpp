@@ -142,9 +142,8 @@ std::string diff_html(const json& r) {
     std::snprintf(buf, sizeof buf, "<td class=\"n\">%.2f</td><td class=\"n\">%.2f</td>", num(b, "per_unit"),
                   num(a, "per_unit"));
     h << "<tr" << (o.value("significant", false) ? " class=\"sig\"" : "") << "><td>" << html_escape(str(o, "op"))
-      << "</td>" << buf << "<td class=\"n\">" << ms(num(b, "p50_ns")) << "</td><td class=\"n\">"
-      << ms(num(a, "p50_ns")) << "</td><td class=\"n\">" << ms(num(b, "p99_ns")) << "</td><td class=\"n\">"
-      << ms(num(a, "p99_ns")) << "</td>";
+      << "</td>" << buf << "<td class=\"n\">" << ms(num(b, "p50_ns")) << "</td><td class=\"n\">" << ms(num(a, "p50_ns"))
+      << "</td><td class=\"n\">" << ms(num(b, "p99_ns")) << "</td><td class=\"n\">" << ms(num(a, "p99_ns")) << "</td>";
     std::snprintf(buf, sizeof buf, "<td class=\"n\">%+.1f%%</td><td class=\"n\">%.3g</td>",
                   100 * num(o, "median_change"), num(o, "p"));
     h << buf << "</tr>\n";
