@@ -64,6 +64,7 @@
 #define IP_CNT_PY_FAULT 10  /* a Python frame walk stopped on an unreadable pointer */
 #define IP_CNT_PY_CODES 11  /* code objects interned (strings + line table read in BPF) */
 #define IP_CNT_SAMPLES 12   /* CPU-clock samples of traced threads */
+#define IP_CNT_PY_SELF 13   /* Python processes BPF registered itself at their first stack (py_bins) */
 #define IP_NUM_COUNTERS 16
 
 /* Per-library counters of probe hits (per-CPU array map `lib_counts`, index
@@ -214,6 +215,23 @@ struct ip_py_proc {
   __u32 code_filename, code_name, code_firstlineno, code_linetable, code_bytecode;
   __u32 str_state, str_ascii_data, str_compact_data;
   __u32 bytes_size, bytes_data;
+};
+
+/* An interpreter executable user space has read (map py_bins; key: mm->exe_file's inode number and
+ * size): lets BPF find and check _PyRuntime in a process of it at the process's first stack, before
+ * user space has seen the process (pyintrospect.h PyBinary). */
+struct ip_py_bin_key {
+  __u64 ino;
+  __u64 size;
+};
+
+struct ip_py_bin {
+  struct ip_py_proc layout; /* runtime = 0: found per process */
+  __u64 text_vaddr;         /* mm->start_code - text_vaddr = the executable's load bias */
+  __u64 got_vaddr;          /* shared libpython: GOT slot of Py_BytesMain (exe vaddr); 0: static */
+  __s64 runtime_off;        /* static: _PyRuntime's vaddr; shared: _PyRuntime - Py_BytesMain */
+  __u32 interp_head;        /* _PyRuntime -> interpreters.head */
+  __u32 tstate_interp;      /* tstate -> interp */
 };
 
 struct ip_py_code_key {

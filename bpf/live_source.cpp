@@ -131,7 +131,12 @@ std::unique_ptr<LiveSource> LiveSource::start(const LiveOptions& opts, std::stri
         self->on_event(e, r.comm);
       });
   if (!s->probes_) return nullptr;
-  if (stacks) s->resolver_ = std::make_unique<StackResolver>(*s->probes_);
+  if (stacks) {
+    s->resolver_ = std::make_unique<StackResolver>(*s->probes_);
+    // The interpreters on this machine, before any process of theirs is seen: BPF registers such
+    // a process itself at its first stack (a short job can be over before the poller sees it).
+    s->resolver_->learn_interpreters();
+  }
   for (auto& w : s->probes_->take_warnings()) s->warn(std::move(w));
 
   // Libraries: everything findable now. In --pid mode, the traced processes' own maps first so
@@ -445,6 +450,7 @@ void LiveSource::poller() {
       stack_records_.store(c.v[IP_CNT_STACKS]);
       stacks_rate_.store(c.v[IP_CNT_STACK_RATE]);
       samples_.store(c.v[IP_CNT_SAMPLES]);
+      python_self_.store(c.v[IP_CNT_PY_SELF]);
       if (resolver_) {
         const StackResolverStats rs = resolver_->stats();
         stacks_resolved_.store(rs.resolved);
@@ -662,6 +668,7 @@ LiveStats LiveSource::stats() const {
   s.stacks_unique = stacks_unique_.load();
   s.python_stacks = python_stacks_.load();
   s.python_procs = python_procs_.load();
+  s.python_self = python_self_.load();
   s.missed = missed_.load();
   std::lock_guard<std::mutex> lk(mu_);
   s.libraries = libs_.size();

@@ -97,6 +97,7 @@ struct LiveStats {
   uint64_t stacks_rate_limited = 0;  // slow calls whose stack the per-thread rate limit skipped
   uint64_t samples = 0;              // CPU-clock samples of traced threads
   uint64_t stacks_resolved = 0, stacks_unique = 0, python_stacks = 0, python_procs = 0;
+  uint64_t python_self = 0;  // of them, registered by BPF itself at their first stack (py_bins)
   // Self-check: probe hits counted in the kernel that did not become events (the library rows of
   // meta().health.missed, plus the hits the kernel skipped), as of the last check.
   uint64_t missed = 0;
@@ -171,8 +172,8 @@ class LiveSource final : public EventSource {
   std::map<uint32_t, uint64_t> warned_procs_;  // poller-local: pid -> calls lost already warned about
   uint64_t warned_skipped_ = 0;                // poller-local: kernel-skipped hits already warned about
   std::atomic<uint64_t> missed_{0};
-  std::atomic<uint64_t> stacks_resolved_{0}, stacks_unique_{0}, python_stacks_{0}, python_procs_{0}, stack_records_{0},
-      stacks_rate_{0}, samples_{0};
+  std::atomic<uint64_t> stacks_resolved_{0}, stacks_unique_{0}, python_stacks_{0}, python_procs_{0}, python_self_{0},
+      stack_records_{0}, stacks_rate_{0}, samples_{0};
 
   mutable std::mutex mu_;  // guards the members below
   std::vector<std::string> warnings_;

@@ -390,8 +390,8 @@ bool BpfProbes::load(const ProbeOptions& opts, std::string& error) {
 
 void BpfProbes::reuse_shared(bpf_object* obj) {
   // Every map both objects declare (common.bpf.h, stack.bpf.h) is the host object's.
-  for (const char* name :
-       {"traced_tgids", "call_stacks", "counters", "stack_events", "py_procs", "py_codes", "stack_tat", "stack_ids"}) {
+  for (const char* name : {"traced_tgids", "call_stacks", "counters", "stack_events", "py_procs", "py_bins", "py_codes",
+                           "stack_tat", "stack_ids"}) {
     bpf_map* m = bpf_object__find_map_by_name(obj, name);
     bpf_map* h = bpf_object__find_map_by_name(host_->obj, name);
     if (m && h) bpf_map__reuse_fd(m, bpf_map__fd(h));
@@ -447,6 +447,14 @@ bool BpfProbes::open_sampler(const ProbeOptions& opts, std::string& error) {
 
 bool BpfProbes::set_python(uint32_t pid, const ip_py_proc& layout) {
   return bpf_map_update_elem(bpf_map__fd(host_->maps.py_procs), &pid, &layout, BPF_ANY) == 0;
+}
+
+bool BpfProbes::get_python(uint32_t pid, ip_py_proc& out) const {
+  return bpf_map_lookup_elem(bpf_map__fd(host_->maps.py_procs), &pid, &out) == 0;
+}
+
+bool BpfProbes::set_python_binary(const ip_py_bin_key& key, const ip_py_bin& bin) {
+  return bpf_map_update_elem(bpf_map__fd(host_->maps.py_bins), &key, &bin, BPF_ANY) == 0;
 }
 
 void BpfProbes::forget_python(uint32_t pid) { bpf_map_delete_elem(bpf_map__fd(host_->maps.py_procs), &pid); }

@@ -158,6 +158,10 @@ class BpfProbes {
 
   // Python walking for a process (a layout validated by inspect_python), or none.
   bool set_python(uint32_t pid, const ip_py_proc& layout);
+  // The layout a process is walked with (set by user space, or by BPF itself from py_bins).
+  bool get_python(uint32_t pid, ip_py_proc& out) const;
+  // An interpreter executable BPF may register processes of by itself (pyintrospect PyBinary).
+  bool set_python_binary(const ip_py_bin_key& key, const ip_py_bin& bin);
   void forget_python(uint32_t pid);
   // A code object's strings and line table as BPF read them; false when not (or no longer) held.
   bool read_code(uint32_t pid, uint64_t code, ip_py_code& out) const;

@@ -9,6 +9,7 @@
 #include <gelf.h>
 #include <libelf.h>
 #include <sys/ptrace.h>
+#include <sys/stat.h>
 #include <sys/user.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,7 +17,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <set>
 #include <string>
 
 namespace ingero::bpf {
@@ -237,8 +241,8 @@ int minor_from_name(const std::string& base, bool& freethreaded) {
 }
 
 struct ElfSyms {
-  uint64_t runtime = 0, py_version = 0, code_type = 0;
-  bool have_runtime = false, have_version = false, have_code_type = false;
+  uint64_t runtime = 0, py_version = 0, code_type = 0, bytes_main = 0;
+  bool have_runtime = false, have_version = false, have_code_type = false, have_bytes_main = false;
   std::vector<GElf_Phdr> loads;
 };
 
@@ -266,6 +270,9 @@ bool elf_syms(int fd, ElfSyms& out) {
     } else if (!out.have_code_type && std::strcmp(name, "PyCode_Type") == 0) {
       out.code_type = value;
       out.have_code_type = true;
+    } else if (!out.have_bytes_main && std::strcmp(name, "Py_BytesMain") == 0) {
+      out.bytes_main = value;
+      out.have_bytes_main = true;
     }
   });
   elf_end(elf);
@@ -285,6 +292,46 @@ bool load_bias(const std::vector<Mapping>& maps, const std::string& path, const 
     }
   }
   return false;
+}
+
+// The 3.13 _Py_DebugOffsets (`dbg`: the first 352 bytes of _PyRuntime) against the table.
+bool debug_offsets_match(const uint8_t* dbg, const PyOffsets& o, std::string& why) {
+  const PyOffsets* off = &o;
+  auto u64 = [&](size_t at) {
+    uint64_t v;
+    std::memcpy(&v, dbg + at, 8);
+    return v;
+  };
+  const struct {
+    size_t at;
+    uint64_t want;
+    const char* what;
+  } checks[] = {
+      {40, off->runtime_interp_head, "interpreters_head"},
+      {72, off->interp_threads_head, "threads_head"},
+      {168, off->tstate_next, "tstate.next"},
+      {176, off->tstate_interp, "tstate.interp"},
+      {184, off->tstate_frame, "tstate.current_frame"},
+      {192, off->tstate_thread_id, "tstate.thread_id"},
+      {200, off->tstate_native_thread_id, "tstate.native_thread_id"},
+      {232, off->frame_back, "frame.previous"},
+      {240, off->frame_code, "frame.executable"},
+      {248, off->frame_instr, "frame.instr_ptr"},
+      {264, static_cast<uint64_t>(off->frame_owner), "frame.owner"},
+      {280, off->code_filename, "code.filename"},
+      {288, off->code_name, "code.name"},
+      {296, off->code_qualname, "code.qualname"},
+      {304, off->code_linetable, "code.linetable"},
+      {312, off->code_firstlineno, "code.firstlineno"},
+      {344, off->code_bytecode, "code.co_code_adaptive"},
+  };
+  for (const auto& c : checks)
+    if (u64(c.at) != c.want) {
+      why = std::string("_Py_DebugOffsets.") + c.what + " = " + std::to_string(u64(c.at)) + ", table says " +
+            std::to_string(c.want);
+      return false;
+    }
+  return true;
 }
 
 std::string read_str(const Mem& mem, const PyOffsets& off, uint64_t addr) {
@@ -598,35 +645,7 @@ std::optional<PyProcess> inspect_python(uint32_t pid, std::string& why) {
         why = "free-threaded CPython build is not supported";
         return std::nullopt;
       }
-      const struct {
-        size_t at;
-        uint64_t want;
-        const char* what;
-      } checks[] = {
-          {40, off->runtime_interp_head, "interpreters_head"},
-          {72, off->interp_threads_head, "threads_head"},
-          {168, off->tstate_next, "tstate.next"},
-          {176, off->tstate_interp, "tstate.interp"},
-          {184, off->tstate_frame, "tstate.current_frame"},
-          {192, off->tstate_thread_id, "tstate.thread_id"},
-          {200, off->tstate_native_thread_id, "tstate.native_thread_id"},
-          {232, off->frame_back, "frame.previous"},
-          {240, off->frame_code, "frame.executable"},
-          {248, off->frame_instr, "frame.instr_ptr"},
-          {264, static_cast<uint64_t>(off->frame_owner), "frame.owner"},
-          {280, off->code_filename, "code.filename"},
-          {288, off->code_name, "code.name"},
-          {296, off->code_qualname, "code.qualname"},
-          {304, off->code_linetable, "code.linetable"},
-          {312, off->code_firstlineno, "code.firstlineno"},
-          {344, off->code_bytecode, "code.co_code_adaptive"},
-      };
-      for (const auto& c : checks)
-        if (u64(c.at) != c.want) {
-          why = std::string("_Py_DebugOffsets.") + c.what + " = " + std::to_string(u64(c.at)) + ", table says " +
-                std::to_string(c.want);
-          return std::nullopt;
-        }
+      if (!debug_offsets_match(dbg, *off, why)) return std::nullopt;
     }
     return p;
   }
@@ -787,6 +806,262 @@ std::vector<StackFrame> py_walk_thread(const PyProcess& p, uint32_t tid, std::st
   }
   bool truncated = false;
   return py_walk_tstate(p, tstate, 256, truncated, why);
+}
+
+}  // namespace ingero::bpf
+
+namespace ingero::bpf {
+namespace {
+
+// What an interpreter's ELF file says about itself, read from the file alone (no process).
+struct ElfFileInfo {
+  ElfSyms syms;
+  std::string needed_libpython;  // DT_NEEDED libpython3.X.so...
+  std::string runpath;           // DT_RUNPATH, else DT_RPATH
+  uint64_t bytes_main_got = 0;   // r_offset of the relocation the executable calls Py_BytesMain through
+};
+
+bool elf_file_info(int fd, ElfFileInfo& out) {
+  if (!elf_syms(fd, out.syms)) return false;
+  Elf* elf = elf_begin(fd, ELF_C_READ_MMAP, nullptr);
+  if (elf == nullptr) return false;
+  std::string rpath;
+  Elf_Scn* scn = nullptr;
+  while ((scn = elf_nextscn(elf, scn)) != nullptr) {
+    GElf_Shdr sh;
+    if (gelf_getshdr(scn, &sh) == nullptr) continue;
+    Elf_Data* data = elf_getdata(scn, nullptr);
+    if (data == nullptr || sh.sh_entsize == 0) continue;
+    const size_t n = sh.sh_size / sh.sh_entsize;
+    if (sh.sh_type == SHT_DYNAMIC) {
+      for (size_t i = 0; i < n; ++i) {
+        GElf_Dyn d;
+        if (gelf_getdyn(data, static_cast<int>(i), &d) == nullptr) continue;
+        if (d.d_tag != DT_NEEDED && d.d_tag != DT_RUNPATH && d.d_tag != DT_RPATH) continue;
+        const char* s = elf_strptr(elf, sh.sh_link, d.d_un.d_val);
+        if (s == nullptr) continue;
+        if (d.d_tag == DT_NEEDED && std::strncmp(s, "libpython3.", 11) == 0) out.needed_libpython = s;
+        if (d.d_tag == DT_RUNPATH) out.runpath = s;
+        if (d.d_tag == DT_RPATH) rpath = s;
+      }
+    } else if (sh.sh_type == SHT_RELA && out.bytes_main_got == 0) {
+      Elf_Scn* symscn = elf_getscn(elf, sh.sh_link);
+      GElf_Shdr symsh;
+      if (symscn == nullptr || gelf_getshdr(symscn, &symsh) == nullptr) continue;
+      Elf_Data* symdata = elf_getdata(symscn, nullptr);
+      if (symdata == nullptr) continue;
+      for (size_t i = 0; i < n; ++i) {
+        GElf_Rela r;
+        GElf_Sym sym;
+        if (gelf_getrela(data, static_cast<int>(i), &r) == nullptr) continue;
+        const auto idx = static_cast<int>(GELF_R_SYM(r.r_info));
+        if (idx == 0 || gelf_getsym(symdata, idx, &sym) == nullptr) continue;
+        const char* name = elf_strptr(elf, symsh.sh_link, sym.st_name);
+        if (name != nullptr && std::strcmp(name, "Py_BytesMain") == 0) {
+          out.bytes_main_got = r.r_offset;
+          break;
+        }
+      }
+    }
+  }
+  if (out.runpath.empty()) out.runpath = rpath;
+  elf_end(elf);
+  return true;
+}
+
+// Bytes of the file at an ELF vaddr (initialised data only).
+bool file_read_vaddr(int fd, const std::vector<GElf_Phdr>& loads, uint64_t vaddr, void* out, size_t n) {
+  for (const GElf_Phdr& ph : loads)
+    if (vaddr >= ph.p_vaddr && vaddr + n <= ph.p_vaddr + ph.p_filesz)
+      return pread(fd, out, n, static_cast<off_t>(ph.p_offset + vaddr - ph.p_vaddr)) == static_cast<ssize_t>(n);
+  return false;
+}
+
+std::string dir_name(const std::string& p) {
+  const size_t s = p.rfind('/');
+  return s == std::string::npos ? std::string(".") : p.substr(0, s);
+}
+
+}  // namespace
+
+std::optional<PyBinary> inspect_python_binary(const std::string& exe, const std::string& libpython_hint,
+                                              std::string& why) {
+  struct stat st {};
+  if (stat(exe.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    why = "cannot stat " + exe;
+    return std::nullopt;
+  }
+  bool ft = false;
+  if (minor_from_name(base_name(exe), ft) >= 0 && ft) {
+    why = "free-threaded CPython build (" + base_name(exe) + ") is not supported";
+    return std::nullopt;
+  }
+  const int efd = open(exe.c_str(), O_RDONLY | O_CLOEXEC);
+  if (efd < 0) {
+    why = "cannot open " + exe;
+    return std::nullopt;
+  }
+  ElfFileInfo ex;
+  const bool ex_ok = elf_file_info(efd, ex);
+  close(efd);
+  if (!ex_ok) {
+    why = exe + " is not an ELF file";
+    return std::nullopt;
+  }
+  PyBinary b;
+  b.exe = exe;
+  b.ino = st.st_ino;
+  b.size = static_cast<uint64_t>(st.st_size);
+  bool have_text = false;
+  for (const GElf_Phdr& ph : ex.syms.loads)
+    if ((ph.p_flags & PF_X) != 0 && (!have_text || ph.p_vaddr < b.text_vaddr)) {
+      b.text_vaddr = ph.p_vaddr;
+      have_text = true;
+    }
+  if (!have_text) {
+    why = exe + " has no executable segment";
+    return std::nullopt;
+  }
+  ElfSyms mod;  // the ELF holding _PyRuntime
+  if (ex.syms.have_runtime) {
+    b.module = exe;
+    mod = ex.syms;
+    b.runtime_off = static_cast<int64_t>(ex.syms.runtime);
+  } else {
+    if (ex.bytes_main_got == 0 || (libpython_hint.empty() && ex.needed_libpython.empty())) {
+      why = "not a CPython executable (no _PyRuntime, no libpython through Py_BytesMain)";
+      return std::nullopt;
+    }
+    std::vector<std::string> tries;
+    if (!libpython_hint.empty()) tries.push_back(libpython_hint);
+    if (!ex.needed_libpython.empty()) {
+      std::string rp = ex.runpath;
+      for (size_t at; (at = rp.find("$ORIGIN")) != std::string::npos;) rp.replace(at, 7, dir_name(exe));
+      for (size_t b0 = 0; b0 <= rp.size() && !rp.empty();) {
+        const size_t e = rp.find(':', b0);
+        const std::string d = rp.substr(b0, e == std::string::npos ? std::string::npos : e - b0);
+        if (!d.empty()) tries.push_back(d + "/" + ex.needed_libpython);
+        if (e == std::string::npos) break;
+        b0 = e + 1;
+      }
+      tries.push_back(dir_name(exe) + "/../lib/" + ex.needed_libpython);
+      for (const char* d : {"/usr/local/lib", "/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib"})
+        tries.push_back(std::string(d) + "/" + ex.needed_libpython);
+    }
+    for (const std::string& lib : tries) {
+      const int lfd = open(lib.c_str(), O_RDONLY | O_CLOEXEC);
+      if (lfd < 0) continue;
+      ElfSyms ls;
+      const bool ok = elf_syms(lfd, ls);
+      close(lfd);
+      if (!ok || !ls.have_runtime || !ls.have_bytes_main) continue;
+      b.module = lib;
+      mod = ls;
+      break;
+    }
+    if (b.module.empty()) {
+      why = "libpython of " + exe + " not found (" + ex.needed_libpython + ")";
+      return std::nullopt;
+    }
+    if (minor_from_name(base_name(b.module), ft) >= 0 && ft) {
+      why = "free-threaded CPython build (" + base_name(b.module) + ") is not supported";
+      return std::nullopt;
+    }
+    b.got_vaddr = ex.bytes_main_got;
+    b.runtime_off = static_cast<int64_t>(mod.runtime) - static_cast<int64_t>(mod.bytes_main);
+  }
+  const int mfd = open(b.module.c_str(), O_RDONLY | O_CLOEXEC);
+  if (mfd < 0) {
+    why = "cannot open " + b.module;
+    return std::nullopt;
+  }
+  int minor = -1;
+  if (mod.have_version) {
+    uint32_t v = 0;
+    if (!file_read_vaddr(mfd, mod.loads, mod.py_version, &v, sizeof v) || (v >> 24) != 3) {
+      close(mfd);
+      why = "cannot read Py_Version from " + b.module;
+      return std::nullopt;
+    }
+    minor = static_cast<int>((v >> 16) & 0xff);
+    b.version = "3." + std::to_string(minor) + "." + std::to_string((v >> 8) & 0xff);
+  } else {
+    minor = minor_from_name(base_name(b.module), ft);
+    if (minor < 0) minor = minor_from_name(base_name(exe), ft);
+    if (minor >= 11) minor = -1;  // 3.11+ always has Py_Version
+    b.version = minor >= 0 ? "3." + std::to_string(minor) : "";
+  }
+  const PyOffsets* off = py_offsets_for(minor);
+  if (off == nullptr) {
+    close(mfd);
+    why = minor < 0 ? "cannot tell the CPython version of " + b.module
+                    : "CPython 3." + std::to_string(minor) + " is not supported (3.10-3.13)";
+    return std::nullopt;
+  }
+  if (minor >= 13) {
+    uint8_t dbg[352];
+    const bool ok = file_read_vaddr(mfd, mod.loads, mod.runtime, dbg, sizeof dbg);
+    if (!ok || std::memcmp(dbg, "xdebugpy", 8) != 0) {
+      close(mfd);
+      why = "_Py_DebugOffsets cookie missing in " + b.module;
+      return std::nullopt;
+    }
+    uint64_t free_threaded = 0;
+    std::memcpy(&free_threaded, dbg + 16, 8);
+    if (free_threaded != 0 || !debug_offsets_match(dbg, *off, why)) {
+      close(mfd);
+      if (free_threaded != 0) why = "free-threaded CPython build is not supported";
+      return std::nullopt;
+    }
+  }
+  close(mfd);
+  b.minor = minor;
+  b.off = *off;
+  return b;
+}
+
+std::vector<std::string> python_interpreter_candidates() {
+  std::vector<std::string> dirs;
+  if (const char* path = std::getenv("PATH")) {
+    const std::string p = path;
+    for (size_t b = 0;;) {
+      const size_t e = p.find(':', b);
+      const std::string d = p.substr(b, e == std::string::npos ? std::string::npos : e - b);
+      if (!d.empty() && d[0] == '/') dirs.push_back(d);
+      if (e == std::string::npos) break;
+      b = e + 1;
+    }
+  }
+  for (const char* d : {"/usr/bin", "/usr/local/bin", "/opt/conda/bin"}) dirs.emplace_back(d);
+  std::vector<std::string> roots;
+  if (const char* r = std::getenv("PYENV_ROOT")) roots.emplace_back(r);
+  if (const char* h = std::getenv("HOME")) roots.push_back(std::string(h) + "/.pyenv");
+  roots.emplace_back("/root/.pyenv");
+  for (const std::string& r : roots) {
+    std::error_code ec;
+    for (const auto& v : std::filesystem::directory_iterator(r + "/versions", ec))
+      dirs.push_back(v.path().string() + "/bin");
+  }
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  for (const std::string& d : dirs) {
+    std::error_code ec;
+    for (const auto& f : std::filesystem::directory_iterator(d, ec)) {
+      const std::string n = f.path().filename().string();
+      // python3 and python3.N only (not python3-config, python3.12-gdb.py, ...).
+      bool ok = n == "python3";
+      if (!ok && n.rfind("python3.", 0) == 0 && n.size() > 8) {
+        ok = true;
+        for (size_t i = 8; i < n.size(); ++i) ok = ok && n[i] >= '0' && n[i] <= '9';
+      }
+      if (!ok) continue;
+      std::error_code ec2;
+      const auto real = std::filesystem::canonical(f.path(), ec2);
+      if (ec2 || !std::filesystem::is_regular_file(real, ec2)) continue;
+      if (seen.insert(real.string()).second) out.push_back(real.string());
+    }
+  }
+  return out;
 }
 
 }  // namespace ingero::bpf

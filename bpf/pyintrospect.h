@@ -81,6 +81,35 @@ struct PyProcess {
 // unsupported version, free-threaded build, validation failed) — never garbage.
 std::optional<PyProcess> inspect_python(uint32_t pid, std::string& why);
 
+// What BPF needs to find _PyRuntime in a process of one interpreter executable by itself, from the
+// process's first stack on, before user space has seen the process (issue 43: a short process
+// could run all its calls before the poller validated it; docs/stacks.md "Python frames from the
+// first call"). Read from the files alone. In a process of this executable (mm->exe_file's inode
+// number and size equal ino/size): load bias = mm->start_code - text_vaddr; _PyRuntime =
+// bias + runtime_off (static libpython), or *(bias + got_vaddr) + runtime_off (shared: the GOT
+// slot the executable called Py_BytesMain through, which is resolved once the interpreter runs).
+struct PyBinary {
+  std::string exe, module;  // module: the ELF holding _PyRuntime (exe or libpython3.X.so)
+  uint64_t ino = 0, size = 0;
+  int minor = 0;
+  std::string version;
+  uint64_t text_vaddr = 0;  // lowest p_vaddr of the executable's PF_X PT_LOADs (how the kernel sets start_code)
+  uint64_t got_vaddr = 0;   // shared libpython: the exe's GOT slot of Py_BytesMain; 0: static
+  int64_t runtime_off = 0;  // static: _PyRuntime's vaddr; shared: _PyRuntime - Py_BytesMain in libpython
+  PyOffsets off;
+};
+
+// Reads `exe` (and its libpython: `libpython_hint` when given, else DT_NEEDED through RUNPATH,
+// ../lib and the system directories) for the PyBinary above; the version from Py_Version in the
+// file (3.10: the name), on 3.13 the file's _Py_DebugOffsets against the table. nullopt + why for
+// anything else (not CPython, free-threaded, unsupported version, no Py_BytesMain relocation).
+std::optional<PyBinary> inspect_python_binary(const std::string& exe, const std::string& libpython_hint,
+                                              std::string& why);
+
+// Executables named python3 / python3.N in $PATH, /usr/bin, /usr/local/bin, /opt/conda/bin and
+// the pyenv versions ($PYENV_ROOT, ~/.pyenv, /root/.pyenv), resolved and deduplicated.
+std::vector<std::string> python_interpreter_candidates();
+
 // The byte offset of the executing instruction in the code's bytecode, from what a frame holds
 // (`instr`): 3.10: f_lasti in code units -> f_lasti*2 (negative, frame not started: 0).
 // 3.11/3.12 prev_instr and 3.13 instr_ptr both point at the instruction being executed (the CALL

@@ -41,6 +41,16 @@ struct {
   __type(value, struct ip_py_proc);
 } py_procs SEC(".maps");
 
+/* interpreter executable (inode number, size) -> how to find _PyRuntime in a process of it (user
+ * space fills it from the files; capture_python registers a process of it itself, at its first
+ * stack, so a short process is not over before user space validated it). */
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 256);
+  __type(key, struct ip_py_bin_key);
+  __type(value, struct ip_py_bin);
+} py_bins SEC(".maps");
+
 /* (tgid, code object) -> strings and line table read at first sight. */
 struct {
   __uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -256,16 +266,52 @@ static long py_step(__u64 i, void* data) {
   return 0;
 }
 
+/* A process user space has not registered (yet): if its executable is a known interpreter
+ * (py_bins), find _PyRuntime from the load bias (and the GOT slot of Py_BytesMain for a shared
+ * libpython) and check what inspect_python checks first: autoTSSkey initialised and < 32,
+ * interpreters.head set, this thread's TSS slot -> a thread state of that interpreter, and on
+ * 3.13 the _Py_DebugOffsets cookie. Registers the process in py_procs; null when any check fails
+ * (tried again at the next stack). User space validates it again when it sees the process. */
+static __always_inline struct ip_py_proc* py_self_register(__u32 tgid, struct task_struct* task, __u64 fs) {
+  struct mm_struct* mm = BPF_CORE_READ(task, mm);
+  if (!mm) return 0;
+  struct ip_py_bin_key k = {};
+  k.ino = BPF_CORE_READ(mm, exe_file, f_inode, i_ino);
+  k.size = BPF_CORE_READ(mm, exe_file, f_inode, i_size);
+  struct ip_py_bin* b = bpf_map_lookup_elem(&py_bins, &k);
+  if (!b) return 0;
+  __u64 bias = BPF_CORE_READ(mm, start_code) - b->text_vaddr;
+  __u64 base = bias; /* 0 for a non-PIE executable (Debian's python3) */
+  if (b->got_vaddr) {
+    base = read_u64(bias + b->got_vaddr); /* Py_BytesMain in libpython */
+    if (!base) return 0;
+  }
+  __u64 runtime = base + b->runtime_off;
+  __s32 tss[2] = {0, 0};
+  if (bpf_probe_read_user(tss, sizeof(tss), (void*)(runtime + b->layout.key_off - 4)) != 0) return 0;
+  if (tss[0] != 1 || tss[1] < 0 || tss[1] >= 32) return 0;
+  __u64 head = read_u64(runtime + b->interp_head);
+  if (!head) return 0;
+  __u64 tstate = read_u64(fs + b->layout.tss_base + 16 * (__u64)tss[1] + 8);
+  if (!tstate || read_u64(tstate + b->tstate_interp) != head) return 0;
+  if (b->layout.minor >= 13 && read_u64(runtime) != 0x7970677562656478ull) return 0; /* "xdebugpy" */
+  struct ip_py_proc l = b->layout;
+  l.runtime = runtime;
+  if (bpf_map_update_elem(&py_procs, &tgid, &l, BPF_NOEXIST) == 0) count(IP_CNT_PY_SELF, 1);
+  return bpf_map_lookup_elem(&py_procs, &tgid);
+}
+
 static __always_inline void capture_python(struct ip_stack_record* s, __u32 tgid,
                                            struct task_struct* task) {
   s->n_py = 0;
+  __u64 fs = BPF_CORE_READ(task, thread.fsbase);
   struct ip_py_proc* pp = bpf_map_lookup_elem(&py_procs, &tgid);
-  if (!pp) return;
+  if (!pp) pp = py_self_register(tgid, task, fs);
+  if (!pp || pp->minor == 0) return; /* minor 0: refused by user space */
   struct py_ctx c = {};
   c.p = *pp;
   c.tgid = tgid;
   s->flags |= IP_STKF_PY;
-  __u64 fs = BPF_CORE_READ(task, thread.fsbase);
   __s32 key = -1;
   bpf_probe_read_user(&key, sizeof(key), (void*)(c.p.runtime + c.p.key_off));
   if (key < 0 || key >= 32) {

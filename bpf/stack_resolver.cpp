@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <fstream>
 #include <span>
+#include <unistd.h>
 
 #include "bpf/pyintrospect.h"
 #include "bpf/symbolizer.h"
@@ -37,11 +39,10 @@ void put_utf8(std::string& out, uint32_t c) {
   }
 }
 
-ip_py_proc layout_of(const PyProcess& p) {
-  const PyOffsets& o = p.off;
+ip_py_proc layout_of(const PyOffsets& o, int minor, uint64_t runtime) {
   ip_py_proc l{};
-  l.runtime = p.runtime_addr;
-  l.minor = static_cast<uint32_t>(p.minor);
+  l.runtime = runtime;
+  l.minor = static_cast<uint32_t>(minor);
   l.key_off = o.runtime_tss + 4;  // Py_tss_t {int _is_initialized; pthread_key_t _key;}
   l.tss_base = kGlibcSpecificOffset;
   l.tstate_frame = o.tstate_frame;
@@ -61,6 +62,23 @@ ip_py_proc layout_of(const PyProcess& p) {
   l.bytes_size = o.bytes_size;
   l.bytes_data = o.bytes_data;
   return l;
+}
+
+ip_py_proc layout_of(const PyProcess& p) { return layout_of(p.off, p.minor, p.runtime_addr); }
+
+// inspect_python's reasons that only mean "not started yet": BPF registers such a process itself
+// once its interpreter runs (py_bins), and user space checks it again then (python_minor).
+bool transient_refusal(const std::string& why) {
+  return why.rfind("autoTSSkey is not initialized", 0) == 0 || why.rfind("interpreters.head is null", 0) == 0 ||
+         why.rfind("the main interpreter has no thread state", 0) == 0;
+}
+
+// The process exited or is exiting (what inspect_python could not read of it then says nothing
+// about its layout): /proc/PID/maps is gone, or empty (its memory is released before it becomes a
+// zombie).
+bool gone(uint32_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/maps");
+  return !in || in.peek() == std::ifstream::traits_type::eof();
 }
 
 bool is_eval_frame(const StackFrame& f) {
@@ -98,6 +116,44 @@ void StackResolver::set_module(Source s, std::string module_basename) {
   module_[static_cast<int>(s)] = std::move(module_basename);
 }
 
+bool StackResolver::learn_binary(const std::string& exe, const std::string& libpython) {
+  std::string why;
+  const auto b = inspect_python_binary(exe, libpython, why);
+  if (!b) return false;
+  ip_py_bin_key k{};
+  k.ino = b->ino;
+  k.size = b->size;
+  if (!learned_.insert({k.ino, k.size}).second) return true;
+  ip_py_bin v{};
+  v.layout = layout_of(b->off, b->minor, 0);
+  v.text_vaddr = b->text_vaddr;
+  v.got_vaddr = b->got_vaddr;
+  v.runtime_off = b->runtime_off;
+  v.interp_head = b->off.runtime_interp_head;
+  v.tstate_interp = b->off.tstate_interp;
+  if (!probes_.set_python_binary(k, v)) {
+    learned_.erase({k.ino, k.size});
+    return false;
+  }
+  ++stats_.python_bins;
+  return true;
+}
+
+size_t StackResolver::learn_interpreters() {
+  size_t n = 0;
+  for (const std::string& exe : python_interpreter_candidates()) n += learn_binary(exe, "") ? 1 : 0;
+  return n;
+}
+
+void StackResolver::refuse_python(uint32_t pid, const std::string& why) {
+  // Written, not deleted: BPF must not register the process itself again (py_bins).
+  ip_py_proc none{};
+  probes_.set_python(pid, none);
+  minor_.erase(pid);
+  ++stats_.python_refused;
+  warnings_.push_back("pid " + std::to_string(pid) + ": no Python frames (" + why + "); native stacks only");
+}
+
 void StackResolver::note_process(uint32_t pid) {
   if (!pid || !noted_.insert(pid).second) return;
   sym_->note_process(pid);
@@ -107,18 +163,45 @@ void StackResolver::note_process(uint32_t pid) {
       minor_[pid] = py->minor;
       ++stats_.python_procs;
     }
-  } else if (why.rfind("not a CPython", 0) != 0 && why.rfind("cannot read /proc/", 0) != 0) {
+    // Later processes of the same interpreter are registered by BPF at their first stack.
+    char exe[4096];
+    const ssize_t n = readlink(("/proc/" + std::to_string(pid) + "/exe").c_str(), exe, sizeof exe - 1);
+    if (n > 0) learn_binary(std::string(exe, static_cast<size_t>(n)), py->module);
+  } else if (why.rfind("not a CPython", 0) != 0 && !transient_refusal(why) && !gone(pid)) {
     // A Python process whose layout did not validate (or anything else inspect_python refused):
     // native stacks only, said once.
-    ++stats_.python_refused;
-    warnings_.push_back("pid " + std::to_string(pid) + ": no Python frames (" + why + "); native stacks only");
+    refuse_python(pid, why);
   }
+}
+
+int StackResolver::python_minor(uint32_t pid) {
+  if (const auto it = minor_.find(pid); it != minor_.end()) return it->second;
+  ip_py_proc l{};
+  if (!probes_.get_python(pid, l) || l.minor == 0) return -1;
+  // BPF registered the process itself (py_bins) before user space validated it: validate now.
+  std::string why;
+  if (auto py = inspect_python(pid, why)) {
+    if (py->runtime_addr != l.runtime) {
+      refuse_python(pid, "BPF found _PyRuntime at another address than user space");
+      return -1;
+    }
+    minor_[pid] = py->minor;
+  } else if (transient_refusal(why) || gone(pid)) {
+    // Exited (or finalizing): BPF's own checks at registration are all there is.
+    minor_[pid] = static_cast<int>(l.minor);
+  } else {
+    refuse_python(pid, why);
+    return -1;
+  }
+  ++stats_.python_procs;
+  return minor_[pid];
 }
 
 void StackResolver::forget_process(uint32_t pid) {
   if (!noted_.erase(pid)) return;
   sym_->forget_process(pid);
-  if (minor_.erase(pid)) probes_.forget_python(pid);
+  minor_.erase(pid);
+  probes_.forget_python(pid);  // registered by user space, by BPF itself, or refused
   for (auto it = codes_.lower_bound({pid, 0}); it != codes_.end() && it->first.first == pid;) it = codes_.erase(it);
 }
 
@@ -136,9 +219,10 @@ const StackResolver::Code& StackResolver::code(uint32_t pid, uint64_t addr) {
 }
 
 void StackResolver::add_python(const ip_stack_record& r, uint32_t pid, ParsedStack& st) {
-  const auto mit = minor_.find(pid);
   const uint32_t n = std::min<uint32_t>(r.n_py, IP_PY_MAX);
-  if (mit == minor_.end() || n == 0) return;
+  if (n == 0) return;
+  const int minor = python_minor(pid);
+  if (minor < 0) return;
   std::vector<StackFrame> py;
   py.reserve(n);
   for (uint32_t i = 0; i < n; ++i) {
@@ -154,7 +238,7 @@ void StackResolver::add_python(const ip_stack_record& r, uint32_t pid, ParsedSta
     f.file = c.file;
     f.function = c.name;
     uint32_t line = 0;
-    if (r.py[i].lasti != UINT32_MAX) line = python_line(mit->second, c.linetable, c.firstlineno, r.py[i].lasti);
+    if (r.py[i].lasti != UINT32_MAX) line = python_line(minor, c.linetable, c.firstlineno, r.py[i].lasti);
     f.line = line ? line : static_cast<uint32_t>(std::max(c.firstlineno, 0));
     py.push_back(std::move(f));
   }

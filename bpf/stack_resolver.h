@@ -19,8 +19,17 @@
 //   slept (stack_ids) and the full user stacks (window + Python) of the blocking call.
 // - `truncated` is set when the Python walk or the native unwind was cut.
 // - note_process(pid): Symbolizer::note_process (maps + ELFs kept, so a process that exits later
-//   still resolves) and inspect_python -> BpfProbes::set_python, or a warning and native only.
+//   still resolves) and inspect_python -> BpfProbes::set_python, or a warning and native only
+//   (written to py_procs as minor 0, so BPF does not register it itself). A refusal that only
+//   means "interpreter not started yet" or "already exited" is not cached.
 //   forget_process(pid) undoes both; call it only once the process's records have drained.
+// - Python frames from a process's first stack (issue 43): the poller sees a process only after
+//   its first records, and a short job can make all its calls before that. So the interpreter
+//   executables are handed to BPF up front (learn_interpreters at start: the python3/python3.N
+//   of $PATH, /usr/bin, /usr/local/bin, conda and pyenv; learn_binary for each validated
+//   process's executable), and BPF registers a process of one of them itself at its first stack
+//   (stack.bpf.h py_self_register). User space validates such a process when it first decodes
+//   its frames (python_minor): same _PyRuntime, or refused; an exited process keeps BPF's checks.
 // - One owner thread (the live poller). Never throws: what cannot be resolved is counted.
 #pragma once
 
@@ -52,6 +61,7 @@ struct StackResolverStats {
   uint64_t truncated = 0;
   uint64_t python_procs = 0;    // processes with validated Python offsets
   uint64_t python_refused = 0;  // Python processes whose layout did not validate
+  uint64_t python_bins = 0;     // interpreter executables BPF registers processes of itself
 };
 
 class StackResolver {
@@ -65,6 +75,12 @@ class StackResolver {
   void set_module(Source s, std::string module_basename);
 
   void note_process(uint32_t pid);
+  // An interpreter executable (inspect_python_binary; `libpython`: where its libpython is, or
+  // empty) handed to BPF, so its processes get Python frames from their first stack on, before
+  // user space has seen them. False when it is not a supported CPython.
+  bool learn_binary(const std::string& exe, const std::string& libpython);
+  // learn_binary for every python_interpreter_candidates() entry; how many were learned.
+  size_t learn_interpreters();
   void forget_process(uint32_t pid);
   bool noted(uint32_t pid) const { return noted_.count(pid) != 0; }
 
@@ -89,6 +105,10 @@ class StackResolver {
   // Kernel frames of a stack_ids id (+1; 0 = none), our own tracepoint frames dropped.
   void add_kernel_from_id(uint32_t kstack_id1, ParsedStack& st, std::vector<uint64_t>& all_ips);
   const Code& code(uint32_t pid, uint64_t addr);
+  // The CPython minor of a process whose walks are decoded, validating a process BPF registered
+  // itself the first time; -1: none (native only).
+  int python_minor(uint32_t pid);
+  void refuse_python(uint32_t pid, const std::string& why);
   void add_python(const ip_stack_record& r, uint32_t pid, ParsedStack& st);
 
   BpfProbes& probes_;
@@ -96,7 +116,8 @@ class StackResolver {
   std::unique_ptr<Unwinder> unw_;
   std::map<int, std::string> module_;  // Source -> library basename
   std::set<uint32_t> noted_;
-  std::unordered_map<uint32_t, int> minor_;  // pid -> CPython minor (validated)
+  std::unordered_map<uint32_t, int> minor_;          // pid -> CPython minor (validated)
+  std::set<std::pair<uint64_t, uint64_t>> learned_;  // (inode, size) of executables in py_bins
   std::map<std::pair<uint32_t, uint64_t>, Code> codes_;
   std::set<uint64_t> known_;
   std::vector<std::pair<uint64_t, StackTrace>> new_;

@@ -521,7 +521,7 @@ int run_trace(const TraceArgs& a) {
                "unmatched returns=%llu, missed by the self-check=%llu, reorder peak=%zu events, %zu chains%s%s%s\n"
                "trace: stacks %llu captured (%llu distinct, %llu with Python frames; %llu skipped "
                "by the per-thread rate limit, %llu lost to a full stack ring), %llu CPU samples, "
-               "%llu Python processes\n",
+               "%llu Python processes (%llu registered by BPF at their first stack)\n",
                elapsed, static_cast<unsigned long long>(st.delivered), static_cast<unsigned long long>(st.records),
                static_cast<unsigned long long>(st.dropped[IP_RING_GPU]),
                static_cast<unsigned long long>(st.dropped[IP_RING_HOST]),
@@ -533,7 +533,8 @@ int run_trace(const TraceArgs& a) {
                db_summary.c_str(), static_cast<unsigned long long>(st.stacks_resolved),
                static_cast<unsigned long long>(st.stacks_unique), static_cast<unsigned long long>(st.python_stacks),
                static_cast<unsigned long long>(st.stacks_rate_limited), static_cast<unsigned long long>(st.stacks_lost),
-               static_cast<unsigned long long>(st.samples), static_cast<unsigned long long>(st.python_procs));
+               static_cast<unsigned long long>(st.samples), static_cast<unsigned long long>(st.python_procs),
+               static_cast<unsigned long long>(st.python_self));
   if (annotate_server) {
     for (const auto& w : annotate_server->take_warnings())
       if (!a.quiet) std::fprintf(stderr, "warning: %s\n", w.c_str());

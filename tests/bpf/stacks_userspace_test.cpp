@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/auxv.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -670,6 +671,72 @@ TEST_P(PyStacks, WalksMainThreadAndThreadWithExactLines) {
   const auto two = py_walk_tstate(*p, py_tstate_via_tss(*p, *fs_base), 2, trunc, w);
   EXPECT_EQ(two.size(), 2u);
   EXPECT_TRUE(trunc);
+}
+
+// Issue 43 item 2: what BPF uses to register a process of an interpreter by itself at its first
+// stack (inspect_python_binary, read from the files alone), applied the way stack.bpf.h applies it
+// (load bias from the kernel's start_code, /proc/PID/stat field 26; the GOT slot of Py_BytesMain
+// for a shared libpython), finds the same _PyRuntime inspect_python validates in the live process.
+TEST_P(PyStacks, BinaryRecipeFindsTheRuntimeOfALiveProcess) {
+  const PyInterp& py = GetParam();
+  if (py.path.empty()) GTEST_SKIP() << py.label << ": interpreter not installed on this machine";
+  std::string why;
+  const auto b = inspect_python_binary(py.path, "", why);
+  ASSERT_TRUE(b) << py.path << ": " << why;
+  if (py.minor) {
+    EXPECT_EQ(b->minor, py.minor);
+  }
+  struct stat st {};
+  ASSERT_EQ(stat(py.path.c_str(), &st), 0);
+  EXPECT_EQ(b->ino, static_cast<uint64_t>(st.st_ino));
+  EXPECT_EQ(b->size, static_cast<uint64_t>(st.st_size));
+  // Every candidate list holds each interpreter the tests use (resolved through its links).
+  const auto cands = python_interpreter_candidates();
+  EXPECT_NE(std::find(cands.begin(), cands.end(), fs::canonical(py.path).string()), cands.end()) << py.path;
+
+  Child c;
+  ASSERT_TRUE(c.start({py.path, workload("py_stack_target.py")}));
+  std::istringstream ready(c.read_line());
+  std::string word;
+  uint32_t pid = 0;
+  ready >> word >> pid;
+  ASSERT_EQ(word, "ready");
+  std::ifstream mem("/proc/" + std::to_string(pid) + "/mem", std::ios::binary);
+  if (!mem) GTEST_SKIP() << "cannot read /proc/" << pid << "/mem (needs root or ptrace rights)";
+  const auto p = inspect_python(pid, why);
+  ASSERT_TRUE(p) << why;
+  EXPECT_EQ(p->minor, b->minor);
+  EXPECT_EQ(fs::canonical(p->module), fs::canonical(b->module));
+  std::ifstream stat_file("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat_file, line);
+  std::istringstream fields(line.substr(line.rfind(')') + 2));  // field 3 on
+  std::string f;
+  uint64_t start_code = 0;
+  for (int i = 3; fields >> f; ++i)
+    if (i == 26) {
+      start_code = std::stoull(f);
+      break;
+    }
+  ASSERT_NE(start_code, 0u) << line;
+  const uint64_t bias = start_code - b->text_vaddr;
+  uint64_t base = bias;
+  if (b->got_vaddr != 0) {
+    mem.seekg(static_cast<std::streamoff>(bias + b->got_vaddr));
+    mem.read(reinterpret_cast<char*>(&base), 8);
+    ASSERT_TRUE(mem.good());
+  }
+  EXPECT_EQ(base + static_cast<uint64_t>(b->runtime_off), p->runtime_addr)
+      << py.path << " module " << b->module << " got " << b->got_vaddr;
+}
+
+TEST(PyIntrospect, BinaryRecipeRefusesWhatIsNotCPython) {
+  std::string why;
+  EXPECT_FALSE(inspect_python_binary("/proc/self/exe", "", why));
+  EXPECT_FALSE(why.empty());
+  why.clear();
+  EXPECT_FALSE(inspect_python_binary("/nonexistent/python3.12", "", why));
+  EXPECT_NE(why.find("cannot stat"), std::string::npos) << why;
 }
 
 TEST_P(PyStacks, LineTableDecoderMatchesTheInterpreter) {
