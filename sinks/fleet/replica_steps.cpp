@@ -104,7 +104,8 @@ std::vector<SlowReplica> slow_replicas(const std::vector<ProcessSteps>& all, con
       out.push_back(std::move(s));
     }
   }
-  std::stable_sort(out.begin(), out.end(), [](const SlowReplica& a, const SlowReplica& b) { return a.excess > b.excess; });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const SlowReplica& a, const SlowReplica& b) { return a.excess > b.excess; });
   return out;
 }
 
@@ -123,13 +124,15 @@ std::vector<Chain> replica_step_chains(const std::vector<SlowReplica>& slow) {
     c.summary = "replica on node " + s.node + ": its " + s.kind + " step takes " + ms(s.median_ns) + " (median of " +
                 std::to_string(s.steps) + "), " + pct(s.excess) + " longer than the median of " +
                 std::to_string(s.peers) + " peer replicas (" + ms(s.peer_median_ns) + ")";
-    c.explanation = "Step times from each replica's own step inference (no markers needed); steps longer than 1.5x a "
-                    "replica's median are prefill-like and compared apart (" +
-                    pct(s.prefill_share) + " of this replica's steps). Modified z against the peers: " +
-                    std::to_string(static_cast<int>(std::lround(s.z))) + ".";
+    c.explanation =
+        "Step times from each replica's own step inference (no markers needed); steps longer than 1.5x a "
+        "replica's median are prefill-like and compared apart (" +
+        pct(s.prefill_share) + " of this replica's steps). Modified z against the peers: " +
+        std::to_string(static_cast<int>(std::lround(s.z))) + ".";
     c.root_cause = "One replica does the same " + s.kind + " work more slowly than its peers: its host or GPU differs";
-    c.recommendations = {"Look at that node's own chains (cpu_contention, blocking, input wait) over the same time",
-                         "Compare its GPU clocks, power and thermal state, its driver and its batch size with a peer's"};
+    c.recommendations = {
+        "Look at that node's own chains (cpu_contention, blocking, input wait) over the same time",
+        "Compare its GPU clocks, power and thermal state, its driver and its batch size with a peer's"};
     c.values = {{"median_step_ms", static_cast<double>(s.median_ns) / 1e6},
                 {"peer_median_step_ms", static_cast<double>(s.peer_median_ns) / 1e6},
                 {"excess", s.excess},

@@ -59,7 +59,8 @@ struct SlowReplica {
 };
 
 // `node_names`: TraceMeta::nodes (ProcessSteps::node indexes into it).
-std::vector<SlowReplica> slow_replicas(const std::vector<ProcessSteps>& steps, const std::vector<std::string>& node_names,
+std::vector<SlowReplica> slow_replicas(const std::vector<ProcessSteps>& steps,
+                                       const std::vector<std::string>& node_names,
                                        const ReplicaStepOptions& options = {});
 
 // One chain per slow replica: rule "fleet_replica_step", category "straggler".

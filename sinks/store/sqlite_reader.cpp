@@ -645,11 +645,28 @@ class Reader {
   void read_stacks() {
     if (!side_table("stack_traces")) return;
     const auto cols = sqlite_detail::table_columns(db_, "stack_traces");
-    Stmt s(db_,
-           "SELECT hash, " + select_list(cols, {{"ips", "''"}, {"frames", "''"}}) + " FROM stack_traces NOT INDEXED");
+    // With the rowid last (a rowid table: Ingero's and ours): a scan returns rowids in increasing
+    // order, so one that does not increase is a page of the table overwritten by a copy of another
+    // of its pages (no index to cross-check this table against): damage, not a different answer.
+    const std::string list = "hash, " + select_list(cols, {{"ips", "''"}, {"frames", "''"}});
+    Stmt s(db_, "SELECT " + list + ", rowid FROM stack_traces NOT INDEXED");
+    const bool rowids = s.ok();
+    if (!rowids) s = Stmt(db_, "SELECT " + list + " FROM stack_traces NOT INDEXED");  // WITHOUT ROWID
     if (!s.ok()) return side_table_failed("stack_traces", sqlite3_errcode(db_));
     int rc;
+    int64_t last_rowid = std::numeric_limits<int64_t>::min();
     while ((rc = s.step()) == SQLITE_ROW) {
+      if (rowids) {
+        const int64_t rowid = s.i64(3);
+        if (rowid <= last_rowid) {
+          meta_.health.damaged("table `stack_traces`: rows out of key order (rowid " + std::to_string(rowid) +
+                               " after " + std::to_string(last_rowid) +
+                               "): a page overwritten by a copy of another; its stacks are not trusted");
+          meta_.stacks.clear();
+          return;
+        }
+        last_rowid = rowid;
+      }
       if (s.type(0) != SQLITE_INTEGER) continue;
       const size_t bytes = static_cast<size_t>(sqlite3_column_bytes(s.get(), 1)) +
                            static_cast<size_t>(sqlite3_column_bytes(s.get(), 2));
@@ -669,9 +686,20 @@ class Reader {
         st.frames.clear();
         count_cut("stack_traces.frames longer than 256 KiB: dropped");
       }
+      // Both columns are JSON arrays when written (Ingero's writer and ours). Text that is not JSON
+      // is a row whose overflow pages were overwritten (the b-tree still reads): its stack is lost,
+      // and the answer is partial, not silently different.
+      if ((!st.ips.empty() && !nlohmann::json::accept(st.ips)) ||
+          (!st.frames.empty() && !nlohmann::json::accept(st.frames))) {
+        if (++bad_stack_rows_ == 1)
+          meta_.health.damaged("table `stack_traces`: the stored stack of hash " + std::to_string(s.i64(0)) +
+                               " is not JSON (a page of the table overwritten?); such stacks are dropped");
+        continue;
+      }
       meta_.stacks[static_cast<uint64_t>(s.i64(0))] = std::move(st);
     }
     if (rc != SQLITE_DONE) side_table_failed("stack_traces", rc);
+    if (bad_stack_rows_ > 0) meta_.health.skip("stack_traces rows whose text is not JSON: dropped", bad_stack_rows_);
   }
 
   void read_sessions() {
@@ -783,6 +811,7 @@ class Reader {
   std::map<std::string, std::string> interned_;
   std::map<std::string, uint64_t> cuts_;
   size_t names_ = 0, stack_bytes_ = 0;
+  uint64_t bad_stack_rows_ = 0;  // stack_traces rows whose text is not JSON (damage)
 };
 
 // A FIFO of at most `capacity` elements in storage allocated once by init(): pushing and

@@ -253,4 +253,43 @@ TEST(DamagedTraceCases, TimestampIndexWorkedAroundTableDamageCounted) {
   fs::remove_all(dir);
 }
 
+// stack_traces has no index to check it against: a leaf overwritten by a sound copy of another
+// leaf shows as rowids out of order (the table is read in rowid order), and a stored stack whose
+// text is no longer JSON (an overflow page overwritten) as a row that cannot be read: both exit 5
+// naming the table, never the undamaged answer's stacks silently changed.
+TEST(DamagedTraceCases, StackTracesOutOfOrderOrNotJsonArePartial) {
+  const std::string src = kShared + "/pytorch-dataloader-starvation.db";
+  if (!fs::exists(src)) GTEST_SKIP() << "shared Ingero sample not found: " << src;
+  const fs::path dir = fs::temp_directory_path() / ("ip-damage-stacks-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string db = (dir / "trace.db").string();
+  fs::copy_file(src, db, fs::copy_options::overwrite_existing);
+  int page_size = 0;
+  const auto pages = btree_pages(db, page_size);
+  if (pages.empty()) GTEST_SKIP() << "this SQLite has no dbstat table";
+  const auto& st = pages.at("stack_traces");
+  ASSERT_GE(st.size(), 3u);
+  plant(db, page_size, st[1], Damage::kCopy, st.back(), 1);  // the first leaf now holds the last's rows
+  const Command explain{"explain", "explain --json --db DB", false};
+  const Answer order = run_command(explain, db, "");
+  EXPECT_EQ(order.status, 5) << order.err;
+  EXPECT_NE(order.err.find("table `stack_traces`: rows out of key order"), std::string::npos) << order.err;
+
+  fs::copy_file(src, db, fs::copy_options::overwrite_existing);
+  {
+    sqlite3* h = nullptr;
+    ASSERT_EQ(sqlite3_open(db.c_str(), &h), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(h,
+                           "UPDATE stack_traces SET frames = substr(frames, 1, length(frames) / 2) "
+                           "WHERE rowid = (SELECT min(rowid) FROM stack_traces WHERE length(frames) > 2)",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(h);
+  }
+  const Answer text = run_command(explain, db, "");
+  EXPECT_EQ(text.status, 5) << text.err;
+  EXPECT_NE(text.err.find("is not JSON"), std::string::npos) << text.err;
+  fs::remove_all(dir);
+}
+
 }  // namespace

@@ -25,11 +25,11 @@ namespace {
 
 struct ReplicaSpec {
   uint64_t decode_ns = 20'000'000;
-  double jitter = 0.05;          // uniform +- share of the step
-  double prefill_share = 0.1;    // of the steps
-  double prefill_factor = 4;     // a prefill step's length / the decode step
-  double decode_slow = 0;        // this replica's decode step is (1 + decode_slow) x longer
-  double prefill_slow = 0;       // its prefill steps alone
+  double jitter = 0.05;        // uniform +- share of the step
+  double prefill_share = 0.1;  // of the steps
+  double prefill_factor = 4;   // a prefill step's length / the decode step
+  double decode_slow = 0;      // this replica's decode step is (1 + decode_slow) x longer
+  double prefill_slow = 0;     // its prefill steps alone
 };
 
 // Step boundaries of one replica: `steps` steps from t0.
@@ -156,7 +156,8 @@ std::string write_replica_node(const ReplicaSpec& r, int node, int steps, uint64
   return "";
 }
 
-nlohmann::json explain_merged(const std::vector<ReplicaSpec>& specs, const test::ScratchDir& dir, const std::string& tag) {
+nlohmann::json explain_merged(const std::vector<ReplicaSpec>& specs, const test::ScratchDir& dir,
+                              const std::string& tag) {
   std::vector<MergeInput> in;
   for (size_t n = 0; n < specs.size(); ++n) {
     const std::string path = dir(tag + "_r" + std::to_string(n) + ".db");
