@@ -22,8 +22,6 @@ std::string pct(double share) {
   return b;
 }
 
-Severity min_sev(Severity a, Severity b) { return a < b ? a : b; }
-
 // The marker that starts the clause grade_chain appends to a root cause (removed before a regrade).
 constexpr const char* kClause = " [severity ";
 

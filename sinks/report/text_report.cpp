@@ -230,18 +230,19 @@ std::string accounting_text(const AnalysisResult& r, size_t max_threads) {
 
 std::string wrap_text(const std::string& text, size_t width, const std::string& indent) {
   std::string out, line;
+  bool fresh = true;  // nothing on the line yet (the first line has no indent)
   std::istringstream words(text);
   for (std::string w; words >> w;) {
-    if (!line.empty() && line.size() + 1 + w.size() > width) {
+    if (!fresh && line.size() + 1 + w.size() > width) {
       out += line + "\n";
       line = indent;
-    } else if (!line.empty() && line != indent) {
-      line += ' ';
+      fresh = true;
     }
-    if (line.empty()) line = indent;
+    if (!fresh) line += ' ';
     line += w;
+    fresh = false;
   }
-  if (!line.empty() && line != indent) out += line + "\n";
+  if (!fresh) out += line + "\n";
   return out;
 }
 

@@ -117,7 +117,9 @@ TEST(Cli, ExplainOpensWithTheVerdictAndPricesIncidents) {
     const auto lost = in["lost_ns"].get<uint64_t>();
     EXPECT_LE(lost, prev) << "most time lost first";
     prev = lost;
-    if (in["gpus_from"] != "trace") EXPECT_EQ(in["gpus"], 4.0);
+    if (in["gpus_from"] != "trace") {
+      EXPECT_EQ(in["gpus"], 4.0);
+    }
     EXPECT_NEAR(in["gpu_hours"].get<double>(), static_cast<double>(lost) / 3.6e12 * in["gpus"].get<double>(), 1e-12);
     EXPECT_NEAR(in["cost"].get<double>(), in["gpu_hours"].get<double>() * 3, 1e-12);
   }
