@@ -85,7 +85,11 @@ bool parse_gpu_rates(const std::string& text, const std::string& file, GpuRates&
     char* end = nullptr;
     const double v = std::strtod(value.c_str(), &end);
     if (end == value.c_str() || *end != '\0' || !(v >= 0) || !std::isfinite(v)) {
-      error = file + ":" + std::to_string(n) + ": expected a price >= 0 after \"" + name + "\", got \"" + value + "\"";
+      error = file + ":" + std::to_string(n) + ": expected a price >= 0 after \"";
+      error += name;
+      error += "\", got \"";
+      error += value;
+      error += '"';
       return false;
     }
     if (name == "*") out.fallback = v;
@@ -314,7 +318,9 @@ std::string make_verdict(const AnalysisResult& r, std::string& text) {
     bound = "mixed";
     why = "no single part holds half of the feeding thread's time";
   }
-  text += "No incident of MEDIUM or HIGH severity: the job is " + bound + " (" + why + ").";
+  if (bound == "unknown")
+    text += "No incident of MEDIUM or HIGH severity; what bounds the job is unknown: " + why + ".";
+  else text += "No incident of MEDIUM or HIGH severity: the job is " + bound + " (" + why + ").";
   return bound;
 }
 

@@ -154,7 +154,7 @@ SeverityFacts chain_facts(const Chain& c, const SeverityContext& ctx) {
 
 SeverityDecision grade_chain(Chain& c, const SeverityContext& ctx) {
   if (!c.declared_severity) c.declared_severity = c.severity;
-  const SeverityDecision d = decide_severity(chain_facts(c, ctx), ctx.options);
+  SeverityDecision d = decide_severity(chain_facts(c, ctx), ctx.options);
   c.severity = d.level;
   if (const size_t at = c.root_cause.find(kClause); at != std::string::npos) c.root_cause.resize(at);
   if (d.reason != SeverityReason::kNone)
