@@ -9,6 +9,7 @@
 #include "engine/engine.h"
 #include "model/result_json.h"
 #include "operators/chain_annotate.h"
+#include "operators/incidents.h"
 #include "operators/step_inference.h"
 #include "operators/time_accounting.h"
 #include "sinks/fleet/merge.h"
@@ -58,6 +59,7 @@ struct ExplainArgs {
   size_t limit = 0;
   bool verbose = false;
   bool builtin = false;
+  CostArgs cost;           // --gpus, --gpu-hour-price, --rates (operators/incidents.h)
   FleetExplainArgs fleet;  // --nodes: ask several nodes' MCP servers instead (cli/fleet_explain.h)
 };
 
@@ -68,6 +70,8 @@ int run_explain(const ExplainArgs& a) {
     f.json = a.json;
     return run_fleet_explain(f);
   }
+  IncidentOptions incident_opts;
+  if (const int rc = incident_options(a.cost, incident_opts); rc != kExitOk) return rc;
   AnalysisSpec spec;
   spec.use_default = !a.no_default_rules;
   spec.builtin = a.builtin;
@@ -143,7 +147,8 @@ int run_explain(const ExplainArgs& a) {
     steps.add_markers(markers);
     if (!markers.empty()) opts.step_markers = std::make_shared<const std::vector<StepMarker>>(markers);
   }
-  ObservingSource observed(tee, {&accounting, &steps});
+  GpuUsage gpus;  // the devices each process's calls named: an incident's GPUs
+  ObservingSource observed(tee, {&accounting, &steps, &gpus});
   EventSource& annotated = annotator.tap(observed);
   opts.on_chain = [&annotator](const Chain& c) { annotator.annotate(c); };
   AnalysisResult r = run_plan(plan, annotated, opts, &errors);
@@ -154,6 +159,7 @@ int run_explain(const ExplainArgs& a) {
   annotator.finish(r);  // first: chains get their threads, then their accounting
   observed.finish(r);
   add_step_stragglers(a.db, r);
+  assemble_incidents(r, incident_opts, &gpus);                // severity, incidents, the verdict
   if (!a.html.empty()) add_accounting_series(accounting, r);  // the report's charts over time
   if (const std::string w = annotator_spill_warning(annotator.spill_counters()); !w.empty())
     std::fprintf(stderr, "warning: %s\n", w.c_str());
@@ -253,6 +259,7 @@ Registrar reg{"explain", 20, [](CLI::App& app, int& rc) {
                     "Also write a self-contained HTML report (chains, latency histograms, call rate, off-CPU share)");
                 cmd->add_option("--limit", args->limit, "Show at most N chains in text output (0 = all)");
                 cmd->add_flag("-v,--verbose", args->verbose, "Print every computed value of each chain");
+                add_cost_options(cmd, &args->cost);
                 add_quiet_flag(cmd);
                 cmd->add_option("--nodes", args->fleet.nodes,
                                 "Ask these nodes' MCP HTTP endpoints (http://HOST:PORT/mcp, comma-separated) instead")

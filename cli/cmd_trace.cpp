@@ -50,6 +50,7 @@ struct TraceArgs {
   std::string db;
   std::vector<std::string> rules, params;  // --rules, --param NAME=VALUE
   bool no_default_rules = false;
+  CostArgs cost;  // --gpus, --gpu-hour-price, --rates: what an incident costs
   std::vector<std::string> cuda_libs;
   std::vector<std::string> disable;
   unsigned threads = 1;
@@ -255,6 +256,8 @@ int run_trace(const TraceArgs& a) {
   AnalysisPlan analysis;
   std::vector<std::string> errors;
   if (const int rc = prepare_analysis(a.params, spec, analysis); rc != kExitOk) return rc;
+  IncidentOptions incident_opts;
+  if (const int rc = incident_options(a.cost, incident_opts); rc != kExitOk) return rc;
   const Plan& plan = analysis.plan;
 
   bpf::LiveOptions lo;
@@ -428,7 +431,8 @@ int run_trace(const TraceArgs& a) {
   TimeAccounting accounting(acct_opts);
   // The step period of each process, inferred with no markers (operators/step_inference.h).
   StepInference steps;
-  ObservingSource observed(tap, {&accounting, &steps});
+  GpuUsage gpus;  // the devices each process's calls named: an incident's GPUs
+  ObservingSource observed(tap, {&accounting, &steps, &gpus});
   EventSource& annotated = annotator.tap(observed);
   EngineOptions eo;
   eo.threads = a.threads;
@@ -450,6 +454,7 @@ int run_trace(const TraceArgs& a) {
     result = run_plan(plan, annotated, eo, &errors);
     annotator.finish(result);  // first: chains get their threads, then their accounting
     observed.finish(result);
+    assemble_incidents(result, incident_opts, &gpus);  // severity, incidents, the verdict
   });
   const auto t0 = std::chrono::steady_clock::now();
   auto next_render = t0;
@@ -575,6 +580,7 @@ Registrar reg{
       cmd->add_option("--rules", args->rules, "Rule files to load (in addition to the default pack)");
       cmd->add_flag("--no-default-rules", args->no_default_rules, "Use only the --rules files");
       add_param_option(cmd, &args->params);
+      add_cost_options(cmd, &args->cost);
       cmd->add_option("--cuda-lib", args->cuda_libs,
                       "A libcudart/libcuda/libnccl file or directory to probe (besides discovery)");
       cmd->add_option("--disable", args->disable,

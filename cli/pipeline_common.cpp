@@ -1,11 +1,13 @@
 #include "cli/pipeline_common.h"
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "cli/command.h"
 #include "cli/common.h"
@@ -255,6 +257,38 @@ void add_accounting_series(const TimeAccounting& accounting, AnalysisResult& r) 
   r.accounting_series.clear();
   for (const auto& a : r.accounting)
     if (auto s = accounting.series(a.node, a.tid)) r.accounting_series.push_back(std::move(*s));
+}
+
+void add_cost_options(CLI::App* cmd, CostArgs* args) {
+  cmd->add_option("--gpus", args->gpus,
+                  "GPUs each traced process drives, for the GPU-hours of an incident when the trace does not "
+                  "name its devices (default 1)")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--gpu-hour-price", args->price, "Price of one GPU-hour: incidents then state their cost")
+      ->check(CLI::Range(0.0, 1e9));
+  cmd->add_option("--rates", args->rates,
+                  "GPU-hour prices per node: lines \"NODE PRICE\", \"* PRICE\" for the rest, \"currency CODE\"");
+}
+
+int incident_options(const CostArgs& args, IncidentOptions& out) {
+  out.gpus = args.gpus;
+  out.rates.fallback = args.price;
+  if (args.rates.empty()) return kExitOk;
+  std::ifstream in(args.rates);
+  if (!in) {
+    print_error(args.rates + ": cannot read the rates file");
+    return kExitInput;
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  std::string error;
+  const double fallback = out.rates.fallback;
+  if (!parse_gpu_rates(text.str(), args.rates, out.rates, error)) {
+    print_error(error);
+    return kExitInput;
+  }
+  if (out.rates.fallback == 0) out.rates.fallback = fallback;
+  return kExitOk;
 }
 
 }  // namespace ingero::cli

@@ -31,7 +31,12 @@
 #include "model/trace.h"
 #include "operators/chain_annotate.h"
 #include "operators/event_observer.h"
+#include "operators/incidents.h"
 #include "operators/time_accounting.h"
+
+namespace CLI {
+class App;
+}  // namespace CLI
 
 namespace ingero::cli {
 
@@ -72,6 +77,19 @@ bool build_analysis(const AnalysisSpec& spec, AnalysisPlan& out, std::string& er
 // status after printing why (kExitUsage: a malformed --param; kExitInput: rules that do not compile).
 int prepare_analysis(const std::vector<std::string>& params, AnalysisSpec& spec, AnalysisPlan& out);
 bool have_rule_compiler();
+
+// What an incident's lost time is worth (operators/incidents.h): `--gpus N` (GPUs per process when
+// the trace does not name its devices), `--gpu-hour-price P` and `--rates FILE` (a price per node
+// name, "* P" for the rest, "currency CODE"; the file wins over --gpu-hour-price for its nodes).
+struct CostArgs {
+  double gpus = 0;
+  double price = 0;
+  std::string rates;
+};
+void add_cost_options(CLI::App* cmd, CostArgs* args);
+// CostArgs into IncidentOptions: kExitOk, or kExitInput after printing why (an unreadable or
+// malformed rates file: file:line and what was expected).
+int incident_options(const CostArgs& args, IncidentOptions& out);
 
 // Peak resident set size of this process (VmHWM), bytes; 0 if unknown.
 uint64_t peak_rss_bytes();

@@ -691,6 +691,13 @@ void merge_window_runs(const CompiledPlan& plan, std::vector<Chain>& chains) {
       c.summary += " (worst of " + std::to_string(n) + " windows in a row)";
     }
     c.values.emplace_back("windows", static_cast<double>(n));
+    // The baseline before the run (its first window's), for the time it lost against it
+    // (operators/severity.h chain_lost_ns): later windows' baselines hold the run itself.
+    for (const auto& [k, v] : runs[i].values)
+      if (k == "trend.median") {
+        c.values.emplace_back("trend.median.before", v);
+        break;
+      }
     keep.push_back(std::move(c));
     i = j;
   }

@@ -104,6 +104,35 @@ struct Chain {
   // From a rule over the `accounting` stream (time, not slow calls): one finding over the windows
   // in a row it fired in (engine/runtime.h merge_window_runs); no warm-up re-judgement.
   bool over_time = false;
+  // The severity the rule (or built-in detector) declared, before operators/severity.h judged the
+  // chain's impact and evidence; set by the first grade_chain() (nullopt: not graded yet).
+  std::optional<Severity> declared_severity;
+};
+
+// One cause over time (operators/incidents.h): consecutive windows or steps with the same finding
+// (rule) on the same key (node, pid, tid, rank) are one incident, with the time it cost and what
+// that time is worth. lost_ns, gpu_hours and cost are of the incident as a whole.
+struct Incident {
+  std::string id;  // "<rule>:<key>:<start>" of its first chain
+  std::string rule, category;
+  Severity severity = Severity::kMedium;
+  uint32_t pid = 0, tid = 0;
+  uint16_t node = 0;
+  int16_t rank = -1;
+  uint64_t start_ns = 0, end_ns = 0;
+  uint64_t steps = 0;                       // steps of the process inside [start, end) (0: no step period known)
+  uint64_t lost_ns = 0;                     // the time this cause cost (docs/rules.md "Incidents" says how, per kind)
+  std::string lost_basis;                   // how lost_ns was measured, in words
+  double lost_share = 0;                    // lost_ns / the job's wall time (the trace's span)
+  double gpus = 1;                          // GPUs the stalled process drives
+  std::string gpus_from;                    // "trace" (distinct devices its calls named), "--gpus", "assumed"
+  double gpu_hours = 0;                     // lost_ns / 3600 s x gpus
+  std::optional<double> cost;               // gpu_hours x price, with a price (--gpu-hour-price or a rates file)
+  std::string currency;                     // of cost ("USD" unless the rates file says otherwise)
+  uint64_t step_ns = 0;                     // the process's step time p50 (0: unknown)
+  std::optional<uint64_t> what_if_step_ns;  // the step time were this cause removed
+  std::string summary;                      // one line
+  std::vector<std::string> chains;          // ids of the chains that stand behind it (evidence)
 };
 
 // The order chains are reported in (severity desc, then window, rule, key, id): a total order, so
@@ -168,6 +197,12 @@ struct AnalysisResult {
   // the HTML report and the Perfetto export; filled by the commands that draw them. Not in the
   // JSON nor in the stores.
   std::vector<AccountingSeries> accounting_series;
+  // One per cause, most time lost first (operators/incidents.h assemble_incidents); empty until it ran.
+  std::vector<Incident> incidents;
+  // The verdict: one paragraph that opens every report (where the feeding threads' time went, the
+  // incidents by time lost with cost and what-if, or the bound the job is under), and that bound
+  // ("gpu-bound", "input-bound", "cpu-contended", "host-bound", "idle", "mixed", "unknown"; "" with incidents).
+  std::string verdict, bound;
 };
 
 }  // namespace ingero

@@ -383,6 +383,34 @@ json steps_json(const std::vector<ProcessSteps>& steps, const TraceMeta& meta) {
   return out;
 }
 
+json incident_json(const Incident& in, const TraceMeta& meta) {
+  json chains = json::array();
+  for (const auto& id : in.chains) chains.push_back(id);
+  return {{"id", in.id},
+          {"rule", in.rule},
+          {"category", in.category},
+          {"severity", severity_name(in.severity)},
+          {"pid", in.pid},
+          {"tid", in.tid},
+          {"node", in.node < meta.nodes.size() ? meta.nodes[in.node] : ""},
+          {"rank", in.rank},
+          {"start_ns", in.start_ns},
+          {"end_ns", in.end_ns},
+          {"steps", in.steps},
+          {"lost_ns", in.lost_ns},
+          {"lost_basis", in.lost_basis},
+          {"lost_share", num_or_null(in.lost_share)},
+          {"gpus", num_or_null(in.gpus)},
+          {"gpus_from", in.gpus_from},
+          {"gpu_hours", num_or_null(in.gpu_hours)},
+          {"cost", in.cost ? num_or_null(*in.cost) : json(nullptr)},
+          {"currency", in.cost ? json(in.currency) : json(nullptr)},
+          {"step_ns", in.step_ns ? json(in.step_ns) : json(nullptr)},
+          {"what_if_step_ns", in.what_if_step_ns ? json(*in.what_if_step_ns) : json(nullptr)},
+          {"summary", in.summary},
+          {"chains", chains}};
+}
+
 json explain_json(const AnalysisResult& r) {
   json chains = json::array();
   for (const auto& c : r.chains) chains.push_back(chain_json(c, r.meta));
@@ -406,6 +434,11 @@ json explain_json(const AnalysisResult& r) {
                 {"tail_windows_capped", r.counters.tail_windows_capped},
                 {"node_errors", r.counters.node_errors}}}};
   if (!r.steps.empty()) out["steps"] = steps_json(r.steps, r.meta);
+  json incidents = json::array();
+  for (const auto& in : r.incidents) incidents.push_back(incident_json(in, r.meta));
+  out["incidents"] = incidents;
+  out["verdict"] = r.verdict;
+  out["bound"] = r.bound;
   return out;
 }
 

@@ -53,9 +53,16 @@ nlohmann::json thread_accounting_json(const ThreadAccounting& a, const TraceMeta
 // Missing or malformed fields read as 0 / empty; never throws.
 ThreadAccounting thread_accounting_from_json(const nlohmann::json& j, const TraceMeta& meta, uint16_t fallback_node);
 
+// One incident (model/result.h Incident, operators/incidents.h): {id, rule, category, severity,
+// pid, tid, node (name, "" local), rank, start_ns, end_ns, steps, lost_ns, lost_basis, lost_share,
+// gpus, gpus_from, gpu_hours, cost (null without a price), currency, step_ns (null: unknown),
+// what_if_step_ns (null: unknown), summary, chains: [chain ids]}.
+nlohmann::json incident_json(const Incident& in, const TraceMeta& meta);
+
 nlohmann::json stats_json(const AnalysisResult& r);
 // ... with "accounting": [thread_accounting_json] (main feeding threads, wall time desc).
-// Holds "steps" (steps_json) only when r.steps is non-empty.
+// Holds "steps" (steps_json) only when r.steps is non-empty; "incidents" ([incident_json], most
+// time lost first), "verdict" (the paragraph reports open with) and "bound" always.
 nlohmann::json explain_json(const AnalysisResult& r);
 
 // "python3" or "pid 2233"

@@ -11,6 +11,7 @@
 #include "model/ops.h"
 #include "model/plan.h"
 #include "model/stack.h"
+#include "operators/severity.h"
 
 namespace ingero {
 
@@ -646,6 +647,17 @@ void apply_split(Chain& c, const std::string& tname) {
 void ChainAnnotator::annotate(Chain& c, const TraceMeta& meta) {
   annotate_body(c, meta);
   apply_losses(c, meta);
+  // The annotator states facts (values warmup.*, launches, lost_events, slow.*; the time split);
+  // operators/severity.h decides the severity from them.
+  SeverityContext ctx;
+  switch (grade_chain(c, ctx).reason) {
+    case SeverityReason::kWarmup: ++counters_.warmup_demoted; break;
+    case SeverityReason::kSplitCap:
+    case SeverityReason::kIdle: ++counters_.split_capped; break;
+    case SeverityReason::kNotInLoop: ++counters_.not_in_loop; break;
+    case SeverityReason::kLossy: ++counters_.loss_demoted; break;
+    default: break;
+  }
 }
 
 // Losses in the chain's window (contract in the header).
@@ -686,10 +698,6 @@ void ChainAnnotator::apply_losses(Chain& c, const TraceMeta& meta) {
   c.recommendations.insert(c.recommendations.begin(),
                            "Capture again with a larger ring (trace --ring-mb) or fewer probes (--disable) and "
                            "compare: a gap that stays without losses is real");
-  if (c.severity > Severity::kLow) {
-    c.severity = Severity::kLow;
-    ++counters_.loss_demoted;
-  }
 }
 
 void ChainAnnotator::annotate_body(Chain& c, const TraceMeta& meta) {
@@ -731,6 +739,9 @@ void ChainAnnotator::annotate_body(Chain& c, const TraceMeta& meta) {
   // durations of every other call of the key in the window, to re-judge the tail without them.
   uint64_t warm_calls = 0, warm_ns = 0;
   double warm_w = 0;
+  // The slow calls behind the chain and their time beyond the median call (operators/severity.h).
+  uint64_t slow_calls = 0;
+  double slow_excess = 0;
   std::vector<uint64_t> rest_durs;
   // A trace's last window ends at its last event (engine: window_end = last_ts), which is in it.
   const uint64_t calls_end = meta.last_ts && we == meta.last_ts ? we + 1 : we;
@@ -747,6 +758,8 @@ void ChainAnnotator::annotate_body(Chain& c, const TraceMeta& meta) {
         if (by_time && !warm && rest_durs.size() < (1u << 22)) rest_durs.push_back(r.dur);
         if (by_time && static_cast<double>(r.dur) < thr) return;
         const double w = by_time ? static_cast<double>(r.dur) : 1.0;
+        ++slow_calls;
+        if (by_time) slow_excess += std::max(0.0, static_cast<double>(r.dur) - p50);
         if (warm) {
           ++warm_calls;
           warm_w += w;
@@ -761,6 +774,10 @@ void ChainAnnotator::annotate_body(Chain& c, const TraceMeta& meta) {
     }
   } else if (c.tid) {
     per_tid[c.tid] = {1.0, c.pid};
+  }
+  if (!gap) {
+    c.values.emplace_back("slow.calls", static_cast<double>(slow_calls));
+    if (by_time) c.values.emplace_back("slow.excess_ns", slow_excess);
   }
   if (calls_tally.total > 0 || gap) {
     const double total = gap ? 1.0 : calls_tally.total;
@@ -779,12 +796,9 @@ void ChainAnnotator::annotate_body(Chain& c, const TraceMeta& meta) {
     for (const Thread* t : cand)
       if (t->tid == c.tid) launches += launches_in(*t, ws, calls_end);
     c.values.emplace_back("launches", static_cast<double>(launches));
-    if (launches == 0 && c.severity > Severity::kLow) {
-      c.severity = Severity::kLow;
-      ++counters_.not_in_loop;
+    if (launches == 0)
       c.root_cause += "; but tid " + std::to_string(c.tid) +
-                      " launched no kernel in this window, so these calls do not hold up a launch loop (LOW)";
-    }
+                      " launched no kernel in this window, so these calls do not hold up a launch loop";
   }
   top_stacks(calls_tally, "call", opt_.top_stacks, meta, stack_cache_, counters_.stacks_missing, c.stacks);
   // Tail chains (slow calls) and implicit synchronisation (every call of the key) name their site.
@@ -873,24 +887,7 @@ void ChainAnnotator::annotate_body(Chain& c, const TraceMeta& meta) {
   top_stacks(off, "offcpu", opt_.top_stacks, meta, stack_cache_, counters_.stacks_missing, c.stacks);
   top_stacks(samples, "sample", opt_.top_stacks, meta, stack_cache_, counters_.stacks_missing, c.stacks);
   apply_split(c, thread_name(meta, launcher->pid, launcher->tid));
-  // Severity follows the split: a launching thread that was blocked (idle: its load fell, or it
-  // waited for input) is not paged at HIGH; an unrecorded off-CPU state cannot tell idle from
-  // contention, so it is capped at MEDIUM.
-  if (c.category == "throughput_drop") {
-    const TimeSplit& sp = c.time_split;
-    Severity cap = c.severity;
-    if (sp.dominant == "off_cpu_blocked") {
-      cap = sp.off_cpu_blocked >= 0.5 ? Severity::kLow : Severity::kMedium;
-    } else if (sp.dominant == "off_cpu_unknown") {
-      cap = Severity::kMedium;
-    }
-    if (cap < c.severity) {
-      c.severity = cap;
-      ++counters_.split_capped;
-      c.root_cause += std::string(cap == Severity::kLow ? "; the thread was idle, not slowed down: severity LOW"
-                                                        : "; severity capped at MEDIUM by the time split");
-    }
-  }
+  // Severity follows the split (operators/severity.h, rule 3): the time split is the fact.
 }
 
 uint64_t ChainAnnotator::warmup_end(uint16_t node, uint32_t pid) const {
@@ -942,16 +939,12 @@ void ChainAnnotator::apply_warmup(Chain& c, uint64_t warm_calls, double warm_w, 
                      ": a warm-up this slow is itself abnormal (slow context creation, autotuning or compilation).";
     return;
   }
-  if (c.severity > Severity::kLow) {
-    c.severity = Severity::kLow;
-    ++counters_.warmup_demoted;
-  }
   c.summary = "warm-up: " + c.summary;
   c.root_cause =
       "Warm-up, not steady state: " + what +
       " (CUDA context creation, first allocations, autotuning, compilation); without them there is no chain. "
       "Warm-up is excluded from the judgement (param warmup = " +
-      secs + "; `--param warmup=0s` turns it off), so this chain is LOW. Was: " + c.root_cause;
+      secs + "; `--param warmup=0s` turns it off). Was: " + c.root_cause;
 }
 
 Chain ChainAnnotator::gap_chain(const GapGroup& g, const TraceMeta& meta) {
@@ -1188,6 +1181,9 @@ void fold_into_findings_over_time(std::vector<Chain>& chains) {
       // Its evidence (exemplar events: the slow calls, the off-CPU spans) stays with the finding.
       for (const auto& item : c.evidence) f.evidence.push_back(item);
       if (f.severity < c.severity) f.severity = c.severity;
+      // ... as its declaration too: operators/severity.h grades from the declaration.
+      const Severity cd = c.declared_severity.value_or(c.severity);
+      if (f.declared_severity.value_or(f.severity) < cd) f.declared_severity = cd;
       drop[i] = 1;
       break;
     }

@@ -43,6 +43,9 @@
 //   warmup.abnormal (1: ... and they held >= warmup_abnormal_ns). warmup_ns is the rule pack's
 //   `param warmup` (rules/common.rules, 10 s): the CLI reads it with rules::pack_param() and
 //   --param overrides (cli/pipeline_common.h annotate_options()); the default here equals it.
+// - Severity: the annotator states the facts below (values, the time split) and annotate() calls
+//   operators/severity.h grade_chain(), which decides; "demoted"/"capped" below is its decision
+//   (the counters count them).
 // - Severity from the time split (throughput_drop): a launching thread blocked off CPU for the
 //   dominant share was idle (its load fell, or it waited for input): >= 50% blocked caps the
 //   chain at LOW, a smaller dominant blocked share at MEDIUM; off CPU with unknown state (no

@@ -20,6 +20,7 @@
 #include "model/result_json.h"
 #include "model/stack.h"
 #include "operators/chain_annotate.h"
+#include "operators/incidents.h"
 #include "operators/time_accounting.h"
 #include "sinks/mcp/rule_inspect.h"
 #include "sinks/store/lmdb_store.h"
@@ -41,7 +42,14 @@ double us(uint64_t ns) { return std::round(static_cast<double>(ns) / 1.0) / 1000
 double round3(double v) { return std::isfinite(v) ? std::round(v * 1000.0) / 1000.0 : 0.0; }
 
 Json tool_result(Json data) {
-  Json content = Json::array({{{"type", "text"}, {"text", to_line(data)}}});
+  std::string text = to_line(data);
+  // A reply with a verdict opens with it: the same object, "verdict" written first.
+  if (data.is_object() && data.contains("verdict") && data.size() > 1) {
+    Json rest = data;
+    rest.erase("verdict");
+    text = "{\"verdict\":" + to_line(data["verdict"]) + "," + to_line(rest).substr(1);
+  }
+  Json content = Json::array({{{"type", "text"}, {"text", text}}});
   return {{"content", std::move(content)}, {"structuredContent", std::move(data)}, {"isError", false}};
 }
 
@@ -488,6 +496,7 @@ const AnalysisResult* TraceTools::analysis(std::string& error) {
       if (errors.empty()) {
         annotator.finish(*result);  // first: chains get their threads, then their accounting
         accounting.finish(source->meta(), *result);
+        assemble_incidents(*result);  // severity, incidents, the verdict (operators/incidents.h)
         all_threads_ = accounting.accounts(source->meta());
         analysis_ = std::move(result);
       } else {
@@ -720,6 +729,28 @@ Json TraceTools::get_trace_stats(const Json& a, RequestContext* ctx) {
           {"note", kUntrustedNote}};
 }
 
+std::string TraceTools::verdict_text(const AnalysisResult& r) const {
+  std::vector<std::string> names;
+  for (const auto& in : r.incidents) names.push_back(process_name(r, in.pid));
+  for (const auto& a : r.accounting) {
+    names.push_back(process_name(r, a.pid));
+    if (!a.comm.empty()) names.push_back(a.comm);
+  }
+  return mark_names(r.verdict, names);
+}
+
+Json TraceTools::incidents_json(const AnalysisResult& r, size_t max) const {
+  Json out = Json::array();
+  for (size_t i = 0; i < r.incidents.size() && i < max; ++i) {
+    Json j = incident_json(r.incidents[i], r.meta);
+    j["summary"] = mark_names(r.incidents[i].summary, {process_name(r, r.incidents[i].pid)});
+    if (j["node"].is_string() && !j["node"].get<std::string>().empty())
+      j["node"] = untrusted(j["node"].get<std::string>());
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
 Json TraceTools::chain_json(const Chain& c, const AnalysisResult& r, bool full) const {
   std::vector<std::string> names;
   if (c.pid) names.push_back(process_name(r, c.pid));
@@ -873,6 +904,10 @@ Json TraceTools::get_causal_chains(const Json& a) {
   for (const auto* c : matched) ++by_category[c->category];
   Json out = {{"total", matched.size()}, {"returned", chains.size()},           {"by_category", by_category},
               {"chains", chains},        {"chains_in_trace", r->chains.size()}, {"note", kUntrustedNote}};
+  // The verdict first (the reply's text opens with it) and the incidents, most time lost first.
+  out["verdict"] = verdict_text(*r);
+  out["bound"] = r->bound;
+  out["incidents"] = incidents_json(*r, 10);
   if (offset + limit < matched.size()) out["next_cursor"] = "c" + std::to_string(offset + limit);
   if (matched.empty())
     out["hint"] = r->chains.empty() ? "No rule fired on this trace. Use get_trace_stats for tails, list_rules and "
@@ -1484,6 +1519,8 @@ Json TraceTools::read_resource(const std::string& uri, RequestContext* ctx) {
         for (size_t i = 0; i < r->chains.size() && i < 5; ++i) top.push_back(chain_json(r->chains[i], *r, false));
         summary["top_chains"] = top;
         summary["chains_total"] = r->chains.size();
+        summary["verdict"] = verdict_text(*r);
+        summary["incidents"] = incidents_json(*r, 5);
       }
     } catch (const ToolFailure& f) {
       summary = {{"error", f.message}};

@@ -98,6 +98,9 @@ class TraceTools {
   SqlResult sql(const std::string& query, const std::vector<Json>& params, RequestContext* ctx, size_t max_rows = 1000);
   SqlQueryRunner* runner(std::string& error);
   Json chain_json(const Chain& c, const AnalysisResult& r, bool full) const;
+  // The result's verdict with the trace's names marked untrusted, and its first `max` incidents.
+  std::string verdict_text(const AnalysisResult& r) const;
+  Json incidents_json(const AnalysisResult& r, size_t max) const;
   std::string process_name(const AnalysisResult& r, uint32_t pid) const;
 
   const Plan& plan();

@@ -117,6 +117,7 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px;border-bott
 .meta{color:#5a6475;font-size:13px}.chain{background:#fff;border:1px solid #d8dde6;border-left:6px solid #888;border-radius:6px;padding:10px 14px;margin:10px 0}
 .chain.HIGH{border-left-color:#d0342c}.chain.MEDIUM{border-left-color:#e69500}.chain.LOW{border-left-color:#3b82c4}
 .sev{font-weight:700;font-size:12px;padding:1px 6px;border-radius:3px;background:#eef1f5;margin-right:6px}
+.verdict{border-left:6px solid #1f5fbf;background:#eef3fb;padding:10px 14px;margin:8px 0 14px;font-size:16px}
 .summary{font-weight:600}.root{margin:4px 0}.small{font-size:13px;color:#3c4656}
 table{border-collapse:collapse;font-size:13px;margin:4px 0}td,th{border:1px solid #e1e5ec;padding:2px 6px;text-align:left}
 .pass{color:#1a7f37}.fail{color:#cf222e}code,pre.stack{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
@@ -381,10 +382,30 @@ bool write_html_report(const std::string& path, const AnalysisResult& r, const H
     << "<script>window.onerror=function(m,s,l,c){var e=document.getElementById('script-errors');"
        "if(e)e.textContent+=m+' at '+l+':'+c+'\\n';else document.title='SCRIPT ERROR: '+m;};</script>\n"
     << "<script>" << chartjs << "</script>\n</head><body>\n"
-    << "<h1>" << html(title) << "</h1>\n<div class=\"meta\">" << html(meta.format) << " &middot; "
-    << r.counters.events_in << " events &middot; " << r.chains.size() << " chain(s)"
+    << "<h1>" << html(title) << "</h1>\n";
+  // The verdict first (operators/incidents.h make_verdict): detail follows for whoever wants it.
+  if (!r.verdict.empty()) h << "<p id=\"verdict\" class=\"verdict\"><b>Verdict:</b> " << html(r.verdict) << "</p>\n";
+  h << "<div class=\"meta\">" << html(meta.format) << " &middot; " << r.counters.events_in << " events &middot; "
+    << r.chains.size() << " chain(s)"
     << (d.started ? " &middot; " + dur_text(d.last_ts - d.first_ts) + " of trace" : std::string()) << "</div>\n";
 
+  if (!r.incidents.empty()) {
+    h << "<h2>Incidents</h2>\n<table id=\"incidents\"><tr><th>severity</th><th>cause</th><th>where</th><th>when</th>"
+         "<th>time lost</th><th>GPU-hours</th><th>cost</th><th>step without it</th></tr>\n";
+    for (const Incident& in : r.incidents) {
+      char gh[48], cost[48];
+      std::snprintf(gh, sizeof gh, "%.3g", in.gpu_hours);
+      if (in.cost) std::snprintf(cost, sizeof cost, "%.2f %s", *in.cost, in.currency.c_str());
+      h << "<tr><td>" << severity_name(in.severity) << "</td><td>" << html(in.category) << " (<code>" << html(in.rule)
+        << "</code>)</td><td>" << html(process_label(meta, in.pid)) << (in.tid ? " tid " + std::to_string(in.tid) : "")
+        << "</td><td>" << html(trace_offset(meta, in.start_ns)) << " .. " << html(trace_offset(meta, in.end_ns))
+        << "</td><td>" << html(dur_text(in.lost_ns)) << " (" << html(format_value(in.lost_share, Unit::kPercent))
+        << ")</td><td>" << gh << "</td><td>" << (in.cost ? html(cost) : "-") << "</td><td>"
+        << (in.what_if_step_ns ? html(dur_text(in.step_ns)) + " &rarr; " + html(dur_text(*in.what_if_step_ns)) : "-")
+        << "</td></tr>\n";
+    }
+    h << "</table>\n";
+  }
   h << "<h2>Causal chains</h2>\n";
   if (r.chains.empty()) h << "<p>No chain: no rule found a slow call that host activity explains.</p>\n";
   for (const Chain& c : r.chains) {

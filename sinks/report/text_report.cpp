@@ -228,8 +228,66 @@ std::string accounting_text(const AnalysisResult& r, size_t max_threads) {
   return o.str();
 }
 
+std::string wrap_text(const std::string& text, size_t width, const std::string& indent) {
+  std::string out, line;
+  bool fresh = true;  // nothing on the line yet (the first line has no indent)
+  std::istringstream words(text);
+  for (std::string w; words >> w;) {
+    if (!fresh && line.size() + 1 + w.size() > width) {
+      out += line + "\n";
+      line = indent;
+      fresh = true;
+    }
+    if (!fresh) line += ' ';
+    line += w;
+    fresh = false;
+  }
+  if (!fresh) out += line + "\n";
+  return out;
+}
+
+std::string incidents_text(const AnalysisResult& r, size_t max) {
+  if (r.incidents.empty()) return "";
+  std::ostringstream o;
+  o << "Incidents (one per cause over consecutive windows; most time lost first):\n";
+  size_t shown = 0;
+  for (const auto& in : r.incidents) {
+    if (max && shown >= max) {
+      o << "  ... " << (r.incidents.size() - shown) << " more (--json)\n";
+      break;
+    }
+    ++shown;
+    o << "  [" << severity_name(in.severity) << "] " << in.category << " (" << in.rule << ")";
+    if (in.pid) o << "  pid " << in.pid << " (" << process_label(r.meta, in.pid) << ")";
+    if (in.tid) o << " tid " << in.tid;
+    if (in.rank >= 0) o << "  rank " << in.rank;
+    o << "  " << trace_offset(r.meta, in.start_ns) << " .. " << trace_offset(r.meta, in.end_ns);
+    if (in.steps) o << " (" << format_count(static_cast<double>(in.steps)) << " steps)";
+    o << "\n    lost " << format_ns(static_cast<double>(in.lost_ns)) << " ("
+      << format_value(in.lost_share, Unit::kPercent) << " of the job; " << in.lost_basis << ")";
+    if (in.lost_ns) {
+      char gh[48];
+      std::snprintf(gh, sizeof gh, "%.3g", in.gpu_hours);
+      o << ", " << gh << " GPU-hours (" << format_count(in.gpus) << " GPU" << (in.gpus == 1 ? "" : "s") << ", "
+        << in.gpus_from << ")";
+      if (in.cost) {
+        char c[48];
+        std::snprintf(c, sizeof c, "%.2f", *in.cost);
+        o << ", cost " << c << " " << in.currency;
+      }
+      if (in.what_if_step_ns)
+        o << "; step " << format_ns(static_cast<double>(in.step_ns)) << " -> "
+          << format_ns(static_cast<double>(*in.what_if_step_ns)) << " without it";
+    }
+    o << "\n    " << in.chains.size() << " chain(s): " << in.summary << "\n";
+  }
+  return o.str();
+}
+
 std::string explain_text(const AnalysisResult& r, const ReportOptions& opt) {
   std::ostringstream o;
+  // The verdict first (operators/incidents.h make_verdict); detail follows.
+  if (!r.verdict.empty()) o << wrap_text("Verdict: " + r.verdict, 100, "  ") << "\n";
   o << header_line(r);
   int counts[3] = {0, 0, 0};
   for (const auto& c : r.chains) ++counts[static_cast<int>(c.severity)];
@@ -241,6 +299,7 @@ std::string explain_text(const AnalysisResult& r, const ReportOptions& opt) {
       << r.chains.size() << " causal chain(s): " << counts[2] << " HIGH, " << counts[1] << " MEDIUM, " << counts[0]
       << " LOW (worst first)\n";
   }
+  if (!r.incidents.empty()) o << "\n" << incidents_text(r, opt.max_chains ? opt.max_chains : 10);
   if (!r.steps.empty()) {
     bool marked = false, inferred = false;
     for (const auto& st : r.steps) (st.method.rfind("annotated", 0) == 0 ? marked : inferred) = true;

@@ -33,6 +33,12 @@ std::string accounting_text(const AnalysisResult& r, size_t max_threads = 4);
 // One thread's accounting on one line: "12.0s: in calls 3% (sync 2%, launch 1%), on CPU 50%,
 // preempted 40% (mostly by stress pid 77 tid 77, 4.8s), blocked 7% (lock 7%), unknown 0%".
 std::string accounting_parts(const ThreadAccounting& a);
+// The incidents (r.incidents, operators/incidents.h), most time lost first: per incident its
+// severity, kind, key, span, time lost with its share and basis, GPU-hours, cost and what-if; at
+// most `max` (0 = all). "" when there are none. explain_text opens with r.verdict, then these.
+std::string incidents_text(const AnalysisResult& r, size_t max = 0);
+// `text` wrapped at `width` columns, continuation lines indented.
+std::string wrap_text(const std::string& text, size_t width, const std::string& indent);
 // The closest miss of one rule, for `explain --why-not RULE`.
 std::string why_not_text(const RuleOutcome& o);
 

@@ -273,6 +273,37 @@ CREATE TABLE ip_rule_outcomes (
 );
 )sql";
 
+// One row per incident of the result (operators/incidents.h; docs/rules.md "Incidents"), most
+// time lost first, replaced with each result; the verdict is the row of ip_meta key 'verdict'.
+// Created when a result is written (IF NOT EXISTS: databases of older versions gain it then).
+inline constexpr const char* kIncidentsSql = R"sql(
+CREATE TABLE IF NOT EXISTS ip_incidents (
+  position        INTEGER NOT NULL,   -- 0 = the most time lost
+  id              TEXT NOT NULL,      -- its first chain's id
+  rule            TEXT NOT NULL,
+  category        TEXT NOT NULL,
+  severity        TEXT NOT NULL,      -- 'HIGH', 'MEDIUM', 'LOW'
+  pid             INTEGER NOT NULL,
+  tid             INTEGER NOT NULL,
+  node            TEXT NOT NULL,
+  rank            INTEGER,            -- NULL = unknown
+  start_ns        INTEGER NOT NULL,
+  end_ns          INTEGER NOT NULL,
+  steps           INTEGER NOT NULL,   -- steps of its process inside it (0: no period known)
+  lost_ns         INTEGER NOT NULL,
+  lost_basis      TEXT NOT NULL,
+  lost_share      REAL NOT NULL,      -- of the job's wall time
+  gpus            REAL NOT NULL,
+  gpus_from       TEXT NOT NULL,      -- 'trace', '--gpus', 'assumed'
+  gpu_hours       REAL NOT NULL,
+  cost            REAL,               -- NULL without a price
+  currency        TEXT,
+  what_if_step_ns INTEGER,            -- NULL without a step period
+  summary         TEXT NOT NULL,
+  chains          TEXT NOT NULL       -- JSON array of the ids of its chains (ip_chains.chain_id)
+);
+)sql";
+
 // The `events` table's secondary indexes (Ingero's names and columns). Kept apart from kSchemaSql
 // because maintaining four B-trees per INSERT is most of the cost of a live capture: SqliteSink
 // creates them after the last event when Options::defer_indexes is set (the default), and with

@@ -143,6 +143,57 @@ bool write_accounting(sqlite3* db, const AnalysisResult& r, const TraceMeta& nam
   return true;
 }
 
+// ip_incidents: one row per incident of the result (kIncidentsSql), replaced.
+bool write_incidents(sqlite3* db, const AnalysisResult& r, const TraceMeta& names, std::string& why) {
+  if (!sqlite_detail::exec(db, sqlite_detail::kIncidentsSql, why) ||
+      !sqlite_detail::exec(db, "DELETE FROM ip_incidents", why))
+    return false;
+  Stmt st(db,
+          "INSERT INTO ip_incidents(position, id, rule, category, severity, pid, tid, node, rank, start_ns, end_ns, "
+          "steps, lost_ns, lost_basis, lost_share, gpus, gpus_from, gpu_hours, cost, currency, what_if_step_ns, "
+          "summary, chains) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, "
+          "?19, ?20, ?21, ?22, ?23)");
+  if (!st.ok()) return why = st.error(), false;
+  int64_t position = 0;
+  auto finite = [](double v) { return std::isfinite(v) ? v : 0.0; };
+  for (const auto& in : r.incidents) {
+    st.bind(1, position++);
+    st.bind(2, in.id);
+    st.bind(3, in.rule);
+    st.bind(4, in.category);
+    st.bind(5, std::string(severity_name(in.severity)));
+    st.bind(6, static_cast<int64_t>(in.pid));
+    st.bind(7, static_cast<int64_t>(in.tid));
+    st.bind(8, node_name_of(names, in.node));
+    if (in.rank < 0) st.bind_null(9);
+    else st.bind(9, static_cast<int64_t>(in.rank));
+    st.bind_u64(10, in.start_ns);
+    st.bind_u64(11, in.end_ns);
+    st.bind_u64(12, in.steps);
+    st.bind_u64(13, in.lost_ns);
+    st.bind(14, in.lost_basis);
+    st.bind(15, finite(in.lost_share));
+    st.bind(16, finite(in.gpus));
+    st.bind(17, in.gpus_from);
+    st.bind(18, finite(in.gpu_hours));
+    if (in.cost) {
+      st.bind(19, finite(*in.cost));
+      st.bind(20, in.currency);
+    } else {
+      st.bind_null(19);
+      st.bind_null(20);
+    }
+    if (in.what_if_step_ns) st.bind_u64(21, *in.what_if_step_ns);
+    else st.bind_null(21);
+    st.bind(22, in.summary);
+    st.bind(23, json(in.chains).dump());
+    const int rc = st.step();
+    st.reset();
+    if (rc != SQLITE_DONE) return why = sqlite3_errmsg(db), false;
+  }
+  return true;
+}
+
 // ip_steps: one row per process (and rank) of result.steps, replaced.
 bool write_steps(sqlite3* db, const AnalysisResult& r, const TraceMeta& names, std::string& why) {
   if (!sqlite_detail::exec(db, "DELETE FROM ip_steps", why)) return false;
@@ -271,7 +322,7 @@ std::unique_ptr<SqliteSink> SqliteSink::create(const std::string& path, std::str
          "HOST sched_switch rows follow Ingero: timestamp = switch-in time (end of the off-CPU "
          "interval), duration = time off CPU. prev_state says why the thread was off CPU."},
         {"ip_note",
-         "ip_* tables are ingero-pipeline's: ip_chains, ip_op_stats, ip_accounting, ip_steps, ip_meta, "
+         "ip_* tables are ingero-pipeline's: ip_chains, ip_incidents, ip_op_stats, ip_accounting, ip_steps, ip_meta, "
          "ip_health, ip_thread_names, ip_process_capture, ip_rule_outcomes, ip_annotations."},
     };
     for (const auto& [k, v] : rows) {
@@ -660,7 +711,8 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
     pc.bind(33, static_cast<int64_t>(c.over_time ? 1 : 0));
     if (!done(pc)) return err();
   }
-  if (!write_accounting(db, result, node_names, why) || !write_steps(db, result, node_names, why))
+  if (!write_accounting(db, result, node_names, why) || !write_steps(db, result, node_names, why) ||
+      !write_incidents(db, result, node_names, why))
     return fail("write result: " + why);
   if (!sqlite_detail::exec(db, "DELETE FROM ip_rule_outcomes", why)) return fail("write result: " + why);
   Stmt ro(db,
@@ -700,6 +752,10 @@ bool SqliteSink::write_result(const AnalysisResult& result) {
                          {"threads", k.threads}};
   kv.bind(1, "engine_counters");
   kv.bind(2, counters.dump());
+  if (!done(kv)) return err();
+  // The verdict the reports open with (operators/incidents.h), beside its incidents (ip_incidents).
+  kv.bind(1, "verdict");
+  kv.bind(2, json({{"text", result.verdict}, {"bound", result.bound}}).dump());
   if (!done(kv)) return err();
   return commit_pending();
 }

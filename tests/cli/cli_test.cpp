@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "tests/util/run_command.h"
 #include <algorithm>
@@ -88,6 +89,47 @@ TEST(Cli, ExplainJsonShape) {
     EXPECT_NE(c["category"], "cpu_contention") << "no slow call of this trace overlaps off-CPU time of its thread";
   }
   EXPECT_TRUE(j["rules"].is_array());
+}
+
+// The verdict first (issue 41): the text report opens with it, the JSON has it and the incidents
+// with their cost at the price given; a malformed rates file is refused naming file and line.
+TEST(Cli, ExplainOpensWithTheVerdictAndPricesIncidents) {
+  const auto dir = std::filesystem::temp_directory_path() / ("ip-cli-verdict-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string db = (dir / "cpu.db").string();
+  ASSERT_EQ(run("demo cpu_contention --save " + db).status, 0);
+  const auto text = run("explain --db " + db + " --gpus 4 --gpu-hour-price 3");
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_EQ(text.out.rfind("Verdict: ", 0), 0u) << text.out.substr(0, 400);
+  const auto js = run("explain --json --db " + db + " --gpus 4 --gpu-hour-price 3");
+  ASSERT_EQ(js.status, 0) << js.err;
+  const auto j = nlohmann::json::parse(js.out);
+  ASSERT_TRUE(j["verdict"].is_string());
+  EXPECT_FALSE(j["verdict"].get<std::string>().empty());
+  EXPECT_EQ(text.out.find(j["verdict"].get<std::string>().substr(0, 40)), 9u);
+  ASSERT_TRUE(j["incidents"].is_array());
+  ASSERT_FALSE(j["incidents"].empty()) << js.out.substr(0, 2000);
+  uint64_t prev = UINT64_MAX;
+  for (const auto& in : j["incidents"]) {
+    for (const char* k : {"id", "rule", "category", "severity", "pid", "tid", "node", "rank", "start_ns", "end_ns",
+                          "steps", "lost_ns", "lost_share", "gpu_hours", "cost", "what_if_step_ns", "chains"})
+      ASSERT_TRUE(in.contains(k)) << k;
+    const auto lost = in["lost_ns"].get<uint64_t>();
+    EXPECT_LE(lost, prev) << "most time lost first";
+    prev = lost;
+    if (in["gpus_from"] != "trace") {
+      EXPECT_EQ(in["gpus"], 4.0);
+    }
+    EXPECT_NEAR(in["gpu_hours"].get<double>(), static_cast<double>(lost) / 3.6e12 * in["gpus"].get<double>(), 1e-12);
+    EXPECT_NEAR(in["cost"].get<double>(), in["gpu_hours"].get<double>() * 3, 1e-12);
+  }
+  // The demo's CPU hog: a contention incident on its feeding thread comes first.
+  EXPECT_EQ(j["incidents"][0]["category"], "cpu_contention") << js.out.substr(0, 2000);
+  std::ofstream(dir / "rates.txt") << "node-a 2\nnode-b two\n";
+  const auto bad = run("explain --db " + db + " --rates " + (dir / "rates.txt").string());
+  EXPECT_EQ(bad.status, 3);
+  EXPECT_NE(bad.err.find("rates.txt:2:"), std::string::npos) << bad.err;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Cli, EmbeddedSampleRunsWithNoFiles) {

@@ -289,6 +289,19 @@ TEST_F(McpServerTest, CheckDescribesTheCapture) {
   EXPECT_GT(c["host"]["snapshots"].get<int>(), 0);
 }
 
+// The first answer opens with the verdict (issue 41): get_causal_chains' text starts with it
+// (the same JSON as structuredContent), with the incidents beside it.
+TEST_F(McpServerTest, CausalChainsOpenWithTheVerdict) {
+  open("pytorch-dataloader-starvation.db");
+  initialize();
+  const Json res = call("get_causal_chains");
+  ASSERT_EQ(res.value("isError", true), false) << res.dump().substr(0, 400);
+  const std::string text = res["content"][0]["text"].get<std::string>();
+  EXPECT_EQ(text.rfind("{\"verdict\":\"The main GPU-feeding thread", 0), 0u) << text.substr(0, 300);
+  EXPECT_EQ(Json::parse(text), res["structuredContent"]);
+  EXPECT_TRUE(res["structuredContent"]["incidents"].is_array());
+}
+
 TEST_F(McpServerTest, CausalChainsAreRankedFilteredAndExplained) {
   open("pytorch-dataloader-starvation.db");
   initialize();

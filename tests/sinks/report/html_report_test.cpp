@@ -98,6 +98,11 @@ TEST_F(HtmlReport, IsOneSelfContainedFile) {
   EXPECT_NE(page.find("python3 train.py [tid 4242]"), std::string::npos);
   EXPECT_NE(page.find("<b>Time of python3 train.py [tid 4242] over"), std::string::npos);
   EXPECT_NE(page.find("mostly by stress-ng --cpu 8"), std::string::npos);
+  // The verdict first, the incidents before the chains.
+  const size_t verdict = page.find("<p id=\"verdict\"");
+  ASSERT_NE(verdict, std::string::npos);
+  EXPECT_LT(verdict, page.find("<div class=\"meta\">"));
+  EXPECT_LT(page.find("<table id=\"incidents\">"), page.find("<h2>Causal chains</h2>"));
 }
 
 TEST_F(HtmlReport, UnwritablePathIsAnError) {
@@ -295,6 +300,15 @@ TEST_F(HtmlReport, RendersInHeadlessChromiumWithTheExpectedCharts) {
   const CliRun dom = sh("timeout 120 " + chrome + flags + "--dump-dom " + url);
   ASSERT_EQ(dom.status, 0) << dom.err.substr(0, 2000);
   EXPECT_EQ(pre_text(dom.out, "script-errors"), "");
+  // The rendered page opens with the verdict: the first element after the title is it.
+  const size_t h1_end = dom.out.find("</h1>");
+  ASSERT_NE(h1_end, std::string::npos);
+  const size_t next_tag = dom.out.find('<', h1_end + 5);
+  const std::string verdict_tag = "<p id=\"verdict\"";
+  EXPECT_EQ(dom.out.compare(next_tag, verdict_tag.size(), verdict_tag), 0) << dom.out.substr(h1_end, 300);
+  const size_t chains_at = dom.out.find("<h2>Causal chains</h2>");
+  EXPECT_LT(next_tag, chains_at);
+  EXPECT_NE(dom.out.find("Verdict:</b> The main GPU-feeding thread"), std::string::npos);
   const std::string summary_text = pre_text(dom.out, "chart-summary");
   const json summary = json::parse(summary_text, nullptr, false);
   ASSERT_TRUE(summary.is_array()) << summary_text;
