@@ -1798,10 +1798,11 @@ struct Shard::Impl {
         c.pid = f.pid;
         c.rank = f.rank;
         for (uint8_t b = 0; b < acct::kBuckets; ++b) c.b[b] += f.b[b];
-        for (const auto& [task, ns] : f.by) {
+        for (const auto& p : f.by) {
+          const uint64_t task = p.first;
           auto t = std::find_if(c.by.begin(), c.by.end(), [task](const auto& x) { return x.first == task; });
-          if (t != c.by.end()) t->second += ns;
-          else c.by.emplace_back(task, ns);
+          if (t != c.by.end()) t->second += p.second;
+          else c.by.push_back(p);
         }
       }
       as.out.clear();
