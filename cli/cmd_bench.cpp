@@ -25,6 +25,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -42,6 +43,11 @@
 #include "engine/engine.h"
 #include "model/synth.h"
 #include "operators/time_accounting.h"
+
+#ifdef INGERO_HAVE_IP_RULES
+#include "dsl/compiler.h"
+#include "rules/pack.h"
+#endif
 
 namespace ingero::cli {
 namespace {
@@ -98,6 +104,8 @@ struct BenchArgs {
   bool no_default = false, builtin = false, json = false, replay_only = false, no_per_rule = false, no_warm = false,
        no_preload = false, per_rule_e2e = false;
   bool accounting = false;  // --accounting: the time accounting observer in end_to_end and run, as explain runs it
+  std::vector<std::string> ab_without;  // --ab-without: rule files whose cost the interleaved rounds measure
+  unsigned ab_rounds = 7;
   unsigned threads = 1;
   unsigned scaling = 0;  // rounds of --scaling (0: none)
   size_t batch = 4096;
@@ -183,6 +191,68 @@ struct PerRule {
   Phase run, e2e;
 };
 
+// --ab-without: the same analysis without the rule files named (a pack file such as `time.rules`,
+// or a --rules file, by path or file name), compiled the way build_analysis compiles the whole.
+bool build_plan_without(const BenchArgs& a, const AnalysisSpec& spec, Plan& out, std::string& error) {
+#ifdef INGERO_HAVE_IP_RULES
+  auto base = [](const std::string& p) { return p.substr(p.find_last_of('/') + 1); };
+  auto excluded = [&](const std::string& path) {
+    return std::any_of(a.ab_without.begin(), a.ab_without.end(),
+                       [&](const std::string& x) { return x == path || base(x) == base(path); });
+  };
+  std::vector<dsl::RuleSource> sources;
+  size_t left_out = 0;
+  if (spec.use_default)
+    for (auto& src : rules::default_rule_sources()) {
+      if (excluded(src.path)) ++left_out;
+      else sources.push_back(std::move(src));
+    }
+  for (const auto& path : a.rules) {
+    if (excluded(path)) {
+      ++left_out;
+      continue;
+    }
+    std::ifstream f(path);
+    if (!f) {
+      error = path + ": cannot read the file";
+      return false;
+    }
+    sources.push_back({path, std::string(std::istreambuf_iterator<char>(f), {})});
+  }
+  if (left_out == 0) {
+    error =
+        "--ab-without: no rule file of the analysis is named that (a pack file such as time.rules, or a --rules file)";
+    return false;
+  }
+  if (sources.empty()) {
+    error = "--ab-without: nothing would be left to run";
+    return false;
+  }
+  dsl::CompileOptions co;
+  for (const auto& [k, v] : spec.params)
+    if (k != "window") co.params[k] = v;
+  dsl::CompileResult r = dsl::compile_rules(sources, rules::pack_compile_options(co));
+  if (!r.ok()) {
+    error = "--ab-without: the analysis without those files does not compile: " +
+            dsl::render_diagnostics(r.diagnostics);
+    return false;
+  }
+  out = std::move(r.plan);
+  return true;
+#else
+  (void)a, (void)spec, (void)out;
+  error = "--ab-without needs the rule compiler, which this build does not have";
+  return false;
+#endif
+}
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 int run_bench(const BenchArgs& a) {
   if (a.trace.empty() == (a.synthetic == 0)) {
     print_error("give --trace FILE (SQLite or LMDB) or --synthetic N");
@@ -212,6 +282,18 @@ int run_bench(const BenchArgs& a) {
     }
   }
   const double plan_s = since(tp);
+  Plan without_plan;
+  if (!a.ab_without.empty()) {
+    std::string err;
+    if (a.replay_only || a.no_preload || a.ab_rounds == 0)
+      err = "--ab-without needs the run phase (no --replay-only, --no-preload) and --ab-rounds >= 1";
+    else if (a.threads != 1) err = "--ab-without measures one engine thread: leave --threads at 1";
+    else build_plan_without(a, spec, without_plan, err);
+    if (!err.empty()) {
+      print_error(err);
+      return kExitUsage;
+    }
+  }
 
   std::string error;
   const std::string format = a.synthetic ? "synthetic" : trace_format_of(a.trace);
@@ -318,6 +400,36 @@ int run_bench(const BenchArgs& a) {
       ph.chains = mem_result.chains.size();
       return mem_result.counters.events_in;
     });
+  }
+
+  // 3b. --ab-without: the run phase with and without the named files, in interleaved rounds (the
+  // order alternating), so both see the same machine: what those rules cost, as a ratio.
+  std::vector<double> ab_with, ab_without, ab_ratio;
+  if (!a.ab_without.empty() && mode == "preloaded") {
+    auto once = [&](const Plan& plan) {
+      return measure([&](Phase&) -> uint64_t {
+               PreloadedSource s(batches, *meta);
+               TimeAccounting acc;
+               ObservingSource observed(s, {&acc});
+               AnalysisResult r = run_plan(plan, a.accounting ? static_cast<EventSource&>(observed) : s, eo);
+               if (a.accounting) observed.finish(r);
+               return r.counters.events_in;
+             })
+          .cpu;
+    };
+    for (unsigned k = 0; k < a.ab_rounds; ++k) {
+      double w = 0, wo = 0;
+      if (k % 2) {
+        wo = once(without_plan);
+        w = once(ap.plan);
+      } else {
+        w = once(ap.plan);
+        wo = once(without_plan);
+      }
+      ab_with.push_back(w);
+      ab_without.push_back(wo);
+      ab_ratio.push_back(wo > 0 ? w / wo : 0);
+    }
   }
 
   // 4. Each rule alone: its own cost, including sharding; statistics off (the pack computes them).
@@ -441,6 +553,14 @@ int run_bench(const BenchArgs& a) {
       prs.push_back(std::move(o));
     }
     j["per_rule"] = prs;
+    if (!ab_with.empty())
+      j["ab_without"] = {{"files", a.ab_without},
+                         {"rounds", ab_with.size()},
+                         {"with_cpu_seconds", ab_with},
+                         {"without_cpu_seconds", ab_without},
+                         {"with_median_cpu_seconds", median_of(ab_with)},
+                         {"without_median_cpu_seconds", median_of(ab_without)},
+                         {"ratio_median", median_of(ab_ratio)}};
     const bool scaling_ok = measure_scaling_rounds(false);
     if (a.scaling) {
       j["scaling"] = scaling.empty() ? nlohmann::json{{"threads", a.threads}, {"note", scaling_note}}
@@ -488,6 +608,15 @@ int run_bench(const BenchArgs& a) {
       if (pr.run.measured && pr.e2e.measured) print_phase_row("  end-to-end (stream)", pr.e2e);
     }
   }
+  if (!ab_with.empty()) {
+    std::string files;
+    for (const auto& f : a.ab_without) files += (files.empty() ? "" : ", ") + f;
+    const double r = median_of(ab_ratio);
+    std::printf(
+        "ab-without   %s: run phase CPU median %.3f s with, %.3f s without (%zu interleaved rounds); "
+        "with / without %.3f (median of the rounds' ratios): those files cost %+.1f %%\n",
+        files.c_str(), median_of(ab_with), median_of(ab_without), ab_with.size(), r, (r - 1) * 100);
+  }
   std::printf("peak RSS     %s (whole process%s)\n", mib(process_peak).c_str(),
               mode == "preloaded" ? ", including the preloaded trace" : "");
   if (!peak_reset_works) std::printf("* peak RSS could not be reset per phase: values are cumulative\n");
@@ -525,6 +654,11 @@ Registrar reg{
                     "JSON: events, mode, phases{end_to_end,load,run}, per_rule, peak_rss_bytes, chains, ...");
       cmd->add_flag("--replay-only", args->replay_only, "Only read the trace (no rules): reader throughput");
       cmd->add_flag("--no-per-rule", args->no_per_rule, "Skip the per-rule runs");
+      cmd->add_option("--ab-without", args->ab_without,
+                      "Rule files (a pack file such as time.rules, or a --rules file) whose cost to measure: "
+                      "the run phase with and without them in --ab-rounds interleaved rounds, one thread");
+      cmd->add_option("--ab-rounds", args->ab_rounds, "Rounds of --ab-without (default 7)")
+          ->check(CLI::Range(1u, 1000u));
       cmd->add_flag("--accounting", args->accounting,
                     "Also run the time accounting observer (where each GPU-feeding thread's time went) in the "
                     "end-to-end and run phases, as explain does");

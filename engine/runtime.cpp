@@ -1127,16 +1127,12 @@ struct Shard::Impl {
   // cell's end (by then every slice of it is out: operators/time_accounting.h), at its start
   // time, so a window gets at most ~14 events per thread and second, the same however the batches
   // were cut.
-  struct CellTotals {
-    uint32_t pid = 0;
-    int16_t rank = -1;
-    uint64_t b[acct::kBuckets] = {};
-    std::vector<std::pair<uint64_t, uint64_t>> by;  // (arg0 << 32 | arg1, ns), preempted
-  };
+  // The slicer sums its slices per thread and cell itself (TimeAccounting::flush_cells): no Event
+  // per slice.
   struct AccountStep {
     std::unique_ptr<TimeAccounting> acct;
     uint64_t grid_ns = 1;
-    std::vector<Event> slices;                                             // this batch's, from the slicer
+    std::vector<CellTotals> flushed;                                       // this batch's, from the slicer
     std::map<std::tuple<uint64_t, uint16_t, uint32_t>, CellTotals> cells;  // (cell, node, tid)
     std::vector<Event> out;                                                // this batch's stream events
   };
@@ -1343,6 +1339,7 @@ struct Shard::Impl {
       accounts[i].grid_ns = std::max<uint64_t>(node->grid_ns, 1);
       SliceOptions so;
       so.grid_ns = node->grid_ns;
+      so.totals = true;
       std::shared_ptr<StackTable> stacks = plan.stacks;
       so.reason_of = [stacks](uint64_t id, BlockReason& r) {
         const auto st = stacks->find(id);
@@ -1788,7 +1785,7 @@ struct Shard::Impl {
     }
     if (s.account) {  // the owned events of the parent, as slices of the owned threads' time
       AccountStep& as = accounts[i];
-      as.slices.clear();
+      as.flushed.clear();
       if (!is_scan(parent)) compute(parent, in);
       if (is_scan(parent)) {
         if (in.owned && !in.indexed) as.acct->observe(in.owned->data(), in.owned->size());
@@ -1797,24 +1794,22 @@ struct Shard::Impl {
       } else {
         for (const Event* e : owned_list(parent)) as.acct->observe(e, 1);
       }
-      as.acct->flush_slices(in.final ? kFinal : in.watermark, in.final, as.slices);
-      CellTotals* last = nullptr;  // slices come thread by thread, mostly in one cell: one lookup per run
-      std::tuple<uint64_t, uint16_t, uint32_t> last_key{UINT64_MAX, 0, 0};
-      for (const Event& e : as.slices) {
-        const std::tuple<uint64_t, uint16_t, uint32_t> k{e.ts_ns / as.grid_ns, e.node, e.tid};
-        if (!last || k != last_key) {
-          last = &as.cells[k];
-          last_key = k;
+      as.acct->flush_cells(in.final ? kFinal : in.watermark, in.final, as.flushed);
+      for (CellTotals& f : as.flushed) {  // a (cell, thread) may come in several flushes: summed
+        const auto [it, fresh] = as.cells.try_emplace({f.cell, f.node, f.tid});
+        if (fresh) {
+          it->second = std::move(f);
+          continue;
         }
-        CellTotals& c = *last;
-        c.pid = e.pid;
-        c.rank = e.rank;
-        if (e.op < acct::kBuckets) c.b[e.op] += e.dur_ns;
-        if (e.op == acct::kPreempted) {
-          const uint64_t task = e.arg0 << 32 | (e.arg1 & 0xffffffffu);
-          auto it = std::find_if(c.by.begin(), c.by.end(), [task](const auto& x) { return x.first == task; });
-          if (it != c.by.end()) it->second += e.dur_ns;
-          else c.by.emplace_back(task, e.dur_ns);
+        CellTotals& c = it->second;
+        c.pid = f.pid;
+        c.rank = f.rank;
+        for (uint8_t b = 0; b < acct::kBuckets; ++b) c.b[b] += f.b[b];
+        for (const auto& p : f.by) {
+          const uint64_t task = p.first;
+          auto t = std::find_if(c.by.begin(), c.by.end(), [task](const auto& x) { return x.first == task; });
+          if (t != c.by.end()) t->second += p.second;
+          else c.by.push_back(p);
         }
       }
       as.out.clear();
@@ -1823,7 +1818,7 @@ struct Shard::Impl {
         const auto it = as.cells.begin();
         const uint64_t cell = std::get<0>(it->first);
         if (!in.final && !(in.watermark > (cell + 1) * as.grid_ns + gap)) break;
-        const CellTotals& c = it->second;
+        CellTotals& c = it->second;
         Event e;
         e.ts_ns = cell * as.grid_ns;
         e.node = std::get<1>(it->first);
@@ -1838,10 +1833,9 @@ struct Shard::Impl {
           e.dur_ns = c.b[b];
           as.out.push_back(e);
         }
-        std::vector<std::pair<uint64_t, uint64_t>> by = c.by;
-        std::sort(by.begin(), by.end());
+        std::sort(c.by.begin(), c.by.end());
         e.op = acct::kPreempted;
-        for (const auto& [task, ns] : by) {
+        for (const auto& [task, ns] : c.by) {
           e.arg0 = task >> 32;
           e.arg1 = task & 0xffffffffu;
           e.dur_ns = ns;

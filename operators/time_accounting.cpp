@@ -46,6 +46,24 @@ CallKind call_kind(Source s, uint8_t op) {
 
 namespace {
 
+// call_kind for every (source, op) of the GPU sources, looked up once per call.
+struct KindTable {
+  uint8_t k[16 * 256];
+  KindTable() {
+    for (unsigned src = 0; src < 16; ++src)
+      for (unsigned o = 0; o < 256; ++o)
+        k[src << 8 | o] = static_cast<uint8_t>(call_kind(static_cast<Source>(src), static_cast<uint8_t>(o)));
+  }
+};
+const KindTable& kind_table() {
+  static const KindTable t;
+  return t;
+}
+inline uint64_t kind_of(const Event& e) {
+  return static_cast<unsigned>(e.source) < 16 ? kind_table().k[static_cast<unsigned>(e.source) << 8 | e.op]
+                                              : static_cast<uint64_t>(CallKind::kOther);
+}
+
 bool starts(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
 
 // The reason one frame names, or nothing (kOther is "no match" here).
@@ -115,6 +133,7 @@ void TimeAccounting::add(Thread& t, uint8_t lane, uint64_t s, uint64_t e, uint64
       last.e = std::max(last.e, e);
       last.tag = tag;
       ln.cover = std::max(ln.cover, e);
+      t.cover_all = std::max(t.cover_all, e);
       t.call_e = ended;
       return;
     }
@@ -123,6 +142,7 @@ void TimeAccounting::add(Thread& t, uint8_t lane, uint64_t s, uint64_t e, uint64
   if (e <= from) return;
   ln.segs.push_back(Seg{from, e, tag, by_stack});
   ln.cover = e;
+  t.cover_all = std::max(t.cover_all, e);
   if (lane == kLaneCall) {
     t.call_s = started;
     t.call_e = ended;
@@ -169,8 +189,12 @@ void TimeAccounting::credit(Thread& t, int lane, const Seg* g, uint64_t s, uint6
       if (slicing_) {
         // On CPU from the process's first switch-out state on, unknown before it: every event
         // that starts before what is settled has been seen, so this never depends on batches.
-        auto it = stated_pids_.find(key(t.node, t.pid));
-        const uint64_t from = it == stated_pids_.end() ? UINT64_MAX : it->second;
+        if (t.stated_gen != stated_gen_) {  // stated_pids_ changed since this thread last looked
+          auto it = stated_pids_.find(key(t.node, t.pid));
+          t.stated_from = it == stated_pids_.end() ? UINT64_MAX : it->second;
+          t.stated_gen = stated_gen_;
+        }
+        const uint64_t from = t.stated_from;
         if (s < from) slice(t, acct::kUnknown, s, std::min(e, from), 0, 0);
         if (e > from) slice(t, acct::kOnCpu, std::max(s, from), e, 0, 0);
       }
@@ -184,11 +208,51 @@ void TimeAccounting::close_slice(Thread& t) {
   slices_.push_back(t.slice);
 }
 
+// SliceOptions::totals: [s, e) of the thread's time (settled in time order) straight into the
+// totals of its grid cells, as the slices of flush_slices would sum to. A piece past the thread's
+// current cell closes it: nothing settled later falls before the settled point.
+void TimeAccounting::add_to_cell(Thread& t, uint8_t bucket, uint64_t s, uint64_t e, uint64_t other_tid) {
+  while (s < e) {
+    if (!t.cell_open || s >= t.cell_hi) {
+      if (t.cell_open) closed_cells_.push_back(std::move(t.cell));
+      const uint64_t grid = std::max<uint64_t>(slice_opt_.grid_ns, 1);
+      t.cell = CellTotals{};
+      t.cell.cell = s / grid;
+      t.cell.tid = t.tid;
+      t.cell.node = t.node;
+      t.cell_hi = t.cell.cell + 1 > UINT64_MAX / grid ? UINT64_MAX : (t.cell.cell + 1) * grid;
+      t.cell_open = true;
+    }
+    const uint64_t piece = std::min(e, t.cell_hi);
+    CellTotals& c = t.cell;
+    c.pid = t.pid;
+    c.rank = t.rank;
+    c.b[bucket] += piece - s;
+    if (bucket == acct::kPreempted) {
+      auto it = std::find_if(c.by.begin(), c.by.end(), [other_tid](const auto& x) { return x.first == other_tid; });
+      if (it != c.by.end()) it->second += piece - s;
+      else c.by.emplace_back(other_tid, piece - s);
+    }
+    s = piece;
+  }
+}
+
 void TimeAccounting::slice(Thread& t, uint8_t bucket, uint64_t s, uint64_t e, uint64_t other_tid, uint64_t stack_id) {
   if (!t.feeds || e <= s) return;
+  if (slice_opt_.totals && t.cell_open && e <= t.cell_hi && bucket != acct::kPreempted &&
+      !(t.gap_e > t.gap_s && s < t.gap_e && e > t.gap_s)) {  // within the current cell: add_to_cell's common case
+    t.cell.pid = t.pid;
+    t.cell.rank = t.rank;
+    t.cell.b[bucket] += e - s;
+    return;
+  }
   if (t.gap_e > t.gap_s && s < t.gap_e && e > t.gap_s) {  // a silent gap is not sliced
     if (s < t.gap_s) slice(t, bucket, s, t.gap_s, other_tid, stack_id);
     if (e > t.gap_e) slice(t, bucket, t.gap_e, e, other_tid, stack_id);
+    return;
+  }
+  if (slice_opt_.totals) {
+    add_to_cell(t, bucket, s, e, other_tid);
     return;
   }
   const uint64_t grid = slice_opt_.grid_ns ? slice_opt_.grid_ns : UINT64_MAX;
@@ -422,7 +486,9 @@ void TimeAccounting::observe(const Event* events, size_t n) {
     if (e.ts_ns > to || e.end_ns() < from) continue;  // outside the interval
     const uint64_t s = std::max(e.ts_ns, from);
     const uint64_t end = std::min(e.end_ns(), to);
-    Thread& t = thread(e);
+    const uint64_t k = key(e.node, e.tid);
+    const Slot& slot = cache_[(k * 0x9E3779B97F4A7C15ull) >> (64 - kCacheBits)];  // thread()'s cache, inline
+    Thread& t = slot.t && slot.key == k ? *slot.t : thread(e);
     if (!t.feeds && !t.sched) {  // the thread's first event in the interval
       t.start = t.end = t.settled = s;
     }
@@ -437,19 +503,51 @@ void TimeAccounting::observe(const Event* events, size_t n) {
     }
     t.end = std::max(t.end, end);
     if (call) {
+      Lane& cl = t.lanes[kLaneCall];
+      if (t.feeds && s >= t.cover_all && s >= t.settled && e.ts_ns != t.call_s) {
+        // Every pending segment ends by s (and nothing that comes later starts before s): settle
+        // them now, as the 64-segment rule would later; the same time goes to the same buckets.
+        // One pending call (the common case: a thread's calls one after another) is settled and
+        // replaced in place, without the general merge.
+        if (t.pending == 1 && cl.segs.size() == 1) {
+          const Seg g = cl.segs[0];
+          uint64_t now = t.settled;
+          if (g.s > now) credit(t, -1, nullptr, now, g.s);
+          if (g.e > now) credit(t, kLaneCall, &g, std::max(g.s, now), g.e);
+          now = std::max(now, g.e);
+          if (s > now) credit(t, -1, nullptr, now, s);
+          t.settled = s;
+          if (end > s) {
+            cl.segs[0] = Seg{s, end, kind_of(e), false};
+            cl.cover = t.cover_all = end;
+            t.call_s = e.ts_ns;
+            t.call_e = e.end_ns();
+          } else {
+            cl.segs.clear();
+            t.pending = 0;
+          }
+          if (e.rank >= 0) t.rank = e.rank;
+          continue;
+        }
+        if (t.pending) settle(t, s);
+      }
       // Time before the thread's first call is not sliced (the contract): settle it first, or
       // the first flush after this call would slice it (it was pending).
       if (slicing_ && !t.feeds) settle(t, s);
+      if (!t.feeds) feeders_.push_back(&t);
       t.feeds = true;
       if (e.rank >= 0) t.rank = e.rank;
-      add(t, kLaneCall, s, end, static_cast<uint64_t>(call_kind(e.source, e.op)), false, e.ts_ns, e.end_ns());
+      add(t, kLaneCall, s, end, kind_of(e), false, e.ts_ns, e.end_ns());
     } else {
       t.sched = true;
       if (e.prev_state != OffCpuState::kUnknown) {
         t.stated = true;
         if (slicing_) {
           auto [it, fresh] = stated_pids_.try_emplace(key(t.node, t.pid), s);
-          if (!fresh) it->second = std::min(it->second, s);
+          if (fresh || s < it->second) {
+            it->second = s;
+            ++stated_gen_;
+          }
         }
       }
       switch (e.prev_state) {
@@ -555,19 +653,35 @@ void TimeAccounting::enable_slices(SliceOptions o) {
   slice_opt_ = std::move(o);
 }
 
+void TimeAccounting::settle_for_flush(Thread& t, uint64_t watermark, bool final) {
+  const uint64_t upto = final ? t.end : std::min(watermark, t.end);
+  if (upto > t.settled) settle(t, upto);
+  // The open slice goes out only once it cannot grow: when the watermark is past the thread's
+  // last event by more than gap_ns (whatever comes next starts a gap), or at the end. Where
+  // batches were cut then never changes how many slices a window gets.
+  if (final || watermark > t.end + slice_opt_.gap_ns) close_slice(t);
+}
+
 void TimeAccounting::flush_slices(uint64_t watermark, bool final, std::vector<Event>& out) {
-  if (!slicing_) return;
-  for (auto& [k, t] : threads_) {
-    if (!t.feeds) continue;
-    const uint64_t upto = final ? t.end : std::min(watermark, t.end);
-    if (upto > t.settled) settle(t, upto);
-    // The open slice goes out only once it cannot grow: when the watermark is past the thread's
-    // last event by more than gap_ns (whatever comes next starts a gap), or at the end. Where
-    // batches were cut then never changes how many slices a window gets.
-    if (final || watermark > t.end + slice_opt_.gap_ns) close_slice(t);
-  }
+  if (!slicing_ || slice_opt_.totals) return;
+  for (auto& [k, t] : threads_)
+    if (t.feeds) settle_for_flush(t, watermark, final);
   out.insert(out.end(), slices_.begin(), slices_.end());
   slices_.clear();
+}
+
+void TimeAccounting::flush_cells(uint64_t watermark, bool final, std::vector<CellTotals>& out) {
+  if (!slicing_ || !slice_opt_.totals) return;
+  for (Thread* t : feeders_) {
+    const uint64_t upto = final ? t->end : std::min(watermark, t->end);
+    if (upto > t->settled) settle(*t, upto);
+    if (t->cell_open) {  // its current cell so far (the rest of it, if any, comes in a later flush)
+      closed_cells_.push_back(std::move(t->cell));
+      t->cell_open = false;
+    }
+  }
+  for (auto& c : closed_cells_) out.push_back(std::move(c));
+  closed_cells_.clear();
 }
 
 void TimeAccounting::finish(const TraceMeta& meta, AnalysisResult& result) {

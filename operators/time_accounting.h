@@ -32,7 +32,9 @@
 //   + unknown for every thread (model/accounting.h).
 // - Streaming, one pass: events must come in ts_ns order (batches sorted). A context interval
 //   that arrives late (event_flags::kLate) and starts before time the thread has already settled
-//   counts only from there on. Per-thread state is a few pending segments (settled every 64),
+//   counts only from there on. Per-thread state is a few pending segments (settled every 64, and at once
+//   when a call of the thread starts after every pending one ends: a thread's calls one after another
+//   are settled as they come, the last held in place),
 //   the per-bucket totals, the tasks that preempted it and the stacks of its blocked spans;
 //   threads without a GPU call are tracked too (they may issue one later) and dropped at the end.
 // - Results depend neither on batch boundaries nor on absolute time (shifting every timestamp by
@@ -96,6 +98,9 @@ struct SliceOptions {
   // The reason a blocked span's stack names; false when the stack is not known (yet): the span's
   // time is blocked_other and the stack is asked again next time. Null: always blocked_other.
   std::function<bool(uint64_t stack_id, BlockReason& out)> reason_of;
+  // The time is summed per thread and grid cell as it is settled (flush_cells) instead of cut into
+  // slice Events (flush_slices): no Event per piece.
+  bool totals = false;
 };
 
 struct AccountingOptions {
@@ -111,6 +116,18 @@ struct AccountingOptions {
   // chain_accounting: where blocked spans' stacks are looked up (TraceMeta::stacks as the source
   // fills it; read on the source's thread, where observe() runs). Null: blocked_other.
   const TraceMeta* meta = nullptr;
+};
+
+// The totals of one feeding thread's slices in one grid cell (flush_cells): what the engine's
+// `from accounting` stream carries, without an Event per slice.
+struct CellTotals {
+  uint64_t cell = 0;  // ts_ns / max(grid_ns, 1) of its slices
+  uint32_t pid = 0, tid = 0;
+  uint16_t node = 0;
+  int16_t rank = -1;  // of the latest slice added
+  uint64_t b[acct::kBuckets] = {};
+  // Preempted ns by the task that ran instead (the slices' arg0 << 32 | arg1), first seen first.
+  std::vector<std::pair<uint64_t, uint64_t>> by;
 };
 
 class TimeAccounting final : public EventObserver {
@@ -141,6 +158,14 @@ class TimeAccounting final : public EventObserver {
   // the watermark is more than gap_ns past the thread's last event, or at `final` (every thread
   // settled to its last event end): the slices are the same however the batches were cut.
   void flush_slices(uint64_t watermark, bool final, std::vector<Event>& out);
+  // SliceOptions::totals: settles every feeding thread as flush_slices does and appends, per thread
+  // with time settled since the last flush, its totals per grid cell of that time (a thread's cells
+  // in time order). A (cell, thread) may come in several flushes, each with what was settled by
+  // then: their sum per (cell, node, tid) is exactly the sum of the slices flush_slices would give
+  // (the same time, gaps and first-call rule), and once the watermark is more than gap_ns past a
+  // cell's end every part of it has come (later events start after a silent gap), whatever the
+  // batches.
+  void flush_cells(uint64_t watermark, bool final, std::vector<CellTotals>& out);
   uint64_t late_ns() const { return late_ns_; }  // time of late context intervals before the settled point
 
  private:
@@ -162,6 +187,7 @@ class TimeAccounting final : public EventObserver {
     bool feeds = false, sched = false, stated = false;  // stated: a span with a known prev_state
     uint64_t start = 0, end = 0, settled = 0;
     uint64_t call_s = 0, call_e = 0;  // the call that owns the newest call segment: its start, end (unclipped)
+    uint64_t cover_all = 0;           // the largest end of a segment pushed to any lane
     size_t pending = 0;
     Lane lanes[kLanes];
     uint64_t calls[kCallKindCount] = {}, blocked[kBlockReasonCount] = {};
@@ -171,6 +197,11 @@ class TimeAccounting final : public EventObserver {
     bool open = false;
     uint64_t gap_s = 0, gap_e = 0;  // slices: the latest silent gap (not sliced)
     Event slice;
+    // slices: the start of the process's first switch-out state (stated_pids_), as of stated_gen_
+    uint64_t stated_from = UINT64_MAX, stated_gen = 0;
+    bool cell_open = false;  // totals: `cell` holds time settled and not yet flushed
+    uint64_t cell_hi = 0;    // totals: the end of `cell`'s grid cell
+    CellTotals cell;
   };
   static uint64_t key(uint16_t node, uint32_t tid) { return uint64_t{node} << 32 | tid; }
   Thread& thread(const Event& e);
@@ -182,12 +213,16 @@ class TimeAccounting final : public EventObserver {
   void credit(Thread& t, int lane, const Seg* g, uint64_t s, uint64_t e);
   void slice(Thread& t, uint8_t bucket, uint64_t s, uint64_t e, uint64_t other_tid, uint64_t stack_id);
   void close_slice(Thread& t);
+  void add_to_cell(Thread& t, uint8_t bucket, uint64_t s, uint64_t e, uint64_t other_tid);
+  void settle_for_flush(Thread& t, uint64_t watermark, bool final);
 
   AccountingOptions opt_;
   bool slicing_ = false;
   SliceOptions slice_opt_;
   std::vector<Event> slices_;                           // closed slices not yet flushed
   std::unordered_map<uint64_t, uint64_t> stated_pids_;  // slices: (node, pid) -> start of its first switch-out state
+  uint64_t stated_gen_ = 0;                             // bumped whenever stated_pids_ changes
+  std::vector<CellTotals> closed_cells_;                // SliceOptions::totals: cells passed, not yet flushed
   std::unordered_map<uint64_t, uint8_t> stack_bucket_;  // slices: a blocked stack's bucket
   uint64_t late_ns_ = 0;
   // chain_accounting: per (node, tid), its bins from its first second on.
@@ -206,6 +241,7 @@ class TimeAccounting final : public EventObserver {
   std::vector<Event> bin_slices_;
   void fold_bins(const std::vector<Event>& slices);
   std::unordered_map<uint64_t, Thread> threads_;
+  std::vector<Thread*> feeders_;                      // the threads with a GPU call, in the order of their first
   std::unordered_map<uint32_t, uint32_t> other_pid_;  // a preempting tid -> its process (sched span arg0)
   struct Slot {
     uint64_t key = 0;
