@@ -258,7 +258,7 @@ int run_bench(const BenchArgs& a) {
     print_error("give --trace FILE (SQLite or LMDB) or --synthetic N");
     return kExitUsage;
   }
-  if (a.scaling && (a.threads < 2 || a.replay_only || a.no_preload)) {
+  if (a.scaling && (a.threads < 2 || a.replay_only || a.no_preload)) {  // 0 (automatic) too
     print_error(
         "--scaling sets --threads N (2 or more) against one thread on the trace replayed from memory: give "
         "--threads 2 (or more), without --replay-only or --no-preload");
@@ -512,6 +512,7 @@ int run_bench(const BenchArgs& a) {
                      {"events", events},
                      {"mode", mode},
                      {"threads", a.threads},
+                     {"engine_threads", (run.measured ? mem_result : result).counters.threads},
                      {"replay_only", a.replay_only},
                      {"analysis", a.replay_only ? "none" : ap.description},
                      {"plan_seconds", plan_s},
@@ -648,7 +649,8 @@ Registrar reg{
       cmd->add_flag("--no-default-rules", args->no_default, "Only the --rules files");
       cmd->add_flag("--builtin", args->builtin, "Default analyses from the built-in plans instead of the rule pack");
       add_param_option(cmd, &args->params);
-      cmd->add_option("--threads", args->threads, "Engine threads")->check(CLI::Range(1u, 256u));
+      cmd->add_option("--threads", args->threads, "Engine threads (0: chosen as explain chooses them)")
+          ->check(CLI::Range(0u, 256u));
       cmd->add_option("--batch", args->batch, "Events per batch")->check(CLI::Range(size_t{64}, size_t{1} << 20));
       cmd->add_flag("--json", args->json,
                     "JSON: events, mode, phases{end_to_end,load,run}, per_rule, peak_rss_bytes, chains, ...");

@@ -49,7 +49,7 @@ void add_step_stragglers(const std::string& db, AnalysisResult& r) {
 struct ExplainArgs {
   std::string db;
   bool json = false;
-  unsigned threads = 1;
+  unsigned threads = 0;  // 0: automatic (EngineOptions::threads)
   std::vector<std::string> rules;
   std::vector<std::string> params;  // --param NAME=VALUE (rule-pack params, `warmup` included)
   bool no_default_rules = false;
@@ -244,8 +244,10 @@ Registrar reg{"explain", 20, [](CLI::App& app, int& rc) {
                     "  ingero-pipeline explain --db trace.db --save analysed.db");
                 cmd->add_option("--db", args->db, "Trace database; default: the embedded sample");
                 cmd->add_flag("--json", args->json, "Machine-readable output (shape in docs/cli.md)");
-                cmd->add_option("--threads", args->threads, "Engine threads (results do not depend on it)")
-                    ->check(CLI::Range(1u, 256u));
+                cmd->add_option("--threads", args->threads,
+                                "Engine threads; 0 or none: chosen from the machine and the trace (results do not "
+                                "depend on it)")
+                    ->check(CLI::Range(0u, 256u));
                 cmd->add_option("--rules", args->rules, "Rule files to load (in addition to the default pack)");
                 cmd->add_flag("--no-default-rules", args->no_default_rules, "Use only the --rules files");
                 add_param_option(cmd, &args->params);

@@ -15,7 +15,7 @@ namespace {
 struct StatsArgs {
   std::string db;
   bool json = false;
-  unsigned threads = 1;
+  unsigned threads = 0;  // 0: automatic (EngineOptions::threads)
 };
 
 int run_stats(const StatsArgs& a) {
@@ -48,8 +48,10 @@ Registrar reg{"stats", 10, [](CLI::App& app, int& rc) {
                                 "Trace (Ingero 0.8/0.9 SQLite, ours, or an LMDB log); default: the embedded sample");
                 cmd->add_flag("--json", args->json, "Machine-readable output (shape in docs/cli.md)");
                 add_quiet_flag(cmd);
-                cmd->add_option("--threads", args->threads, "Engine threads (results do not depend on it)")
-                    ->check(CLI::Range(1u, 256u));
+                cmd->add_option("--threads", args->threads,
+                                "Engine threads; 0 or none: chosen from the machine and the trace (results do not "
+                                "depend on it)")
+                    ->check(CLI::Range(0u, 256u));
                 cmd->callback([args, &rc] { rc = run_stats(*args); });
               }};
 

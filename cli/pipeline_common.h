@@ -128,6 +128,7 @@ class TapSource final : public EventSource {
   }
   TraceMeta& meta() override { return in_.meta(); }
   PrefetchHint upcoming() override { return in_.upcoming(); }
+  unsigned busy_threads() const override { return in_.busy_threads(); }
 
  private:
   EventSource& in_;

@@ -5,6 +5,7 @@
 #include "engine/engine.h"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -331,7 +332,8 @@ void run_serial(CompiledPlan& compiled, EventSource& source, const EngineOptions
 // op, with a duration quantile: Shard::Impl::choose_stats_group), and in `router_bin` the bin
 // whose shard runs beside the router (run_parallel).
 std::vector<std::vector<char>> split_groups(const CompiledPlan& plan, unsigned bins, unsigned& stats_bin,
-                                            unsigned& router_bin, const std::vector<Event>& sample) {
+                                            unsigned& router_bin, const std::vector<Event>& sample,
+                                            std::vector<double>* bin_loads = nullptr) {
   const size_t n = plan.groups.size();
   std::vector<uint64_t> events(n, 0);
   for (size_t g = 0; g < n; ++g)
@@ -381,7 +383,74 @@ std::vector<std::vector<char>> split_groups(const CompiledPlan& plan, unsigned b
   router_bin = bins > 1 ? 1 : 0;
   for (unsigned b = 2; b < bins; ++b)
     if (load[b] < load[router_bin]) router_bin = b;
+  if (bin_loads) *bin_loads = load;
   return masks;
+}
+
+// A source whose first batch was read ahead (to choose the thread count on it): hands that batch
+// out first, then reads on.
+class PeekedSource final : public EventSource {
+ public:
+  explicit PeekedSource(EventSource& in) : in_(in) { has_ = in_.next(first_); }
+  const Batch* first() const { return has_ ? &first_ : nullptr; }
+  bool next(Batch& out) override {
+    if (!given_) {
+      given_ = true;
+      if (!has_) return false;
+      out = std::move(first_);
+      return true;
+    }
+    return in_.next(out);
+  }
+  TraceMeta& meta() override { return in_.meta(); }
+  PrefetchHint upcoming() override { return given_ ? in_.upcoming() : PrefetchHint{}; }
+  unsigned busy_threads() const override { return in_.busy_threads(); }
+
+ private:
+  EventSource& in_;
+  Batch first_;
+  bool has_ = false, given_ = false;
+};
+
+// CPUs this process may run on (its affinity mask), else the hardware's count.
+unsigned usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// The automatic thread count (EngineOptions::threads == 0): 2 or 1. Two only when
+// - the machine has two cores for the engine: usable CPUs minus the source's busy threads, and
+//   minus the load of the last minute beyond this process's own (INGERO_AUTO_IGNORE_LOAD=1 skips
+//   that part: benchmarks that measure the machine themselves), leaves at least 2; on a shared
+//   2-vCPU machine under load, or with a file reader's threads on it, the second stage would
+//   wait for a core and run slower than one thread (docs/performance.md, "Speed on any shape");
+// - the split by window group can pay off: on the first batch, the estimated work of all groups
+//   over that of the heavier of the two stages (split_groups) is at least 1.4. The estimate
+//   under-weighs the heaviest group (split_groups), so the bound is kept well above 1.
+// More than two is never chosen: the pid split beyond two threads has no measured gain here.
+unsigned auto_engine_threads(const CompiledPlan& plan, const EventSource& source, const Batch* first) {
+  const unsigned cpus = usable_cpus();
+  double spare = static_cast<double>(cpus) - static_cast<double>(source.busy_threads());
+  const char* ignore = std::getenv("INGERO_AUTO_IGNORE_LOAD");
+  if (!(ignore && std::string_view(ignore) == "1")) {
+    double load[1] = {0};
+    if (::getloadavg(load, 1) == 1) {
+      const double others = std::max(0.0, load[0] - 1.0 - static_cast<double>(source.busy_threads()));
+      spare = std::min(spare, static_cast<double>(cpus) - others);
+    }
+  }
+  if (spare < 2.0 || !first || first->view().empty() || plan.groups.size() < 2) return 1;
+  unsigned stats_bin = 0, router_bin = 0;
+  std::vector<double> loads;
+  split_groups(plan, 2, stats_bin, router_bin, first->view(), &loads);
+  double total = 0, heaviest = 0;
+  for (const double l : loads) {
+    total += l;
+    heaviest = std::max(heaviest, l);
+  }
+  return heaviest > 0 && total / heaviest >= 1.4 ? 2 : 1;
 }
 
 // `threads` workers run the shards; the calling thread is the source: it reads a batch into a
@@ -738,13 +807,19 @@ AnalysisResult run_plan(const Plan& plan, EventSource& source, const EngineOptio
   compiled->step_markers = opts.step_markers;
   if (compiled->uses_stacks) compiled->stacks->sync(source.meta().stacks);
 
-  const unsigned threads = opts.threads ? opts.threads : std::max(1u, std::thread::hardware_concurrency());
   result.rules = compiled->rules;
   OpStatsAccumulator stats;
   EngineCounters counters;
   std::vector<Chain> chains;
-  if (threads == 1) run_serial(*compiled, source, opts, result, stats, counters, chains);
-  else run_parallel(*compiled, source, opts, threads, result, stats, counters, chains);
+  unsigned threads = opts.threads;
+  std::optional<PeekedSource> peeked;
+  if (threads == 0) {
+    peeked.emplace(source);
+    threads = auto_engine_threads(*compiled, source, peeked->first());
+  }
+  EventSource& in = peeked ? static_cast<EventSource&>(*peeked) : source;
+  if (threads == 1) run_serial(*compiled, in, opts, result, stats, counters, chains);
+  else run_parallel(*compiled, in, opts, threads, result, stats, counters, chains);
 
   merge_window_runs(*compiled, chains);
   std::sort(chains.begin(), chains.end(), chain_canonical_order);

@@ -53,7 +53,10 @@ namespace ingero {
 enum class ShardSplit : uint8_t { kAuto, kByPid, kByGroup };
 
 struct EngineOptions {
-  unsigned threads = 1;  // engine workers; 0 = hardware concurrency
+  // Engine workers. 0 = automatic (auto_engine_threads in engine.cpp): two where the machine has
+  // two cores to spare for the engine (beside the source's own threads, net of its load) and the
+  // first batch says the split by window group can pay off (estimated bound >= 1.4x), else one.
+  unsigned threads = 1;
   ShardSplit split = ShardSplit::kAuto;
   bool compute_stats = true;  // per-op statistics over the whole trace
   // Bytes of join span blocks the run keeps in memory (shared out between its shards); beyond it,

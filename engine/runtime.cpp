@@ -1021,19 +1021,25 @@ PredicateResult judge(const Expr& pred, const std::string& label, const double* 
   return r;
 }
 
-}  // namespace
-
-bool better_miss(int stage, const PredicateResult& p, uint64_t window, const std::string& key, const RuleOutcome& cur) {
-  if (!cur.has_miss) return true;
-  if (stage != cur.miss_stage) return stage > cur.miss_stage;
+// better_miss without the key: 1 or -1 when stage, shortfall or window decide, 0 when only the
+// key can (a tie on all three).
+int better_miss_unkeyed(int stage, const PredicateResult& p, uint64_t window, const RuleOutcome& cur) {
+  if (!cur.has_miss) return 1;
+  if (stage != cur.miss_stage) return stage > cur.miss_stage ? 1 : -1;
   // Compare shortfalls relative to the threshold, so ratios and nanoseconds compare fairly.
   auto rel = [](const PredicateResult& x) {
     const double scale = std::max(std::fabs(x.rhs), 1e-12);
     return x.margin / scale;
   };
-  if (rel(p) != rel(cur.miss)) return rel(p) > rel(cur.miss);
-  if (window != cur.miss_window_start) return window < cur.miss_window_start;
-  return key < cur.miss_key;
+  if (rel(p) != rel(cur.miss)) return rel(p) > rel(cur.miss) ? 1 : -1;
+  if (window != cur.miss_window_start) return window < cur.miss_window_start ? 1 : -1;
+  return 0;
+}
+}  // namespace
+
+bool better_miss(int stage, const PredicateResult& p, uint64_t window, const std::string& key, const RuleOutcome& cur) {
+  const int by = better_miss_unkeyed(stage, p, window, cur);
+  return by != 0 ? by > 0 : key < cur.miss_key;
 }
 
 namespace {
@@ -1200,15 +1206,30 @@ struct Shard::Impl {
     uint64_t k = 0;
     WinState* state = nullptr;
   };
-  static constexpr size_t kWinCache = 256;  // a power of two
+  static constexpr unsigned kWinCacheBits = 12;
+  static constexpr size_t kWinCache = size_t{1} << kWinCacheBits;
   // The first entry of a key's set: every bit of the key moves the set (multiplicative hashing,
   // top bits), so keys that differ only in the op (KeyHash's low bits do not see it) or the pid
   // spread over the sets.
   static size_t win_cache_set(const Key& k) {
     const uint64_t h = k.hi * 0x9E3779B97F4A7C15ull ^ k.lo * 0xC2B2AE3D27D4EB4Full;
-    return static_cast<size_t>(h >> 56) & (kWinCache - 2);
+    return static_cast<size_t>(h >> (64 - kWinCacheBits)) & (kWinCache - 2);
   }
   std::vector<std::vector<WinCacheEntry>> win_cache;
+  // Per window group, the sets filled since the cache was last emptied (up to kWinCache / 2
+  // entries; past that the whole cache is emptied): a group that closes windows often over few
+  // keys empties a few sets, not all of them (win_cache_clear).
+  std::vector<std::vector<uint32_t>> win_cache_filled;
+  void win_cache_clear(size_t g) {
+    auto& filled = win_cache_filled[g];
+    WinCacheEntry* cache = win_cache[g].data();
+    if (filled.size() >= kWinCache / 2) {
+      for (auto& ce : win_cache[g]) ce.state = nullptr;
+    } else {
+      for (const uint32_t i : filled) cache[i].state = cache[i + 1].state = nullptr;
+    }
+    filled.clear();
+  }
   // Per window group, what feed_events needs, gathered once: the key as masks over
   // KeyBy::full_key, the aggregate layout, whether it buffers calls, its window size.
   struct GroupFeed {
@@ -1424,6 +1445,7 @@ struct Shard::Impl {
     }
     build_routes();
     win_cache.resize(plan.groups.size());
+    win_cache_filled.resize(plan.groups.size());
     for (size_t g = 0; g < plan.groups.size(); ++g)
       if (windows[g] && plan.groups[g].window.kind != WindowKind::kSliding &&
           plan.groups[g].window.kind != WindowKind::kSteps)
@@ -2019,6 +2041,8 @@ struct Shard::Impl {
           set[1] = set[0];
           set[0] = {ident, k, st};
           last = &set[0];
+          if (auto& filled = win_cache_filled[g]; filled.size() < kWinCache / 2)
+            filled.push_back(static_cast<uint32_t>(set - cache));
         }
         st = last->state;
       }
@@ -2244,8 +2268,7 @@ struct Shard::Impl {
       }
       const uint64_t closed_before = counters.windows_closed;
       close_group(g, wm, out);
-      if (counters.windows_closed != closed_before)
-        for (auto& ce : win_cache[g]) ce.state = nullptr;
+      if (counters.windows_closed != closed_before && !win_cache[g].empty()) win_cache_clear(g);
     }
     prefetch.rest();
     for (auto& jb : join_buffers) jb.join->evict(wm, jb.retain_ns);
@@ -2674,12 +2697,17 @@ struct Shard::Impl {
 
   void record_miss(const PipeDef& def, int stage, const PredicateResult& r, const Row& row) {
     auto& o = outcomes[def.rule_index];
-    const std::string key = key_text(def, row.key, plan.stacks.get());
-    if (!better_miss(stage, r, row.start, key, o)) return;
+    // The key's text only when the miss is kept or the key decides: formatting it for every
+    // window and key a rule misses was a tenth of the run on traces of many windows or keys
+    // (docs/performance.md, "Speed on any shape").
+    const int by = better_miss_unkeyed(stage, r, row.start, o);
+    if (by < 0) return;
+    std::string key = key_text(def, row.key, plan.stacks.get());
+    if (by == 0 && !(key < o.miss_key)) return;
     o.has_miss = true;
     o.miss_stage = stage;
     o.miss = r;
-    o.miss_key = key;
+    o.miss_key = std::move(key);
     o.miss_window_start = row.start;
     o.miss_window_end = row.end;
     o.miss_values.clear();

@@ -151,6 +151,10 @@ class EventSource {
   // (a prefetch never faults), so it may go stale. Empty (the default) when the source cannot
   // tell; pass-through sources forward their input's.
   virtual PrefetchHint upcoming() { return {}; }
+  // Threads of its own this source keeps busy while it is read (a reader thread, fetch threads):
+  // the engine's automatic thread count leaves them their cores. 0 (the default) when it reads on
+  // the caller's thread; pass-through sources forward their input's.
+  virtual unsigned busy_threads() const { return 0; }
 };
 
 // A source over events already in memory (tests, benchmarks, synthetic demos). Sorts by ts_ns.

@@ -33,6 +33,7 @@ class ObservingSource final : public EventSource {
   }
   TraceMeta& meta() override { return in_.meta(); }
   PrefetchHint upcoming() override { return in_.upcoming(); }
+  unsigned busy_threads() const override { return in_.busy_threads(); }
   void finish(AnalysisResult& r) {
     for (EventObserver* o : observers_) o->finish(in_.meta(), r);
   }

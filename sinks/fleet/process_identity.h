@@ -102,6 +102,7 @@ class IdentityStampSource final : public EventSource {
   }
   TraceMeta& meta() override { return inner_.meta(); }
   PrefetchHint upcoming() override { return inner_.upcoming(); }
+  unsigned busy_threads() const override { return inner_.busy_threads(); }
 
  private:
   EventSource& inner_;

@@ -51,6 +51,7 @@ class RangeSource final : public EventSource {
     return false;
   }
   TraceMeta& meta() override { return in_.meta(); }
+  unsigned busy_threads() const override { return in_.busy_threads(); }
 
  private:
   EventSource& in_;

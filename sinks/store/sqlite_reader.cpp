@@ -969,6 +969,8 @@ class ChunkFeed {
 
   // Empty when the feed could be set up (then start() it); else why not (use a single walk).
   const std::string& error() const { return error_; }
+  // Its fetch threads (started or to be).
+  unsigned threads() const { return static_cast<unsigned>(workers_.size()); }
 
   void start() {
     for (auto& w : workers_) {
@@ -1620,6 +1622,7 @@ class StreamSource final : public EventSource {
   }
 
   TraceMeta& meta() override { return meta_; }
+  unsigned busy_threads() const override { return feed_ ? feed_->threads() : 0U; }
 
   // What streaming learnt (health, first/last ts) goes into meta() here, on the consumer's
   // thread: by next() itself at the final batch, or by ReaderThreadSource when it hands the
@@ -2291,6 +2294,8 @@ class ReaderThreadSource final : public EventSource {
   }
 
   TraceMeta& meta() override { return inner_->meta(); }
+  // The reader thread (unless it reads inline) and the fetch threads.
+  unsigned busy_threads() const override { return (inline_ ? 0U : 1U) + inner_->busy_threads(); }
   // The oldest queued batch, when the reader is ahead: it stays where it is until next() swaps
   // it out (later batches go into other slots of the ring).
   PrefetchHint upcoming() override {

@@ -48,7 +48,8 @@ TEST(Cli, NotADatabaseIsAnInputError) {
 }
 
 TEST(Cli, BadArgumentsAreUsageErrors) {
-  EXPECT_EQ(run("stats --threads 0").status, 2);
+  EXPECT_EQ(run("stats --threads 257").status, 2);
+  EXPECT_EQ(run("stats --threads 0").status, 0);  // 0: the automatic count (docs/cli.md)
   EXPECT_EQ(run("no-such-command").status, 2);
 }
 

@@ -105,6 +105,52 @@ void expect_one_thread_result(const char* what, size_t every, std::chrono::micro
   }
 }
 
+// A source that says it keeps `busy` threads of its own busy (as the SQLite reader's thread and
+// fetch threads do).
+class BusySource final : public EventSource {
+ public:
+  BusySource(const std::vector<Event>& events, size_t batch, unsigned busy) : inner_(events, batch), busy_(busy) {}
+  bool next(Batch& out) override { return inner_.next(out); }
+  TraceMeta& meta() override { return inner_.meta(); }
+  PrefetchHint upcoming() override { return inner_.upcoming(); }
+  unsigned busy_threads() const override { return busy_; }
+
+ private:
+  BorrowedSource inner_;
+  unsigned busy_;
+};
+
+// threads = 0: the engine picks one or two threads itself (engine.cpp, auto_engine_threads); the
+// result is the one-thread result whatever it picks, at every batch size (the first batch, read
+// ahead to choose, is still the first one the engine runs), and a source that keeps every core
+// busy itself always gets one.
+TEST(TwoStage, TheAutomaticThreadCountGivesTheOneThreadResult) {
+  const ScopedEnv ignore_load("INGERO_AUTO_IGNORE_LOAD", "1");
+  for (const auto& t : scenarios()) {
+    SCOPED_TRACE(t.category);
+    BorrowedSource one_src(t.events, 4096);
+    const std::string base = result_text(run_with(one_src, 1));
+    for (const size_t batch : {size_t{1}, size_t{33}, size_t{4096}}) {
+      BorrowedSource src(t.events, batch);
+      const auto r = run_with(src, 0);
+      EXPECT_GE(r.counters.threads, 1u);
+      EXPECT_LE(r.counters.threads, 2u);
+      EXPECT_EQ(r.counters.events_in, t.events.size()) << "batch " << batch;
+      EXPECT_TRUE(result_text(r) == base) << "batch " << batch << " differs from one thread";
+      BusySource busy(t.events, batch, 1024);
+      const auto b = run_with(busy, 0);
+      EXPECT_EQ(b.counters.threads, 1u) << "a source that keeps 1024 threads busy left the engine two";
+      EXPECT_TRUE(result_text(b) == base) << "batch " << batch;
+    }
+  }
+  // An empty source: nothing to peek at, one thread, no events.
+  const std::vector<Event> none;
+  BorrowedSource empty(none, 4096);
+  const auto r = run_with(empty, 0);
+  EXPECT_EQ(r.counters.threads, 1u);
+  EXPECT_EQ(r.counters.events_in, 0u);
+}
+
 TEST(TwoStage, StagesThatNeverSpinGiveTheOneThreadResult) {
   // Every wait of either stage sleeps on its futex and is woken by the other.
   const ScopedEnv spin("INGERO_TWO_STAGE_SPIN_US", "0");
