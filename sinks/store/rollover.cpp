@@ -172,7 +172,7 @@ class TraceSetSource final : public EventSource {
       if (meta_.format == kSqliteStoreFormat && !m.format.empty()) meta_.format = m.format;
       meta_.sessions.insert(meta_.sessions.end(), m.sessions.begin(), m.sessions.end());
       meta_.snapshots.insert(meta_.snapshots.end(), m.snapshots.begin(), m.snapshots.end());
-      for (const LossSpan& s : m.health.loss_spans) meta_.health.add_loss(s);
+      merge_capture_losses(m.health);
       return;
     }
     // Health is final once a file's last batch is out.
@@ -180,8 +180,6 @@ class TraceSetSource final : public EventSource {
     h.rows_read += m.health.rows_read;
     h.rows_skipped += m.health.rows_skipped;
     for (const auto& [k, v] : m.health.reasons) h.reasons[k] += v;
-    h.dropped_events += m.health.dropped_events;
-    for (const auto& [k, v] : m.health.missed) h.missed[k] += v;
     for (const auto& d : m.health.damage) h.damaged(d);
     h.rows_unreadable += m.health.rows_unreadable;
     h.recovered.insert(h.recovered.end(), m.health.recovered.begin(), m.health.recovered.end());
@@ -189,6 +187,28 @@ class TraceSetSource final : public EventSource {
     meta_.last_ts = std::max(meta_.last_ts, m.last_ts);
   }
 
+  // What the capture lost (dropped events, the self-check's misses, loss spans) is cumulative:
+  // each rolled file carries the capture's totals as of its close. So the files of one capture
+  // supersede each other, and a total that goes down starts another capture (an agent restart),
+  // whose losses add to those of the captures before it.
+  void merge_capture_losses(const InputHealth& file) {
+    if (file.dropped_events < run_.dropped_events) {  // a new capture: the previous one is done
+      done_.dropped_events += run_.dropped_events;
+      for (const auto& [k, v] : run_.missed) done_.missed[k] += v;
+      for (const LossSpan& s : run_.loss_spans) done_.add_loss(s);
+    }
+    run_.dropped_events = file.dropped_events;
+    run_.missed = file.missed;
+    run_.loss_spans = file.loss_spans;
+    InputHealth& h = meta_.health;
+    h.dropped_events = done_.dropped_events + run_.dropped_events;
+    h.missed = done_.missed;
+    for (const auto& [k, v] : run_.missed) h.missed[k] += v;
+    h.loss_spans = done_.loss_spans;
+    for (const LossSpan& s : run_.loss_spans) h.add_loss(s);
+  }
+
+  InputHealth done_, run_;
   std::vector<std::string> files_;
   size_t next_file_ = 0;
   SqliteReadOptions options_;
