@@ -30,11 +30,11 @@ namespace {
 
 struct AgentArgs {
   TraceArgs trace;
-  std::string dir;                   // default: <state dir>/traces
-  std::string max_disk = "1GiB";     // all rolled files together
-  std::string file_size;             // default: max_disk / 8
-  std::string file_age = "1h";       // roll a file open this long
-  std::string retention;             // delete files older than this (default: only the disk bound)
+  std::string dir;                // default: <state dir>/traces
+  std::string max_disk = "1GiB";  // all rolled files together
+  std::string file_size;          // default: max_disk / 8
+  std::string file_age = "1h";    // roll a file open this long
+  std::string retention;          // delete files older than this (default: only the disk bound)
   std::string http_addr = "127.0.0.1:9465";
   bool no_http = false, no_metrics = false;
   std::string token_file;
@@ -322,7 +322,8 @@ Registrar reg{
       cmd->add_flag("--no-samples", args->trace.no_samples, "No on-CPU stack samples");
       cmd->add_option("--log-every", args->trace.log_every_s, "Seconds between status lines on stderr (default 60)")
           ->check(CLI::Range(1.0, 86400.0));
-      cmd->add_option("--duration", args->trace.duration, "Stop after this long (tests, soaks); default: until SIGTERM");
+      cmd->add_option("--duration", args->trace.duration,
+                      "Stop after this long (tests, soaks); default: until SIGTERM");
       auto* annotate = cmd->add_option("--annotate", args->trace.annotate_path,
                                        "Accept step markers on Ingero's annotation socket (default "
                                        "/run/ingero/annotate.sock)")

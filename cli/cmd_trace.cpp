@@ -594,9 +594,9 @@ int run_trace(const TraceArgs& a) {
                static_cast<unsigned long long>(result.counters.late_events),
                static_cast<unsigned long long>(st.unmatched), static_cast<unsigned long long>(st.missed),
                st.reorder_peak, result.chains.size(), db_path.empty() ? "" : ", written to ",
-               (rolling ? a.roll.dir : a.db).c_str(),
-               db_summary.c_str(), static_cast<unsigned long long>(st.stacks_resolved),
-               static_cast<unsigned long long>(st.stacks_unique), static_cast<unsigned long long>(st.python_stacks),
+               (rolling ? a.roll.dir : a.db).c_str(), db_summary.c_str(),
+               static_cast<unsigned long long>(st.stacks_resolved), static_cast<unsigned long long>(st.stacks_unique),
+               static_cast<unsigned long long>(st.python_stacks),
                static_cast<unsigned long long>(st.stacks_rate_limited), static_cast<unsigned long long>(st.stacks_lost),
                static_cast<unsigned long long>(st.samples), static_cast<unsigned long long>(st.python_procs));
   if (annotate_server) {

@@ -17,14 +17,14 @@ namespace ingero::cli {
 // What the capture is doing, about once a second (TraceArgs::on_status), from the main thread.
 struct LiveStatus {
   double elapsed_s = 0;
-  uint64_t events = 0;                                      // delivered to the engine
+  uint64_t events = 0;  // delivered to the engine
   uint64_t dropped_gpu = 0, dropped_host = 0, dropped_queue = 0, late = 0;
   size_t libraries = 0, uprobes = 0;
   uint64_t chains = 0;
-  bool storing = false;                                     // --db or --db-dir
-  RollingWriter::Stats rolled;                              // --db-dir
-  uint64_t db_written = 0, db_backlog = 0, db_lost = 0;     // either
-  bool stopping = false;                                    // SIGTERM/--duration seen
+  bool storing = false;                                  // --db or --db-dir
+  RollingWriter::Stats rolled;                           // --db-dir
+  uint64_t db_written = 0, db_backlog = 0, db_lost = 0;  // either
+  bool stopping = false;                                 // SIGTERM/--duration seen
 };
 
 struct TraceArgs {

@@ -20,8 +20,8 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <utility>
 #include <string>
+#include <utility>
 
 #include "sinks/mcp/server.h"
 

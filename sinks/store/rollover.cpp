@@ -24,7 +24,8 @@ namespace fs = std::filesystem;
 
 uint64_t mono_ns() {
   return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
 }
 
 uint64_t file_size(const std::string& p) {
@@ -252,8 +253,9 @@ bool list_trace_set(const std::string& path, std::vector<std::string>& files, st
     if (is_sqlite_file(c)) files.push_back(c);
   std::sort(files.begin(), files.end());
   if (files.empty()) {
-    const std::string others =
-        candidates.empty() ? "" : " (" + std::to_string(candidates.size()) + " *.db files that are not SQLite)";
+    const std::string others = candidates.empty()
+                                   ? ""
+                                   : " (" + std::to_string(candidates.size()) + " *.db files that are not SQLite)";
     error = is_dir ? path + ": is a directory with no trace files in it" + others +
                          "; a directory of rolled *.db files reads as one trace"
                    : path + ": no trace files match this pattern" + others;
@@ -313,8 +315,7 @@ size_t recover_trace_set(const std::string& dir, const std::string& prefix, std:
     if (!sqlite_detail::exec(db, "SELECT count(*) FROM sqlite_schema; PRAGMA wal_checkpoint(TRUNCATE);", err) ||
         !sqlite_detail::exec(db, "PRAGMA journal_mode=DELETE;", err))
       warnings.push_back(p + ": write-ahead log not recovered: " + err);
-    else
-      ++n;
+    else ++n;
     sqlite3_close_v2(db);
   }
   return n;

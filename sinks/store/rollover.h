@@ -74,13 +74,13 @@ std::unique_ptr<EventSource> open_trace_set(const std::string& path, std::string
 size_t recover_trace_set(const std::string& dir, const std::string& prefix, std::vector<std::string>& warnings);
 
 struct RolloverOptions {
-  std::string dir;                            // created if missing
-  std::string prefix = "ingero";              // file names: <prefix>-<UTC time>-<seq>.db
-  uint64_t file_bytes = uint64_t{64} << 20;   // roll at this size on disk (0 = no size bound)
-  uint64_t file_age_ns = 3600'000'000'000;    // roll when open this long (0 = no age bound)
-  uint64_t max_bytes = 0;                     // delete the oldest beyond this total (0 = none)
-  uint64_t max_age_ns = 0;                    // delete closed files older than this (0 = none)
-  uint64_t check_every_ns = 200'000'000;      // how often the open file's size is read
+  std::string dir;                           // created if missing
+  std::string prefix = "ingero";             // file names: <prefix>-<UTC time>-<seq>.db
+  uint64_t file_bytes = uint64_t{64} << 20;  // roll at this size on disk (0 = no size bound)
+  uint64_t file_age_ns = 3600'000'000'000;   // roll when open this long (0 = no age bound)
+  uint64_t max_bytes = 0;                    // delete the oldest beyond this total (0 = none)
+  uint64_t max_age_ns = 0;                   // delete closed files older than this (0 = none)
+  uint64_t check_every_ns = 200'000'000;     // how often the open file's size is read
   SpoolingWriter::Options writer;
   // Called on the producer thread as a file is rolled out (and at finish for the last one); what
   // it returns (may be empty) runs on the closer thread once that file is closed, with its path:
@@ -133,8 +133,8 @@ class RollingWriter {
   std::string path_;
   uint64_t opened_ns_ = 0, next_check_ns_ = 0, seq_ = 0;
   uint64_t done_in_ = 0, done_written_ = 0, done_lost_ = 0;  // of closed writers (guarded by mu_)
-  uint64_t lost_no_file_ = 0;                 // guarded by mu_: events with no file to go to
-  const SpoolingWriter* closing_ = nullptr;  // guarded by mu_: the writer the closer is finishing
+  uint64_t lost_no_file_ = 0;                                // guarded by mu_: events with no file to go to
+  const SpoolingWriter* closing_ = nullptr;                  // guarded by mu_: the writer the closer is finishing
 
   mutable std::mutex mu_;
   std::vector<Chain> chains_;           // guarded by mu_: fired while the open file was open
