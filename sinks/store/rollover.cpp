@@ -416,7 +416,18 @@ void RollingWriter::write_events(std::span<const Event> events, const TraceMeta&
   next_check_ns_ = now + options_.check_every_ns;
   const bool too_old = options_.file_age_ns && now - opened_ns_ >= options_.file_age_ns;
   const bool too_big = options_.file_bytes && db_bytes(path_) >= options_.file_bytes;
-  if (too_old || too_big) roll(meta);
+  if (!too_old && !too_big) return;
+  // One file closing at a time: while the closer is still at the previous one, the open file
+  // goes on growing. Otherwise a writer outrunning the closer (a busy machine) would pile up
+  // files being closed, which retention must keep, and each with its own writer thread.
+  {
+    std::lock_guard lk(mu_);
+    if (closer_busy_ || !queue_.empty()) {
+      ++rolls_deferred_;
+      return;
+    }
+  }
+  roll(meta);
 }
 
 void RollingWriter::add_chain(const Chain& chain) {
@@ -572,6 +583,7 @@ bool RollingWriter::finish(const AnalysisResult* result, std::string& error, con
 RollingWriter::Stats RollingWriter::stats() const {
   std::lock_guard lk(mu_);
   Stats s = stats_;
+  s.rolls_deferred = rolls_deferred_;
   s.events_in = done_in_;
   s.events_written = done_written_;
   s.lost = done_lost_ + lost_no_file_;

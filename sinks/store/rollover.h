@@ -10,7 +10,9 @@
 // - The open file is rolled over when its size on disk (database + write-ahead log) reaches
 //   `file_bytes`, or when it has been open `file_age_ns`. Rolling never waits for SQLite on the
 //   producer's thread: a new SpoolingWriter starts on a new file at once, and the old one is
-//   drained, indexed and closed by a closer thread (in order, one at a time).
+//   drained, indexed and closed by a closer thread. One file is closed at a time: while the
+//   closer is busy, the open file keeps growing past its bounds (stats().rolls_deferred), so a
+//   producer faster than the closer makes larger files, never a pile of files being closed.
 // - Retention, after each close and at start (files of an earlier run count): while the files of
 //   the set (database + -wal + -shm) exceed `max_bytes`, or a closed file's last write is older
 //   than `max_age_ns`, the oldest closed file is deleted. The open file and the files still being
@@ -95,6 +97,7 @@ class RollingWriter {
     uint64_t files_opened = 0, files_closed = 0, files_deleted = 0, bytes_deleted = 0;
     uint64_t bytes_on_disk = 0;       // the set's files at the last retention check
     uint64_t bytes_on_disk_peak = 0;  // largest total seen by a check
+    uint64_t rolls_deferred = 0;      // size/age checks that found the closer still busy
     std::string current;              // the open file
     std::string error;                // first error, one line
   };
@@ -134,6 +137,7 @@ class RollingWriter {
   uint64_t opened_ns_ = 0, next_check_ns_ = 0, seq_ = 0;
   uint64_t done_in_ = 0, done_written_ = 0, done_lost_ = 0;  // of closed writers (guarded by mu_)
   uint64_t lost_no_file_ = 0;                                // guarded by mu_: events with no file to go to
+  uint64_t rolls_deferred_ = 0;                              // guarded by mu_
   const SpoolingWriter* closing_ = nullptr;                  // guarded by mu_: the writer the closer is finishing
 
   mutable std::mutex mu_;

@@ -120,8 +120,15 @@ TEST(Rollover, RollsAtSizeAndEveryFileStandsAloneAndTheSetIsOneTrace) {
   for (size_t b = 0; b < kBatches; ++b) {
     const auto ev = make_events(kPer, 1 + b * kPer);
     w->write_events(ev, meta);
-    // Give the writer thread time to commit, so the file grows on disk between size checks.
-    if (b % 4 == 3) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // Give the writer thread time to commit, so the file grows on disk between size checks, and
+    // the closer time to close the previous file (a roll waits for it: RetentionDeletes... below
+    // has the busy closer).
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    for (int i = 0; i < 2000; ++i) {
+      const auto st = w->stats();
+      if (st.files_closed + 1 >= st.files_opened && st.backlog == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   }
   AnalysisResult result;
   result.meta = meta;
@@ -213,7 +220,9 @@ TEST(Rollover, RetentionDeletesTheOldestAndKeepsTheNewestWithinTheBound) {
   EXPECT_GT(st.files_deleted, 0u);
   const auto files = db_files(dir.path());
   EXPECT_EQ(files.size() + st.files_deleted, st.files_opened);
-  EXPECT_LE(dir_bytes(dir.path()), o.max_bytes);
+  // Within the bound, but for the newest file: it is never deleted, and it grows past its size
+  // while the closer is busy with the previous one (one file closes at a time).
+  EXPECT_LE(dir_bytes(dir.path()), o.max_bytes + fs::file_size(files.back())) << st.rolls_deferred << " rolls deferred";
   // Transient overshoot: the files still being closed (indexed) are kept. This producer writes
   // ~10 MiB/s, faster than the closer indexes 2 MiB files on a busy machine, so several can be in
   // flight at once; a bounded overshoot, not a runaway.
