@@ -410,19 +410,36 @@ void RollingWriter::write_events(std::span<const Event> events, const TraceMeta&
     lost_no_file_ += events.size();
     return;
   }
-  writer_->write_events(events);
+  if (shedding_) {
+    std::lock_guard lk(mu_);
+    shed_ += events.size();
+  } else {
+    writer_->write_events(events);
+  }
   const uint64_t now = mono_ns();
   if (now < next_check_ns_) return;
   next_check_ns_ = now + options_.check_every_ns;
+  const uint64_t open_bytes = db_bytes(path_);
+  // The hard bound: when the set is past max_bytes by more than one file and nothing can be
+  // deleted yet (the writer outruns SQLite: a busy machine), events are shed, counted lost,
+  // instead of the disk filling up; writing resumes once a check finds the set back within it.
+  if (options_.max_bytes) {
+    const uint64_t total = set_bytes(nullptr);
+    const uint64_t slack = std::max<uint64_t>(options_.file_bytes, options_.max_bytes / 8);
+    shedding_ = total > options_.max_bytes + slack;
+    std::lock_guard lk(mu_);
+    stats_.bytes_on_disk_peak = std::max(stats_.bytes_on_disk_peak, total);
+  }
   const bool too_old = options_.file_age_ns && now - opened_ns_ >= options_.file_age_ns;
-  const bool too_big = options_.file_bytes && db_bytes(path_) >= options_.file_bytes;
+  const bool too_big = options_.file_bytes && open_bytes >= options_.file_bytes;
   if (!too_old && !too_big) return;
-  // One file closing at a time: while the closer is still at the previous one, the open file
-  // goes on growing. Otherwise a writer outrunning the closer (a busy machine) would pile up
-  // files being closed, which retention must keep, and each with its own writer thread.
+  // One file closing at a time while the open file is under twice its size: a writer outrunning
+  // the closer (a busy machine) grows the open file rather than piling up files being closed,
+  // which retention must keep, each with its own writer thread. Past twice its size it rolls
+  // anyway, so retention can act on the file once it is closed.
   {
     std::lock_guard lk(mu_);
-    if (closer_busy_ || !queue_.empty()) {
+    if ((closer_busy_ || !queue_.empty()) && !(options_.file_bytes && open_bytes >= 2 * options_.file_bytes)) {
       ++rolls_deferred_;
       return;
     }
@@ -586,7 +603,8 @@ RollingWriter::Stats RollingWriter::stats() const {
   s.rolls_deferred = rolls_deferred_;
   s.events_in = done_in_;
   s.events_written = done_written_;
-  s.lost = done_lost_ + lost_no_file_;
+  s.lost = done_lost_ + lost_no_file_ + shed_;
+  s.shed = shed_;
   std::vector<const SpoolingWriter*> live;
   for (const auto& c : queue_)
     if (c->writer) live.push_back(c->writer.get());

@@ -18,7 +18,10 @@
 //   than `max_age_ns`, the oldest closed file is deleted. The open file and the files still being
 //   closed are never deleted, so the newest data always stays. The total may exceed `max_bytes`
 //   transiently by the index growth of the file being closed and by the open file's growth
-//   between two checks (measured in docs/performance.md "Soak").
+//   between two checks (measured in docs/performance.md "Soak"). Hard bound: when the set is past
+//   max_bytes by more than max(file_bytes, max_bytes / 8) and nothing can be deleted yet (SQLite
+//   slower than the capture), events are shed and counted lost (stats().shed, .lost) until a
+//   check (every check_every_ns) finds the set back under it: the disk never fills up.
 // - Crash / kill -9: every closed file is complete; the open file is a WAL database holding every
 //   committed transaction (SqliteSink commits every 4096 events), readable as is, without indexes.
 //   A file left with a -wal beside it is checkpointed when the next RollingWriter starts on the
@@ -98,6 +101,7 @@ class RollingWriter {
     uint64_t bytes_on_disk = 0;       // the set's files at the last retention check
     uint64_t bytes_on_disk_peak = 0;  // largest total seen by a check
     uint64_t rolls_deferred = 0;      // size/age checks that found the closer still busy
+    uint64_t shed = 0;                // events not stored to hold the disk bound (in `lost` too)
     std::string current;              // the open file
     std::string error;                // first error, one line
   };
@@ -138,6 +142,8 @@ class RollingWriter {
   uint64_t done_in_ = 0, done_written_ = 0, done_lost_ = 0;  // of closed writers (guarded by mu_)
   uint64_t lost_no_file_ = 0;                                // guarded by mu_: events with no file to go to
   uint64_t rolls_deferred_ = 0;                              // guarded by mu_
+  uint64_t shed_ = 0;                                        // guarded by mu_: see Stats::shed
+  bool shedding_ = false;                                    // producer thread: over the hard bound
   const SpoolingWriter* closing_ = nullptr;                  // guarded by mu_: the writer the closer is finishing
 
   mutable std::mutex mu_;

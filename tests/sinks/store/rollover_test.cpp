@@ -212,7 +212,13 @@ TEST(Rollover, RetentionDeletesTheOldestAndKeepsTheNewestWithinTheBound) {
   uint64_t peak = 0;
   for (size_t b = 0; b < kBatches; ++b) {
     w->write_events(make_events(kPer, 1 + b * kPer), meta);
-    if (b % 4 == 3) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // Paced to the closer (a producer outrunning SQLite makes the writer shed events instead:
+    // the hard bound, checked by bench/soak.sh).
+    for (int i = 0; i < 2000; ++i) {
+      const auto s = w->stats();
+      if (s.files_closed + 1 >= s.files_opened && s.backlog == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
     peak = std::max(peak, dir_bytes(dir.path()));
   }
   ASSERT_TRUE(w->finish(nullptr, error)) << error;
@@ -226,7 +232,8 @@ TEST(Rollover, RetentionDeletesTheOldestAndKeepsTheNewestWithinTheBound) {
   // Transient overshoot: the files still being closed (indexed) are kept. This producer writes
   // ~10 MiB/s, faster than the closer indexes 2 MiB files on a busy machine, so several can be in
   // flight at once; a bounded overshoot, not a runaway.
-  EXPECT_LE(peak, 4 * o.max_bytes) << "peak " << peak;
+  EXPECT_LE(peak, o.max_bytes + 3 * o.file_bytes) << "peak " << peak;
+  EXPECT_EQ(st.shed, 0u);
   // What is left is the newest data: the last event written is there, ids are contiguous up to it.
   const auto ids = replay_ids(dir.path());
   ASSERT_FALSE(ids.empty());
