@@ -191,7 +191,7 @@ int run_agent(AgentArgs a) {
     return kExitUsage;
   }
   if (!a.retention.empty() && (!parse_duration(a.retention, retention_ns) || retention_ns == 0)) {
-    print_error("--retention '" + a.retention + "': expected a duration such as 7d... in hours: 168h");
+    print_error("--retention '" + a.retention + "': expected a duration such as 168h (a week) or 30m");
     return kExitUsage;
   }
   t.roll.max_bytes = max_disk;

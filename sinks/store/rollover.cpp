@@ -71,7 +71,7 @@ std::vector<std::string> own_files(const std::string& dir, const std::string& pr
 class TraceSetSource final : public EventSource {
  public:
   TraceSetSource(std::vector<std::string> files, std::string set_path, SqliteReadOptions options)
-      : files_(std::move(files)), options_(options) {
+      : files_(std::move(files)), options_(std::move(options)) {
     meta_.path = std::move(set_path);
     meta_.format = kSqliteStoreFormat;
   }
@@ -314,7 +314,7 @@ size_t recover_trace_set(const std::string& dir, const std::string& prefix, std:
     // mode deletes -wal and -shm so the file stands alone (and opens immutable) again.
     if (!sqlite_detail::exec(db, "SELECT count(*) FROM sqlite_schema; PRAGMA wal_checkpoint(TRUNCATE);", err) ||
         !sqlite_detail::exec(db, "PRAGMA journal_mode=DELETE;", err))
-      warnings.push_back(p + ": write-ahead log not recovered: " + err);
+      warnings.push_back(p + std::string(": write-ahead log not recovered: ").append(err));
     else ++n;
     sqlite3_close_v2(db);
   }

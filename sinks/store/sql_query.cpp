@@ -380,7 +380,8 @@ bool attach_trace_set(sqlite3* db, const std::string& path, const std::vector<st
       const std::string alone = "CREATE TEMP VIEW " + quoted(t) + " AS SELECT * FROM s" +
                                 std::to_string(files.size() - 1) + "." + quoted(t);
       if (sqlite3_exec(db, alone.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
-        error = path + ": cannot build the view of table " + t + ": " + (err ? err : "?");
+        error = path;
+        error.append(": cannot build the view of table ").append(t).append(": ").append(err ? err : "?");
         sqlite3_free(err);
         return false;
       }
