@@ -22,6 +22,7 @@
 #include "bpf/annotate_socket.h"
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/live_trace.h"
 #include "cli/metrics_cli.h"
 #include "cli/pipeline_common.h"
 #include "engine/engine.h"
@@ -42,34 +43,6 @@
 
 namespace ingero::cli {
 namespace {
-
-struct TraceArgs {
-  std::string duration;
-  std::vector<uint32_t> pids;
-  std::string cgroup;
-  std::string db;
-  std::vector<std::string> rules, params;  // --rules, --param NAME=VALUE
-  bool no_default_rules = false;
-  CostArgs cost;  // --gpus, --gpu-hour-price, --rates: what an incident costs
-  std::vector<std::string> cuda_libs;
-  std::vector<std::string> disable;
-  unsigned threads = 1;
-  unsigned ring_mb = 4;
-  std::string lag = "50ms", max_hold = "2s";
-  bool quiet = false, classic = false;
-  // Stacks (docs/live-capture.md "Stacks").
-  std::string stack_min = "1ms";
-  bool no_stacks = false, no_samples = false;
-  unsigned sample_hz = 49, stack_bytes = 16384, stack_rate = 100;
-  // Fleet (docs/fleet.md): --metrics-addr, --node (names this node in the trace; default: the id
-  // persisted in $INGERO_STATE_DIR/node-id), --cluster.
-  MetricsCliArgs metrics;
-  // Explicit step markers (docs/steps.md): --annotate[=PATH] opens Ingero's annotation socket;
-  // --annotate-uid lets more users' programs send.
-  bool annotate = false;
-  std::string annotate_path;
-  std::vector<uint32_t> annotate_uids;
-};
 
 #ifdef INGERO_HAVE_BPF
 // "30s", "1.5m", "250ms", "2h", "45" (seconds) -> ns; false when malformed.
@@ -181,6 +154,16 @@ std::string db_text(const SpoolingWriter* w) {
   return t;
 }
 
+// "db 1,234,567 written, backlog 0, files 12 (3 deleted), 180.2 MB on disk" for rolled files.
+std::string rolled_text(const RollingWriter::Stats& s) {
+  std::string t = "db " + count_text(s.events_written) + " written, backlog " + count_text(s.backlog) + ", files " +
+                  std::to_string(s.files_opened) + " (" + std::to_string(s.files_deleted) + " deleted), " +
+                  format_count(static_cast<double>(s.bytes_on_disk) / 1e6) + " MB on disk";
+  if (s.lost) t += ", LOST " + count_text(s.lost);
+  if (!s.error.empty()) t += ", error: " + s.error;
+  return t;
+}
+
 // "annotate 1,200 annotations (1,100 step markers), 3 rejected" for the live view.
 std::string annotate_text(const AnnotateServer* server) {
   if (!server) return "";
@@ -231,8 +214,15 @@ void render(ViewState& v, const bpf::LiveSource& src, const SpoolingWriter* writ
   std::fflush(stdout);
 }
 
+}  // namespace
+
 int run_trace(const TraceArgs& a) {
   keep_large_buffers_out_of_the_heap();
+  // First: a SIGTERM while the probes attach (seconds) still ends the run cleanly, with status 0.
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
   uint64_t duration_ns = 0, lag_ns = 0, hold_ns = 0;
   if (!a.duration.empty() && !parse_duration(a.duration, duration_ns)) {
     print_error("--duration '" + a.duration + "': expected a duration such as 30s, 2m, 500ms");
@@ -240,6 +230,10 @@ int run_trace(const TraceArgs& a) {
   }
   if (!parse_duration(a.lag, lag_ns) || !parse_duration(a.max_hold, hold_ns)) {
     print_error("--lag/--max-hold: expected a duration such as 50ms, 2s");
+    return kExitUsage;
+  }
+  if (a.rolled && !a.db.empty()) {
+    print_error("--db and rolled files (--db-dir) are exclusive: choose one");
     return kExitUsage;
   }
   if (!a.pids.empty() && !a.cgroup.empty()) {
@@ -329,7 +323,15 @@ int run_trace(const TraceArgs& a) {
   // SQLite; a backlog beyond 4 MiB of events goes to an unlinked spill file beside the database
   // instead of memory, so nothing is dropped and memory stays bounded.
   std::unique_ptr<SpoolingWriter> writer;
-  if (!a.db.empty()) {
+  // Rolled files (agent): a RollingWriter over the directory instead (sinks/store/rollover.h).
+  std::unique_ptr<RollingWriter> rolling;
+  if (a.rolled) {
+    rolling = RollingWriter::start(a.roll, error);
+    if (!rolling) {
+      print_error(error);
+      return kExitInput;
+    }
+  } else if (!a.db.empty()) {
     auto sink = SqliteSink::create(a.db, error);
     if (sink) {
       SpoolingWriter::Options wo;
@@ -392,11 +394,6 @@ int run_trace(const TraceArgs& a) {
   for (const auto& l : src->libraries())
     std::fprintf(stderr, "tracing %s %s (%s)\n", bpf::lib_kind_name(l.kind), l.path.c_str(), l.found_by.c_str());
 
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-
   ViewState view;
   bool meta_written = false;
   // Rank / local rank / world size / job id of each traced process, read from its environment at
@@ -417,6 +414,7 @@ int run_trace(const TraceArgs& a) {
       }
       writer->write_events(b.events);
     }
+    if (rolling) rolling->write_events(b.events, src->meta());
   });
   // Threads, stacks, the launching thread's time split and launch_gap chains
   // (operators/chain_annotate.h): each chain annotated as the engine emits it, over the recent
@@ -446,6 +444,7 @@ int run_trace(const TraceArgs& a) {
     view.chains.push_back(s);
     if (view.chains.size() > 8) view.chains.pop_front();
     if (!tty && !a.quiet) std::fprintf(stderr, "chain %s\n", s.c_str());
+    if (rolling) rolling->add_chain(c);
   };
 
   eo.on_chain = metrics.wrap(std::move(eo.on_chain));
@@ -457,14 +456,64 @@ int run_trace(const TraceArgs& a) {
     assemble_incidents(result, incident_opts, &gpus);  // severity, incidents, the verdict
   });
   const auto t0 = std::chrono::steady_clock::now();
-  auto next_render = t0;
+  const auto log_every = std::chrono::milliseconds(static_cast<int64_t>(a.log_every_s * 1000));
+  auto next_render = t0, next_status = t0, next_log = t0 + log_every;
+  // Service mode (agent): the status each second for the health endpoint, a log line now and then.
+  const auto status_now = [&](bool stopping) {
+    LiveStatus ls;
+    const bpf::LiveStats st = src->stats();
+    ls.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ls.events = st.delivered;
+    ls.dropped_gpu = st.dropped[IP_RING_GPU];
+    ls.dropped_host = st.dropped[IP_RING_HOST];
+    ls.dropped_queue = st.queue_dropped;
+    ls.late = st.late;
+    ls.libraries = st.libraries;
+    ls.uprobes = st.uprobes;
+    {
+      std::lock_guard<std::mutex> lk(view.mu);
+      ls.chains = view.chains_total;
+    }
+    ls.storing = writer || rolling;
+    if (rolling) {
+      ls.rolled = rolling->stats();
+      ls.db_written = ls.rolled.events_written;
+      ls.db_backlog = ls.rolled.backlog;
+      ls.db_lost = ls.rolled.lost;
+    } else if (writer) {
+      const SpoolingWriter::Stats ws = writer->stats();
+      ls.db_written = ws.events_written;
+      ls.db_backlog = ws.backlog;
+      ls.db_lost = ws.lost;
+    }
+    ls.stopping = stopping;
+    return ls;
+  };
   while (!g_interrupted.load()) {
     const auto now = std::chrono::steady_clock::now();
     const double elapsed = std::chrono::duration<double>(now - t0).count();
     if (duration_ns && elapsed * 1e9 >= static_cast<double>(duration_ns)) break;
+    if (a.service && now >= next_status) {
+      next_status = now + std::chrono::seconds(1);
+      const LiveStatus ls = status_now(false);
+      if (a.on_status) a.on_status(ls);
+      if (now >= next_log) {
+        next_log = now + log_every;
+        std::fprintf(stderr,
+                     "agent: %.0fs, %llu events (%.0f/s), dropped gpu=%llu host=%llu queue=%llu, late=%llu, "
+                     "%llu chains, libs=%zu uprobes=%zu%s\n",
+                     ls.elapsed_s, static_cast<unsigned long long>(ls.events),
+                     ls.elapsed_s > 0 ? static_cast<double>(ls.events) / ls.elapsed_s : 0.0,
+                     static_cast<unsigned long long>(ls.dropped_gpu), static_cast<unsigned long long>(ls.dropped_host),
+                     static_cast<unsigned long long>(ls.dropped_queue), static_cast<unsigned long long>(ls.late),
+                     static_cast<unsigned long long>(ls.chains), ls.libraries, ls.uprobes,
+                     rolling ? ("; " + rolled_text(ls.rolled)).c_str() : "");
+        for (const auto& w : src->take_warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
+      }
+    }
     if (elapsed >= 10.0 * static_cast<double>(anchors.size()))
       anchors.push_back(sample_clock_anchor(src->converter().offset()));
-    if (!a.quiet && now >= next_render) {
+    if (!a.quiet && !a.service && now >= next_render) {
       render(view, *src, writer.get(), annotate_server.get(), elapsed, tty);
       next_render = now + std::chrono::seconds(1);
       for (const auto& w : src->take_warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
@@ -483,6 +532,7 @@ int run_trace(const TraceArgs& a) {
       if (StepMarker m; step_marker_of(x, m)) markers.push_back(m);
     steps.add_markers(markers);
   }
+  if (a.on_status) a.on_status(status_now(true));
   src->stop();
   engine.join();
   anchors.push_back(sample_clock_anchor(src->converter().offset()));
@@ -495,26 +545,39 @@ int run_trace(const TraceArgs& a) {
   const bpf::LiveStats st = src->stats();
   int rc = kExitOk;
   std::string db_summary;
-  if (writer) {
-    writer->write_meta(result.meta);
+  // The side tables go to the database, or to the last rolled file (the run's result is there).
+  const std::string db_path = rolling ? rolling->current_path() : a.db;
+  if (rolling) {
+    rolling->write_meta(result.meta);
     const auto progress = [](const std::string& m) { std::fprintf(stderr, "db: %s\n", m.c_str()); };
-    if (!writer->finish(&result, error, progress)) {
-      print_error(a.db + ": " + error);
+    if (!rolling->finish(&result, error, progress)) {
+      print_error(a.roll.dir + ": " + error);
       rc = kExitRuntime;
     }
-    db_summary = "  " + db_text(writer.get());
-    if (rc == kExitOk && !write_clock_anchors(a.db, margs.node, anchors, error))
+    db_summary = "  " + rolled_text(rolling->stats());
+  }
+  if (writer || rolling) {
+    if (writer) {
+      writer->write_meta(result.meta);
+      const auto progress = [](const std::string& m) { std::fprintf(stderr, "db: %s\n", m.c_str()); };
+      if (!writer->finish(&result, error, progress)) {
+        print_error(a.db + ": " + error);
+        rc = kExitRuntime;
+      }
+      db_summary = "  " + db_text(writer.get());
+    }
+    if (rc == kExitOk && !write_clock_anchors(db_path, margs.node, anchors, error))
       std::fprintf(stderr, "warning: %s\n", error.c_str());
     IdentityTables idt;
     if (!hostname.empty()) idt.attributes[margs.node]["hostname"] = hostname;
     if (!node_source.empty()) idt.attributes[margs.node]["node_id_source"] = node_source;
     idt.processes[margs.node] = identities.rows();
-    if (rc == kExitOk && !write_identity(a.db, idt, error)) std::fprintf(stderr, "warning: %s\n", error.c_str());
+    if (rc == kExitOk && !write_identity(db_path, idt, error)) std::fprintf(stderr, "warning: %s\n", error.c_str());
     if (rc == kExitOk && !program_annotations.empty() &&
-        !write_annotations(a.db, program_annotations, result.meta.nodes, error))
+        !write_annotations(db_path, program_annotations, result.meta.nodes, error))
       std::fprintf(stderr, "warning: %s\n", error.c_str());
   }
-  if (!a.quiet) {
+  if (!a.quiet && !a.service) {
     if (tty) render(view, *src, writer.get(), annotate_server.get(), elapsed, tty);
     ReportOptions ro;
     ro.color = tty;
@@ -534,9 +597,10 @@ int run_trace(const TraceArgs& a) {
                static_cast<unsigned long long>(st.late_delivered),
                static_cast<unsigned long long>(result.counters.late_events),
                static_cast<unsigned long long>(st.unmatched), static_cast<unsigned long long>(st.missed),
-               st.reorder_peak, result.chains.size(), a.db.empty() ? "" : ", written to ", a.db.c_str(),
-               db_summary.c_str(), static_cast<unsigned long long>(st.stacks_resolved),
-               static_cast<unsigned long long>(st.stacks_unique), static_cast<unsigned long long>(st.python_stacks),
+               st.reorder_peak, result.chains.size(), db_path.empty() ? "" : ", written to ",
+               (rolling ? a.roll.dir : a.db).c_str(), db_summary.c_str(),
+               static_cast<unsigned long long>(st.stacks_resolved), static_cast<unsigned long long>(st.stacks_unique),
+               static_cast<unsigned long long>(st.python_stacks),
                static_cast<unsigned long long>(st.stacks_rate_limited), static_cast<unsigned long long>(st.stacks_lost),
                static_cast<unsigned long long>(st.samples), static_cast<unsigned long long>(st.python_procs),
                static_cast<unsigned long long>(st.python_self));
@@ -558,6 +622,8 @@ int run_trace(const TraceArgs& a) {
   return rc;
 }
 #endif
+
+namespace {
 
 Registrar reg{
     "trace", 5, [](CLI::App& app, int& rc) {

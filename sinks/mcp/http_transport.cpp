@@ -59,6 +59,7 @@ const char* reason(int status) {
     case 401: return "Unauthorized";
     case 403: return "Forbidden";
     case 404: return "Not Found";
+    case 503: return "Service Unavailable";
     case 405: return "Method Not Allowed";
     case 411: return "Length Required";
     case 413: return "Payload Too Large";
@@ -197,6 +198,12 @@ void serve_connection(Shared& sh, int fd, std::atomic<bool>& stop) {
     auto respond = [&](int st, const std::string& body, const std::vector<std::string>& extra = {}) {
       return send_response(fd, st, body, extra, keep) && keep;
     };
+    if (sh.options.health && req.method == "GET" &&
+        req.target.substr(0, req.target.find('?')) == sh.options.health_path) {
+      const auto [st, body] = sh.options.health();
+      if (!respond(st, body)) break;
+      continue;
+    }
     const auto origin = req.headers.find("origin");
     if (origin != req.headers.end() && !loopback_origin(origin->second)) {
       if (!respond(403, to_line(make_error(nullptr, kInvalidRequest, "origin not allowed")))) break;
@@ -324,10 +331,14 @@ int run_http(Server& server, const HttpOptions& options, std::atomic<bool>& stop
   ::setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);  // loopback only, never 0.0.0.0
   addr.sin_port = htons(options.port);
+  if (::inet_pton(AF_INET, options.bind.c_str(), &addr.sin_addr) != 1) {
+    error = "cannot listen on '" + options.bind + "': expected an IPv4 address such as 127.0.0.1";
+    ::close(lfd);
+    return 1;
+  }
   if (::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(lfd, 16) != 0) {
-    error = "cannot listen on 127.0.0.1:" + std::to_string(options.port) + ": " + std::strerror(errno);
+    error = "cannot listen on " + options.bind + ":" + std::to_string(options.port) + ": " + std::strerror(errno);
     ::close(lfd);
     return 1;
   }

@@ -200,6 +200,8 @@ Json Server::handle_request(const Json& msg, RequestContext* ctx) {
 Json Server::dispatch(const std::string& method, const Json& params, RequestContext* ctx) {
   if (method == "ping") return Json::object();
   if (method == "initialize") {
+    // A trace that grows under the server (the agent's rolled files): a new session sees it now.
+    if (options_.refresh_on_initialize) tools_ = std::make_unique<TraceTools>(options_);
     if (initialized_) throw RpcError{kInvalidRequest, "the session is already initialized"};
     if (!params.contains("protocolVersion") || !params["protocolVersion"].is_string())
       throw RpcError{kInvalidParams, "initialize needs params.protocolVersion (a string)"};

@@ -69,6 +69,9 @@ struct ServerOptions {
   // query_fleet (sinks/mcp/fleet_query.h): the nodes asked when a call names none, and their token.
   std::vector<std::string> fleet_nodes;
   std::string fleet_token;
+  // Drop the trace caches (analysis, SQL connection) at each initialize: for a trace that grows
+  // while the server runs (`agent`: a directory of rolled files), a new session reads it afresh.
+  bool refresh_on_initialize = false;
 };
 
 struct RequestContext {

@@ -9,7 +9,8 @@
 //
 // HTTP contract (MCP Streamable HTTP, JSON responses): POST <path> with one JSON-RPC message;
 // requests get application/json replies, notifications and responses get 202. The listener binds
-// 127.0.0.1 only; every request must carry `Authorization: Bearer <token>` (401 otherwise) and,
+// 127.0.0.1 unless HttpOptions::bind says otherwise (GET health_path, when set, is the one
+// request answered without a token); every request must carry `Authorization: Bearer <token>` (401 otherwise) and,
 // when it has an Origin header, a loopback origin (403 otherwise, against DNS rebinding). The
 // session id from initialize comes back as Mcp-Session-Id and is required afterwards; DELETE
 // ends the session; GET (server-initiated SSE stream) answers 405. Bodies are capped at
@@ -18,7 +19,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 
 #include "sinks/mcp/server.h"
 
@@ -30,6 +33,13 @@ struct HttpOptions {
   uint16_t port = 0;  // 0 = any free port (reported through `bound_port`)
   std::string path = "/mcp";
   std::string token;  // required bearer token (never empty)
+  // The address to listen on (IPv4 dotted). Loopback unless the caller chooses otherwise (the
+  // agent's --http-addr in a pod); the bearer token is required either way.
+  std::string bind = "127.0.0.1";
+  // When set, GET <health_path> answers without a token: the function's (status, JSON body).
+  // For liveness probes; it must say nothing a stranger should not read.
+  std::function<std::pair<int, std::string>()> health;
+  std::string health_path = "/healthz";
 };
 
 // Returns 0 on a clean stop, non-zero (with `error`) when it cannot listen.

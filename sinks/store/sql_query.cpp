@@ -1,5 +1,7 @@
 #include "sinks/store/sql_query.h"
 
+#include "sinks/store/rollover.h"
+
 #include <sqlite3.h>
 #include <sys/stat.h>
 
@@ -313,7 +315,102 @@ void install_printf_guard(sqlite3* db) {
 
 }  // namespace
 
+namespace {
+
+// A set of rolled files (sinks/store/rollover.h) as one database: each file attached read-only
+// (immutable when it has no WAL) as s0, s1, ... in time order, and a TEMP VIEW per table of the
+// newest file that UNIONs ALL the files having it, so `SELECT ... FROM events` reads the set.
+// Done after configure() (the limits) and before any statement of the user runs. False with `error` when a file does
+// not attach or the set has more files than SQLite attaches.
+bool attach_trace_set(sqlite3* db, const std::string& path, const std::vector<std::string>& files, std::string& error) {
+  // After configure(): changing temp_store later would drop every TEMP view. The attach limit is
+  // lifted for the set's files only, and put back to 0 at the end.
+  const int max_attached = sqlite3_limit(db, SQLITE_LIMIT_ATTACHED, 125);
+  if (files.size() > static_cast<size_t>(sqlite3_limit(db, SQLITE_LIMIT_ATTACHED, -1)) || max_attached < 0) {
+    error = path + ": the set has " + std::to_string(files.size()) + " files; SQL reads at most " +
+            std::to_string(sqlite3_limit(db, SQLITE_LIMIT_ATTACHED, -1)) +
+            " at once (give a glob of fewer files, e.g. the last hours' names)";
+    return false;
+  }
+  std::vector<std::vector<std::string>> tables(files.size());
+  for (size_t i = 0; i < files.size(); ++i) {
+    const bool imm = !file_nonempty(files[i] + "-wal");
+    const std::string uri = "file:" + uri_path(files[i]) + (imm ? "?immutable=1" : "?mode=ro");
+    sqlite3_stmt* st = nullptr;
+    const std::string sql = "ATTACH ?1 AS s" + std::to_string(i);
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr) != SQLITE_OK) {
+      error = files[i] + ": cannot attach: " + sqlite3_errmsg(db);
+      return false;
+    }
+    sqlite3_bind_text(st, 1, uri.c_str(), -1, SQLITE_TRANSIENT);
+    const int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE) {
+      error = files[i] + ": cannot attach: " + sqlite3_errmsg(db);
+      return false;
+    }
+    const std::string q = "SELECT name FROM s" + std::to_string(i) +
+                          ".sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name";
+    if (sqlite3_prepare_v2(db, q.c_str(), -1, &st, nullptr) != SQLITE_OK) {
+      error = files[i] + ": not a readable SQLite database: " + sqlite3_errmsg(db);
+      return false;
+    }
+    while (sqlite3_step(st) == SQLITE_ROW)
+      tables[i].emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(st, 0)));
+    sqlite3_finalize(st);
+  }
+  const auto quoted = [](const std::string& n) {
+    std::string q = "\"";
+    for (char c : n) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + "\"";
+  };
+  for (const std::string& t : tables.back()) {
+    std::string sql = "CREATE TEMP VIEW " + quoted(t) + " AS ";
+    bool first = true;
+    for (size_t i = 0; i < files.size(); ++i) {
+      if (std::find(tables[i].begin(), tables[i].end(), t) == tables[i].end()) continue;
+      sql += (first ? "" : " UNION ALL ") + std::string("SELECT * FROM s") + std::to_string(i) + "." + quoted(t);
+      first = false;
+    }
+    char* err = nullptr;
+    if (sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+      // Files of different schema versions: the newest file's table alone.
+      sqlite3_free(err);
+      err = nullptr;
+      const std::string alone = "CREATE TEMP VIEW " + quoted(t) + " AS SELECT * FROM s" +
+                                std::to_string(files.size() - 1) + "." + quoted(t);
+      if (sqlite3_exec(db, alone.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+        error = path;
+        error.append(": cannot build the view of table ").append(t).append(": ").append(err ? err : "?");
+        sqlite3_free(err);
+        return false;
+      }
+    }
+  }
+  sqlite3_limit(db, SQLITE_LIMIT_ATTACHED, 0);
+  return true;
+}
+
+}  // namespace
+
 std::unique_ptr<SqlQueryRunner> SqlQueryRunner::open(const std::string& path, std::string& error) {
+  if (is_trace_set_path(path)) {
+    std::vector<std::string> files;
+    if (!list_trace_set(path, files, error)) return nullptr;
+    std::unique_ptr<SqlQueryRunner> r(new SqlQueryRunner());
+    r->path_ = path;
+    r->immutable_ = false;
+    // Not SQLITE_OPEN_MEMORY: ATTACH inherits the flags, and the files would open empty in memory.
+    const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX;
+    if (sqlite3_open_v2(":memory:", &r->db_, flags, nullptr) != SQLITE_OK) {
+      error = path + ": cannot open an in-memory database for the set";
+      return nullptr;
+    }
+    r->set_files_ = static_cast<int>(files.size());
+    if (!r->configure(error)) return nullptr;
+    if (!attach_trace_set(r->db_, path, files, error)) return nullptr;
+    return r;
+  }
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     error = path + ": " + std::strerror(errno);
@@ -336,7 +433,12 @@ std::unique_ptr<SqlQueryRunner> SqlQueryRunner::open(const std::string& path, st
     error = path + ": cannot open: " + (r->db_ ? sqlite3_errmsg(r->db_) : sqlite3_errstr(rc));
     return nullptr;
   }
-  sqlite3* db = r->db_;
+  if (!r->configure(error)) return nullptr;
+  return r;
+}
+
+bool SqlQueryRunner::configure(std::string& error) {
+  sqlite3* db = db_;
   sqlite3_extended_result_codes(db, 1);
   sqlite3_db_config(db, SQLITE_DBCONFIG_ENABLE_LOAD_EXTENSION, 0, nullptr);
   sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, 1, nullptr);
@@ -346,7 +448,7 @@ std::unique_ptr<SqlQueryRunner> SqlQueryRunner::open(const std::string& path, st
   sqlite3_busy_timeout(db, 1000);
   sqlite3_limit(db, SQLITE_LIMIT_ATTACHED, 0);
   sqlite3_limit(db, SQLITE_LIMIT_EXPR_DEPTH, 200);
-  sqlite3_limit(db, SQLITE_LIMIT_COMPOUND_SELECT, 64);
+  sqlite3_limit(db, SQLITE_LIMIT_COMPOUND_SELECT, 64 + set_files_);  // a set's views UNION its files
   sqlite3_limit(db, SQLITE_LIMIT_TRIGGER_DEPTH, 1);
   sqlite3_limit(db, SQLITE_LIMIT_WORKER_THREADS, 0);
   sqlite3_limit(db, SQLITE_LIMIT_LIKE_PATTERN_LENGTH, 200);
@@ -354,16 +456,16 @@ std::unique_ptr<SqlQueryRunner> SqlQueryRunner::open(const std::string& path, st
   sqlite3_limit(db, SQLITE_LIMIT_VARIABLE_NUMBER, 32);
   // Sorts and temporary b-trees stay in memory (bounded by the memory budget), never in files.
   char* err = nullptr;
-  rc = sqlite3_exec(db,
-                    "PRAGMA temp_store = MEMORY; PRAGMA cache_size = -16384; "
-                    "SELECT count(*) FROM sqlite_schema;",
-                    nullptr, nullptr, &err);
+  const int rc = sqlite3_exec(db,
+                              "PRAGMA temp_store = MEMORY; PRAGMA cache_size = -16384; "
+                              "SELECT count(*) FROM sqlite_schema;",
+                              nullptr, nullptr, &err);
   if (rc != SQLITE_OK) {
-    error = path + ": not a readable SQLite database: " + (err ? err : sqlite3_errstr(rc));
+    error = path_ + ": not a readable SQLite database: " + (err ? err : sqlite3_errstr(rc));
     sqlite3_free(err);
-    return nullptr;
+    return false;
   }
-  return r;
+  return true;
 }
 
 SqlQueryRunner::~SqlQueryRunner() {

@@ -85,7 +85,9 @@ class SqlQueryRunner {
  private:
   SqlQueryRunner() = default;
   sqlite3* db_ = nullptr;
+  bool configure(std::string& error);  // limits, authorizer guards, pragmas
   std::string path_;
+  int set_files_ = 0;  // files attached when path_ is a set (sinks/store/rollover.h)
   bool immutable_ = false;
   std::mutex mu_;
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "sinks/store/rollover.h"
 #include "sinks/store/sqlite_schema.h"
 #include "sinks/store/sqlite_store.h"
 #include "sinks/store/sqlite_util.h"
@@ -78,6 +79,26 @@ bool write_annotations(const std::string& path, const std::vector<Annotation>& r
 
 bool read_annotations(const std::string& path, const std::vector<std::string>& nodes, std::vector<Annotation>& out,
                       AnnotationReadStats& stats, std::string& error) {
+  // A set of rolled files (sinks/store/rollover.h): every file's rows, in time order.
+  if (is_trace_set_path(path)) {
+    std::vector<std::string> files;
+    out.clear();
+    stats = AnnotationReadStats{};
+    if (!list_trace_set(path, files, error)) return false;
+    for (const std::string& f : files) {
+      std::vector<Annotation> rows;
+      AnnotationReadStats fs;
+      if (!read_annotations(f, nodes, rows, fs, error)) return false;
+      if (stats.table.empty()) stats.table = fs.table;
+      stats.rows += fs.rows;
+      stats.skipped += fs.skipped;
+      for (const auto& [k, v] : fs.reasons) stats.reasons[k] += v;
+      out.insert(out.end(), rows.begin(), rows.end());
+    }
+    std::stable_sort(out.begin(), out.end(),
+                     [](const Annotation& a, const Annotation& b) { return a.ts_ns < b.ts_ns; });
+    return true;
+  }
   const std::string shown = path.empty() ? "(empty path)" : path;
   out.clear();
   stats = AnnotationReadStats{};

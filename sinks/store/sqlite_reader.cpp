@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/ops.h"
+#include "sinks/store/rollover.h"
 #include "sinks/store/sqlite_store.h"
 #include "sinks/store/sqlite_util.h"
 
@@ -2374,6 +2375,8 @@ std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::str
 
 std::unique_ptr<EventSource> open_sqlite_trace(const std::string& path, std::string& error,
                                                const SqliteReadOptions& options) {
+  // A directory or glob of rolled files (sinks/store/rollover.h) replays as one trace.
+  if (is_trace_set_path(path)) return open_trace_set(path, error, options);
   const std::string shown = path.empty() ? "(empty path)" : path;
   try {
     const auto probe = sqlite_detail::probe_sqlite_file(path);

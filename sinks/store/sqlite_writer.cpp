@@ -351,6 +351,11 @@ std::unique_ptr<SqliteSink> SqliteSink::create(const std::string& path, std::str
     error = path + ": cannot create database (" + why + ")";
     return nullptr;
   }
+  // The schema into the database file itself: a writer killed before SQLite's first automatic
+  // checkpoint would otherwise leave a 0-byte file with everything in the WAL, which readers that
+  // look at the file first (Ingero's, ours) refuse. Best effort: a failure only delays it.
+  sqlite_detail::exec(raw, "PRAGMA wal_checkpoint(PASSIVE)", why);
+  why.clear();
   sink->impl_->indexes_built = !options.defer_indexes;
   sink->impl_->insert_event = Stmt(
       raw,

@@ -45,7 +45,9 @@ TEST(SqliteReaderBadInput, MissingPath) {
 
 TEST(SqliteReaderBadInput, Directory) {
   TempDir dir;
-  EXPECT_EQ(open_error(dir.path()), dir.path() + ": is a directory, not a SQLite trace file");
+  EXPECT_EQ(open_error(dir.path()),
+            dir.path() +
+                ": is a directory with no trace files in it; a directory of rolled *.db files reads as one trace");
 }
 
 TEST(SqliteReaderBadInput, TextFile) {
