@@ -11,12 +11,6 @@
 namespace ingero {
 namespace {
 
-double value_or(const Chain& c, const char* name, double dflt) {
-  for (const auto& [k, v] : c.values)
-    if (k == name && v == v && std::isfinite(v)) return v;
-  return dflt;
-}
-
 std::string pct(double share) {
   char b[32];
   std::snprintf(b, sizeof b, share < 0.001 ? "%.2f%%" : share < 0.1 ? "%.1f%%" : "%.0f%%", share * 100);
@@ -165,10 +159,11 @@ void assemble_incidents(AnalysisResult& r, const IncidentOptions& o, const GpuUs
       in.chains.push_back(c.id);
       if (c.severity > f.declared) f.declared = c.severity;
       if (c.severity > worst->severity) worst = &c;
-      f.calls += static_cast<uint64_t>(std::max(0.0, value_or(c, "slow.calls", 0.0)));
+      f.calls += static_cast<uint64_t>(std::max(0.0, chain_value_or(c, "slow.calls", 0.0)));
       if (c.category == "straggler") {
         const double ranks_waiting = r.meta.nodes.size() > 1 ? static_cast<double>(r.meta.nodes.size() - 1) : 1.0;
-        const double lost = value_or(c, "median_lag_ms", 0.0) * 1e6 * value_or(c, "collectives", 0.0) * ranks_waiting;
+        const double lost = chain_value_or(c, "median_lag_ms", 0.0) * 1e6 * chain_value_or(c, "collectives", 0.0) *
+                            ranks_waiting;
         in.lost_ns += static_cast<uint64_t>(std::max(0.0, lost));
         in.lost_basis = "median lag x collectives it was last at x ranks waiting";
         continue;
@@ -183,7 +178,7 @@ void assemble_incidents(AnalysisResult& r, const IncidentOptions& o, const GpuUs
         f.evidence = EvidenceStrength::kRecorded;
       } else if (c.category == "launch_gap") {
         in.lost_basis = "the gap without launches";
-      } else if (value_or(c, "slow.excess_ns", 0.0) > 0) {
+      } else if (chain_value_or(c, "slow.excess_ns", 0.0) > 0) {
         in.lost_basis = "slow calls' time beyond the median call";
         if (c.accounting)
           f.evidence = std::max(f.evidence, c.accounting->scheduler_data ? EvidenceStrength::kRecorded

@@ -10,12 +10,6 @@
 namespace ingero {
 namespace {
 
-double value_or(const Chain& c, const char* name, double dflt) {
-  for (const auto& [k, v] : c.values)
-    if (k == name && v == v && std::isfinite(v)) return v;
-  return dflt;
-}
-
 std::string pct(double share) {
   char b[32];
   std::snprintf(b, sizeof b, share < 0.001 ? "%.3f%%" : share < 0.1 ? "%.1f%%" : "%.0f%%", share * 100);
@@ -97,8 +91,9 @@ std::pair<uint64_t, uint64_t> chain_lost_ns(const Chain& c) {
     }
     // The thread's own baseline share (median of its previous windows) is not lost time.
     // The one before the run when the engine merged windows (later windows' baselines hold the run).
-    const double base_share = std::clamp(value_or(c, "trend.median.before", value_or(c, "trend.median", 0.0)), 0.0,
-                                         1.0);
+    const double base_share = std::clamp(chain_value_or(c, "trend.median.before",
+                                                        chain_value_or(c, "trend.median", 0.0)),
+                                         0.0, 1.0);
     const double base = base_share * static_cast<double>(a.wall_ns);
     const uint64_t lost = static_cast<double>(part) > base ? part - static_cast<uint64_t>(base) : 0;
     return {lost, a.wall_ns};
@@ -108,7 +103,7 @@ std::pair<uint64_t, uint64_t> chain_lost_ns(const Chain& c) {
       if (e.kind == "gap" && e.value > 0) return {static_cast<uint64_t>(e.value), window};
     return {0, 0};
   }
-  const double excess = value_or(c, "slow.excess_ns", 0.0);
+  const double excess = chain_value_or(c, "slow.excess_ns", 0.0);
   if (excess > 0 && window > 0) {
     // The share is of the thread's time: its accounted wall time when known, else the window.
     const uint64_t base = c.accounting && c.accounting->wall_ns ? c.accounting->wall_ns : window;
@@ -123,7 +118,7 @@ SeverityFacts chain_facts(const Chain& c, const SeverityContext& ctx) {
   f.category = c.category;
   f.over_time = c.over_time;
   std::tie(f.lost_ns, f.base_ns) = chain_lost_ns(c);
-  f.calls = static_cast<uint64_t>(std::max(0.0, value_or(c, "slow.calls", 0.0)));
+  f.calls = static_cast<uint64_t>(std::max(0.0, chain_value_or(c, "slow.calls", 0.0)));
   if (c.over_time) {
     f.evidence = EvidenceStrength::kRecorded;  // rules over time judge recorded states only
   } else if (c.accounting) {
@@ -131,15 +126,16 @@ SeverityFacts chain_facts(const Chain& c, const SeverityContext& ctx) {
   } else if (c.category == "cpu_contention" || c.category == "blocking") {
     f.evidence = EvidenceStrength::kCallsOnly;  // nothing said about the states: no cap
   }
-  f.lossy = value_or(c, "lost_events", 0.0) > 0 && (c.category == "launch_gap" || c.category == "throughput_drop");
-  f.not_in_loop = c.category == "implicit_sync" && value_or(c, "launches", -1.0) == 0.0;
+  f.lossy = chain_value_or(c, "lost_events", 0.0) > 0 &&
+            (c.category == "launch_gap" || c.category == "throughput_drop");
+  f.not_in_loop = c.category == "implicit_sync" && chain_value_or(c, "launches", -1.0) == 0.0;
   if (c.category == "throughput_drop" && c.time_split.present) {
     f.split_blocked = c.time_split.off_cpu_blocked;
     f.split_dominant_blocked = c.time_split.dominant == "off_cpu_blocked";
     f.split_dominant_unknown = c.time_split.dominant == "off_cpu_unknown";
   }
-  f.warmup_only = value_or(c, "warmup.only", 0.0) == 1.0;
-  f.warmup_abnormal = value_or(c, "warmup.abnormal", 0.0) == 1.0;
+  f.warmup_only = chain_value_or(c, "warmup.only", 0.0) == 1.0;
+  f.warmup_abnormal = chain_value_or(c, "warmup.abnormal", 0.0) == 1.0;
   // Warm-up as a phase: with the process's step period known, its warm-up is its first steps; a
   // chain whose window starts after them is not in it, whatever the fixed `param warmup` said.
   if (f.warmup_only && ctx.steps) {
@@ -165,6 +161,12 @@ SeverityDecision grade_chain(Chain& c, const SeverityContext& ctx) {
 void grade_chains(std::vector<Chain>& chains, const SeverityContext& ctx) {
   for (Chain& c : chains) grade_chain(c, ctx);
   std::sort(chains.begin(), chains.end(), chain_canonical_order);
+}
+
+double chain_value_or(const Chain& c, const char* name, double dflt) {
+  for (const auto& [k, v] : c.values)
+    if (k == name && std::isfinite(v)) return v;
+  return dflt;
 }
 
 }  // namespace ingero

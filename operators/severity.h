@@ -105,6 +105,9 @@ SeverityFacts chain_facts(const Chain& c, const SeverityContext& ctx = {});
 // windows merged by the engine - else trend.median, when the rule keeps one); a tail chain,
 // its slow calls' time beyond the median call (slow.excess_ns); a launch gap, its length.
 std::pair<uint64_t, uint64_t> chain_lost_ns(const Chain& c);
+
+// The chain's value `name` (Chain::values), or `dflt` when absent or not finite.
+double chain_value_or(const Chain& c, const char* name, double dflt);
 // Decides c.severity from chain_facts(); the first call remembers the declaration in
 // c.declared_severity and later calls start from it, so grading twice gives the same answer. A
 // change is said once at the end of the root cause ("; severity LOW: ..."). Returns the decision.

@@ -79,6 +79,7 @@ std::vector<SlowReplica> slow_replicas(const std::vector<ProcessSteps>& all, con
       const double peer = median_d(others);
       if (!(peer > 0)) continue;
       std::vector<double> dev;
+      dev.reserve(others.size());
       for (double x : others) dev.push_back(std::fabs(x - peer));
       const double mad = std::max(median_d(dev), o.mad_floor * peer);
       const double excess = medians[i] / peer - 1;
