@@ -2539,6 +2539,10 @@ struct Shard::Impl {
           }
           break;
         case StageKind::kEmit:
+          // The window fired: its value leaves the key's baseline (operators/trend.h retract()).
+          for (size_t b = 0; b < s; ++b)
+            if (def.stages[b].kind == StageKind::kTrend && pipes[p].trends[b])
+              pipes[p].trends[b]->retract(row.key, row.window);
           emit(def, st, row, out);
           ++outcome.chains;
           return;

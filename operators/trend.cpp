@@ -34,9 +34,18 @@ TrendResult TrendOp::observe(const Key& key, uint64_t window, double value) {
       r.peak = *std::max_element(h.values.begin(), h.values.end());
       r.change = r.median != 0 ? value / r.median : kNaN;
     }
+    if (h.added) h.retracted_run = 0;  // the previous window was kept: the run of left-out ones ends
+    h.added = false;
+    h.has_evicted = false;
     if (value == value) {
       h.values.push_back(value);
-      while (h.values.size() > n) h.values.pop_front();
+      h.added = true;
+      h.added_window = window;
+      if (h.values.size() > n) {
+        h.evicted = h.values.front();
+        h.has_evicted = true;
+        h.values.pop_front();
+      }
     }
     return r;
   }
@@ -71,6 +80,18 @@ TrendResult TrendOp::observe(const Key& key, uint64_t window, double value) {
   }
   r.change = r.first != 0 ? r.last / r.first : std::numeric_limits<double>::quiet_NaN();
   return r;
+}
+
+void TrendOp::retract(const Key& key, uint64_t window) {
+  if (node_.mode != TrendMode::kBaseline) return;
+  auto it = history_.find(key);
+  if (it == history_.end()) return;
+  History& h = it->second;
+  if (!h.added || h.added_window != window || h.values.empty() || h.retracted_run >= kMaxRetracted) return;
+  h.values.pop_back();
+  if (h.has_evicted) h.values.push_front(h.evicted);
+  h.added = h.has_evicted = false;
+  ++h.retracted_run;
 }
 
 }  // namespace ingero

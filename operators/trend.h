@@ -12,6 +12,11 @@
 // kBaseline always holds: median and mad (median absolute deviation) of the previous `windows`
 // values of the key, NaN before it has any (history = how many); a skipped window does not
 // restart it, a NaN value is not added to it.
+// retract(key, window): the rule fired on this window of the key, so its value is not normal: it
+// leaves the baseline (kBaseline only; the value observe() just added for `window`, and the
+// oldest value that addition pushed out comes back). A baseline is therefore the key's windows
+// that did not fire: a contention that lasts does not become its own baseline and stop firing.
+// At most kMaxRetracted windows in a row are left out; after that the level is the new normal.
 // Memory: at most `windows` values per key. Single-threaded.
 #pragma once
 
@@ -36,12 +41,20 @@ struct TrendResult {
 class TrendOp {
  public:
   explicit TrendOp(const TrendNode& node) : node_(node) {}
+  static constexpr uint32_t kMaxRetracted = 300;
   TrendResult observe(const Key& key, uint64_t window, double value);
+  void retract(const Key& key, uint64_t window);
 
  private:
   struct History {
     uint64_t last_window = 0;
     std::deque<double> values;
+    // kBaseline: the last observe() added a value (for window `added_window`), pushing out
+    // `evicted` when `has_evicted`; `retracted_run` windows in a row have been left out.
+    bool added = false, has_evicted = false;
+    uint64_t added_window = 0;
+    double evicted = 0;
+    uint32_t retracted_run = 0;
   };
   TrendNode node_;
   std::unordered_map<Key, History, KeyHash> history_;

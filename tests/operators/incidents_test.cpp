@@ -168,6 +168,26 @@ TEST(Incidents, ThirtySecondsOfContentionAreOneIncident) {
   }
 }
 
+// A moderate hog (under the rule's 30% that fires whatever the baseline) must not become its own
+// baseline half-way: the windows that fired leave the thread's baseline (operators/trend.h
+// retract), so 30 s of it is still one incident of 30 s.
+TEST(Incidents, ModerateContentionStaysOneWholeIncident) {
+  for (const double share : {0.20, 0.12}) {
+    const Generated g = generate(60, 15, 30, share, 1, 5);
+    const AnalysisResult r = explain(g, {});
+    std::vector<const Incident*> hog;
+    for (const auto& in : r.incidents)
+      if (in.category == "cpu_contention" && in.tid == 101 && in.severity >= Severity::kMedium) hog.push_back(&in);
+    ASSERT_EQ(hog.size(), 1u) << share << "\n" << incidents_text(r);
+    EXPECT_EQ(hog[0]->start_ns, kBase + 15 * kSec) << share << "\n" << incidents_text(r);
+    EXPECT_EQ(hog[0]->end_ns, kBase + 45 * kSec) << share << "\n" << incidents_text(r);
+    EXPECT_NEAR(static_cast<double>(hog[0]->lost_ns), static_cast<double>(g.hog_ns),
+                0.10 * static_cast<double>(g.hog_ns))
+        << share << "\n"
+        << incidents_text(r);
+  }
+}
+
 TEST(Incidents, TwentyPercentPreemptedIsHigh) {
   const Generated g = generate(40, 10, 20, 0.20, 1, 3);
   const AnalysisResult r = explain(g, {});
