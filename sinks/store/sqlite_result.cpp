@@ -139,6 +139,54 @@ bool read_steps(sqlite3* db, AnalysisResult& r, std::string& error) {
   return true;
 }
 
+// ip_incidents (absent from older databases; step_ns added later).
+bool read_incidents(sqlite3* db, AnalysisResult& r, std::string& error) {
+  if (!sqlite_detail::table_exists(db, "ip_incidents")) return true;
+  const auto cols = sqlite_detail::table_columns(db, "ip_incidents");
+  const bool has_step = std::find(cols.begin(), cols.end(), "step_ns") != cols.end();
+  Stmt s(db, std::string("SELECT id, rule, category, severity, pid, tid, node, rank, start_ns, end_ns, steps, lost_ns, "
+                         "lost_basis, lost_share, gpus, gpus_from, gpu_hours, cost, currency, what_if_step_ns, "
+                         "summary, chains, ") +
+                 (has_step ? "step_ns" : "NULL") + " FROM ip_incidents ORDER BY position, rowid");
+  if (!s.ok()) return error = "cannot read ip_incidents: " + s.error(), false;
+  int rc;
+  while ((rc = s.step()) == SQLITE_ROW) {
+    Incident in;
+    in.id = s.text(0);
+    in.rule = s.text(1);
+    in.category = s.text(2);
+    const std::string sev = s.text(3);
+    in.severity = sev == "HIGH" ? Severity::kHigh : sev == "LOW" ? Severity::kLow : Severity::kMedium;
+    in.pid = static_cast<uint32_t>(s.i64(4));
+    in.tid = static_cast<uint32_t>(s.i64(5));
+    const std::string node = s.text(6);
+    for (size_t k = 0; k < r.meta.nodes.size(); ++k)
+      if (r.meta.nodes[k] == node) in.node = static_cast<uint16_t>(k);
+    in.rank = s.is_null(7) ? int16_t{-1} : static_cast<int16_t>(s.i64(7));
+    in.start_ns = static_cast<uint64_t>(s.i64(8));
+    in.end_ns = static_cast<uint64_t>(s.i64(9));
+    in.steps = static_cast<uint64_t>(s.i64(10));
+    in.lost_ns = static_cast<uint64_t>(s.i64(11));
+    in.lost_basis = s.text(12);
+    in.lost_share = s.f64(13);
+    in.gpus = s.f64(14);
+    in.gpus_from = s.text(15);
+    in.gpu_hours = s.f64(16);
+    if (!s.is_null(17)) {
+      in.cost = s.f64(17);
+      in.currency = s.text(18);
+    }
+    if (!s.is_null(19)) in.what_if_step_ns = static_cast<uint64_t>(s.i64(19));
+    in.summary = s.text(20);
+    for (const auto& id : parse_json(s.text(21), json::array()))
+      if (id.is_string()) in.chains.push_back(id.get<std::string>());
+    if (!s.is_null(22)) in.step_ns = static_cast<uint64_t>(s.i64(22));
+    r.incidents.push_back(std::move(in));
+  }
+  if (rc != SQLITE_DONE) return error = sqlite_detail::describe_sqlite_error(db, rc), false;
+  return true;
+}
+
 bool read_ours(sqlite3* db, AnalysisResult& r, std::string& error) {
   {
     Stmt s(db, "SELECT key, value FROM ip_meta");
@@ -151,6 +199,12 @@ bool read_ours(sqlite3* db, AnalysisResult& r, std::string& error) {
         if (j.is_array() && !j.empty()) {
           r.meta.nodes.clear();
           for (const auto& x : j) r.meta.nodes.push_back(x.is_string() ? x.get<std::string>() : "");
+        }
+      } else if (k == "verdict") {
+        const json j = parse_json(v, json::object());
+        if (j.is_object()) {
+          r.verdict = j.value("text", "");
+          r.bound = j.value("bound", "");
         }
       } else if (k == "engine_counters") {
         const json j = parse_json(v, json::object());
@@ -252,7 +306,7 @@ bool read_ours(sqlite3* db, AnalysisResult& r, std::string& error) {
     r.chains.push_back(std::move(c));
   }
   if (rc != SQLITE_DONE) return error = sqlite_detail::describe_sqlite_error(db, rc), false;
-  if (!read_accounting(db, r, error) || !read_steps(db, r, error)) return false;
+  if (!read_accounting(db, r, error) || !read_steps(db, r, error) || !read_incidents(db, r, error)) return false;
   if (!sqlite_detail::table_exists(db, "ip_rule_outcomes")) return true;      // written before it existed
   const auto ro_cols = sqlite_detail::table_columns(db, "ip_rule_outcomes");  // over_time: added later
   const bool ro_over_time = std::find(ro_cols.begin(), ro_cols.end(), "over_time") != ro_cols.end();

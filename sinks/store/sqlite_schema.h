@@ -300,6 +300,7 @@ CREATE TABLE IF NOT EXISTS ip_incidents (
   currency        TEXT,
   what_if_step_ns INTEGER,            -- NULL without a step period
   summary         TEXT NOT NULL,
+  step_ns         INTEGER,            -- the process's step time p50 (NULL: unknown)
   chains          TEXT NOT NULL       -- JSON array of the ids of its chains (ip_chains.chain_id)
 );
 )sql";

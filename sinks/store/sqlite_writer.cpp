@@ -151,8 +151,8 @@ bool write_incidents(sqlite3* db, const AnalysisResult& r, const TraceMeta& name
   Stmt st(db,
           "INSERT INTO ip_incidents(position, id, rule, category, severity, pid, tid, node, rank, start_ns, end_ns, "
           "steps, lost_ns, lost_basis, lost_share, gpus, gpus_from, gpu_hours, cost, currency, what_if_step_ns, "
-          "summary, chains) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, "
-          "?19, ?20, ?21, ?22, ?23)");
+          "summary, chains, step_ns) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, "
+          "?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)");
   if (!st.ok()) return why = st.error(), false;
   int64_t position = 0;
   auto finite = [](double v) { return std::isfinite(v) ? v : 0.0; };
@@ -187,6 +187,8 @@ bool write_incidents(sqlite3* db, const AnalysisResult& r, const TraceMeta& name
     else st.bind_null(21);
     st.bind(22, in.summary);
     st.bind(23, json(in.chains).dump());
+    if (in.step_ns) st.bind_u64(24, in.step_ns);
+    else st.bind_null(24);
     const int rc = st.step();
     st.reset();
     if (rc != SQLITE_DONE) return why = sqlite3_errmsg(db), false;

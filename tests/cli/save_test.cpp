@@ -1,5 +1,6 @@
 // `explain --save`: the database it writes keeps the time accounting (whole trace and each chain's)
-// and the steps that `explain --json` prints, and read_result gives them back the same.
+// the steps, the incidents and the verdict that `explain --json` prints, and read_result gives them
+// back the same.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -38,6 +39,11 @@ TEST(ExplainSave, KeepsTheAccountingAndTheSteps) {
   const json stored = ingero::explain_json(back);
   EXPECT_EQ(stored["accounting"], printed["accounting"]);
   EXPECT_EQ(stored.value("steps", json()), printed.value("steps", json()));
+  // The incidents and the verdict (ip_incidents, ip_meta `verdict`) come back the same.
+  ASSERT_FALSE(printed["incidents"].empty());
+  EXPECT_EQ(stored["incidents"], printed["incidents"]);
+  EXPECT_EQ(stored["verdict"], printed["verdict"]);
+  EXPECT_EQ(stored["bound"], printed["bound"]);
   ASSERT_EQ(stored["chains"].size(), printed["chains"].size());
   size_t with_accounting = 0;
   for (size_t i = 0; i < printed["chains"].size(); ++i) {
