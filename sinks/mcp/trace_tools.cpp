@@ -16,11 +16,14 @@
 
 #include "engine/default_plans.h"
 #include "engine/engine.h"
+#include "model/annotation.h"
 #include "model/ops.h"
 #include "model/result_json.h"
 #include "model/stack.h"
 #include "operators/chain_annotate.h"
+#include "operators/event_observer.h"
 #include "operators/incidents.h"
+#include "operators/step_inference.h"
 #include "operators/time_accounting.h"
 #include "sinks/mcp/rule_inspect.h"
 #include "sinks/store/lmdb_store.h"
@@ -219,26 +222,6 @@ std::string ops_in(const AnalysisResult& r) {
   for (const auto& o : r.ops) s += (s.empty() ? "" : ", ") + op_name(o.source, o.op);
   return s.empty() ? "(none)" : s;
 }
-
-// A pass-through source that shows every batch to one observer (as cli/pipeline_common.h's
-// ObservingSource does for the commands).
-class ObservedSource final : public EventSource {
- public:
-  ObservedSource(EventSource& in, EventObserver& o) : in_(in), o_(o) {}
-  bool next(Batch& b) override {
-    if (!in_.next(b)) return false;
-    const std::vector<Event>& v = b.view();
-    o_.observe(v.data(), v.size());
-    return true;
-  }
-  TraceMeta& meta() override { return in_.meta(); }
-  PrefetchHint upcoming() override { return in_.upcoming(); }
-  unsigned busy_threads() const override { return in_.busy_threads(); }
-
- private:
-  EventSource& in_;
-  EventObserver& o_;
-};
 
 // A thread's accounting for an agent: explain --json's shape (model/result_json.h) with the
 // trace's strings marked untrusted and the shares of its wall time.
@@ -489,15 +472,30 @@ const AnalysisResult* TraceTools::analysis(std::string& error) {
       ao.chain_accounting = true;
       ao.meta = &source->meta();
       TimeAccounting accounting(ao);
-      ObservedSource observed(*source, accounting);
+      // The step period of each process (its own markers win when the trace has them), and the
+      // devices each process's calls named: an incident's steps, what-if and GPUs, as `explain`.
+      StepInference steps;
+      {
+        std::vector<Annotation> notes;
+        AnnotationReadStats as;
+        std::string ignored;
+        if (read_annotations(options_.db_path, source->meta().nodes, notes, as, ignored)) {
+          std::vector<StepMarker> markers;
+          for (const Annotation& x : notes)
+            if (StepMarker m; step_marker_of(x, m)) markers.push_back(m);
+          steps.add_markers(markers);
+        }
+      }
+      GpuUsage gpus;
+      ObservingSource observed(*source, {&accounting, &steps, &gpus});
       LiveChainAnnotator annotator(options_.annotate);
       EventSource& annotated = annotator.tap(observed);
       eo.on_chain = [&annotator](const Chain& c) { annotator.annotate(c); };
       auto result = std::make_unique<AnalysisResult>(run_plan(plan(), annotated, eo, &errors));
       if (errors.empty()) {
-        annotator.finish(*result);  // first: chains get their threads, then their accounting
-        accounting.finish(source->meta(), *result);
-        assemble_incidents(*result);  // severity, incidents, the verdict (operators/incidents.h)
+        annotator.finish(*result);               // first: chains get their threads, then their accounting
+        observed.finish(*result);                // accounting, steps
+        assemble_incidents(*result, {}, &gpus);  // severity, incidents, the verdict (operators/incidents.h)
         all_threads_ = accounting.accounts(source->meta());
         analysis_ = std::move(result);
       } else {

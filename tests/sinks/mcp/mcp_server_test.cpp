@@ -299,7 +299,13 @@ TEST_F(McpServerTest, CausalChainsOpenWithTheVerdict) {
   const std::string text = res["content"][0]["text"].get<std::string>();
   EXPECT_EQ(text.rfind("{\"verdict\":\"The main GPU-feeding thread", 0), 0u) << text.substr(0, 300);
   EXPECT_EQ(Json::parse(text), res["structuredContent"]);
-  EXPECT_TRUE(res["structuredContent"]["incidents"].is_array());
+  const Json& incidents = res["structuredContent"]["incidents"];
+  ASSERT_TRUE(incidents.is_array());
+  // The analysis infers the steps as `explain` does: each incident has its step time and what-if.
+  ASSERT_FALSE(incidents.empty());
+  EXPECT_GT(incidents[0].value("step_ns", Json()).is_number() ? incidents[0]["step_ns"].get<double>() : 0.0, 1e9)
+      << incidents[0].dump();
+  EXPECT_TRUE(incidents[0]["what_if_step_ns"].is_number()) << incidents[0].dump();
 }
 
 TEST_F(McpServerTest, CausalChainsAreRankedFilteredAndExplained) {
