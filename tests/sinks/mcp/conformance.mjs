@@ -12,7 +12,7 @@ import assert from "node:assert/strict";
 
 const [bin, dataDir] = process.argv.slice(2);
 const digest = (p) => createHash("sha256").update(readFileSync(p)).digest("hex");
-const TOOLS = ["check_rule", "explain_chain", "get_causal_chains", "get_check", "get_stacks",
+const TOOLS = ["check_rule", "compare_traces", "explain_chain", "get_causal_chains", "get_check", "get_stacks",
                "get_trace_stats", "list_rules", "query_fleet", "run_sql", "thread_accounting", "why_not"];
 
 function structured(result, tool) {
