@@ -83,4 +83,22 @@ inline bool is_gpu_api(Source s) {
   return s == Source::kCuda || s == Source::kDriver || s == Source::kGraph || s == Source::kNccl;
 }
 
+// An NCCL collective whose completion every rank waits for (the fleet's sync points: clock
+// alignment, stragglers per step, the per-step waits on /metrics).
+inline bool is_collective_call(const Event& e) {
+  return e.source == Source::kNccl && (e.op == op::kNcclAllReduce || e.op == op::kNcclAllGather ||
+                                       e.op == op::kNcclReduceScatter || e.op == op::kNcclBroadcast);
+}
+
+// A call that blocks the host until the GPU (and so the collective before it) is done: stream,
+// device or event synchronisation, or a synchronous device-to-host copy.
+inline bool is_blocking_wait(const Event& e) {
+  if (e.source == Source::kCuda)
+    return e.op == op::kCudaStreamSync || e.op == op::kCudaDeviceSync || e.op == op::kCudaEventSync ||
+           (e.op == op::kCudaMemcpy && e.arg1 == 2 /* D2H */);
+  if (e.source == Source::kDriver)
+    return e.op == op::kCuStreamSynchronize || e.op == op::kCuCtxSynchronize || e.op == op::kCuMemcpyDtoH;
+  return false;
+}
+
 }  // namespace ingero

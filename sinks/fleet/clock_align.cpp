@@ -10,20 +10,6 @@
 namespace ingero {
 namespace {
 
-bool is_collective(const Event& e) {
-  return e.source == Source::kNccl && (e.op == op::kNcclAllReduce || e.op == op::kNcclAllGather ||
-                                       e.op == op::kNcclReduceScatter || e.op == op::kNcclBroadcast);
-}
-
-bool is_blocking_wait(const Event& e) {
-  if (e.source == Source::kCuda)
-    return e.op == op::kCudaStreamSync || e.op == op::kCudaDeviceSync || e.op == op::kCudaEventSync ||
-           (e.op == op::kCudaMemcpy && e.arg1 == 2 /* D2H */);
-  if (e.source == Source::kDriver)
-    return e.op == op::kCuStreamSynchronize || e.op == op::kCuCtxSynchronize || e.op == op::kCuMemcpyDtoH;
-  return false;
-}
-
 int64_t mad_of(const std::vector<int64_t>& v, int64_t med) {
   std::vector<int64_t> dev;
   dev.reserve(v.size());
@@ -54,7 +40,7 @@ void SyncPointCollector::add(const Event& e) {
     if (e.ret == 0 && inits.size() < 256) inits.push_back(e.ts_ns);
     return;
   }
-  if (is_collective(e)) {
+  if (is_collective_call(e)) {
     ++collectives_;
     const CommKey key{e.pid, e.arg1};
     first_collective_.emplace(key, e.ts_ns);

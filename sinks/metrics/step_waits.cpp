@@ -7,20 +7,6 @@
 namespace ingero::metrics {
 namespace {
 
-bool is_collective(const Event& e) {
-  return e.source == Source::kNccl && (e.op == op::kNcclAllReduce || e.op == op::kNcclAllGather ||
-                                       e.op == op::kNcclReduceScatter || e.op == op::kNcclBroadcast);
-}
-
-bool is_sync(const Event& e) {
-  if (e.source == Source::kCuda)
-    return e.op == op::kCudaStreamSync || e.op == op::kCudaDeviceSync || e.op == op::kCudaEventSync ||
-           (e.op == op::kCudaMemcpy && e.arg1 == 2 /* D2H */);
-  if (e.source == Source::kDriver)
-    return e.op == op::kCuStreamSynchronize || e.op == op::kCuCtxSynchronize || e.op == op::kCuMemcpyDtoH;
-  return false;
-}
-
 int64_t median(std::vector<int64_t> v) {
   if (v.empty()) return 0;
   const size_t mid = v.size() / 2;
@@ -34,8 +20,8 @@ int64_t median(std::vector<int64_t> v) {
 }  // namespace
 
 void StepWaitTracker::add(const Event& e) {
-  const bool coll = is_collective(e);
-  if (!coll && !is_sync(e)) return;
+  const bool coll = is_collective_call(e);
+  if (!coll && !is_blocking_wait(e)) return;
   const std::tuple<int16_t, uint32_t, uint32_t> tkey{e.rank, e.pid, e.tid};
   auto it = threads_.find(tkey);
   if (coll) {
