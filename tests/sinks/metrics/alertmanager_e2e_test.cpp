@@ -20,6 +20,7 @@
 
 #include "tests/sinks/fleet/fleet_synth.h"
 #include "tests/sinks/metrics/e2e_util.h"
+#include "tests/util/scratch_db.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -50,15 +51,8 @@ TEST(AlertmanagerEndToEnd, StepStragglerAlertReachesTheWebhookForTheLateRankOnly
   const std::string bin = std::string(INGERO_BINARY_DIR) + "/ingero-pipeline";
   if (::access(bin.c_str(), X_OK) != 0) GTEST_SKIP() << bin << " is not built";
 
-  const fs::path dir = fs::temp_directory_path() / ("fleet_am_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  struct Cleanup {
-    fs::path d;
-    ~Cleanup() {
-      std::error_code ec;
-      fs::remove_all(d, ec);
-    }
-  } cleanup{dir};
+  const ScratchDir scratch("fleet_am");
+  const fs::path& dir = scratch.path();
 
   constexpr int kRanks = 4, kSlow = 2, kOnsetStep = 300;
   constexpr double kOnsetS = kOnsetStep * 0.050;  // trace seconds at the onset

@@ -43,7 +43,9 @@ inline int free_port() {
   return ntohs(a.sin_port);
 }
 
-inline std::string http_get(int port, const std::string& path) {
+// The whole HTTP/1.0 response to GET `path` on loopback `port`, status line and headers included
+// ("" when nothing listens).
+inline std::string http_get_response(int port, const std::string& path) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   timeval tv{5, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -62,6 +64,12 @@ inline std::string http_get(int port, const std::string& path) {
   ssize_t n;
   while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
   ::close(fd);
+  return out;
+}
+
+// The body of that response ("" when there is none).
+inline std::string http_get(int port, const std::string& path) {
+  const std::string out = http_get_response(port, path);
   const auto body = out.find("\r\n\r\n");
   return body == std::string::npos ? "" : out.substr(body + 4);
 }

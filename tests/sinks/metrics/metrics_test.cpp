@@ -1,16 +1,13 @@
 // The Prometheus exporter (sinks/metrics/prometheus_exporter.h): classic buckets are an exact
 // collapse of the gamma = 2^(1/32) sketch, labels stay bounded, /metrics is served over HTTP.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <random>
 
 #include "model/ops.h"
 #include "sinks/metrics/prometheus_exporter.h"
+#include "tests/sinks/metrics/e2e_util.h"
 
 using namespace ingero;
 using namespace ingero::metrics;
@@ -25,26 +22,6 @@ Event call(Source s, uint8_t o, uint64_t dur, int16_t rank = 0, uint32_t pid = 1
   e.rank = rank;
   e.pid = e.tid = pid;
   return e;
-}
-
-std::string http_get(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return "";
-  }
-  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  (void)!::write(fd, req.data(), req.size());
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  return out;
 }
 
 }  // namespace
@@ -120,7 +97,7 @@ TEST(Metrics, ServesMetricsOnLoopback) {
   ASSERT_GT(ex->port(), 0);
   std::vector<Event> ev{call(Source::kCuda, op::kCudaLaunchKernel, 5'000)};
   ex->state().observe(ev, TraceMeta{});
-  const auto body = http_get(ex->port(), "/metrics");
+  const auto body = ingero::test::http_get_response(ex->port(), "/metrics");
   EXPECT_NE(body.find("200 OK"), std::string::npos) << body.substr(0, 200);
   EXPECT_NE(body.find("gpustall_op_latency_seconds_count{op=\"cudaLaunchKernel\",rank=\"0\"} 1"), std::string::npos);
   // A busy address is an error, not an exception.

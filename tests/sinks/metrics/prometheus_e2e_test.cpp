@@ -25,6 +25,7 @@
 
 #include "tests/sinks/fleet/fleet_synth.h"
 #include "tests/sinks/metrics/e2e_util.h"
+#include "tests/util/scratch_db.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -36,15 +37,8 @@ TEST(PrometheusEndToEnd, StragglerAlertForTheSlowNodeOnly) {
   const std::string bin = std::string(INGERO_BINARY_DIR) + "/ingero-pipeline";
   if (::access(bin.c_str(), X_OK) != 0) GTEST_SKIP() << bin << " is not built";
 
-  const fs::path dir = fs::temp_directory_path() / ("fleet_prom_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  struct Cleanup {
-    fs::path d;
-    ~Cleanup() {
-      std::error_code ec;
-      fs::remove_all(d, ec);
-    }
-  } cleanup{dir};
+  const ScratchDir scratch("fleet_prom");
+  const fs::path& dir = scratch.path();
 
   FleetSpec spec;
   spec.ranks = 5;
