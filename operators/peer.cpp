@@ -4,13 +4,6 @@
 #include <cmath>
 
 namespace ingero {
-double median_of(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2.0;
-}
-
 std::vector<PeerScore> evaluate_peers(const PeerNode& node, const std::vector<double>& values) {
   std::vector<double> valid;
   for (double v : values)

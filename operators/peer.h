@@ -11,6 +11,7 @@
 
 #include <vector>
 
+#include "model/median.h"  // median_of, used with the peer scores
 #include "model/plan.h"
 
 namespace ingero {
@@ -22,9 +23,5 @@ struct PeerScore {
 };
 
 std::vector<PeerScore> evaluate_peers(const PeerNode& node, const std::vector<double>& values);
-
-// The median of `v` (the mean of the two middle values for an even count); 0 when empty. Also
-// bench --scaling's medians.
-double median_of(std::vector<double> v);
 
 }  // namespace ingero

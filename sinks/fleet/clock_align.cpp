@@ -19,16 +19,6 @@ int64_t mad_of(const std::vector<int64_t>& v, int64_t med) {
 
 }  // namespace
 
-int64_t median_of(std::vector<int64_t> v) {
-  if (v.empty()) return 0;
-  const size_t mid = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
-  if (v.size() % 2) return v[mid];
-  const int64_t hi = v[mid];
-  const int64_t lo = *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid));
-  return lo + (hi - lo) / 2;
-}
-
 void SyncPointCollector::add(const Event& e) {
   if (e.source == Source::kHost && e.op == op::kProcessExec) {
     auto& st = starts_[e.pid];

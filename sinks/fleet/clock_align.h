@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "model/event.h"
+#include "model/median.h"  // median_of, used by the alignment and the straggler analysis
 
 namespace ingero {
 
@@ -153,8 +154,5 @@ struct ArrivalCount {
 };
 
 std::vector<ArrivalCount> count_last_arrivals(const std::vector<ArrivalNode>& nodes);
-
-// Median of a vector (copied; empty -> 0).
-int64_t median_of(std::vector<int64_t> v);
 
 }  // namespace ingero

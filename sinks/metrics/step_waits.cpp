@@ -2,23 +2,10 @@
 
 #include <algorithm>
 
+#include "model/median.h"
 #include "model/ops.h"
 
 namespace ingero::metrics {
-namespace {
-
-int64_t median(std::vector<int64_t> v) {
-  if (v.empty()) return 0;
-  const size_t mid = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
-  if (v.size() % 2) return v[mid];
-  const int64_t hi = v[mid];
-  const int64_t lo = *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid));
-  return lo + (hi - lo) / 2;
-}
-
-}  // namespace
-
 void StepWaitTracker::add(const Event& e) {
   const bool coll = is_collective_call(e);
   if (!coll && !is_blocking_wait(e)) return;
@@ -90,8 +77,8 @@ std::vector<RankStepWaits> StepWaitTracker::ranks() const {
         l.push_back(len);
       }
       r.ready = true;
-      r.median_wait_ns = median(std::move(w));
-      r.median_step_ns = median(std::move(l));
+      r.median_wait_ns = median_of(std::move(w));
+      r.median_step_ns = median_of(std::move(l));
     }
     out.push_back(r);
   }
