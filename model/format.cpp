@@ -62,4 +62,16 @@ std::string format_value(double v, Unit u) {
   return buf;
 }
 
+std::string format_ms_fixed(double ns, int decimals) {
+  char b[48];
+  std::snprintf(b, sizeof b, "%.*f ms", decimals, ns / 1e6);
+  return b;
+}
+
+std::string format_percent_fixed(double share, int decimals) {
+  char b[48];
+  std::snprintf(b, sizeof b, "%.*f%%", decimals, share * 100);
+  return b;
+}
+
 }  // namespace ingero

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "model/format.h"
 #include "model/ops.h"
 
 namespace ingero {
@@ -164,12 +165,6 @@ bool diffs_at(const std::vector<SyncPoint>& ref, size_t a, size_t b, size_t stri
   return mismatched * 10 <= diffs.size();
 }
 
-std::string ms(int64_t ns) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3f ms", static_cast<double>(ns) / 1e6);
-  return buf;
-}
-
 }  // namespace
 
 OffsetEstimate estimate_offset(const std::vector<SyncPoint>& reference, const std::vector<SyncPoint>& node,
@@ -286,7 +281,8 @@ OffsetEstimate estimate_offset(const std::vector<SyncPoint>& reference_in, const
       finalize(*zero, "collective_order");
       out.note = "ordinal k is the same collective on both nodes (both captures cover the communicator's start)";
       if (bounded && !in_window(*zero))
-        out.note += "; the clock anchors disagree (" + ms(hints.prior_ns) + " +- " + ms(hints.prior_bound_ns) + ")";
+        out.note += "; the clock anchors disagree (" + format_ms_fixed(static_cast<double>(hints.prior_ns), 3) +
+                    " +- " + format_ms_fixed(static_cast<double>(hints.prior_bound_ns), 3) + ")";
       return out;
     }
     out.note =
@@ -299,7 +295,8 @@ OffsetEstimate estimate_offset(const std::vector<SyncPoint>& reference_in, const
     out.note += "the only ordinal shift that fits (" + std::to_string(checked - 1) +
                 " others ruled out by step jitter)";
     if (bounded && !in_window(*fitting_checked[0]))
-      out.note += "; the clock anchors disagree (" + ms(hints.prior_ns) + " +- " + ms(hints.prior_bound_ns) + ")";
+      out.note += "; the clock anchors disagree (" + format_ms_fixed(static_cast<double>(hints.prior_ns), 3) + " +- " +
+                  format_ms_fixed(static_cast<double>(hints.prior_bound_ns), 3) + ")";
     return out;
   }
   // 3. The wall-clock anchors pick among the fitting shifts.
@@ -310,12 +307,14 @@ OffsetEstimate estimate_offset(const std::vector<SyncPoint>& reference_in, const
     if (window.size() == 1) {
       finalize(*window[0], "collectives_anchors");
       out.note += std::to_string(fitting.size()) + " ordinal shifts fit the collectives; the clock anchors (" +
-                  ms(hints.prior_ns) + " +- " + ms(hints.prior_bound_ns) + ") allow only this one";
+                  format_ms_fixed(static_cast<double>(hints.prior_ns), 3) + " +- " +
+                  format_ms_fixed(static_cast<double>(hints.prior_bound_ns), 3) + ") allow only this one";
       return out;
     }
     if (window.empty()) {
-      out.note += "no fitting shift lies within the clock anchors' bound (" + ms(hints.prior_ns) + " +- " +
-                  ms(hints.prior_bound_ns) + "): anchors not trusted; ";
+      out.note += "no fitting shift lies within the clock anchors' bound (" +
+                  format_ms_fixed(static_cast<double>(hints.prior_ns), 3) + " +- " +
+                  format_ms_fixed(static_cast<double>(hints.prior_bound_ns), 3) + "): anchors not trusted; ";
       window = fitting;
     }
   } else {
@@ -330,9 +329,11 @@ OffsetEstimate estimate_offset(const std::vector<SyncPoint>& reference_in, const
   int64_t u = out.period_ns + out.uncertainty_ns;
   for (const auto* c : window) u = std::max<int64_t>(u, std::llabs(c->median - out.offset_ns) + spread_of(c->mad));
   out.uncertainty_ns = u;
-  out.note += std::to_string(window.size()) + " ordinal shifts (step " + ms(out.period_ns) +
+  out.note += std::to_string(window.size()) + " ordinal shifts (step " +
+              format_ms_fixed(static_cast<double>(out.period_ns), 3) +
               ") fit the collectives equally well and nothing tells them apart: the offset closest to " +
-              (bounded ? "the clock anchors" : "zero") + " is kept, uncertain by +- " + ms(u);
+              (bounded ? "the clock anchors" : "zero") + " is kept, uncertain by +- " +
+              format_ms_fixed(static_cast<double>(u), 3);
   return out;
 }
 

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <map>
 
+#include "model/format.h"
+
 namespace ingero {
 namespace {
 
@@ -20,18 +22,6 @@ double median_d(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t m = v.size() / 2;
   return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
-
-std::string ms(uint64_t ns) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.2f ms", static_cast<double>(ns) / 1e6);
-  return b;
-}
-
-std::string pct(double share) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.0f%%", share * 100);
-  return b;
 }
 
 struct Replica {
@@ -122,13 +112,14 @@ std::vector<Chain> replica_step_chains(const std::vector<SlowReplica>& slow) {
     c.node = s.node_index;
     c.window_start = s.first_ns;
     c.window_end = s.last_ns;
-    c.summary = "replica on node " + s.node + ": its " + s.kind + " step takes " + ms(s.median_ns) + " (median of " +
-                std::to_string(s.steps) + "), " + pct(s.excess) + " longer than the median of " +
-                std::to_string(s.peers) + " peer replicas (" + ms(s.peer_median_ns) + ")";
+    c.summary = "replica on node " + s.node + ": its " + s.kind + " step takes " +
+                format_ms_fixed(static_cast<double>(s.median_ns), 2) + " (median of " + std::to_string(s.steps) +
+                "), " + format_percent_fixed(s.excess, 0) + " longer than the median of " + std::to_string(s.peers) +
+                " peer replicas (" + format_ms_fixed(static_cast<double>(s.peer_median_ns), 2) + ")";
     c.explanation =
         "Step times from each replica's own step inference (no markers needed); steps longer than 1.5x a "
         "replica's median are prefill-like and compared apart (" +
-        pct(s.prefill_share) + " of this replica's steps). Modified z against the peers: " +
+        format_percent_fixed(s.prefill_share, 0) + " of this replica's steps). Modified z against the peers: " +
         std::to_string(static_cast<int>(std::lround(s.z))) + ".";
     c.root_cause = "One replica does the same " + s.kind + " work more slowly than its peers: its host or GPU differs";
     c.recommendations = {

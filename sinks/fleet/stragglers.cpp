@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 
+#include "model/format.h"
 #include "model/plan.h"
 
 namespace ingero {
@@ -27,18 +28,6 @@ int64_t node_step(const std::vector<SyncPoint>& pts) {
     d.push_back(static_cast<int64_t>((pts[k].exit_ns - pts[k - 1].exit_ns) / dord));
   }
   return d.empty() ? 0 : median_of(std::move(d));
-}
-
-std::string ms(int64_t ns) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.3f ms", static_cast<double>(ns) / 1e6);
-  return b;
-}
-
-std::string pct(double share) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.1f%%", share * 100);
-  return b;
 }
 
 }  // namespace
@@ -162,11 +151,14 @@ StragglerReport find_stragglers(const std::vector<ArrivalNode>& nodes, const Str
     g.cost_share = static_cast<double>(s.wait_shortfall_ns) / static_cast<double>(r.step_ns);
     g.cross_check = "n/a";
     r.stragglers.push_back(g);
-    r.note = "arrival order not decidable (a clock unmatched, unknown or coarser than " + ms(floor_ns) +
+    r.note = "arrival order not decidable (a clock unmatched, unknown or coarser than " +
+             format_ms_fixed(static_cast<double>(floor_ns), 3) +
              "): the node that waits least is named from its own clock";
   } else if (r.stragglers.empty()) {
-    r.note = "no node arrived last at >= " + pct(o.min_last_share) + " of >= " + std::to_string(o.min_collectives) +
-             " collectives by >= " + pct(o.min_lag_share) + " of the " + ms(r.step_ns) + " step";
+    r.note = "no node arrived last at >= " + format_percent_fixed(o.min_last_share, 1) +
+             " of >= " + std::to_string(o.min_collectives) +
+             " collectives by >= " + format_percent_fixed(o.min_lag_share, 1) + " of the " +
+             format_ms_fixed(static_cast<double>(r.step_ns), 3) + " step";
   }
   for (auto& g : r.stragglers) g.severity = g.cost_share >= o.high_cost_share ? Severity::kHigh : Severity::kMedium;
   std::stable_sort(r.stragglers.begin(), r.stragglers.end(),
@@ -186,17 +178,20 @@ std::vector<Chain> straggler_chains(const StragglerReport& report) {
     const std::string who = (g.rank >= 0 ? "rank " + std::to_string(g.rank) + " (node " + g.node + ")"
                                          : "node " + g.node);
     if (g.method == "arrival_order") {
-      c.summary = who + " arrived last in " + pct(g.last_share) + " of " + std::to_string(g.collectives) +
-                  " steps, a median " + ms(g.median_lag_ns) + " late, costing the job " + pct(g.cost_share) +
-                  " of its step time";
+      c.summary = who + " arrived last in " + format_percent_fixed(g.last_share, 1) + " of " +
+                  std::to_string(g.collectives) + " steps, a median " +
+                  format_ms_fixed(static_cast<double>(g.median_lag_ns), 3) + " late, costing the job " +
+                  format_percent_fixed(g.cost_share, 1) + " of its step time";
       c.explanation = "On the corrected clock it entered the collective last, beyond both clocks' uncertainties, at " +
-                      pct(g.last_share) + " of the collectives every node took part in (step " + ms(g.step_ns) +
+                      format_percent_fixed(g.last_share, 1) + " of the collectives every node took part in (step " +
+                      format_ms_fixed(static_cast<double>(g.step_ns), 3) +
                       "); the others waited for it. Wait-least cross-check: " + g.cross_check + ".";
     } else {
-      c.summary = who + " waits a median " + ms(g.median_lag_ns) + " less per step than its peers (" +
-                  pct(static_cast<double>(g.median_lag_ns) / static_cast<double>(g.step_ns)) +
-                  " of the step): the others wait for it, costing the job about " + pct(g.cost_share) +
-                  " of its step time";
+      c.summary = who + " waits a median " + format_ms_fixed(static_cast<double>(g.median_lag_ns), 3) +
+                  " less per step than its peers (" +
+                  format_percent_fixed(static_cast<double>(g.median_lag_ns) / static_cast<double>(g.step_ns), 1) +
+                  " of the step): the others wait for it, costing the job about " +
+                  format_percent_fixed(g.cost_share, 1) + " of its step time";
       c.explanation = "The clocks could not be aligned finely enough to order arrivals (" + report.note +
                       "); the rank that waits least in the blocking wait after the collective is the one the others "
                       "wait for. No per-step arrival order is claimed.";
