@@ -6,23 +6,10 @@
 #include <map>
 
 #include "model/format.h"
+#include "model/median.h"
 
 namespace ingero {
 namespace {
-
-uint64_t median_u(std::vector<uint64_t> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : v[m - 1] + (v[m] - v[m - 1]) / 2;
-}
-
-double median_d(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
 
 struct Replica {
   const ProcessSteps* steps = nullptr;
@@ -47,7 +34,7 @@ std::vector<SlowReplica> slow_replicas(const std::vector<ProcessSteps>& all, con
     std::vector<uint64_t> d;
     for (size_t k = 1; k < s->boundaries.size(); ++k)
       if (s->boundaries[k] > s->boundaries[k - 1]) d.push_back(s->boundaries[k] - s->boundaries[k - 1]);
-    const double cut = o.prefill_factor * static_cast<double>(median_u(d));
+    const double cut = o.prefill_factor * static_cast<double>(median_of(d));
     for (uint64_t x : d) (static_cast<double>(x) > cut ? r.prefill : r.decode).push_back(x);
     reps.push_back(std::move(r));
   }
@@ -59,19 +46,19 @@ std::vector<SlowReplica> slow_replicas(const std::vector<ProcessSteps>& all, con
       const auto& v = prefill ? r.prefill : r.decode;
       if (v.size() < o.min_steps) continue;
       judged.push_back(&r);
-      medians.push_back(static_cast<double>(median_u(v)));
+      medians.push_back(static_cast<double>(median_of(v)));
     }
     if (judged.size() < o.min_replicas) continue;
     for (size_t i = 0; i < judged.size(); ++i) {
       std::vector<double> others;
       for (size_t j = 0; j < judged.size(); ++j)
         if (j != i) others.push_back(medians[j]);
-      const double peer = median_d(others);
+      const double peer = median_of(others);
       if (!(peer > 0)) continue;
       std::vector<double> dev;
       dev.reserve(others.size());
       for (double x : others) dev.push_back(std::fabs(x - peer));
-      const double mad = std::max(median_d(dev), o.mad_floor * peer);
+      const double mad = std::max(median_of(dev), o.mad_floor * peer);
       const double excess = medians[i] / peer - 1;
       const double z = 0.6745 * (medians[i] - peer) / mad;
       if (excess < o.min_excess || z < o.z) continue;
