@@ -59,10 +59,9 @@ struct EngineOptions {
   unsigned threads = 1;
   ShardSplit split = ShardSplit::kAuto;
   bool compute_stats = true;  // per-op statistics over the whole trace
-  // Bytes of join span blocks, and of the joins' buffered calls (full chunks of them, before a
-  // key's cap), the run keeps in memory (shared out between its shards); beyond it, sealed
-  // blocks go to an unlinked spill file in $TMPDIR (else /tmp) and are read back when a window
-  // closes or a prune passes. 0 = everything in memory. Results do not depend on it; a
+  // Bytes of join span blocks the run keeps in memory (shared out between its shards); beyond it,
+  // sealed blocks go to an unlinked spill file in $TMPDIR (else /tmp) and are read back when a
+  // window closes or a prune passes. 0 = everything in memory. Results do not depend on it; a
   // trace whose one window spans it all (the spans some held call touches grow with its length)
   // stays flat in memory with it. EngineCounters::join_spill_* say what it did.
   size_t join_resident_bytes = 0;

@@ -903,7 +903,8 @@ class CallChunks {
 // Calls are kept narrow (NarrowCall, the pid once for the buffer) until one has another pid or a
 // duration past 32 bits; the buffer then widens for good: a TopK of full calls is given the kept
 // narrow ones, which are the slowest so far, so it keeps the same set a full buffer would have.
-// On replay (a SpillFile given: ShardTuning::join_resident_bytes) narrow calls up to the cap sit
+// On replay (a SpillFile given: ShardTuning::join_resident_bytes, whose budget and file the call
+// chunks share with the join span blocks) narrow calls up to the cap sit
 // in CallChunks, whose full chunks go to the spill file past the budget, instead of the TopK; at
 // the cap, or at a call that is not narrow, they are given to the TopK in the order they came.
 // Only where the calls live changes: explain's peak RSS on the 5 M-event procs64 shape went from

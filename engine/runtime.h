@@ -274,10 +274,9 @@ struct ShardTuning {
   // Per-op statistics take their durations from a window group's states where one holds them
   // exactly (Shard: stats_group); false: every event is added to them on its own (tests compare).
   bool stats_from_windows = true;
-  // Bytes of sealed join span blocks, and of call buffers' full chunks of calls (runtime.cpp
-  // CallChunks), the shard keeps in memory before the rest go to a spill file in $TMPDIR (else
-  // /tmp) (IntervalJoin, "Spill"); 0 = everything in memory. Results do not depend on it.
-  // EngineOptions::join_resident_bytes sets it for a run.
+  // Bytes of sealed join span blocks the shard keeps in memory before the rest go to a spill file
+  // in $TMPDIR (else /tmp) (IntervalJoin, "Spill"); 0 = everything in memory. Results do not
+  // depend on it. EngineOptions::join_resident_bytes sets it for a run.
   size_t join_resident_bytes = 0;
 };
 
