@@ -583,7 +583,9 @@ std::string SqlQueryRunner::check_indexes_read(std::string_view sql) {
     }
     sqlite3_finalize(q);
     if (index.empty()) continue;
-    const std::string key = schema + "." + index;
+    std::string key = schema;
+    key += '.';
+    key += index;
     auto it = checked_.find(key);
     if (it == checked_.end()) {
       std::string problem = check_index(db_, schema, table, index, index_sql);
