@@ -804,6 +804,95 @@ struct Slower {
   }
 };
 
+// The calls of a call buffer before its cap (CallBuffer): appended in chunks of kCalls narrow
+// calls, full chunks reported to the shard's SpillFile as resident and, while it is over its
+// budget, written to it and dropped from memory (replay only: a SpillFile is given there). The
+// calls are the same and come back in the same order; only where they live changes. A growing
+// vector would hold up to twice its calls (doubling) for every key of every open window; chunks
+// hold at most one partly filled chunk each, and spilled chunks none.
+class CallChunks {
+ public:
+  static constexpr size_t kCalls = 256;  // a power of two: a full chunk's vector has no slack (6 KiB)
+  CallChunks() = default;
+  explicit CallChunks(SpillFile* spill) : spill_(spill) {}
+  CallChunks(CallChunks&& o) noexcept : spill_(o.spill_), chunks_(std::move(o.chunks_)) { o.chunks_.clear(); }
+  CallChunks& operator=(CallChunks&& o) noexcept {
+    if (this != &o) {
+      clear();
+      spill_ = o.spill_;
+      chunks_ = std::move(o.chunks_);
+      o.chunks_.clear();
+    }
+    return *this;
+  }
+  CallChunks(const CallChunks&) = delete;
+  CallChunks& operator=(const CallChunks&) = delete;
+  ~CallChunks() { clear(); }
+
+  [[gnu::always_inline]] void push_back(const NarrowCall& c) {
+    if (chunks_.empty() || chunks_.back().calls.size() == kCalls) [[unlikely]]
+      open_chunk();
+    chunks_.back().calls.push_back(c);
+  }
+  // fn(call) for every call, in the order they were added.
+  template <class Fn>
+  void for_each(Fn&& fn) const {
+    for (const Chunk& ch : chunks_) {
+      if (ch.slot.cap == 0) {
+        for (const auto& c : ch.calls) fn(c);
+        continue;
+      }
+      const std::vector<NarrowCall>& back = read(ch);
+      for (const auto& c : back) fn(c);
+    }
+  }
+  // Drops every call (slots released, resident bytes given back).
+  void clear() {
+    for (Chunk& ch : chunks_) {
+      if (ch.slot.cap != 0) spill_->release(ch.slot);
+      else if (ch.counted) spill_->add_resident(-static_cast<std::ptrdiff_t>(ch.calls.capacity() * sizeof(NarrowCall)));
+    }
+    chunks_.clear();
+  }
+
+ private:
+  struct Chunk {
+    std::vector<NarrowCall> calls;  // empty once spilled
+    SpillFile::Slot slot;           // cap != 0: the calls are in the spill file
+    uint32_t n = 0;                 // calls when spilled
+    bool counted = false;           // reported to the spill file as resident
+  };
+  // The last chunk is full: it is sealed (counted as resident, spilled while over budget) and a
+  // new one opened.
+  [[gnu::noinline]] void open_chunk() {
+    if (!chunks_.empty()) {
+      Chunk& last = chunks_.back();
+      const size_t bytes = last.calls.size() * sizeof(NarrowCall);
+      spill_->add_resident(static_cast<std::ptrdiff_t>(last.calls.capacity() * sizeof(NarrowCall)));
+      last.counted = true;
+      if (spill_->over_budget() &&
+          spill_->put(reinterpret_cast<const uint8_t*>(last.calls.data()), static_cast<uint32_t>(bytes), last.slot)) {
+        spill_->add_resident(-static_cast<std::ptrdiff_t>(last.calls.capacity() * sizeof(NarrowCall)));
+        last.counted = false;
+        last.n = static_cast<uint32_t>(last.calls.size());
+        std::vector<NarrowCall>().swap(last.calls);
+      }
+    }
+    chunks_.emplace_back();
+  }
+  // A spilled chunk's calls, read back into a scratch vector (valid until the next read()). A
+  // read error (an I/O error on our own file) gives no calls (SpillFile counts it: the run's
+  // join_spill_read_errors).
+  const std::vector<NarrowCall>& read(const Chunk& ch) const {
+    static thread_local std::vector<NarrowCall> scratch;
+    scratch.resize(ch.n);
+    if (!spill_->get(ch.slot, reinterpret_cast<uint8_t*>(scratch.data()))) scratch.clear();
+    return scratch;
+  }
+  SpillFile* spill_ = nullptr;
+  std::vector<Chunk> chunks_;
+};
+
 // The calls a join may look at when the window closes. Joins only look at the window's tail (the
 // slow calls, chosen by the rule's `tail` condition once the window's quantiles are known), so
 // the buffer keeps every call up to kMaxTailCalls and, beyond that, the kMaxTailCalls slowest
@@ -814,20 +903,34 @@ struct Slower {
 // Calls are kept narrow (NarrowCall, the pid once for the buffer) until one has another pid or a
 // duration past 32 bits; the buffer then widens for good: a TopK of full calls is given the kept
 // narrow ones, which are the slowest so far, so it keeps the same set a full buffer would have.
+// On replay (a SpillFile given: ShardTuning::join_resident_bytes, whose budget and file the call
+// chunks share with the join span blocks) narrow calls up to the cap sit
+// in CallChunks, whose full chunks go to the spill file past the budget, instead of the TopK; at
+// the cap, or at a call that is not narrow, they are given to the TopK in the order they came.
+// Only where the calls live changes: explain's peak RSS on the 5 M-event procs64 shape went from
+// 272 to 101 MB, its output byte for byte the same (docs/performance.md, "Speed on any shape").
 class CallBuffer {
  public:
   // `pid`: the pid narrow calls have (the window's first call's); `narrow` false: full calls only.
-  explicit CallBuffer(size_t cap = kMaxTailCalls, bool narrow = true, uint32_t pid = 0)
-      : cap_(cap ? cap : 1), pid_(pid), narrow_(cap_) {
+  // `spill`: where narrow calls before the cap may go (CallChunks); null: in the TopK from the
+  // first call, all in memory.
+  explicit CallBuffer(size_t cap = kMaxTailCalls, bool narrow = true, uint32_t pid = 0, SpillFile* spill = nullptr)
+      : cap_(cap ? cap : 1), pid_(pid), narrow_(cap_), chunked_(narrow && spill != nullptr), chunks_(spill) {
     if (!narrow) widen();
   }
   [[gnu::always_inline]] void add(const Event& e) {
     ++seen_;
     sorted_ = false;
     if (!wide_ && e.pid == pid_ && e.dur_ns <= std::numeric_limits<uint32_t>::max()) {
+      if (chunked_ && seen_ <= cap_) [[likely]] {
+        chunks_.push_back({e.ts_ns, e.id, static_cast<uint32_t>(e.dur_ns), e.tid});
+        return;
+      }
+      if (chunked_) leave_chunks();
       narrow_.add({e.ts_ns, e.id, static_cast<uint32_t>(e.dur_ns), e.tid});
       return;
     }
+    if (chunked_) leave_chunks();
     if (!wide_) widen();
     wide_->add({e.ts_ns, e.dur_ns, e.id, e.pid, e.tid});
   }
@@ -836,6 +939,13 @@ class CallBuffer {
   // of one. The caller's loop over them is compiled once per form, with nothing called per call.
   template <class Visit>
   void visit_calls(Visit&& visit) {
+    if (chunked_) {
+      // At most cap() calls, in arrival order: what the TopK would hand out (sorted when full).
+      std::vector<NarrowCall>& v = gathered();
+      if (seen_ >= cap_) sort_by_time(v.begin(), v.end());
+      visit(v, [this](const NarrowCall& n) { return wide_of(n); });
+      return;
+    }
     if (wide_) {
       auto& v = wide_->items();
       sort_if_full(v);
@@ -850,6 +960,10 @@ class CallBuffer {
   // which does not change which calls are kept): a superset of what visit_calls gives later.
   template <class Fn>
   void for_each_held(Fn&& fn) {
+    if (chunked_) {
+      chunks_.for_each([&](const NarrowCall& n) { fn(wide_of(n)); });
+      return;
+    }
     if (wide_) {
       for (const auto& c : wide_->items()) fn(c);
       return;
@@ -874,8 +988,9 @@ class CallBuffer {
       }
       return true;
     };
-    const bool fits = wide_ ? take(wide_->held(), [](const Call& c) { return c; })
-                            : take(narrow_.held(), [this](const NarrowCall& n) { return wide_of(n); });
+    const bool fits = chunked_ ? take(gathered(), [this](const NarrowCall& n) { return wide_of(n); })
+                      : wide_  ? take(wide_->held(), [](const Call& c) { return c; })
+                               : take(narrow_.held(), [this](const NarrowCall& n) { return wide_of(n); });
     if (!fits) {
       out.resize(first);
       return false;
@@ -907,6 +1022,21 @@ class CallBuffer {
     if (!std::is_sorted(begin, end, earlier)) std::sort(begin, end, earlier);
   }
   Call wide_of(const NarrowCall& n) const { return {n.ts, n.dur, n.id, pid_, n.tid}; }
+  // The chunks' calls in arrival order, in a scratch vector of the thread (valid until the next
+  // gathered()): at most cap() calls, one key's at a time.
+  std::vector<NarrowCall>& gathered() const {
+    static thread_local std::vector<NarrowCall> v;
+    v.clear();
+    chunks_.for_each([](const NarrowCall& n) { v.push_back(n); });
+    return v;
+  }
+  // The cap is passed, or a call is not narrow: the calls so far go to the TopK in the order they
+  // came, which then holds exactly what it would had it taken them one by one.
+  [[gnu::noinline]] void leave_chunks() {
+    chunked_ = false;
+    chunks_.for_each([this](const NarrowCall& n) { narrow_.add(n); });
+    chunks_.clear();
+  }
   void widen() {
     wide_ = std::make_unique<TopK<Call, Slower>>(cap_);
     for (const auto& n : narrow_.items()) wide_->add(wide_of(n));
@@ -919,6 +1049,8 @@ class CallBuffer {
   bool sorted_ = false;
   TopK<NarrowCall, Slower> narrow_;
   std::unique_ptr<TopK<Call, Slower>> wide_;  // null while narrow
+  bool chunked_ = false;                      // the calls are in chunks_ (narrow, not past the cap), not in the TopK
+  CallChunks chunks_;
 };
 
 struct WinState {
@@ -1107,6 +1239,9 @@ struct Shard::Impl {
   std::vector<size_t> group_of_pipe;
   // Where the join buffers' sealed span blocks go beyond ShardTuning::join_resident_bytes (null:
   // nothing spills). Declared before join_buffers, which use it until they are destroyed.
+  // The call buffers' full chunks of calls (CallChunks) go to the same file, within the same
+  // budget: it is created with the shard when there is a budget (declared before the window
+  // stores, whose call buffers use it until they are destroyed).
   std::unique_ptr<SpillFile> join_spill;
   std::vector<JoinBuffer> join_buffers;  // the span buffers the pipes' join stages point at
   // Off-CPU span building, shared by the off-CPU streams with the same parent and minimum
@@ -1431,6 +1566,8 @@ struct Shard::Impl {
         join_ids[i][s] = join_sig.try_emplace(sig, static_cast<int>(join_sig.size())).first->second;
       }
     }
+    if (tuning.join_resident_bytes > 0 && !join_spill)
+      join_spill = std::make_unique<SpillFile>(tuning.join_resident_bytes);
     windows.resize(plan.groups.size());
     for (size_t g = 0; g < plan.groups.size(); ++g)
       if (runs_group(g))
@@ -1945,7 +2082,7 @@ struct Shard::Impl {
     w.ready = true;
     w.code = static_cast<uint16_t>(static_cast<unsigned>(e.source) << 8 | e.op);
     if (gf.needs_calls) {
-      w.calls = CallBuffer(tuning.max_tail_calls, tuning.narrow_calls, e.pid);
+      w.calls = CallBuffer(tuning.max_tail_calls, tuning.narrow_calls, e.pid, join_spill.get());
       w.open_index = static_cast<uint32_t>(open_calls[g].size());
       open_calls[g].push_back(&w);
     }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -359,17 +360,17 @@ bool attach_trace_set(sqlite3* db, const std::string& path, const std::vector<st
       tables[i].emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(st, 0)));
     sqlite3_finalize(st);
   }
-  const auto quoted = [](const std::string& n) {
+  const auto sql_name = [](const std::string& n) {
     std::string q = "\"";
     for (char c : n) q += c == '"' ? std::string("\"\"") : std::string(1, c);
     return q + "\"";
   };
   for (const std::string& t : tables.back()) {
-    std::string sql = "CREATE TEMP VIEW " + quoted(t) + " AS ";
+    std::string sql = "CREATE TEMP VIEW " + sql_name(t) + " AS ";
     bool first = true;
     for (size_t i = 0; i < files.size(); ++i) {
       if (std::find(tables[i].begin(), tables[i].end(), t) == tables[i].end()) continue;
-      sql += (first ? "" : " UNION ALL ") + std::string("SELECT * FROM s") + std::to_string(i) + "." + quoted(t);
+      sql += (first ? "" : " UNION ALL ") + std::string("SELECT * FROM s") + std::to_string(i) + "." + sql_name(t);
       first = false;
     }
     char* err = nullptr;
@@ -377,8 +378,8 @@ bool attach_trace_set(sqlite3* db, const std::string& path, const std::vector<st
       // Files of different schema versions: the newest file's table alone.
       sqlite3_free(err);
       err = nullptr;
-      const std::string alone = "CREATE TEMP VIEW " + quoted(t) + " AS SELECT * FROM s" +
-                                std::to_string(files.size() - 1) + "." + quoted(t);
+      const std::string alone = "CREATE TEMP VIEW " + sql_name(t) + " AS SELECT * FROM s" +
+                                std::to_string(files.size() - 1) + "." + sql_name(t);
       if (sqlite3_exec(db, alone.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
         error = path;
         error.append(": cannot build the view of table ").append(t).append(": ").append(err ? err : "?");
@@ -392,6 +393,209 @@ bool attach_trace_set(sqlite3* db, const std::string& path, const std::vector<st
 }
 
 }  // namespace
+
+namespace {
+
+// A value's contribution to a row's fingerprint (check_index()): type and bytes, mixed.
+uint64_t mix64(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return x;
+}
+uint64_t value_hash(sqlite3_stmt* s, int c) {
+  const int type = sqlite3_column_type(s, c);
+  uint64_t h = static_cast<uint64_t>(type) * 0x9e3779b97f4a7c15ULL;
+  if (type == SQLITE_INTEGER) return mix64(h ^ static_cast<uint64_t>(sqlite3_column_int64(s, c)));
+  if (type == SQLITE_FLOAT) {
+    const double d = sqlite3_column_double(s, c);
+    uint64_t bits = 0;
+    std::memcpy(&bits, &d, sizeof bits);
+    return mix64(h ^ bits);
+  }
+  if (type == SQLITE_NULL) return mix64(h);
+  const auto* p = static_cast<const unsigned char*>(sqlite3_column_blob(s, c));
+  const int n = sqlite3_column_bytes(s, c);
+  h ^= 0xcbf29ce484222325ULL;
+  for (int i = 0; i < n && p != nullptr; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
+  return mix64(h);
+}
+std::string sql_name(std::string_view name) {
+  std::string q = "\"";
+  for (const char ch : name) {
+    if (ch == '"') q += '"';
+    q += ch;
+  }
+  return q + "\"";
+}
+std::string text_of(sqlite3_stmt* s, int c) {
+  const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s, c));
+  return p ? std::string(p, static_cast<size_t>(sqlite3_column_bytes(s, c))) : std::string();
+}
+
+// The rows a walk lists: count, an order-free sum of row fingerprints, and the first rowid that
+// did not increase (a table walk only).
+struct WalkSum {
+  uint64_t rows = 0, sum = 0;
+  bool back = false;
+  int64_t back_at = 0;
+  int rc = SQLITE_OK;
+  std::string what;
+};
+WalkSum walk_sum(sqlite3* db, const std::string& sql, int ncols, bool rowid_order) {
+  WalkSum w;
+  sqlite3_stmt* s = nullptr;
+  w.rc = sqlite3_prepare_v2(db, sql.c_str(), -1, &s, nullptr);
+  if (w.rc != SQLITE_OK) {
+    w.what = sqlite3_errmsg(db);
+    sqlite3_finalize(s);
+    return w;
+  }
+  int64_t last = 0;
+  while ((w.rc = sqlite3_step(s)) == SQLITE_ROW) {
+    uint64_t h = 0;
+    for (int c = 0; c < ncols; ++c) h = mix64(h + value_hash(s, c) + static_cast<uint64_t>(c));
+    const int64_t rowid = sqlite3_column_int64(s, ncols);
+    h = mix64(h ^ static_cast<uint64_t>(rowid));
+    if (rowid_order && w.rows > 0 && rowid <= last && !w.back) {
+      w.back = true;
+      w.back_at = rowid;
+    }
+    last = rowid;
+    ++w.rows;
+    w.sum += h;
+  }
+  if (w.rc != SQLITE_DONE) w.what = sqlite3_errmsg(db);
+  sqlite3_finalize(s);
+  return w;
+}
+
+// Whether index `index` of `table` (database `schema`) lists exactly the table's rows with the
+// table's key values: one walk of the index alone (a covering scan of its keys and rowids)
+// against one walk of the table, compared by count and by a sum of row fingerprints. A page of
+// either overwritten by a copy of another page of its b-tree reads soundly but lists other
+// rows; a table walk whose rowids step back is a table page overwritten the same way. Returns
+// what is wrong, "" when they agree or the index cannot be checked this way (an expression
+// key is left out of the fingerprint; a WITHOUT ROWID table is not checked).
+std::string check_index(sqlite3* db, const std::string& schema, const std::string& table, const std::string& index,
+                        const std::string& index_sql) {
+  const std::string s = sql_name(schema);
+  std::vector<std::string> keys;
+  {
+    sqlite3_stmt* x = nullptr;
+    if (sqlite3_prepare_v2(db, "SELECT cid, name, key FROM pragma_index_xinfo(?1, ?2)", -1, &x, nullptr) != SQLITE_OK) {
+      sqlite3_finalize(x);
+      return {};
+    }
+    sqlite3_bind_text(x, 1, index.c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(x, 2, schema.c_str(), -1, SQLITE_TRANSIENT);
+    while (sqlite3_step(x) == SQLITE_ROW)
+      if (sqlite3_column_int(x, 2) == 1 && sqlite3_column_int(x, 0) >= 0) keys.push_back(sql_name(text_of(x, 1)));
+    sqlite3_finalize(x);
+  }
+  // A partial index lists the rows its WHERE clause holds for: the text after the definition's
+  // last WHERE (a clause that does not prepare leaves the index unchecked).
+  bool partial = false;
+  {
+    sqlite3_stmt* x = nullptr;
+    if (sqlite3_prepare_v2(db, "SELECT partial FROM pragma_index_list(?1, ?2) WHERE name = ?3", -1, &x, nullptr) ==
+        SQLITE_OK) {
+      sqlite3_bind_text(x, 1, table.c_str(), -1, SQLITE_TRANSIENT);
+      sqlite3_bind_text(x, 2, schema.c_str(), -1, SQLITE_TRANSIENT);
+      sqlite3_bind_text(x, 3, index.c_str(), -1, SQLITE_TRANSIENT);
+      if (sqlite3_step(x) == SQLITE_ROW) partial = sqlite3_column_int(x, 0) != 0;
+    }
+    sqlite3_finalize(x);
+  }
+  std::string where;
+  if (partial) {
+    std::string lower = index_sql;
+    for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    const size_t w = lower.rfind("where");
+    if (w == std::string::npos) return {};
+    where = " WHERE " + index_sql.substr(w + 5);
+  }
+  std::string cols;
+  for (const auto& k : keys) cols += k + ", ";
+  const auto n = static_cast<int>(keys.size());
+  const std::string from = " FROM " + s + "." + sql_name(table);
+  const WalkSum in_index = walk_sum(db, "SELECT " + cols + "rowid" + from + " INDEXED BY " + sql_name(index) + where, n,
+                                    false);
+  if (in_index.rc != SQLITE_DONE && (in_index.rc & 0xff) != SQLITE_CORRUPT && (in_index.rc & 0xff) != SQLITE_IOERR &&
+      (in_index.rc & 0xff) != SQLITE_NOTADB && (in_index.rc & 0xff) != SQLITE_INTERRUPT)
+    return {};  // not checkable this way (no rowid, a clause that does not prepare)
+  const WalkSum in_table = walk_sum(db, "SELECT " + cols + "rowid" + from + " NOT INDEXED" + where, n, where.empty());
+  const std::string name = "index `" + index + "` of table `" + table + "`";
+  if ((in_index.rc & 0xff) == SQLITE_INTERRUPT || (in_table.rc & 0xff) == SQLITE_INTERRUPT) return "interrupted";
+  if (in_index.rc != SQLITE_DONE) return name + " unreadable: " + in_index.what;
+  if (in_table.rc != SQLITE_DONE) return "table `" + table + "` unreadable: " + in_table.what;
+  if (in_table.back)
+    return "table `" + table + "`: rows out of key order (rowid " + std::to_string(in_table.back_at) +
+           " steps back: a page overwritten by a copy of another)";
+  if (in_index.rows != in_table.rows || in_index.sum != in_table.sum)
+    return name + " and the table list different rows (" + std::to_string(in_index.rows) + " and " +
+           std::to_string(in_table.rows) + ": a page of one overwritten by a copy of another)";
+  return {};
+}
+
+}  // namespace
+
+// The indexes `sql` reads (the OpenRead opcodes of its plan, by root page), each checked once
+// per runner against its table (check_index()). "" when all agree; "interrupted" when the
+// progress handler stopped a walk; otherwise what disagrees.
+std::string SqlQueryRunner::check_indexes_read(std::string_view sql) {
+  std::vector<std::pair<int, int64_t>> roots;  // (database index, root page)
+  {
+    sqlite3_stmt* e = nullptr;
+    const std::string text = "EXPLAIN " + std::string(sql);
+    if (sqlite3_prepare_v2(db_, text.c_str(), static_cast<int>(text.size()), &e, nullptr) != SQLITE_OK) {
+      sqlite3_finalize(e);
+      return {};
+    }
+    while (sqlite3_step(e) == SQLITE_ROW) {
+      const std::string op = text_of(e, 1);
+      if (op == "OpenRead" || op == "ReopenIdx")
+        roots.emplace_back(sqlite3_column_int(e, 4), sqlite3_column_int64(e, 3));
+    }
+    sqlite3_finalize(e);
+  }
+  std::sort(roots.begin(), roots.end());
+  roots.erase(std::unique(roots.begin(), roots.end()), roots.end());
+  for (const auto& [dbi, root] : roots) {
+    const char* schema_name = sqlite3_db_name(db_, dbi);
+    if (schema_name == nullptr || dbi == 1) continue;  // temp: the statement's own
+    const std::string schema = schema_name;
+    sqlite3_stmt* q = nullptr;
+    const std::string look = "SELECT name, tbl_name, coalesce(sql, '') FROM " + sql_name(schema) +
+                             ".sqlite_schema WHERE type = 'index' AND rootpage = ?1";
+    if (sqlite3_prepare_v2(db_, look.c_str(), -1, &q, nullptr) != SQLITE_OK) {
+      sqlite3_finalize(q);
+      continue;
+    }
+    sqlite3_bind_int64(q, 1, root);
+    std::string index, table, index_sql;
+    if (sqlite3_step(q) == SQLITE_ROW) {
+      index = text_of(q, 0);
+      table = text_of(q, 1);
+      index_sql = text_of(q, 2);
+    }
+    sqlite3_finalize(q);
+    if (index.empty()) continue;
+    std::string key = schema;
+    key += '.';
+    key += index;
+    auto it = checked_.find(key);
+    if (it == checked_.end()) {
+      std::string problem = check_index(db_, schema, table, index, index_sql);
+      if (problem == "interrupted") return problem;
+      it = checked_.emplace(key, std::move(problem)).first;
+    }
+    if (!it->second.empty()) return it->second;
+  }
+  return {};
+}
 
 std::unique_ptr<SqlQueryRunner> SqlQueryRunner::open(const std::string& path, std::string& error) {
   if (is_trace_set_path(path)) {
@@ -554,6 +758,20 @@ SqlResult SqlQueryRunner::run(std::string_view sql, const SqlLimits& limits, con
     out.error = "only read-only statements are allowed";
     return finish(out);
   }
+  // An index page overwritten by a copy of another page of its b-tree reads soundly but lists
+  // other rows: each index the statement reads is checked against its table first (once per
+  // runner), so such damage is an error, never a different answer. The check has a budget of
+  // its own (ten times the statement's, at least 30 s); the statement then gets its full one.
+  guard.deadline = Clock::now() +
+                   std::max(std::chrono::milliseconds(limits.max_ms) * 10, std::chrono::milliseconds(30'000));
+  const std::string disagree = check_indexes_read(sql);
+  if (disagree == "interrupted") return fail(SQLITE_INTERRUPT);
+  if (!disagree.empty()) {
+    out.error_kind = "damaged";
+    out.error = path_ + ": damaged file: " + disagree + " (`PRAGMA integrity_check` lists the damage)";
+    return finish(out);
+  }
+  guard.deadline = Clock::now() + std::chrono::milliseconds(limits.max_ms);
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& p = params[i];
     const int idx = static_cast<int>(i) + 1;

@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -85,7 +86,9 @@ class SqlQueryRunner {
  private:
   SqlQueryRunner() = default;
   sqlite3* db_ = nullptr;
-  bool configure(std::string& error);  // limits, authorizer guards, pragmas
+  bool configure(std::string& error);                    // limits, authorizer guards, pragmas
+  std::string check_indexes_read(std::string_view sql);  // "" or what disagrees (sql_query.cpp)
+  std::map<std::string, std::string> checked_;           // "schema.index" -> "" or what disagrees
   std::string path_;
   int set_files_ = 0;  // files attached when path_ is a set (sinks/store/rollover.h)
   bool immutable_ = false;

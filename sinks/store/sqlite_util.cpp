@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -238,6 +239,38 @@ std::vector<std::string> table_columns(sqlite3* db, std::string_view table) {
   s.bind(1, table);
   while (s.step() == SQLITE_ROW) cols.push_back(s.text(0));
   return cols;
+}
+
+int64_t unreached_pages(sqlite3* db, std::string_view schema) {
+  const std::string q = "\"" + std::string(schema) + "\"";
+  const auto one = [db](const std::string& sql) -> int64_t {
+    Stmt s(db, sql);
+    if (!s.ok() || s.step() != SQLITE_ROW || s.type(0) != SQLITE_INTEGER) return -1;
+    return s.i64(0);
+  };
+  if (schema.find('"') != std::string_view::npos) return -1;
+  const int64_t pages = one("PRAGMA " + q + ".page_count");
+  const int64_t page_size = one("PRAGMA " + q + ".page_size");
+  const int64_t free_pages = one("PRAGMA " + q + ".freelist_count");
+  const int64_t vacuum = one("PRAGMA " + q + ".auto_vacuum");
+  if (pages < 0 || page_size <= 0 || free_pages < 0 || vacuum < 0) return -1;
+  if (schema.find('\'') != std::string_view::npos) return -1;
+  const int64_t reached = one("SELECT count(*) FROM dbstat('" + std::string(schema) + "')");
+  if (reached < 0) return -1;
+  int64_t other = 0;
+  // The lock-byte page (the one holding file offset 1 GiB) belongs to nothing.
+  const int64_t lock_page = (int64_t{1} << 30) / page_size + 1;
+  if (pages >= lock_page) ++other;
+  if (vacuum != 0 && pages >= 2) {
+    // Pointer-map pages: page 2, then one every usable/5 + 1 pages (SQLite's file format).
+    int reserved = -1;  // negative: only read the file's reserved bytes per page, set nothing
+    if (sqlite3_file_control(db, std::string(schema).c_str(), SQLITE_FCNTL_RESERVE_BYTES, &reserved) != SQLITE_OK ||
+        reserved < 0 || reserved > 255)
+      reserved = 0;
+    const int64_t per_map = (page_size - reserved) / 5 + 1;
+    other += (pages - 2) / per_map + 1;
+  }
+  return std::max<int64_t>(0, pages - free_pages - reached - other);
 }
 
 }  // namespace ingero::sqlite_detail

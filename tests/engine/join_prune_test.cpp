@@ -287,6 +287,64 @@ TEST(JoinPrune, SpilledSpanBlocksGiveIdenticalResults) {
   EXPECT_GT(spilled_total, 100u);  // not vacuous: blocks went to the file
 }
 
+// Call buffers' chunks of calls in the spill file (CallChunks in engine/runtime.cpp, under the
+// same budget as the join span blocks) change nothing: keys with thousands of calls in one window
+// or in tumbling windows, a cap some keys pass (their chunks, spilled ones included, go back to
+// the TopK in arrival order) and some do not, a key whose calls widen midway (a call past 32
+// bits after spilled chunks), with pruning (which lists the held calls, spilled ones read back)
+// and without: the same results and counts with every full chunk spilled as with none.
+TEST(JoinPrune, SpilledCallChunksGiveIdenticalResults) {
+  std::mt19937_64 rng(20261129);
+  uint64_t spilled_total = 0;
+  for (int round = 0; round < 6; ++round) {
+    Shape s;
+    s.whole = round % 2 == 0;
+    s.window_ns = (8'000 + rng() % 6'000) * kUs;
+    s.horizon_ns = (rng() % 3) * 500 * kUs;
+    s.within_ns = (rng() % 3) * 5 * kUs;
+    s.tail = round % 3;
+    auto ev = random_trace(rng, 24'000 + rng() % 16'000, 20'000 * kUs);
+    // Narrow calls (under 2^32 ns) but for one long call midway in odd rounds: its key widens
+    // after chunks of it were spilled.
+    bool widened = false;
+    for (size_t i = 0; i < ev.size(); ++i) {
+      Event& e = ev[i];
+      if (e.source != Source::kCuda || e.dur_ns <= 4'000'000'000ull) continue;
+      e.dur_ns = (round % 2 == 1 && !widened && i > ev.size() / 2) ? e.dur_ns : 400 * 50;
+      widened = widened || e.dur_ns > 4'000'000'000ull;
+    }
+    std::vector<std::string> errors;
+    const auto cp = compile_plan(join_plan(s), errors);
+    ASSERT_TRUE(cp) << errors.front();
+    const size_t batch = 1 + rng() % 2048;
+    SCOPED_TRACE("round " + std::to_string(round) + " batch " + std::to_string(batch));
+    ShardTuning base;
+    base.max_tail_calls = round < 3 ? 3'000 + rng() % 3'000 : kMaxTailCalls;
+    base.prune_min_spans = 1024;
+    base.prune_spans = round % 3 != 2;
+    ShardTuning all = base, some = base;
+    all.join_resident_bytes = 1;
+    some.join_resident_bytes = 64 << 10;
+    const auto a = run(*cp, false, ev, batch, base);
+    const auto b = run(*cp, false, ev, batch, all);
+    const auto c = run(*cp, false, ev, batch, some);
+    EXPECT_EQ(a.spilled_blocks, 0u);
+    ASSERT_EQ(b.text, a.text);
+    ASSERT_EQ(c.text, a.text);
+    EXPECT_EQ(b.pruned, a.pruned);
+    EXPECT_EQ(b.evicted, a.evicted);
+    EXPECT_EQ(c.evicted, a.evicted);
+    // Full-form call buffers have no chunks: what they spill is the span blocks alone.
+    ShardTuning wide = all;
+    wide.narrow_calls = false;
+    const auto d = run(*cp, false, ev, batch, wide);
+    ASSERT_EQ(d.text, a.text);
+    EXPECT_GT(b.spilled_blocks, d.spilled_blocks);
+    spilled_total += b.spilled_blocks - d.spilled_blocks;
+  }
+  EXPECT_GT(spilled_total, 20u);  // not vacuous: chunks of calls went to the file
+}
+
 using test::span_event;
 
 std::vector<uint64_t> ids_after_prune(JoinKind kind, uint64_t within, const std::vector<Event>& spans, uint64_t floor,
