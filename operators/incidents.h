@@ -78,11 +78,14 @@ void assemble_incidents(AnalysisResult& r, const IncidentOptions& o = {}, const 
 // The verdict paragraph (contract): where the main feeding thread's time went (from
 // result.accounting: the largest parts by share), then the MEDIUM and HIGH incidents by time
 // lost (at most 3 named, with lost time and share, GPU-hours, cost when priced, and the what-if),
-// or, when there are none, the bound the job is under, from the main feeding thread's time:
-// "gpu-bound" (>= 50% waiting for the GPU in synchronising calls), "input-bound" (>= 50% blocked
-// on locks, pipes/sockets or disk), "cpu-contended" (>= 20% preempted), "host-bound" (>= 50% on
-// CPU outside calls), "idle" (>= 50% asleep or blocked otherwise), "unknown" (no accounting, or
-// >= 50% of unknown state). Returns the bound ("" when incidents were named).
+// or, when there are none, the bound the job is under, from the main feeding thread's time, the
+// first that applies: "unknown" (no accounting, or >= 50% of unknown state); "cpu-contended"
+// (>= 15% preempted, and at least as much as blocked on input: the task that ran instead most is
+// named); "input-bound" (>= 15% blocked on locks, pipes/sockets or disk); "gpu-bound" (>= 50%
+// waiting for the GPU in synchronising calls); "host-bound" (>= 50% on CPU outside calls); "idle"
+// (>= 50% asleep or blocked otherwise); else "mixed". A job whose feeding thread loses 15% or more
+// to preemption or input waits is never called gpu-bound. Returns the bound ("" when incidents were
+// named). A CPU contention incident names the task that ran instead most.
 std::string make_verdict(const AnalysisResult& r, std::string& text);
 
 }  // namespace ingero

@@ -188,6 +188,67 @@ TEST(Incidents, ModerateContentionStaysOneWholeIncident) {
   }
 }
 
+// A neighbour present from the very start is its own baseline: the thread never had a normal
+// window. From `standing_preempted_share` (15%) the rule fires whatever the baseline, so a standing
+// 16-28% contention is one incident over the whole run, naming the task that ran instead, and the
+// verdict never calls the job healthy. Without the hog: no incident of MEDIUM or HIGH, and the
+// bound is not "cpu-contended".
+TEST(Incidents, ContentionFromTheStartIsAnIncident) {
+  for (const double share : {0.16, 0.22, 0.28}) {
+    const Generated g = generate(20, 0, 20, share, 1, 7);
+    const AnalysisResult r = explain(g, {});
+    std::vector<const Incident*> hog;
+    for (const auto& in : r.incidents)
+      if (in.category == "cpu_contention" && in.severity >= Severity::kMedium) hog.push_back(&in);
+    ASSERT_EQ(hog.size(), 1u) << share << "\n" << incidents_text(r);
+    EXPECT_EQ(hog[0]->tid, 101u);
+    EXPECT_LE(hog[0]->start_ns, kBase + kSec) << share << "\n" << incidents_text(r);
+    EXPECT_GE(hog[0]->end_ns, kBase + 19 * kSec) << share << "\n" << incidents_text(r);
+    EXPECT_NEAR(static_cast<double>(hog[0]->lost_ns), static_cast<double>(g.hog_ns),
+                0.10 * static_cast<double>(g.hog_ns))
+        << share << "\n"
+        << incidents_text(r);
+    EXPECT_EQ(r.bound, "") << r.verdict;  // an incident is named, not a bound
+    EXPECT_NE(r.verdict.find(
+                  "cpu_contention on tid 101 of trainer (pid 100), mostly ip-hog (pid 4242) running instead"),
+              std::string::npos)
+        << r.verdict;
+    EXPECT_EQ(r.verdict.find("gpu-bound"), std::string::npos) << r.verdict;
+  }
+  const Generated none = generate(20, 0, 0, 0.0, 1, 7);
+  const AnalysisResult r = explain(none, {});
+  for (const auto& in : r.incidents) EXPECT_LT(in.severity, Severity::kMedium) << incidents_text(r);
+  EXPECT_NE(r.bound, "cpu-contended") << r.verdict;
+}
+
+// The verdict's bound, from the main feeding thread's time alone (no incident): preemption or
+// input waits of 15% or more are never "gpu-bound", even when most of the time is a GPU wait.
+TEST(Incidents, MaterialContentionIsNeverCalledHealthy) {
+  auto result = [](uint64_t sync, uint64_t preempted, uint64_t lock) {
+    AnalysisResult r;
+    ThreadAccounting a;
+    a.pid = 100;
+    a.tid = 101;
+    a.comm = "trainer";
+    a.scheduler_data = true;
+    a.in_calls_ns["sync"] = sync * kMs;
+    a.preempted_ns = preempted * kMs;
+    if (preempted) a.preempted_by.push_back({4242, 4242, "stress-ng", preempted * kMs});
+    a.blocked_ns["lock"] = lock * kMs;
+    a.on_cpu_ns = (1000 - sync - preempted - lock) * kMs;
+    a.wall_ns = 1000 * kMs;
+    r.accounting.push_back(a);
+    return r;
+  };
+  std::string text;
+  EXPECT_EQ(make_verdict(result(700, 10, 0), text), "gpu-bound") << text;
+  EXPECT_EQ(make_verdict(result(600, 180, 0), text), "cpu-contended") << text;
+  EXPECT_NE(text.find("loses 18% of its time to other tasks, mostly stress-ng (pid 4242)"), std::string::npos) << text;
+  EXPECT_EQ(make_verdict(result(600, 0, 200), text), "input-bound") << text;
+  EXPECT_NE(text.find("waits for its input 20% of its time"), std::string::npos) << text;
+  EXPECT_EQ(make_verdict(result(600, 140, 0), text), "gpu-bound") << text;  // below the floor
+}
+
 TEST(Incidents, TwentyPercentPreemptedIsHigh) {
   const Generated g = generate(40, 10, 20, 0.20, 1, 3);
   const AnalysisResult r = explain(g, {});
