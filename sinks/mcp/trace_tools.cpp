@@ -1052,6 +1052,11 @@ Json TraceTools::compare_traces(const Json& a, RequestContext* ctx) {
     for (const char* f : {"process", "thread"}) t[f] = untrusted(t.value(f, ""));
   for (auto& c : j["chains"])
     for (const char* f : {"process", "thread"}) c[f] = untrusted(c.value(f, ""));
+  for (auto& in : j["incidents"]) {
+    for (const char* f : {"process", "thread"}) in[f] = untrusted(in.value(f, ""));
+    if (in.contains("node")) in["node"] = untrusted(in.value("node", ""));
+    for (auto& e : in["evidence"]) e = untrusted(e.get<std::string>());
+  }
   Json notes = Json::array();
   for (auto& n : j["notes"]) notes.push_back(untrusted(n.get<std::string>()));
   for (const auto& side : sides)
