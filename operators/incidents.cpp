@@ -181,6 +181,9 @@ void assemble_incidents(AnalysisResult& r, const IncidentOptions& o, const GpuUs
     f.category = first.category;
     f.over_time = first.over_time;
     const Chain* worst = &first;
+    // Rate findings: one per op (cudaLaunchKernel and cuLaunchKernel of one process can both
+    // fire for the same window); the window's time is lost once, the largest of them.
+    std::map<uint64_t, std::pair<uint64_t, uint64_t>> rate_lost;  // window start -> (lost, base)
     for (size_t k = i; k < j; ++k) {
       const Chain& c = *order[k];
       in.chains.push_back(c.id);
@@ -196,6 +199,15 @@ void assemble_incidents(AnalysisResult& r, const IncidentOptions& o, const GpuUs
         continue;
       }
       const auto [lost, base] = chain_lost_ns(c);
+      if (c.category == "throughput_drop") {
+        auto& [l, b] = rate_lost[c.window_start];
+        if (lost >= l) {
+          l = lost;
+          b = base;
+        }
+        in.lost_basis = "the window's time the launch rate fell short of its recent peak: window x (1 - rate / peak)";
+        continue;
+      }
       in.lost_ns += lost;
       f.base_ns += base;
       if (c.over_time) {
@@ -211,6 +223,10 @@ void assemble_incidents(AnalysisResult& r, const IncidentOptions& o, const GpuUs
           f.evidence = std::max(f.evidence, c.accounting->scheduler_data ? EvidenceStrength::kRecorded
                                                                          : EvidenceStrength::kUnknownState);
       }
+    }
+    for (const auto& [start, lb] : rate_lost) {
+      in.lost_ns += lb.first;
+      f.base_ns += lb.second;
     }
     if (in.lost_basis.empty()) in.lost_basis = "not measured for this kind of finding";
     f.lost_ns = in.lost_ns;

@@ -12,8 +12,9 @@
 // - Time lost, per kind: a finding over time (a feeding thread's preempted or blocked time) sums
 //   its chains' extra time against the thread's baseline (severity.h chain_lost_ns); a straggler,
 //   its median lag x the collectives it was last at x the ranks that waited (nodes - 1); a tail
-//   chain, its slow calls' time beyond the median call; a launch gap, the gap. Other kinds
-//   (throughput_drop, ...) have no measured loss: lost_ns 0, lost_basis says so.
+//   chain, its slow calls' time beyond the median call; a launch gap, the gap; a throughput_drop,
+//   window x (1 - rate / peak) per window (the largest when several ops of the process fired for
+//   one window). Other kinds have no measured loss: lost_ns 0, lost_basis says so.
 // - lost_share = lost_ns / the trace's span (TraceMeta first_ts..last_ts).
 // - gpus: the distinct devices the process's GPU calls named when that is more than one
 //   (GpuUsage, "trace"); else IncidentOptions::gpus when set ("--gpus"); else 1 ("assumed").

@@ -303,6 +303,42 @@ TEST(Incidents, NoContentionNamesTheBound) {
       << r.verdict;
 }
 
+// A rate finding has a time lost: the work done in a window at the reduced rate would have taken
+// drop x window at the recent peak, so window x (1 - drop) is lost. The process launches 1000/s
+// for 30 s, then 300/s for 30 s (each launch through the runtime and the driver: both ops fire,
+// and each window is counted once): three 10 s windows at 30% of the peak, 21 s lost.
+TEST(Incidents, ThroughputDropHasATimeLost) {
+  Generated g;
+  g.meta.process_names[100] = "server";
+  for (uint64_t t = kBase; t < kBase + 60 * kSec;) {
+    Event e = call(101, t, 10 * kUs, op::kCudaLaunchKernel, 0);
+    g.ev.push_back(e);
+    e.source = Source::kDriver;
+    e.op = op::kCuLaunchKernel;
+    e.ts_ns += 2 * kUs;
+    e.dur_ns = 5 * kUs;
+    g.ev.push_back(e);
+    t += t < kBase + 30 * kSec ? kMs : 10 * kMs / 3;
+  }
+  std::stable_sort(g.ev.begin(), g.ev.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+  g.meta.first_ts = g.ev.front().ts_ns;
+  g.meta.last_ts = g.ev.back().ts_ns + g.ev.back().dur_ns;
+  const AnalysisResult r = explain(g, {});
+  const Incident* drop = nullptr;
+  size_t chains = 0;
+  for (const auto& in : r.incidents)
+    if (in.rule == "throughput_drop") drop = &in;
+  for (const auto& c : r.chains) chains += c.rule == "throughput_drop" ? 1 : 0;
+  ASSERT_NE(drop, nullptr) << incidents_text(r);
+  EXPECT_EQ(chains, 6u) << incidents_text(r);  // three windows x two ops
+  EXPECT_EQ(drop->start_ns, kBase + 30 * kSec) << incidents_text(r);
+  EXPECT_EQ(drop->end_ns, kBase + 60 * kSec) << incidents_text(r);
+  EXPECT_NEAR(static_cast<double>(drop->lost_ns), 21e9, 0.02 * 21e9) << incidents_text(r);
+  EXPECT_NE(drop->lost_basis.find("window x (1 - rate / peak)"), std::string::npos) << drop->lost_basis;
+  EXPECT_NEAR(drop->lost_share, 21.0 / 60.0, 0.01);
+  EXPECT_EQ(drop->gpu_hours, static_cast<double>(drop->lost_ns) / 3.6e12);
+}
+
 TEST(Incidents, RatesFileParsesAndNamesLineOnError) {
   GpuRates rates;
   std::string error;
