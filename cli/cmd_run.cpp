@@ -482,6 +482,7 @@ int run_pipeline(const RunArgs& a) {
     for (const auto& r : cfg.analysis.rules)
       if (!r.builtin) so.rule_files.push_back(r.name);
     so.engine_threads = cfg.engine.threads;
+    so.incidents = incident_opts;
     mcp::Server server(std::move(so));
     std::fprintf(stderr, "serving %s over MCP on stdio (close stdin to stop)\n", s.cfg->path.c_str());
     return mcp::run_stdio(server, 0, 1) == 0 ? rc : kExitRuntime;

@@ -333,17 +333,38 @@ TEST_F(Diff, McpToolComparesLikeTheCommand) {
               {"method", "tools/call"},
               {"params", {{"name", "compare_traces"}, {"arguments", {{"before_range", "soon"}}}}}}
              .dump()
+      << "\n"
+      << json{{"jsonrpc", "2.0"},
+              {"id", 4},
+              {"method", "tools/call"},
+              {"params", {{"name", "get_causal_chains"}, {"arguments", json::object()}}}}
+             .dump()
       << "\n";
   }
-  const auto r = run("mcp --db " + after.path + " --baseline " + before.path + " < " + req);
+  const auto r = run("mcp --db " + after.path + " --baseline " + before.path + " --gpus 2 --gpu-hour-price 3 < " + req);
   ASSERT_EQ(r.status, 0) << r.err;
-  json reply, bad;
+  json reply, bad, chains;
   std::istringstream lines(r.out);
   for (std::string line; std::getline(lines, line);) {
     const json m = json::parse(line, nullptr, false);
     if (m.is_object() && m.value("id", 0) == 2) reply = m;
     if (m.is_object() && m.value("id", 0) == 3) bad = m;
+    if (m.is_object() && m.value("id", 0) == 4) chains = m;
   }
+  // The server's price flags (as explain's): the hog's incident carries 2 GPUs and its cost; the
+  // task that ran instead, named in the verdict, is marked as a name from the trace.
+  ASSERT_TRUE(chains.contains("result")) << r.out.substr(0, 2000);
+  const json& cc = chains["result"]["structuredContent"];
+  ASSERT_FALSE(cc["incidents"].empty()) << cc.dump(1).substr(0, 2000);
+  const json& hog = cc["incidents"][0];
+  EXPECT_EQ(hog["rule"], "cpu_preempted");
+  EXPECT_EQ(hog["gpus"].get<double>(), 2.0);
+  EXPECT_EQ(hog["gpus_from"], "--gpus");
+  EXPECT_NEAR(hog["cost"].get<double>(), hog["lost_ns"].get<double>() / 3.6e12 * 2 * 3, 1e-12);
+  EXPECT_NE(cc["verdict"].get<std::string>().find(
+                "mostly <untrusted>stress-ng</untrusted> (pid 31337) running instead"),
+            std::string::npos)
+      << cc["verdict"];
   ASSERT_TRUE(reply.contains("result")) << r.out.substr(0, 2000);
   ASSERT_FALSE(reply["result"].value("isError", false)) << reply.dump(1);
   const json& d = reply["result"]["structuredContent"];
