@@ -19,6 +19,8 @@
 #include "model/ops.h"
 #include "model/result_json.h"
 #include "operators/chain_annotate.h"
+#include "operators/incidents.h"
+#include "operators/step_inference.h"
 #include "operators/time_accounting.h"
 #include "sinks/report/perfetto.h"
 
@@ -219,7 +221,9 @@ int run_export(const ExportArgs& a) {
   acct_opts.chain_accounting = true;
   acct_opts.meta = &tap.meta();
   TimeAccounting accounting(acct_opts);
-  ObservingSource observed(tap, {&accounting});
+  StepInference steps;  // with the GPUs each process drives: severity and incidents, as `explain`
+  GpuUsage gpus;
+  ObservingSource observed(tap, {&accounting, &steps, &gpus});
   AnalysisResult result;
   if (!a.no_chains) {
     AnalysisPlan analysis;
@@ -249,6 +253,9 @@ int run_export(const ExportArgs& a) {
     result.meta = tap.meta();
   }
   observed.finish(result);
+  // The chains' severity decided as `explain` decides it (operators/severity.h); the incidents are
+  // assembled with it but not drawn (the chains are).
+  if (!a.no_chains) assemble_incidents(result, {}, &gpus);
   add_accounting_series(accounting, result);
   const bool filtered = !a.from.empty() || !a.to.empty() || !a.pids.empty() || !a.ops.empty();
   if (filtered && census.kept == 0) {

@@ -33,6 +33,7 @@ struct McpArgs {
   uint64_t sql_timeout_ms = 30'000;
   std::vector<std::string> fleet_nodes;  // query_fleet's default nodes
   std::string fleet_token;
+  CostArgs cost;  // --gpus, --gpu-hour-price, --rates: the incidents' GPU-hours and cost
 };
 
 std::atomic<bool> g_stop{false};
@@ -54,6 +55,7 @@ std::string random_token() {
 int run_mcp(const McpArgs& a) {
   use_one_malloc_arena();
   mcp::ServerOptions opts;
+  if (const int rc = incident_options(a.cost, opts.incidents); rc != kExitOk) return rc;
   opts.db_path = a.db.empty() ? embedded_sample_path() : a.db;
   opts.baseline_path = a.baseline;
   if (opts.db_path.empty()) {
@@ -164,6 +166,7 @@ Registrar reg{
       cmd->add_option("--token", args->token,
                       "Bearer token for --http (default: $INGERO_MCP_TOKEN, else a random one printed on stderr)");
       cmd->add_option("--threads", args->threads, "Engine threads")->check(CLI::Range(1u, 256u));
+      add_cost_options(cmd, &args->cost);
       cmd->add_option("--fleet-nodes", args->fleet_nodes,
                       "query_fleet: other nodes' MCP URLs (http://HOST:PORT/mcp, comma-separated)")
           ->delimiter(',');

@@ -25,6 +25,9 @@
 #include "model/result_json.h"
 #include "model/synth.h"
 #include "operators/chain_annotate.h"
+#include "operators/incidents.h"
+#include "operators/step_inference.h"
+#include "operators/time_accounting.h"
 #include "sinks/report/perfetto.h"
 #include "sinks/report/text_report.h"
 #include "sinks/store/lmdb_store.h"
@@ -49,6 +52,7 @@ struct RunArgs {
   std::string config;
   bool dry_run = false, print_default = false, quiet = false;
   MetricsCliArgs metrics;  // --metrics-addr and friends (cli/metrics_cli.h)
+  CostArgs cost;           // --gpus, --gpu-hour-price, --rates (operators/incidents.h)
 };
 
 struct SinkRt {
@@ -215,6 +219,8 @@ int run_pipeline(const RunArgs& a) {
     std::fputs(kDefaultConfigText, stdout);
     return kExitOk;
   }
+  IncidentOptions incident_opts;
+  if (const int rc = incident_options(a.cost, incident_opts); rc != kExitOk) return rc;
   PipelineConfig cfg;
   std::vector<ConfigDiagnostic> diags;
   const bool ok = a.config.empty() ? parse_config(kDefaultConfigText, "<embedded>", cfg, diags)
@@ -352,7 +358,16 @@ int run_pipeline(const RunArgs& a) {
     // events).
     LiveChainAnnotator annotator(
         annotate_options(ap, any_live ? LiveChainAnnotator::defaults() : LiveChainAnnotator::replay_defaults()));
-    EventSource& annotated = annotator.tap(input);
+    // As `explain`: where each feeding thread's time went (and each chain's thread over its
+    // window), the steps, and the GPUs each process drives, for severity and incidents.
+    AccountingOptions acct_opts;
+    acct_opts.chain_accounting = true;
+    acct_opts.meta = &input.meta();
+    TimeAccounting accounting(acct_opts);
+    StepInference steps;
+    GpuUsage gpus;
+    ObservingSource observed(input, {&accounting, &steps, &gpus});
+    EventSource& annotated = annotator.tap(observed);
     eo.on_chain = [&annotator](const Chain& c) { annotator.annotate(c); };
     if (any_live) {
       // Live: chains reach JSON-lines sinks as they are found.
@@ -378,7 +393,9 @@ int run_pipeline(const RunArgs& a) {
       return kExitInput;
     }
     if (inputs.size() > 1) result.meta = merged.meta();
-    annotator.finish(result);
+    annotator.finish(result);  // first: chains get their threads, then their accounting
+    observed.finish(result);
+    assemble_incidents(result, incident_opts, &gpus);  // severity, incidents, the verdict
     if (const std::string w = annotator_spill_warning(annotator.spill_counters()); !w.empty())
       std::fprintf(stderr, "warning: %s\n", w.c_str());
     if (const std::string w = join_spill_warning(result.counters); !w.empty())
@@ -465,6 +482,7 @@ int run_pipeline(const RunArgs& a) {
     for (const auto& r : cfg.analysis.rules)
       if (!r.builtin) so.rule_files.push_back(r.name);
     so.engine_threads = cfg.engine.threads;
+    so.incidents = incident_opts;
     mcp::Server server(std::move(so));
     std::fprintf(stderr, "serving %s over MCP on stdio (close stdin to stop)\n", s.cfg->path.c_str());
     return mcp::run_stdio(server, 0, 1) == 0 ? rc : kExitRuntime;
@@ -496,6 +514,7 @@ Registrar reg{"run", 50, [](CLI::App& app, int& rc) {
                 cmd->add_flag("--print-default", args->print_default, "Print the embedded default config");
                 cmd->add_flag("-q,--quiet", args->quiet, "No summary line on stderr");
                 add_metrics_options(cmd, args->metrics);
+                add_cost_options(cmd, &args->cost);
                 cmd->callback([args, &rc] { rc = run_pipeline(*args); });
               }};
 

@@ -228,6 +228,75 @@ std::vector<ChainRow> chain_rows(const AnalysisResult& b, const AnalysisResult& 
   return out;
 }
 
+// Incidents side by side (contract: IncidentRow in the header).
+std::vector<IncidentRow> incident_rows(const DiffSide& before, const DiffSide& after, double unit_b, double unit_a,
+                                       const DiffOptions& opt) {
+  using Key = std::tuple<std::string, std::string, std::string, std::string, std::string, int>;
+  std::map<Key, IncidentRow> rows;
+  std::map<Key, std::pair<bool, bool>> material;  // a MEDIUM/HIGH incident before, after
+  std::map<Key, std::pair<int, int>> worst_sev;   // the worst severity before, after (-1: none)
+  auto add = [&](const DiffSide& side, bool is_after, double unit) {
+    const AnalysisResult& r = *side.result;
+    const double wall = std::max<double>(1, static_cast<double>(side.wall_ns));
+    const uint64_t t0 = r.meta.first_ts;
+    for (const Incident& in : r.incidents) {
+      std::string thread;
+      if (auto it = r.meta.thread_names.find(in.tid); in.tid && it != r.meta.thread_names.end()) thread = it->second;
+      for (const auto& t : r.accounting)
+        if (thread.empty() && t.tid == in.tid && t.pid == in.pid && t.node == in.node) thread = t.comm;
+      const std::string node = r.meta.nodes.size() > 1 && in.node < r.meta.nodes.size() ? r.meta.nodes[in.node] : "";
+      std::string process = process_name(r, in.pid);
+      if (process.empty() && in.pid) process = "pid " + std::to_string(in.pid);
+      const Key key{in.rule, in.category, process, thread, node, in.rank};
+      IncidentRow& row = rows[key];
+      worst_sev.try_emplace(key, -1, -1);
+      row.rule = in.rule;
+      row.category = in.category;
+      row.process = process;
+      row.thread = thread;
+      row.node = node;
+      row.rank = in.rank;
+      auto& worst = is_after ? worst_sev[key].second : worst_sev[key].first;
+      worst = std::max(worst, static_cast<int>(in.severity));
+      (is_after ? row.after_severity : row.before_severity) = severity_name(static_cast<Severity>(worst));
+      (is_after ? row.after_count : row.before_count) += 1;
+      (is_after ? row.after_lost_ns : row.before_lost_ns) += in.lost_ns;
+      (is_after ? row.after_ns : row.before_ns) += static_cast<double>(in.lost_ns) / wall * unit;
+      if (in.severity >= Severity::kMedium) (is_after ? material[key].second : material[key].first) = true;
+      const auto rel = [t0](uint64_t ts) { return static_cast<double>(ts > t0 ? ts - t0 : 0) / 1e9; };
+      char span[96];
+      std::snprintf(span, sizeof span, " +%.1fs .. +%.1fs", rel(in.start_ns), rel(in.end_ns));
+      row.evidence.push_back(std::string(is_after ? "after: " : "before: ") + severity_name(in.severity) + span +
+                             ", lost " + format_ns(static_cast<double>(in.lost_ns)) +
+                             (in.lost_ns ? "" : " (not measured for this kind)") + ": " + in.summary);
+    }
+  };
+  add(before, false, unit_b);
+  add(after, true, unit_a);
+  std::vector<IncidentRow> out;
+  for (auto& [k, r] : rows) {
+    const auto [was, is] = material[k];
+    if (!was && !is) continue;
+    const double d = r.after_ns - r.before_ns;
+    const bool effect = std::fabs(d) >= opt.min_effect * unit_b &&
+                        std::fabs(d) >= static_cast<double>(opt.min_effect_ns);
+    if (!was) r.change = "appeared";
+    else if (!is) r.change = "vanished";
+    else if (effect && r.after_ns > 1.25 * r.before_ns) r.change = "grew";
+    else if (effect && r.before_ns > 1.25 * r.after_ns) r.change = "shrank";
+    else r.change = "same";
+    out.push_back(std::move(r));
+  }
+  auto rank = [](const std::string& c) {
+    return c == "appeared" ? 0 : c == "grew" ? 1 : c == "vanished" ? 2 : c == "shrank" ? 3 : 4;
+  };
+  std::stable_sort(out.begin(), out.end(), [&](const IncidentRow& x, const IncidentRow& y) {
+    if (rank(x.change) != rank(y.change)) return rank(x.change) < rank(y.change);
+    return std::fabs(x.after_ns - x.before_ns) > std::fabs(y.after_ns - y.before_ns);
+  });
+  return out;
+}
+
 // Stragglers named on AFTER (both sides merged fleet traces): a cause each, put first, with the
 // focus thread's buckets it explains marked (contract in the header).
 void add_straggler_causes(const DiffSide& before, const DiffSide& after, const ThreadAccounting* focus,
@@ -440,6 +509,7 @@ DiffReport compare(const DiffSide& before, const DiffSide& after, const DiffOpti
                    [](const OpRow& x, const OpRow& y) { return x.significant > y.significant; });
 
   rep.chains = chain_rows(rb, ra);
+  rep.incidents = incident_rows(before, after, unit_b, unit_a, opt);
 
   // Causes: each bucket's change per unit, tested on the per-second shares.
   const auto shares_b = second_shares(rb, tb, fold), shares_a = second_shares(ra, ta, fold);
@@ -476,6 +546,15 @@ DiffReport compare(const DiffSide& before, const DiffSide& after, const DiffOpti
                     o.before_per_unit, o.after_per_unit, rep.unit.c_str(), format_ns(o.before_p50).c_str(),
                     format_ns(o.after_p50).c_str(), pvalue(o.p).c_str());
       c.evidence.emplace_back(buf);
+    }
+    for (const auto& in : rep.incidents) {
+      ChainRow as_chain;
+      as_chain.rule = in.rule;
+      as_chain.category = in.category;
+      if ((in.change == "appeared" || in.change == "grew") && chain_cause_category(as_chain) == c.category)
+        c.evidence.push_back("incident " + in.rule + " (" + in.category + ") on " + in.process +
+                             (in.thread.empty() ? "" : "/" + in.thread) + " " + in.change + ": lost " +
+                             format_ns(in.before_ns) + " -> " + format_ns(in.after_ns) + " per " + rep.unit);
     }
     for (const auto& ch : rep.chains)
       if ((ch.change == "appeared" || ch.change == "grew") && chain_cause_category(ch) == c.category)

@@ -145,6 +145,25 @@ struct ChainRow {
   std::string change;                    // appeared, vanished, grew, shrank, same
 };
 
+// A cause as `explain` states it (an incident of operators/incidents.h), compared across the two
+// sides: rows keyed by rule, category, process and thread name (pids differ between runs), node
+// and rank when a merged trace has them. Only incidents of MEDIUM or HIGH severity on at least one
+// side make a row (LOW ones are single calls and noise). Several incidents of one key on a side add
+// up. `change`: appeared (no MEDIUM/HIGH incident of the key before), vanished (none after), grew or
+// shrank (time lost per unit changed by more than 25% and by at least the causes' effect floors),
+// else same. Time lost per unit = the side's incidents' lost_ns / its wall time x its unit (the
+// mean step, or a second): comparable with Cause::added_ns.
+struct IncidentRow {
+  std::string rule, category, process, thread, node;
+  int rank = -1;
+  std::string change;                           // appeared, vanished, grew, shrank, same
+  std::string before_severity, after_severity;  // "" when the side has none of the key
+  uint64_t before_count = 0, after_count = 0;   // incidents of the key (any severity)
+  uint64_t before_lost_ns = 0, after_lost_ns = 0;
+  double before_ns = 0, after_ns = 0;  // lost per step (or per second)
+  std::vector<std::string> evidence;   // each side's incidents: span, lost, what happened (its summary)
+};
+
 struct DiffReport {
   std::string unit = "step";  // "step" or "second"
   SideSummary before, after;
@@ -155,6 +174,7 @@ struct DiffReport {
   std::vector<ThreadRow> threads;
   std::vector<OpRow> ops;  // significant first, then by name
   std::vector<ChainRow> chains;
+  std::vector<IncidentRow> incidents;  // appeared first, then by the change in time lost (largest first)
   std::string verdict;
   std::vector<std::string> notes;  // what limits the comparison
 };

@@ -53,6 +53,33 @@ std::string who(const AnalysisResult& r, const Incident& in) {
   return p;
 }
 
+// ", mostly stress-ng (pid 31337) ran instead": for a CPU contention, the task that took the CPU
+// most over the incident's chains (their accounting's preempted_by), "" when none is known.
+std::string ran_instead(const AnalysisResult& r, const Incident& in) {
+  if (in.category != "cpu_contention") return "";
+  std::map<std::pair<uint32_t, std::string>, uint64_t> by;
+  for (const Chain& c : r.chains) {
+    if (!c.accounting || std::find(in.chains.begin(), in.chains.end(), c.id) == in.chains.end()) continue;
+    for (const PreemptedBy& p : c.accounting->preempted_by) by[{p.pid, p.comm}] += p.ns;
+  }
+  const std::pair<const std::pair<uint32_t, std::string>, uint64_t>* top = nullptr;
+  for (const auto& e : by)
+    if (!top || e.second > top->second) top = &e;
+  if (!top || top->second == 0) return "";
+  const auto& [pid, comm] = top->first;
+  std::string name = comm.empty() ? "pid " + std::to_string(pid)
+                                  : comm + (pid ? " (pid " + std::to_string(pid) + ")" : std::string());
+  return ", mostly " + name + " running instead";
+}
+
+// Who took the main thread's CPU most, as in ran_instead: "" when none is known.
+std::string top_preemptor(const ThreadAccounting& a) {
+  if (a.preempted_by.empty() || a.preempted_by.front().ns == 0) return "";
+  const PreemptedBy& p = a.preempted_by.front();
+  return p.comm.empty() ? "pid " + std::to_string(p.pid)
+                        : p.comm + (p.pid ? " (pid " + std::to_string(p.pid) + ")" : std::string());
+}
+
 }  // namespace
 
 double GpuRates::rate_for(const std::string& node) const {
@@ -154,6 +181,9 @@ void assemble_incidents(AnalysisResult& r, const IncidentOptions& o, const GpuUs
     f.category = first.category;
     f.over_time = first.over_time;
     const Chain* worst = &first;
+    // Rate findings: one per op (cudaLaunchKernel and cuLaunchKernel of one process can both
+    // fire for the same window); the window's time is lost once, the largest of them.
+    std::map<uint64_t, std::pair<uint64_t, uint64_t>> rate_lost;  // window start -> (lost, base)
     for (size_t k = i; k < j; ++k) {
       const Chain& c = *order[k];
       in.chains.push_back(c.id);
@@ -169,6 +199,15 @@ void assemble_incidents(AnalysisResult& r, const IncidentOptions& o, const GpuUs
         continue;
       }
       const auto [lost, base] = chain_lost_ns(c);
+      if (c.category == "throughput_drop") {
+        auto& [l, b] = rate_lost[c.window_start];
+        if (lost >= l) {
+          l = lost;
+          b = base;
+        }
+        in.lost_basis = "the window's time the launch rate fell short of its recent peak: window x (1 - rate / peak)";
+        continue;
+      }
       in.lost_ns += lost;
       f.base_ns += base;
       if (c.over_time) {
@@ -184,6 +223,10 @@ void assemble_incidents(AnalysisResult& r, const IncidentOptions& o, const GpuUs
           f.evidence = std::max(f.evidence, c.accounting->scheduler_data ? EvidenceStrength::kRecorded
                                                                          : EvidenceStrength::kUnknownState);
       }
+    }
+    for (const auto& [start, lb] : rate_lost) {
+      in.lost_ns += lb.first;
+      f.base_ns += lb.second;
     }
     if (in.lost_basis.empty()) in.lost_basis = "not measured for this kind of finding";
     f.lost_ns = in.lost_ns;
@@ -230,6 +273,7 @@ void assemble_incidents(AnalysisResult& r, const IncidentOptions& o, const GpuUs
 
 std::string make_verdict(const AnalysisResult& r, std::string& text) {
   text.clear();
+  constexpr double kMaterialShare = 0.15;  // preempted or blocked on input: never "gpu-bound" from here
   // Where the main feeding thread's time went.
   const ThreadAccounting* main = r.accounting.empty() ? nullptr : &r.accounting.front();
   double sync = 0, calls = 0, on_cpu = 0, preempted = 0, input = 0, idle = 0, unknown = 0;
@@ -269,7 +313,8 @@ std::string make_verdict(const AnalysisResult& r, std::string& text) {
     for (size_t k = 0; k < named.size() && k < 3; ++k) {
       const Incident& in = *named[k];
       text += std::string(k ? "; " : "") + std::to_string(k + 1) + ") " + severity_name(in.severity) + " " +
-              in.category + " on " + who(r, in) + " for " + format_ns(static_cast<double>(in.end_ns - in.start_ns));
+              in.category + " on " + who(r, in) + ran_instead(r, in) + " for " +
+              format_ns(static_cast<double>(in.end_ns - in.start_ns));
       if (in.lost_ns) {
         text += ", lost " + format_ns(static_cast<double>(in.lost_ns)) + " (" + pct(in.lost_share) + "), " +
                 gpu_hours_text(in.gpu_hours) + " GPU-hours";
@@ -294,15 +339,19 @@ std::string make_verdict(const AnalysisResult& r, std::string& text) {
     why =
         "most of the feeding thread's time is in an unknown state (this trace records no off-CPU state; "
         "capture with `ingero-pipeline trace` to see it)";
+  } else if (preempted >= kMaterialShare && preempted >= input) {
+    // Material contention or waiting is never called healthy, whatever else the thread does.
+    bound = "cpu-contended";
+    const std::string by = top_preemptor(*main);
+    why = "its feeding thread loses " + pct(preempted) + " of its time to other tasks" +
+          (by.empty() ? "" : ", mostly " + by);
+  } else if (input >= kMaterialShare) {
+    bound = "input-bound";
+    why = input >= 0.5 ? "its feeding thread spends most of its time waiting for its input"
+                       : "its feeding thread waits for its input " + pct(input) + " of its time";
   } else if (sync >= 0.5) {
     bound = "gpu-bound";
     why = "its feeding thread spends most of its time waiting for the GPU, the healthy outcome";
-  } else if (input >= 0.5) {
-    bound = "input-bound";
-    why = "its feeding thread spends most of its time waiting for its input";
-  } else if (preempted >= 0.2) {
-    bound = "cpu-contended";
-    why = "its feeding thread loses a fifth or more of its time to other tasks";
   } else if (on_cpu >= 0.5) {
     bound = "host-bound";
     why = "its feeding thread spends most of its time computing on the CPU between GPU calls";

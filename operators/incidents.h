@@ -12,8 +12,9 @@
 // - Time lost, per kind: a finding over time (a feeding thread's preempted or blocked time) sums
 //   its chains' extra time against the thread's baseline (severity.h chain_lost_ns); a straggler,
 //   its median lag x the collectives it was last at x the ranks that waited (nodes - 1); a tail
-//   chain, its slow calls' time beyond the median call; a launch gap, the gap. Other kinds
-//   (throughput_drop, ...) have no measured loss: lost_ns 0, lost_basis says so.
+//   chain, its slow calls' time beyond the median call; a launch gap, the gap; a throughput_drop,
+//   window x (1 - rate / peak) per window (the largest when several ops of the process fired for
+//   one window). Other kinds have no measured loss: lost_ns 0, lost_basis says so.
 // - lost_share = lost_ns / the trace's span (TraceMeta first_ts..last_ts).
 // - gpus: the distinct devices the process's GPU calls named when that is more than one
 //   (GpuUsage, "trace"); else IncidentOptions::gpus when set ("--gpus"); else 1 ("assumed").
@@ -78,11 +79,14 @@ void assemble_incidents(AnalysisResult& r, const IncidentOptions& o = {}, const 
 // The verdict paragraph (contract): where the main feeding thread's time went (from
 // result.accounting: the largest parts by share), then the MEDIUM and HIGH incidents by time
 // lost (at most 3 named, with lost time and share, GPU-hours, cost when priced, and the what-if),
-// or, when there are none, the bound the job is under, from the main feeding thread's time:
-// "gpu-bound" (>= 50% waiting for the GPU in synchronising calls), "input-bound" (>= 50% blocked
-// on locks, pipes/sockets or disk), "cpu-contended" (>= 20% preempted), "host-bound" (>= 50% on
-// CPU outside calls), "idle" (>= 50% asleep or blocked otherwise), "unknown" (no accounting, or
-// >= 50% of unknown state). Returns the bound ("" when incidents were named).
+// or, when there are none, the bound the job is under, from the main feeding thread's time, the
+// first that applies: "unknown" (no accounting, or >= 50% of unknown state); "cpu-contended"
+// (>= 15% preempted, and at least as much as blocked on input: the task that ran instead most is
+// named); "input-bound" (>= 15% blocked on locks, pipes/sockets or disk); "gpu-bound" (>= 50%
+// waiting for the GPU in synchronising calls); "host-bound" (>= 50% on CPU outside calls); "idle"
+// (>= 50% asleep or blocked otherwise); else "mixed". A job whose feeding thread loses 15% or more
+// to preemption or input waits is never called gpu-bound. Returns the bound ("" when incidents were
+// named). A CPU contention incident names the task that ran instead most.
 std::string make_verdict(const AnalysisResult& r, std::string& text);
 
 }  // namespace ingero

@@ -98,6 +98,13 @@ std::pair<uint64_t, uint64_t> chain_lost_ns(const Chain& c) {
     const uint64_t lost = static_cast<double>(part) > base ? part - static_cast<uint64_t>(base) : 0;
     return {lost, a.wall_ns};
   }
+  if (c.category == "throughput_drop") {
+    // The work done in the window at the reduced rate would have taken drop x window at the recent
+    // peak rate (the missing calls x the peak's time per call): the rest of the window is lost.
+    const double drop = chain_value_or(c, "drop", -1.0);
+    if (window == 0 || !(drop >= 0.0 && drop < 1.0)) return {0, 0};
+    return {static_cast<uint64_t>(static_cast<double>(window) * (1.0 - drop)), window};
+  }
   if (c.category == "launch_gap") {
     for (const auto& e : c.evidence)
       if (e.kind == "gap" && e.value > 0) return {static_cast<uint64_t>(e.value), window};

@@ -103,7 +103,9 @@ SeverityFacts chain_facts(const Chain& c, const SeverityContext& ctx = {});
 // (0, 0 when not known): a finding over time, the extra preempted (cpu_contention) or blocked
 // time against the thread's baseline (value trend.median.before - the baseline before a run of
 // windows merged by the engine - else trend.median, when the rule keeps one); a tail chain,
-// its slow calls' time beyond the median call (slow.excess_ns); a launch gap, its length.
+// its slow calls' time beyond the median call (slow.excess_ns); a launch gap, its length; a
+// throughput_drop (value `drop` = rate / recent peak, in [0, 1)), window x (1 - drop): the missing
+// calls x the peak's time per call, of the window.
 std::pair<uint64_t, uint64_t> chain_lost_ns(const Chain& c);
 
 // The chain's value `name` (Chain::values), or `dflt` when absent or not finite.

@@ -10,6 +10,7 @@
 #include "model/annotation.h"
 #include "model/ops.h"
 #include "operators/event_observer.h"
+#include "operators/incidents.h"
 #include "operators/step_inference.h"
 #include "operators/time_accounting.h"
 #include "sinks/fleet/merge.h"
@@ -201,6 +202,28 @@ nlohmann::json report_json(const DiffReport& r) {
          {"median_change", o.median_change},
          {"p", o.p},
          {"significant", o.significant}});
+  j["incidents"] = nlohmann::json::array();
+  for (const auto& in : r.incidents) {
+    auto side = [](const std::string& sev, uint64_t count, uint64_t lost, double per_unit) {
+      if (count == 0) return nlohmann::json();
+      return nlohmann::json{{"severity", sev},
+                            {"incidents", count},
+                            {"lost_ns", lost},
+                            {"lost_ns_per_unit", std::llround(per_unit)}};
+    };
+    nlohmann::json row = {{"change", in.change},
+                          {"rule", in.rule},
+                          {"category", in.category},
+                          {"process", in.process},
+                          {"thread", in.thread},
+                          {"before", side(in.before_severity, in.before_count, in.before_lost_ns, in.before_ns)},
+                          {"after", side(in.after_severity, in.after_count, in.after_lost_ns, in.after_ns)},
+                          {"added_ns_per_step", std::llround(in.after_ns - in.before_ns)},
+                          {"evidence", in.evidence}};
+    if (!in.node.empty()) row["node"] = in.node;
+    if (in.rank >= 0) row["rank"] = in.rank;
+    j["incidents"].push_back(std::move(row));
+  }
   j["chains"] = nlohmann::json::array();
   for (const auto& c : r.chains)
     j["chains"].push_back({{"rule", c.rule},
@@ -262,6 +285,19 @@ std::string report_text(const DiffReport& r) {
                   format_ns(p.after_p99).c_str(), p.median_change * 100, p.p);
     o << buf;
   }
+  o << "\nIncidents (MEDIUM or HIGH on either side; time lost, ms per " << r.unit << ", before -> after)\n";
+  if (r.incidents.empty()) o << "  none on either side\n";
+  for (const auto& in : r.incidents) {
+    std::string who = in.process + (in.thread.empty() ? "" : "/" + in.thread);
+    if (!in.node.empty()) who += " node " + in.node;
+    if (in.rank >= 0) who += " rank " + std::to_string(in.rank);
+    std::snprintf(buf, sizeof buf, "  %-8s %s -> %s  %s (%s) on %s  %s -> %s\n", in.change.c_str(),
+                  ms(in.before_ns).c_str(), ms(in.after_ns).c_str(), in.rule.c_str(), in.category.c_str(), who.c_str(),
+                  in.before_severity.empty() ? "-" : in.before_severity.c_str(),
+                  in.after_severity.empty() ? "-" : in.after_severity.c_str());
+    o << buf;
+    for (const auto& e : in.evidence) o << "        " << e << "\n";
+  }
   o << "\nChains (before -> after)\n";
   if (r.chains.empty()) o << "  none on either side\n";
   for (const auto& c : r.chains)
@@ -321,7 +357,8 @@ bool analyse_side(EventSource& source, const std::string& path, const TimeRange&
     }
   }
   OpSampler sampler;
-  ObservingSource observed(in, {&accounting, &steps, &sampler});
+  GpuUsage gpus;
+  ObservingSource observed(in, {&accounting, &steps, &sampler, &gpus});
   EventSource& annotated = annotator.tap(observed);
   opts.on_chain = [&annotator](const Chain& c) { annotator.annotate(c); };
   std::vector<std::string> errors;
@@ -342,6 +379,8 @@ bool analyse_side(EventSource& source, const std::string& path, const TimeRange&
             ": no GPU API calls: nothing to compare (expected a trace of a process that calls CUDA)";
     return false;
   }
+  // Severity and incidents as `explain` decides them: the incidents that appeared, vanished or grew.
+  assemble_incidents(out.result, options.incidents, &gpus);
   add_stragglers(path, range, out);
   return true;
 }

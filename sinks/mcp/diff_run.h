@@ -1,7 +1,8 @@
 // One side of `diff` (cli/cmd_diff.cpp) and of the MCP tool compare_traces: the analysis `explain`
 // runs (rule pack, chain annotator, time accounting with per-second bins, step inference with the
 // trace's own step markers, a sample of each op's call durations) over a trace or a time range of
-// it, plus, on a merged fleet trace, the stragglers per step; and the report of
+// it, with severity and incidents assembled as `explain` does (operators/incidents.h), plus, on a
+// merged fleet trace, the stragglers per step; and the report of
 // operators/diff_stats.h compare() as text and JSON (the shape in docs/cli.md).
 //
 // Contract:
@@ -25,6 +26,7 @@
 #include "model/trace.h"
 #include "operators/chain_annotate.h"
 #include "operators/diff_stats.h"
+#include "operators/incidents.h"
 
 namespace ingero::diff {
 
@@ -49,6 +51,7 @@ struct SideOptions {
   const Plan* plan = nullptr;
   AnnotateOptions annotate;
   unsigned threads = 1;
+  IncidentOptions incidents;  // severity and incidents (operators/incidents.h), as `explain` assembles them
 };
 
 // `source` was opened on `path` (SQLite or LMDB); it is read to the end.

@@ -31,6 +31,7 @@
 
 #include "model/plan.h"
 #include "operators/chain_annotate.h"
+#include "operators/incidents.h"
 #include "sinks/store/sql_query.h"
 
 namespace ingero::mcp {
@@ -61,6 +62,9 @@ struct ServerOptions {
   // cli/pipeline_common.h annotate_options()).
   std::map<std::string, std::string> params;
   AnnotateOptions annotate = LiveChainAnnotator::replay_defaults();
+  // Incidents' GPUs and price (`mcp --gpus N --gpu-hour-price P --rates FILE`, as `explain`): the
+  // analysis and compare_traces assemble incidents with them, so they carry GPU-hours and cost.
+  IncidentOptions incidents;
   size_t page_size = 50;                // items per page of tools/prompts/resources lists
   size_t max_message_bytes = 4u << 20;  // larger messages are refused unread
   int max_depth = 64;                   // JSON nesting limit (the parser recurses)

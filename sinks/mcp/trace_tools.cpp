@@ -65,6 +65,19 @@ std::string untrusted_text(std::string_view s) { return untrusted(s); }
 // Rule templates substitute {process} and {node} with names from the trace: mark each occurrence
 // of those names inside generated text as untrusted. Names shorter than 3 bytes are left alone
 // (they would match inside ordinary words).
+std::string mark_names(const std::string& text, std::vector<std::string> names);
+
+// The tasks that took a chain's thread's CPU ({task:by} in a summary, the verdict's "mostly ...
+// running instead"): names from the trace.
+void add_task_names(const Chain& c, const AnalysisResult& r, std::vector<std::string>& names) {
+  if (!c.accounting) return;
+  for (const auto& p : c.accounting->preempted_by) {
+    if (!p.comm.empty()) names.push_back(p.comm);
+    if (auto it = r.meta.process_names.find(p.pid); p.pid && it != r.meta.process_names.end())
+      names.push_back(it->second);
+  }
+}
+
 std::string mark_names(const std::string& text, std::vector<std::string> names) {
   names.erase(std::remove_if(names.begin(), names.end(), [](const std::string& n) { return n.size() < 3; }),
               names.end());
@@ -493,9 +506,10 @@ const AnalysisResult* TraceTools::analysis(std::string& error) {
       eo.on_chain = [&annotator](const Chain& c) { annotator.annotate(c); };
       auto result = std::make_unique<AnalysisResult>(run_plan(plan(), annotated, eo, &errors));
       if (errors.empty()) {
-        annotator.finish(*result);               // first: chains get their threads, then their accounting
-        observed.finish(*result);                // accounting, steps
-        assemble_incidents(*result, {}, &gpus);  // severity, incidents, the verdict (operators/incidents.h)
+        annotator.finish(*result);  // first: chains get their threads, then their accounting
+        observed.finish(*result);   // accounting, steps
+        // Severity, incidents (priced with --gpus, --gpu-hour-price, --rates), the verdict.
+        assemble_incidents(*result, options_.incidents, &gpus);
         all_threads_ = accounting.accounts(source->meta());
         analysis_ = std::move(result);
       } else {
@@ -731,10 +745,18 @@ Json TraceTools::get_trace_stats(const Json& a, RequestContext* ctx) {
 std::string TraceTools::verdict_text(const AnalysisResult& r) const {
   std::vector<std::string> names;
   for (const auto& in : r.incidents) names.push_back(process_name(r, in.pid));
+  // The tasks that ran instead of a feeding thread (a CPU contention incident, a cpu-contended bound).
+  auto tasks = [&names](const ThreadAccounting& a) {
+    for (const auto& p : a.preempted_by)
+      if (!p.comm.empty()) names.push_back(p.comm);
+  };
   for (const auto& a : r.accounting) {
     names.push_back(process_name(r, a.pid));
     if (!a.comm.empty()) names.push_back(a.comm);
+    tasks(a);
   }
+  for (const auto& c : r.chains)
+    if (c.category == "cpu_contention") add_task_names(c, r, names);
   return mark_names(r.verdict, names);
 }
 
@@ -742,7 +764,11 @@ Json TraceTools::incidents_json(const AnalysisResult& r, size_t max) const {
   Json out = Json::array();
   for (size_t i = 0; i < r.incidents.size() && i < max; ++i) {
     Json j = incident_json(r.incidents[i], r.meta);
-    j["summary"] = mark_names(r.incidents[i].summary, {process_name(r, r.incidents[i].pid)});
+    std::vector<std::string> names{process_name(r, r.incidents[i].pid)};
+    for (const auto& c : r.chains)
+      if (std::find(r.incidents[i].chains.begin(), r.incidents[i].chains.end(), c.id) != r.incidents[i].chains.end())
+        add_task_names(c, r, names);
+    j["summary"] = mark_names(r.incidents[i].summary, names);
     if (j["node"].is_string() && !j["node"].get<std::string>().empty())
       j["node"] = untrusted(j["node"].get<std::string>());
     out.push_back(std::move(j));
@@ -754,6 +780,7 @@ Json TraceTools::chain_json(const Chain& c, const AnalysisResult& r, bool full) 
   std::vector<std::string> names;
   if (c.pid) names.push_back(process_name(r, c.pid));
   if (c.node < r.meta.nodes.size()) names.push_back(r.meta.nodes[c.node]);
+  add_task_names(c, r, names);
   Json j = {{"id", c.id},
             {"severity", severity_name(c.severity)},
             {"category", c.category},
@@ -1018,6 +1045,7 @@ Json TraceTools::compare_traces(const Json& a, RequestContext* ctx) {
   so.plan = &plan();
   so.annotate = options_.annotate;
   so.threads = options_.engine_threads;
+  so.incidents = options_.incidents;
   diff::Analysed sides[2];
   const std::string paths[2] = {before_path, options_.db_path};
   const diff::TimeRange* ranges[2] = {&rb, &ra};
@@ -1052,6 +1080,11 @@ Json TraceTools::compare_traces(const Json& a, RequestContext* ctx) {
     for (const char* f : {"process", "thread"}) t[f] = untrusted(t.value(f, ""));
   for (auto& c : j["chains"])
     for (const char* f : {"process", "thread"}) c[f] = untrusted(c.value(f, ""));
+  for (auto& in : j["incidents"]) {
+    for (const char* f : {"process", "thread"}) in[f] = untrusted(in.value(f, ""));
+    if (in.contains("node")) in["node"] = untrusted(in.value("node", ""));
+    for (auto& e : in["evidence"]) e = untrusted(e.get<std::string>());
+  }
   Json notes = Json::array();
   for (auto& n : j["notes"]) notes.push_back(untrusted(n.get<std::string>()));
   for (const auto& side : sides)

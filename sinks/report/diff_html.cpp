@@ -108,6 +108,33 @@ std::string diff_html(const json& r) {
   }
   h << "</table>\n";
 
+  // Incidents that appeared, vanished or grew: time lost per unit, before and after, with evidence.
+  h << "<h2>Incidents (MEDIUM or HIGH on either side; time lost per " << html_escape(unit)
+    << ")</h2>\n<table id=\"incidents\"><tr><th>change</th><th>before</th><th>after</th><th>incident</th></tr>\n";
+  const json incidents = r.value("incidents", json::array());
+  if (incidents.empty()) h << "<tr><td class=\"muted\" colspan=\"4\">none on either side</td></tr>\n";
+  for (const auto& in : incidents) {
+    auto side = [&in](const char* k) {
+      const bool has = in.contains(k) && in[k].is_object();
+      return has ? ms(num(in[k], "lost_ns_per_unit")) + " <span class=\"muted\">" +
+                       html_escape(str(in[k], "severity")) + "</span>"
+                 : std::string("&ndash;");
+    };
+    std::string who = html_escape(str(in, "process")) +
+                      (str(in, "thread").empty() ? "" : "/" + html_escape(str(in, "thread")));
+    if (in.contains("node")) who += " node " + html_escape(str(in, "node"));
+    if (in.contains("rank") && in["rank"].is_number()) who += " rank " + std::to_string(in["rank"].get<int>());
+    const std::string change = str(in, "change");
+    h << "<tr" << (change == "appeared" || change == "grew" ? " class=\"sig\"" : "") << "><td>" << html_escape(change)
+      << "</td><td class=\"n\">" << side("before") << "</td><td class=\"n\">" << side("after") << "</td><td>"
+      << html_escape(str(in, "rule")) << " <span class=\"muted\">(" << html_escape(str(in, "category"))
+      << ")</span> on " << who;
+    for (const auto& e : in.value("evidence", json::array()))
+      if (e.is_string()) h << "<div class=\"ev\">" << html_escape(e.get<std::string>()) << "</div>";
+    h << "</td></tr>\n";
+  }
+  h << "</table>\n";
+
   // Where each feeding thread's time per unit went, before and after, on one scale.
   const json threads = r.value("threads", json::array());
   double scale = 0;

@@ -213,6 +213,60 @@ TEST_F(Diff, NamesCpuContentionOnTheFeedingThread) {
   EXPECT_GT(j["after"]["step_ns"].get<double>(), j["before"]["step_ns"].get<double>());
 }
 
+// Incidents side by side: the hog of the CPU-contention trace (26% from its first second) is an
+// incident on AFTER only: one row, "appeared", on trainer/trainer, naming stress-ng, its time lost
+// per step within 15% of the injected; the cause cites it. Text and HTML carry the same row. Two
+// runs of the same workload (different seeds): no row.
+TEST_F(Diff, IncidentsThatAppeared) {
+  const auto before = generate(file("base.db"), Fault::kNone, 21);
+  const auto after = generate(file("cpu.db"), Fault::kCpuContention, 22);
+  const std::string page = file("diff.html");
+  const auto r = run("diff " + before.path + " " + after.path + " --json --html " + page);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json j = json::parse(r.out);
+  ASSERT_EQ(j["incidents"].size(), 1u) << j["incidents"].dump(1);
+  const json& in = j["incidents"][0];
+  EXPECT_EQ(in["change"], "appeared");
+  EXPECT_EQ(in["rule"], "cpu_preempted");
+  EXPECT_EQ(in["category"], "cpu_contention");
+  EXPECT_EQ(in["process"], "trainer");
+  EXPECT_EQ(in["thread"], "trainer");
+  EXPECT_TRUE(in["before"].is_null()) << in.dump(1);
+  EXPECT_EQ(in["after"]["severity"], "HIGH");
+  EXPECT_EQ(in["after"]["incidents"], 1);
+  const double per_step = in["after"]["lost_ns_per_unit"].get<double>();
+  EXPECT_NEAR(per_step, after.injected_per_step(), 0.15 * after.injected_per_step()) << in.dump(1);
+  EXPECT_EQ(in["added_ns_per_step"].get<double>(), per_step);
+  ASSERT_EQ(in["evidence"].size(), 1u);
+  EXPECT_NE(in["evidence"][0].get<std::string>().find("stress-ng (pid 31337) ran instead"), std::string::npos)
+      << in["evidence"][0];
+  bool cited = false;
+  for (const auto& e : j["causes"][0]["evidence"])
+    cited = cited || e.get<std::string>().find("incident cpu_preempted (cpu_contention) on trainer/trainer appeared") !=
+                         std::string::npos;
+  EXPECT_TRUE(cited) << j["causes"][0].dump(1);
+  std::ifstream f(page);
+  const std::string h{std::istreambuf_iterator<char>(f), {}};
+  const size_t table = h.find("<table id=\"incidents\">");
+  ASSERT_NE(table, std::string::npos);
+  EXPECT_NE(h.find("appeared</td>", table), std::string::npos);
+  const auto text = run("diff " + before.path + " " + after.path);
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find("appeared "), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("cpu_preempted (cpu_contention) on trainer/trainer  - -> HIGH"), std::string::npos)
+      << text.out;
+  // Reversed, the same incident vanished.
+  const json back = diff_json(after.path, before.path);
+  ASSERT_EQ(back["incidents"].size(), 1u) << back["incidents"].dump(1);
+  EXPECT_EQ(back["incidents"][0]["change"], "vanished");
+  // Same workload, other seeds: no incident on either side, so no row.
+  const auto a = generate(file("a.db"), Fault::kNone, 23);
+  const auto b = generate(file("b.db"), Fault::kNone, 123);
+  const json same = diff_json(a.path, b.path);
+  EXPECT_TRUE(same["incidents"].is_array());
+  EXPECT_TRUE(same["incidents"].empty()) << same["incidents"].dump(1);
+}
+
 TEST_F(Diff, NamesAnAddedDeviceToHostSync) {
   const auto before = generate(file("base.db"), Fault::kNone, 3);
   const auto after = generate(file("d2h.db"), Fault::kD2hSync, 4);
@@ -279,17 +333,38 @@ TEST_F(Diff, McpToolComparesLikeTheCommand) {
               {"method", "tools/call"},
               {"params", {{"name", "compare_traces"}, {"arguments", {{"before_range", "soon"}}}}}}
              .dump()
+      << "\n"
+      << json{{"jsonrpc", "2.0"},
+              {"id", 4},
+              {"method", "tools/call"},
+              {"params", {{"name", "get_causal_chains"}, {"arguments", json::object()}}}}
+             .dump()
       << "\n";
   }
-  const auto r = run("mcp --db " + after.path + " --baseline " + before.path + " < " + req);
+  const auto r = run("mcp --db " + after.path + " --baseline " + before.path + " --gpus 2 --gpu-hour-price 3 < " + req);
   ASSERT_EQ(r.status, 0) << r.err;
-  json reply, bad;
+  json reply, bad, chains;
   std::istringstream lines(r.out);
   for (std::string line; std::getline(lines, line);) {
     const json m = json::parse(line, nullptr, false);
     if (m.is_object() && m.value("id", 0) == 2) reply = m;
     if (m.is_object() && m.value("id", 0) == 3) bad = m;
+    if (m.is_object() && m.value("id", 0) == 4) chains = m;
   }
+  // The server's price flags (as explain's): the hog's incident carries 2 GPUs and its cost; the
+  // task that ran instead, named in the verdict, is marked as a name from the trace.
+  ASSERT_TRUE(chains.contains("result")) << r.out.substr(0, 2000);
+  const json& cc = chains["result"]["structuredContent"];
+  ASSERT_FALSE(cc["incidents"].empty()) << cc.dump(1).substr(0, 2000);
+  const json& hog = cc["incidents"][0];
+  EXPECT_EQ(hog["rule"], "cpu_preempted");
+  EXPECT_EQ(hog["gpus"].get<double>(), 2.0);
+  EXPECT_EQ(hog["gpus_from"], "--gpus");
+  EXPECT_NEAR(hog["cost"].get<double>(), hog["lost_ns"].get<double>() / 3.6e12 * 2 * 3, 1e-12);
+  EXPECT_NE(cc["verdict"].get<std::string>().find(
+                "mostly <untrusted>stress-ng</untrusted> (pid 31337) running instead"),
+            std::string::npos)
+      << cc["verdict"];
   ASSERT_TRUE(reply.contains("result")) << r.out.substr(0, 2000);
   ASSERT_FALSE(reply["result"].value("isError", false)) << reply.dump(1);
   const json& d = reply["result"]["structuredContent"];
@@ -301,6 +376,12 @@ TEST_F(Diff, McpToolComparesLikeTheCommand) {
     EXPECT_EQ(d["causes"][i]["significant"], cli["causes"][i]["significant"]) << i;
   }
   EXPECT_EQ(d["causes"][0]["category"], "cpu_contention");
+  // The incidents too: the hog's appeared on AFTER.
+  ASSERT_EQ(d["incidents"].size(), cli["incidents"].size()) << d["incidents"].dump(1);
+  ASSERT_EQ(d["incidents"].size(), 1u) << d["incidents"].dump(1);
+  EXPECT_EQ(d["incidents"][0]["change"], "appeared");
+  EXPECT_EQ(d["incidents"][0]["rule"], cli["incidents"][0]["rule"]);
+  EXPECT_EQ(d["incidents"][0]["added_ns_per_step"], cli["incidents"][0]["added_ns_per_step"]);
   ASSERT_TRUE(bad.contains("result")) << r.out.substr(0, 2000);
   EXPECT_TRUE(bad["result"].value("isError", false));
   EXPECT_NE(bad["result"].dump().find("before_range: expected START:END"), std::string::npos) << bad.dump();

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -57,6 +58,37 @@ TEST(ExplainSave, KeepsTheAccountingAndTheSteps) {
   const auto again = run("explain --db " + saved + " --json");
   ASSERT_EQ(again.status, 0) << again.err;
   EXPECT_EQ(json::parse(again.out)["accounting"], printed["accounting"]);
+  fs::remove_all(dir);
+}
+
+// `run` with a SQLite sink writes the results `explain --save` writes: the same incidents (with
+// their cost, --gpus and --gpu-hour-price given to both) and the same verdict, read back with
+// read_result.
+TEST(RunSave, WritesTheIncidentsExplainFinds) {
+  const fs::path dir = fs::temp_directory_path() / ("ip-runsave-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string demo = (dir / "cpu.db").string(), saved = (dir / "results.db").string();
+  const auto d = run("demo cpu_contention --save " + demo);
+  ASSERT_EQ(d.status, 0) << d.err;
+  const auto r = run("explain --db " + demo + " --json --gpus 4 --gpu-hour-price 3");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json printed = json::parse(r.out);
+  ASSERT_FALSE(printed["incidents"].empty());
+  {
+    std::ofstream cfg(dir / "run.yaml");
+    cfg << "version: 1\nsources:\n  - name: demo\n    type: sqlite\n    path: cpu.db\n"
+           "sinks:\n  - name: store\n    type: sqlite\n    path: results.db\n    from: [demo, analysis]\n";
+  }
+  const auto rr = run("run -q --config " + (dir / "run.yaml").string() + " --gpus 4 --gpu-hour-price 3");
+  ASSERT_EQ(rr.status, 0) << rr.err;
+  ingero::AnalysisResult back;
+  std::string error;
+  ASSERT_TRUE(ingero::read_result(saved, back, error)) << error;
+  const json stored = ingero::explain_json(back);
+  EXPECT_EQ(stored["incidents"], printed["incidents"]);
+  EXPECT_EQ(stored["verdict"], printed["verdict"]);
+  EXPECT_EQ(stored["incidents"][0]["gpus_from"], "--gpus");
+  EXPECT_TRUE(stored["incidents"][0]["cost"].is_number());
   fs::remove_all(dir);
 }
 

@@ -203,7 +203,7 @@ TEST(TimeRules, NoHogNoCpuPreemptedFinding) {
   }
 }
 
-// Between the 10% floor and the 30% that fires whatever the history, a window fires only above the
+// Between the 10% floor and the 15% that fires whatever the history, a window fires only above the
 // thread's own baseline (median + 3 MAD + 5 points of its previous 30 windows), as MEDIUM.
 TEST(TimeRules, ModeratePreemptionFiresOnlyAboveTheThreadsOwnBaseline) {
   std::mt19937_64 rng(48);
@@ -218,12 +218,22 @@ TEST(TimeRules, ModeratePreemptionFiresOnlyAboveTheThreadsOwnBaseline) {
   EXPECT_EQ(value_of(*found[0], "windows"), 2);
   EXPECT_LT(value_of(*found[0], "trend.median"), 0.05);
   EXPECT_GE(value_of(*found[0], "trend.history"), 6);
-  // The same share from the first second on is the thread's normal: never above its baseline.
+  // A share under the standing floor (15%) from the first second on is the thread's normal: never
+  // above its baseline.
   std::vector<uint64_t> always;
   for (uint64_t s = 0; s < 10; ++s) always.push_back(s);
-  t = hog_trace(rng, 10, always, 0.15, 0.20);
+  t = hog_trace(rng, 10, always, 0.08, 0.11);
   r = run_pack(t);
   EXPECT_TRUE(chains_of(r, "cpu_preempted").empty()) << chains_text(r);
+  // From the floor on, a neighbour present from the start is contention however long it has
+  // lasted (`standing_preempted_share`): one finding over the whole run, naming the hog.
+  t = hog_trace(rng, 10, always, 0.16, 0.20);
+  r = run_pack(t);
+  found = chains_of(r, "cpu_preempted");
+  ASSERT_EQ(found.size(), 1u) << chains_text(r);
+  EXPECT_EQ(found[0]->window_start, kBase);
+  EXPECT_EQ(found[0]->window_end, kBase + 10 * kSec);
+  EXPECT_NE(found[0]->summary.find("ip-hog (pid 4242) ran instead"), std::string::npos) << found[0]->summary;
 }
 
 // The whole result (chains, rule outcomes, counters) is the one-thread result at 2 and 4 threads

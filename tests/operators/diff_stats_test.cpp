@@ -1,10 +1,12 @@
 // operators/diff_stats.h: the Mann-Whitney U test `diff` judges noise with, against values worked
-// out by hand (normal approximation with tie and continuity corrections).
+// out by hand (normal approximation with tie and continuity corrections); the incident rows of
+// compare() on hand-made sides.
 #include "operators/diff_stats.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 namespace {
@@ -58,6 +60,84 @@ TEST(Welch, MeansOfUnequalVariances) {
   EXPECT_NEAR(t.p, std::erfc(t.z / std::sqrt(2.0)), 1e-12);
   const std::vector<double> same{5, 5, 5, 5};
   EXPECT_DOUBLE_EQ(ingero::diff::welch(same, same).p, 1);
+}
+
+// Incidents side by side: keyed by rule, category, process and thread name (the pids differ
+// between runs); only keys with a MEDIUM/HIGH incident on a side; grew/shrank past 25% and the
+// effect floors, else same; appeared first, then grew, vanished, same.
+TEST(DiffIncidents, RowsByKeyWithTheirChange) {
+  using namespace ingero;
+  constexpr uint64_t kSec = 1'000'000'000, kT0 = 1'700'000'000 * kSec;
+  auto side = [](uint32_t pid) {
+    AnalysisResult r;
+    r.meta.first_ts = kT0;
+    r.meta.last_ts = kT0 + 10 * kSec;
+    r.meta.process_names[pid] = "trainer";
+    r.meta.thread_names[pid + 1] = "trainer";
+    ThreadAccounting t;
+    t.pid = pid;
+    t.tid = pid + 1;
+    t.comm = "trainer";
+    t.wall_ns = 10 * kSec;
+    t.in_calls_ns["sync"] = 5 * kSec;
+    t.on_cpu_ns = 5 * kSec;
+    r.accounting.push_back(t);
+    return r;
+  };
+  auto incident = [](AnalysisResult& r, const char* rule, const char* category, Severity s, double lost_s) {
+    Incident in;
+    in.rule = rule;
+    in.category = category;
+    in.severity = s;
+    in.pid = r.accounting[0].pid;
+    in.tid = r.accounting[0].tid;
+    in.start_ns = kT0;
+    in.end_ns = kT0 + 10 * kSec;
+    in.lost_ns = static_cast<uint64_t>(lost_s * 1e9);
+    in.summary = std::string(rule) + " happened";
+    r.incidents.push_back(in);
+  };
+  AnalysisResult b = side(100), a = side(200);  // another run: other pids, the same names
+  incident(b, "cpu_preempted", "cpu_contention", Severity::kMedium, 1.0);
+  incident(a, "cpu_preempted", "cpu_contention", Severity::kHigh, 3.0);  // grew
+  incident(b, "input_wait", "input_starvation", Severity::kHigh, 2.0);
+  incident(a, "input_wait", "input_starvation", Severity::kMedium, 2.05);     // same (within 25%)
+  incident(a, "launch_gap", "launch_gap", Severity::kMedium, 0.5);            // appeared
+  incident(b, "throughput_drop", "throughput_drop", Severity::kMedium, 4.0);  // vanished
+  incident(b, "unexplained_tail", "unexplained_tail", Severity::kLow, 0.1);   // LOW on both: no row
+  incident(a, "unexplained_tail", "unexplained_tail", Severity::kLow, 0.9);
+  incident(b, "gpu_tail", "gpu_tail", Severity::kLow, 0.1);  // LOW before, MEDIUM after: appeared
+  incident(a, "gpu_tail", "gpu_tail", Severity::kMedium, 0.2);
+  diff::DiffSide sb{"before.db", &b, {}, 10 * kSec, false, {}};
+  diff::DiffSide sa{"after.db", &a, {}, 10 * kSec, false, {}};
+  const diff::DiffReport rep = diff::compare(sb, sa);
+  ASSERT_EQ(rep.unit, "second");
+  std::string got;
+  for (const auto& r : rep.incidents) got += r.change + ":" + r.rule + " ";
+  EXPECT_EQ(got, "appeared:launch_gap appeared:gpu_tail grew:cpu_preempted vanished:throughput_drop same:input_wait ")
+      << got;
+  for (const auto& r : rep.incidents) {
+    EXPECT_EQ(r.process, "trainer");
+    EXPECT_EQ(r.thread, "trainer");
+    if (r.rule == "cpu_preempted") {
+      EXPECT_EQ(r.before_severity, "MEDIUM");
+      EXPECT_EQ(r.after_severity, "HIGH");
+      EXPECT_NEAR(r.before_ns, 0.1e9, 1);  // 1 s lost over 10 s: 100 ms per second
+      EXPECT_NEAR(r.after_ns, 0.3e9, 1);
+      EXPECT_EQ(r.evidence.size(), 2u);
+    }
+    if (r.rule == "launch_gap") {
+      EXPECT_EQ(r.before_count, 0u);
+      EXPECT_EQ(r.before_severity, "");
+    }
+    if (r.rule == "gpu_tail") EXPECT_EQ(r.before_severity, "LOW");
+  }
+  // Reversed: what grew shrank, what appeared vanished.
+  const diff::DiffReport back = diff::compare(sa, sb);
+  got.clear();
+  for (const auto& r : back.incidents) got += r.change + ":" + r.rule + " ";
+  EXPECT_EQ(got, "appeared:throughput_drop vanished:launch_gap vanished:gpu_tail shrank:cpu_preempted same:input_wait ")
+      << got;
 }
 
 }  // namespace

@@ -188,6 +188,67 @@ TEST(Incidents, ModerateContentionStaysOneWholeIncident) {
   }
 }
 
+// A neighbour present from the very start is its own baseline: the thread never had a normal
+// window. From `standing_preempted_share` (15%) the rule fires whatever the baseline, so a standing
+// 16-28% contention is one incident over the whole run, naming the task that ran instead, and the
+// verdict never calls the job healthy. Without the hog: no incident of MEDIUM or HIGH, and the
+// bound is not "cpu-contended".
+TEST(Incidents, ContentionFromTheStartIsAnIncident) {
+  for (const double share : {0.16, 0.22, 0.28}) {
+    const Generated g = generate(20, 0, 20, share, 1, 7);
+    const AnalysisResult r = explain(g, {});
+    std::vector<const Incident*> hog;
+    for (const auto& in : r.incidents)
+      if (in.category == "cpu_contention" && in.severity >= Severity::kMedium) hog.push_back(&in);
+    ASSERT_EQ(hog.size(), 1u) << share << "\n" << incidents_text(r);
+    EXPECT_EQ(hog[0]->tid, 101u);
+    EXPECT_LE(hog[0]->start_ns, kBase + kSec) << share << "\n" << incidents_text(r);
+    EXPECT_GE(hog[0]->end_ns, kBase + 19 * kSec) << share << "\n" << incidents_text(r);
+    EXPECT_NEAR(static_cast<double>(hog[0]->lost_ns), static_cast<double>(g.hog_ns),
+                0.10 * static_cast<double>(g.hog_ns))
+        << share << "\n"
+        << incidents_text(r);
+    EXPECT_EQ(r.bound, "") << r.verdict;  // an incident is named, not a bound
+    EXPECT_NE(r.verdict.find(
+                  "cpu_contention on tid 101 of trainer (pid 100), mostly ip-hog (pid 4242) running instead"),
+              std::string::npos)
+        << r.verdict;
+    EXPECT_EQ(r.verdict.find("gpu-bound"), std::string::npos) << r.verdict;
+  }
+  const Generated none = generate(20, 0, 0, 0.0, 1, 7);
+  const AnalysisResult r = explain(none, {});
+  for (const auto& in : r.incidents) EXPECT_LT(in.severity, Severity::kMedium) << incidents_text(r);
+  EXPECT_NE(r.bound, "cpu-contended") << r.verdict;
+}
+
+// The verdict's bound, from the main feeding thread's time alone (no incident): preemption or
+// input waits of 15% or more are never "gpu-bound", even when most of the time is a GPU wait.
+TEST(Incidents, MaterialContentionIsNeverCalledHealthy) {
+  auto result = [](uint64_t sync, uint64_t preempted, uint64_t lock) {
+    AnalysisResult r;
+    ThreadAccounting a;
+    a.pid = 100;
+    a.tid = 101;
+    a.comm = "trainer";
+    a.scheduler_data = true;
+    a.in_calls_ns["sync"] = sync * kMs;
+    a.preempted_ns = preempted * kMs;
+    if (preempted) a.preempted_by.push_back({4242, 4242, "stress-ng", preempted * kMs});
+    a.blocked_ns["lock"] = lock * kMs;
+    a.on_cpu_ns = (1000 - sync - preempted - lock) * kMs;
+    a.wall_ns = 1000 * kMs;
+    r.accounting.push_back(a);
+    return r;
+  };
+  std::string text;
+  EXPECT_EQ(make_verdict(result(700, 10, 0), text), "gpu-bound") << text;
+  EXPECT_EQ(make_verdict(result(600, 180, 0), text), "cpu-contended") << text;
+  EXPECT_NE(text.find("loses 18% of its time to other tasks, mostly stress-ng (pid 4242)"), std::string::npos) << text;
+  EXPECT_EQ(make_verdict(result(600, 0, 200), text), "input-bound") << text;
+  EXPECT_NE(text.find("waits for its input 20% of its time"), std::string::npos) << text;
+  EXPECT_EQ(make_verdict(result(600, 140, 0), text), "gpu-bound") << text;  // below the floor
+}
+
 TEST(Incidents, TwentyPercentPreemptedIsHigh) {
   const Generated g = generate(40, 10, 20, 0.20, 1, 3);
   const AnalysisResult r = explain(g, {});
@@ -240,6 +301,42 @@ TEST(Incidents, NoContentionNamesTheBound) {
   EXPECT_EQ(r.bound, "host-bound") << r.verdict;
   EXPECT_NE(r.verdict.find("No incident of MEDIUM or HIGH severity: the job is host-bound"), std::string::npos)
       << r.verdict;
+}
+
+// A rate finding has a time lost: the work done in a window at the reduced rate would have taken
+// drop x window at the recent peak, so window x (1 - drop) is lost. The process launches 1000/s
+// for 30 s, then 300/s for 30 s (each launch through the runtime and the driver: both ops fire,
+// and each window is counted once): three 10 s windows at 30% of the peak, 21 s lost.
+TEST(Incidents, ThroughputDropHasATimeLost) {
+  Generated g;
+  g.meta.process_names[100] = "server";
+  for (uint64_t t = kBase; t < kBase + 60 * kSec;) {
+    Event e = call(101, t, 10 * kUs, op::kCudaLaunchKernel, 0);
+    g.ev.push_back(e);
+    e.source = Source::kDriver;
+    e.op = op::kCuLaunchKernel;
+    e.ts_ns += 2 * kUs;
+    e.dur_ns = 5 * kUs;
+    g.ev.push_back(e);
+    t += t < kBase + 30 * kSec ? kMs : 10 * kMs / 3;
+  }
+  std::stable_sort(g.ev.begin(), g.ev.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+  g.meta.first_ts = g.ev.front().ts_ns;
+  g.meta.last_ts = g.ev.back().ts_ns + g.ev.back().dur_ns;
+  const AnalysisResult r = explain(g, {});
+  const Incident* drop = nullptr;
+  size_t chains = 0;
+  for (const auto& in : r.incidents)
+    if (in.rule == "throughput_drop") drop = &in;
+  for (const auto& c : r.chains) chains += c.rule == "throughput_drop" ? 1 : 0;
+  ASSERT_NE(drop, nullptr) << incidents_text(r);
+  EXPECT_EQ(chains, 6u) << incidents_text(r);  // three windows x two ops
+  EXPECT_EQ(drop->start_ns, kBase + 30 * kSec) << incidents_text(r);
+  EXPECT_EQ(drop->end_ns, kBase + 60 * kSec) << incidents_text(r);
+  EXPECT_NEAR(static_cast<double>(drop->lost_ns), 21e9, 0.02 * 21e9) << incidents_text(r);
+  EXPECT_NE(drop->lost_basis.find("window x (1 - rate / peak)"), std::string::npos) << drop->lost_basis;
+  EXPECT_NEAR(drop->lost_share, 21.0 / 60.0, 0.01);
+  EXPECT_EQ(drop->gpu_hours, static_cast<double>(drop->lost_ns) / 3.6e12);
 }
 
 TEST(Incidents, RatesFileParsesAndNamesLineOnError) {

@@ -308,6 +308,35 @@ TEST_F(McpServerTest, CausalChainsOpenWithTheVerdict) {
   EXPECT_TRUE(incidents[0]["what_if_step_ns"].is_number()) << incidents[0].dump();
 }
 
+// `mcp --gpus N --gpu-hour-price P` (ServerOptions::incidents, as `explain`): the incidents of
+// get_causal_chains carry the GPUs given and a cost, and GPU-hours and cost add up exactly.
+TEST_F(McpServerTest, IncidentsArePricedWithTheServersRates) {
+  ServerOptions opts;
+  opts.incidents.gpus = 4;
+  opts.incidents.rates.fallback = 2.5;
+  open("pytorch-dataloader-starvation.db", opts);
+  initialize();
+  const Json incidents = ok("get_causal_chains")["incidents"];
+  ASSERT_FALSE(incidents.empty());
+  bool some_lost = false;
+  for (const auto& in : incidents) {
+    EXPECT_EQ(in["gpus"].get<double>(), 4.0) << in.dump();
+    EXPECT_EQ(in["gpus_from"], "--gpus");
+    const double hours = in["lost_ns"].get<double>() / 3.6e12 * 4;
+    EXPECT_NEAR(in["gpu_hours"].get<double>(), hours, 1e-12 * std::max(1.0, hours)) << in.dump();
+    ASSERT_TRUE(in["cost"].is_number()) << in.dump();
+    EXPECT_NEAR(in["cost"].get<double>(), hours * 2.5, 1e-12 * std::max(1.0, hours)) << in.dump();
+    EXPECT_EQ(in["currency"], "USD");
+    some_lost = some_lost || in["lost_ns"].get<double>() > 0;
+  }
+  EXPECT_TRUE(some_lost) << incidents.dump();
+  // Without a price, no cost.
+  server_.reset();
+  open("pytorch-dataloader-starvation.db");
+  initialize();
+  for (const auto& in : ok("get_causal_chains")["incidents"]) EXPECT_TRUE(in["cost"].is_null()) << in.dump();
+}
+
 TEST_F(McpServerTest, CausalChainsAreRankedFilteredAndExplained) {
   open("pytorch-dataloader-starvation.db");
   initialize();
