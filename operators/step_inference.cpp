@@ -58,6 +58,16 @@ uint64_t burst_threshold(size_t j) {
   return t;
 }
 
+constexpr std::array<uint64_t, StepInference::kBurstLadder> kBurstThresholds = [] {
+  std::array<uint64_t, StepInference::kBurstLadder> a{};
+  uint64_t t = StepInference::kBurstBaseNs;
+  for (auto& x : a) {
+    x = t;
+    t *= 4;
+  }
+  return a;
+}();
+
 uint64_t key_of(const Event& e) {
   return (static_cast<uint64_t>(e.node) << 48) | (static_cast<uint64_t>(static_cast<uint16_t>(e.rank)) << 32) | e.pid;
 }
@@ -100,11 +110,44 @@ struct Candidate {
   std::string method;
 };
 
+// Whether some lag's k-step intervals may have MAD / median <= kMaxDispersion: at least
+// floor(count / 2) + 1 of them within kMaxDispersion of their median (a margin of 1e-6 over it, so
+// rounding never rejects what judge() would accept). When none may, judge() cannot accept the
+// series, whatever else it computes: one selection per lag instead of two.
+bool may_be_regular(const std::vector<uint64_t>& t, std::vector<double>& iv) {
+  const size_t n = t.size();
+  for (size_t k = 1; k <= StepInference::kMaxLag && (n - 1) / k >= StepInference::kMinSteps; ++k) {
+    iv.clear();
+    for (size_t i = 0; i + k < n; ++i) iv.push_back(static_cast<double>(t[i + k] - t[i]));
+    const double m = median_of(iv);
+    if (m <= 0) continue;
+    const double lim = StepInference::kMaxDispersion * m * (1 + 1e-6);
+    size_t near = 0;
+    for (double x : iv) near += std::fabs(x - m) <= lim ? 1 : 0;
+    if (near >= iv.size() / 2 + 1) return true;
+  }
+  return false;
+}
+
 // Judge one marker series: t sorted ascending, w the wait of each marker (aligned with t).
-Candidate judge(const std::vector<uint64_t>& t, const std::vector<uint64_t>& w, uint64_t total, uint64_t key_span) {
+// `ok_only`: the caller reads only accepted candidates (StepInference::pick), so a series that
+// cannot be accepted is left at once (k = 0), without the lag, dispersion and reason of it.
+Candidate judge(const std::vector<uint64_t>& t, const std::vector<uint64_t>& w, uint64_t total, uint64_t key_span,
+                bool ok_only = false) {
   Candidate c;
   const size_t n = t.size();
   if (n < StepInference::kMinSteps + 1) return c;
+  if (ok_only) {
+    // An upper bound of the confidence first: q, regular <= 1, the regular steps lie within
+    // [t.front(), t.back()] (coverage), and there are at most n - 1 steps (size). Below
+    // kMinConfidence (a margin of 1e-6 for rounding) nothing below can accept the series.
+    const double span = static_cast<double>(t.back() - t.front());
+    const double coverage = key_span ? std::min(1.0, 2.0 * span / static_cast<double>(key_span)) : 1.0;
+    const double size = std::min(1.0, 0.5 + static_cast<double>(n - 1) / 40.0);
+    if (coverage * size < StepInference::kMinConfidence * (1 - 1e-6)) return c;
+    std::vector<double> scratch;
+    if (!may_be_regular(t, scratch)) return c;
+  }
   std::vector<double> disp(StepInference::kMaxLag + 1, std::numeric_limits<double>::infinity());
   std::vector<double> med(StepInference::kMaxLag + 1, 0), mad(StepInference::kMaxLag + 1, 0);
   std::vector<double> share(StepInference::kMaxLag + 1, 0);  // of the k-step intervals within 10% of their median
@@ -217,13 +260,13 @@ Candidate judge(const std::vector<uint64_t>& t, const std::vector<uint64_t>& w, 
 // longer one only when that was not accepted or when it is more confident by over 0.1. A suffix's
 // count is its own steps.
 Candidate judge_phases(const std::vector<uint64_t>& t, const std::vector<uint64_t>& w, uint64_t total,
-                       uint64_t key_span) {
-  Candidate best = judge(t, w, total, key_span);
+                       uint64_t key_span, bool ok_only = false) {
+  Candidate best = judge(t, w, total, key_span, ok_only);
   std::vector<uint64_t> ts, ws;
   for (size_t n = t.size() * 2 / 3; n >= StepInference::kMinSteps + 1; n = n * 2 / 3) {
     ts.assign(t.end() - static_cast<std::ptrdiff_t>(n), t.end());
     ws.assign(w.end() - static_cast<std::ptrdiff_t>(n), w.end());
-    Candidate c = judge(ts, ws, n, key_span);
+    Candidate c = judge(ts, ws, n, key_span, ok_only);
     const bool c_better = c.ok != best.ok ? c.ok
                           : c.ok          ? c.confidence > best.confidence + 0.1
                                           : c.k && (!best.k || c.dispersion < best.dispersion);
@@ -284,7 +327,12 @@ struct Judged {
 };
 
 // `phases`: also judge the latest 2/3, 4/9, ... of each series (judge_phases); else only whole.
-Judged judge_key(const StepInference::KeyState& s, size_t last = StepInference::kMaxMarkers, bool phases = true) {
+// `ok_only`: only the accepted candidates are wanted (StepInference::pick): a series that cannot be
+// accepted is left early, and a series judged whole and rejected is not judged again until it has
+// new markers (Series::rejected_total: with the same markers it stays rejected, since the key's
+// span only grows and so its coverage only shrinks).
+Judged judge_key(const StepInference::KeyState& s, size_t last = StepInference::kMaxMarkers, bool phases = true,
+                 bool ok_only = false) {
   Judged j;
   const uint64_t key_span = s.last_ns > s.first_ns ? s.last_ns - s.first_ns : 0;
   std::vector<uint64_t> t, w;
@@ -303,8 +351,15 @@ Judged judge_key(const StepInference::KeyState& s, size_t last = StepInference::
     if (!series || series->ts.empty()) continue;
     j.markers += series->ts.size();
     for (const bool ends : {true, false}) {
+      const bool cache = ok_only && !phases;
+      if (cache && series->rejected_total[ends] == series->total && series->rejected_last[ends] == last) continue;
       linearise(*series, ends, t, w, last);
-      Candidate c = phases ? judge_phases(t, w, series->total, key_span) : judge(t, w, series->total, key_span);
+      Candidate c = phases ? judge_phases(t, w, series->total, key_span, ok_only)
+                           : judge(t, w, series->total, key_span, ok_only);
+      if (cache && !c.ok) {
+        series->rejected_total[ends] = series->total;
+        series->rejected_last[ends] = last;
+      }
       c.cls = kSyncOps[i].cls;
       c.slot = i;
       c.ends = ends;
@@ -316,8 +371,15 @@ Judged judge_key(const StepInference::KeyState& s, size_t last = StepInference::
     const auto& series = s.bursts[b];
     if (!series || series->ts.empty()) continue;
     j.markers += series->ts.size();
+    const bool cache = ok_only && !phases;
+    if (cache && series->rejected_total[0] == series->total && series->rejected_last[0] == last) continue;
     linearise(*series, false, t, w, last);
-    Candidate c = phases ? judge_phases(t, w, series->total, key_span) : judge(t, w, series->total, key_span);
+    Candidate c = phases ? judge_phases(t, w, series->total, key_span, ok_only)
+                         : judge(t, w, series->total, key_span, ok_only);
+    if (cache && !c.ok) {
+      series->rejected_total[0] = series->total;
+      series->rejected_last[0] = last;
+    }
     c.cls = kClassBursts;
     c.slot = kSyncOps.size() + b;
     c.ends = false;  // a burst start is its only time
@@ -453,7 +515,7 @@ void StepInference::Series::add(uint64_t t, uint64_t d, uint32_t thread) {
 StepInference::Pick StepInference::pick(const KeyState& s, size_t last) {
   Pick p;
   // Judging only the newest markers already looks at the latest phase: no suffixes then.
-  const Judged j = judge_key(s, last, last >= kMaxMarkers);
+  const Judged j = judge_key(s, last, last >= kMaxMarkers, true);
   const Candidate* c = j.pick();
   if (!c || c->boundaries.empty()) return p;
   p.ok = true;
@@ -525,7 +587,7 @@ void StepInference::observe(const Event* events, size_t n) {
         launcher_[(uint64_t{e.node} << 32) | e.tid] = &s;
       }
       for (size_t j = 0; j < kBurstLadder; ++j) {
-        if (s.launched && gap < burst_threshold(j)) continue;
+        if (s.launched && gap < kBurstThresholds[j]) break;  // the thresholds grow: none further
         auto& series = s.bursts[j];
         if (!series) series = std::make_unique<Series>();
         series->add(e.ts_ns, gap, e.tid);

@@ -151,6 +151,10 @@ class StepInference final : public EventObserver {
     size_t head = 0;     // next slot to overwrite once full
     uint64_t total = 0;  // markers ever added
     uint64_t first_ts = 0;
+    // pick(): `total` and `last` when the newest `last` markers, by start [0] or by end [1], were
+    // judged whole and not accepted (UINT64_MAX: never); the same markers are not judged again.
+    mutable uint64_t rejected_total[2] = {UINT64_MAX, UINT64_MAX};
+    mutable size_t rejected_last[2] = {0, 0};
     void add(uint64_t t, uint64_t d, uint32_t thread);
     // The i-th of the last m markers added (i = 0 the oldest of them), m <= ts.size().
     size_t at(size_t m, size_t i) const { return (head + ts.size() - m + i) % ts.size(); }

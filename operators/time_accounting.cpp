@@ -297,6 +297,36 @@ void TimeAccounting::settle(Thread& t, uint64_t upto) {
       t.lanes[kLaneUnknown].head == t.lanes[kLaneUnknown].segs.size()) {
     // Calls alone (the common case): their segments are disjoint, the gaps are the rest.
     Lane& ln = t.lanes[kLaneCall];
+    if (slicing_ && slice_opt_.totals && t.feeds && t.cell_open && upto <= t.cell_hi && t.gap_e <= now &&
+        t.stated_gen == stated_gen_ && (t.stated_from <= now || t.stated_from >= upto)) {
+      // What credit() and slice() would do piece by piece, summed: every piece lies in the
+      // thread's current cell, after its last silent gap, and on one side of its process's first
+      // switch-out state (so the rest is all on CPU or all unknown).
+      uint64_t rest = 0, kinds[kCallKindCount] = {};
+      const uint64_t start = now;
+      for (; ln.head < ln.segs.size() && now < upto; ++ln.head) {
+        const Seg& g = ln.segs[ln.head];
+        if (g.s >= upto) break;
+        if (g.s > now) rest += g.s - now;
+        const uint64_t e = std::min(g.e, upto);
+        if (e > now) kinds[g.tag] += e - std::max(g.s, now);
+        now = std::max(now, e);
+        if (g.e > upto) break;  // settled up to upto, not past this one
+      }
+      if (now < upto) {
+        rest += upto - now;
+        now = upto;
+      }
+      CellTotals& c = t.cell;
+      c.pid = t.pid;
+      c.rank = t.rank;
+      t.rest += rest;
+      c.b[t.stated_from <= start ? acct::kOnCpu : acct::kUnknown] += rest;
+      for (size_t k = 0; k < kCallKindCount; ++k) {
+        t.calls[k] += kinds[k];
+        c.b[acct::call_bucket(static_cast<CallKind>(k))] += kinds[k];
+      }
+    }
     for (; ln.head < ln.segs.size() && now < upto; ++ln.head) {
       const Seg& g = ln.segs[ln.head];
       if (g.s >= upto) break;
@@ -504,6 +534,13 @@ void TimeAccounting::observe(const Event* events, size_t n) {
     t.end = std::max(t.end, end);
     if (call) {
       Lane& cl = t.lanes[kLaneCall];
+      if (t.feeds && end <= cl.cover && s >= t.settled && e.ts_ns != t.call_s) {
+        // Inside the time of the thread's newest call segment (a driver call inside its runtime
+        // call): add() would add nothing; only the rank is taken.
+        if (e.rank >= 0) t.rank = e.rank;
+        if (t.pending >= 64) settle(t, s);  // as below
+        continue;
+      }
       if (t.feeds && s >= t.cover_all && s >= t.settled && e.ts_ns != t.call_s) {
         // Every pending segment ends by s (and nothing that comes later starts before s): settle
         // them now, as the 64-segment rule would later; the same time goes to the same buckets.
