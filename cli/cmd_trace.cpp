@@ -158,7 +158,9 @@ std::string db_text(const SpoolingWriter* w) {
 std::string rolled_text(const RollingWriter::Stats& s) {
   std::string t = "db " + count_text(s.events_written) + " written, backlog " + count_text(s.backlog) + ", files " +
                   std::to_string(s.files_opened) + " (" + std::to_string(s.files_deleted) + " deleted), " +
-                  format_count(static_cast<double>(s.bytes_on_disk) / 1e6) + " MB on disk";
+                  format_count(static_cast<double>(s.bytes_on_disk) / 1e6) + " MB on disk (peak " +
+                  format_count(static_cast<double>(s.bytes_on_disk_peak) / 1e6) + " MB)";
+  if (s.shed) t += ", shed " + count_text(s.shed);
   if (s.lost) t += ", LOST " + count_text(s.lost);
   if (!s.error.empty()) t += ", error: " + s.error;
   return t;
