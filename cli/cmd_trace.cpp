@@ -436,6 +436,9 @@ int run_trace(const TraceArgs& a) {
   EventSource& annotated = annotator.tap(observed);
   EngineOptions eo;
   eo.threads = a.threads;
+  // A service runs for months: each chain goes to the rolled files as it fires, and only the
+  // recent ones stay in memory (for the last file's result); a trace keeps them all.
+  if (a.service) eo.max_kept_chains = 2000;
   const bool tty = !a.quiet && stdout_is_terminal();
   eo.on_chain = [&](const Chain& emitted) {
     const Chain c = annotator.annotate(emitted);
