@@ -540,6 +540,10 @@ int run_trace(const TraceArgs& a) {
   if (a.on_status) a.on_status(status_now(true));
   src->stop();
   engine.join();
+  // A service about to exit hands the probes' detach (seconds of kernel grace periods) to a child
+  // that outlives it, so SIGTERM to exit stays within the 10 s a service manager allows
+  // (BpfProbes::detach_in_background).
+  if (a.service) src->detach_in_background();
   anchors.push_back(sample_clock_anchor(src->converter().offset()));
   metrics.finish(result, g_interrupted);
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
