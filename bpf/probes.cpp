@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -18,7 +17,6 @@
 #include <fstream>
 #include <map>
 #include <sstream>
-#include <thread>
 
 #include "bpf/gpu.skel.h"
 #include "bpf/host.skel.h"
@@ -483,31 +481,6 @@ bool BpfProbes::read_stack_id(uint32_t id, std::vector<uint64_t>& ips) const {
   return true;
 }
 
-namespace {
-
-// Each detach waits in the kernel for an RCU grace period (uprobe and tracepoint unregistering):
-// tens of ms on a busy host, so ~100 links one after the other took ~8 s at exit (an agent must
-// stop within 10 s of SIGTERM). Destroyed by several threads at once, the waits overlap.
-void destroy_links(std::vector<bpf_link*> links) {
-  constexpr size_t kThreads = 16;
-  std::vector<std::thread> threads;
-  std::atomic<size_t> next{0};
-  const auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < links.size();) bpf_link__destroy(links[i]);
-  };
-  for (size_t t = 0; t < kThreads && t < links.size() / 4; ++t) {
-    try {
-      threads.emplace_back(work);
-    } catch (...) {
-      break;  // no thread: this one does the rest
-    }
-  }
-  work();
-  for (auto& t : threads) t.join();
-}
-
-}  // namespace
-
 bool BpfProbes::detach_in_background() {
   // Everything the child may touch is prepared here: after fork() in a threaded process it may
   // only call async-signal-safe functions (close, getppid, nanosleep, _exit).
@@ -530,12 +503,11 @@ bool BpfProbes::detach_in_background() {
 }
 
 BpfProbes::~BpfProbes() {
-  std::vector<bpf_link*> links = sample_links_;
-  for (const UprobeLink& u : uprobe_links_) links.push_back(u.link);
-  links.insert(links.end(), links_.begin(), links_.end());
-  destroy_links(std::move(links));
+  for (bpf_link* l : sample_links_) bpf_link__destroy(l);
   for (int fd : perf_fds_) ::close(fd);
   if (sample_) ip_sample_bpf__destroy(sample_);
+  for (const UprobeLink& u : uprobe_links_) bpf_link__destroy(u.link);
+  for (bpf_link* l : links_) bpf_link__destroy(l);
   if (rb_) ring_buffer__free(rb_);
   if (gpu_) ip_gpu_bpf__destroy(gpu_);
   if (host_) ip_host_bpf__destroy(host_);
