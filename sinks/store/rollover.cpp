@@ -558,7 +558,8 @@ uint64_t RollingWriter::enforce_retention() {
   uint64_t spill = 0;
   {
     std::lock_guard lk(mu_);
-    open_path = oldest_in_use = path_;
+    oldest_in_use = path_;
+    if (writer_) open_path = path_;  // after finish() nothing is open: the last file is closed
     in_use = in_flight_;
     for (const auto& f : in_flight_) oldest_in_use = std::min(oldest_in_use, f.first);
     growth = growth_;
