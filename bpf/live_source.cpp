@@ -215,6 +215,12 @@ LiveSource::~LiveSource() {
 
 void LiveSource::stop() { stop_.store(true); }
 
+void LiveSource::detach_in_background() {
+  stop();
+  if (thread_.joinable()) thread_.join();
+  if (probes_) probes_->detach_in_background();
+}
+
 void LiveSource::warn(std::string w) {
   std::lock_guard<std::mutex> lk(mu_);
   warnings_.push_back(std::move(w));

@@ -115,6 +115,9 @@ class LiveSource final : public EventSource {
 
   void stop();
   bool stopping() const { return stop_.load(); }
+  // Stops, joins the poller, and hands the probes' slow detach to a child that outlives this
+  // process (BpfProbes::detach_in_background): for a process about to exit (agent, SIGTERM).
+  void detach_in_background();
   LiveStats stats() const;
   uint64_t drops_total() const;
   uint64_t drops_between(uint64_t t0_unix, uint64_t t1_unix) const;

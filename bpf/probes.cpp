@@ -481,6 +481,27 @@ bool BpfProbes::read_stack_id(uint32_t id, std::vector<uint64_t>& ips) const {
   return true;
 }
 
+bool BpfProbes::detach_in_background() {
+  // Everything the child may touch is prepared here: after fork() in a threaded process it may
+  // only call async-signal-safe functions (close, getppid, nanosleep, _exit).
+  std::vector<int> keep;
+  for (bpf_link* l : sample_links_) keep.push_back(bpf_link__fd(l));
+  for (const UprobeLink& u : uprobe_links_) keep.push_back(bpf_link__fd(u.link));
+  for (bpf_link* l : links_) keep.push_back(bpf_link__fd(l));
+  keep.insert(keep.end(), perf_fds_.begin(), perf_fds_.end());
+  std::sort(keep.begin(), keep.end());
+  const int max_fd = static_cast<int>(std::min<long>(::sysconf(_SC_OPEN_MAX), 1 << 16));
+  const pid_t parent = ::getpid();
+  const pid_t child = ::fork();
+  if (child < 0) return false;
+  if (child > 0) return true;
+  for (int fd = 0; fd < max_fd; ++fd)
+    if (!std::binary_search(keep.begin(), keep.end(), fd)) ::close(fd);
+  const struct timespec tick = {0, 20'000'000};
+  for (int i = 0; i < 6000 && ::getppid() == parent; ++i) ::nanosleep(&tick, nullptr);  // at most 2 min
+  ::_exit(0);
+}
+
 BpfProbes::~BpfProbes() {
   for (bpf_link* l : sample_links_) bpf_link__destroy(l);
   for (int fd : perf_fds_) ::close(fd);

@@ -169,6 +169,14 @@ class BpfProbes {
   bool read_stack_id(uint32_t id, std::vector<uint64_t>& ips) const;
   // CPU-clock sampling is running (perf events opened on every CPU).
   bool sampling() const { return !sample_links_.empty(); }
+  // For a process about to exit (agent on SIGTERM): the kernel unregisters each uprobe with its own
+  // RCU-tasks grace period, one at a time under a global lock (~100 ms each on a busy host: ~8 s
+  // for 80 probes), in whichever process drops the last reference. A forked child keeps the
+  // probes' link and perf fds (every other fd closed in it, so the listeners and files are free at
+  // once), waits until this process has exited, then exits and pays that wait itself; this
+  // process's own release is then only reference drops. False when the fork failed (the
+  // destructor then detaches here, as usual). Call once, after the last event was read.
+  bool detach_in_background();
 
   const std::vector<std::string>& warnings() const { return warnings_; }
   std::vector<std::string> take_warnings() { return std::exchange(warnings_, {}); }

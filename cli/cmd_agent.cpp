@@ -182,8 +182,9 @@ int run_agent(AgentArgs a) {
     return kExitUsage;
   }
   if (a.file_size.empty()) file_bytes = max_disk / 8;
-  else if (!parse_size(a.file_size, file_bytes) || file_bytes < (uint64_t{1} << 20) || file_bytes > max_disk / 2) {
-    print_error("--file-size '" + a.file_size + "': expected a size from 1MiB to half of --max-disk");
+  else if (!parse_size(a.file_size, file_bytes) || file_bytes < (uint64_t{1} << 20) || file_bytes > max_disk / 4) {
+    // The open file and one being closed, each with room for its indexes, must leave room for data.
+    print_error("--file-size '" + a.file_size + "': expected a size from 1MiB to a quarter of --max-disk");
     return kExitUsage;
   }
   if (!parse_duration(a.file_age, age_ns) || age_ns < 1'000'000'000) {
@@ -285,7 +286,7 @@ Registrar reg{
                       "Disk bound of all the rolled files together: beyond it the oldest closed files are "
                       "deleted, never the open one (default 1GiB)");
       cmd->add_option("--file-size", args->file_size,
-                      "Roll over to a new file at this size (default: --max-disk / 8; at most half of it)");
+                      "Roll over to a new file at this size (default: --max-disk / 8; at most a quarter of it)");
       cmd->add_option("--file-age", args->file_age, "Roll over to a new file after this long (default 1h)");
       cmd->add_option("--retention", args->retention,
                       "Also delete files whose last write is older than this (e.g. 168h); default: only "

@@ -158,7 +158,9 @@ std::string db_text(const SpoolingWriter* w) {
 std::string rolled_text(const RollingWriter::Stats& s) {
   std::string t = "db " + count_text(s.events_written) + " written, backlog " + count_text(s.backlog) + ", files " +
                   std::to_string(s.files_opened) + " (" + std::to_string(s.files_deleted) + " deleted), " +
-                  format_count(static_cast<double>(s.bytes_on_disk) / 1e6) + " MB on disk";
+                  format_count(static_cast<double>(s.bytes_on_disk) / 1e6) + " MB on disk (peak " +
+                  format_count(static_cast<double>(s.bytes_on_disk_peak) / 1e6) + " MB)";
+  if (s.shed) t += ", shed " + count_text(s.shed);
   if (s.lost) t += ", LOST " + count_text(s.lost);
   if (!s.error.empty()) t += ", error: " + s.error;
   return t;
@@ -434,6 +436,9 @@ int run_trace(const TraceArgs& a) {
   EventSource& annotated = annotator.tap(observed);
   EngineOptions eo;
   eo.threads = a.threads;
+  // A service runs for months: each chain goes to the rolled files as it fires, and only the
+  // recent ones stay in memory (for the last file's result); a trace keeps them all.
+  if (a.service) eo.max_kept_chains = 2000;
   const bool tty = !a.quiet && stdout_is_terminal();
   eo.on_chain = [&](const Chain& emitted) {
     const Chain c = annotator.annotate(emitted);
@@ -535,6 +540,10 @@ int run_trace(const TraceArgs& a) {
   if (a.on_status) a.on_status(status_now(true));
   src->stop();
   engine.join();
+  // A service about to exit hands the probes' detach (seconds of kernel grace periods) to a child
+  // that outlives it, so SIGTERM to exit stays within the 10 s a service manager allows
+  // (BpfProbes::detach_in_background).
+  if (a.service) src->detach_in_background();
   anchors.push_back(sample_clock_anchor(src->converter().offset()));
   metrics.finish(result, g_interrupted);
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

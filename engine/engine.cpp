@@ -34,6 +34,13 @@ namespace {
 
 using Out = std::shared_ptr<ShardOutput>;
 
+// EngineOptions::max_kept_chains: the oldest half goes once the cap is passed (amortised O(1)).
+void keep_chain(std::vector<Chain>& chains, Chain&& c, size_t cap) {
+  chains.push_back(std::move(c));
+  if (cap && chains.size() > cap)
+    chains.erase(chains.begin(), chains.begin() + static_cast<std::ptrdiff_t>(chains.size() - cap / 2));
+}
+
 void merge_outcome(RuleOutcome& into, const RuleOutcome& from) {
   into.windows += from.windows;
   into.chains += from.chains;
@@ -307,7 +314,7 @@ void run_serial(CompiledPlan& compiled, EventSource& source, const EngineOptions
         ShardOutput out = shards[i]->process(in);
         for (auto& c : out.chains) {
           if (opts.on_chain) opts.on_chain(c);
-          chains.push_back(std::move(c));
+          keep_chain(chains, std::move(c), opts.max_kept_chains);
         }
         if (batch.final) finals[i] = std::move(out);
       } catch (...) {
@@ -540,7 +547,7 @@ void run_parallel(CompiledPlan& compiled, EventSource& source, const EngineOptio
     try {
       for (auto& c : out->chains) {
         if (opts.on_chain) opts.on_chain(c);
-        chains.push_back(std::move(c));
+        keep_chain(chains, std::move(c), opts.max_kept_chains);
       }
     } catch (...) {
       node_errors.fetch_add(1);

@@ -71,6 +71,11 @@ struct EngineOptions {
   // Called as chains are emitted (live view), one call at a time: from the merge node, or at two
   // threads split by group from either stage's thread under a lock; may be empty.
   std::function<void(const Chain&)> on_chain;
+  // Chains kept for the result (0 = all): past it, the oldest half is let go (they went to
+  // on_chain as they fired). An always-on capture (agent) stores each chain as it fires and
+  // keeps only the recent ones in memory, however long it runs and however many processes come
+  // and go; a replay keeps them all.
+  size_t max_kept_chains = 0;
   // Called on the source thread every 8 batches and after the final one, with the number of
   // events every shard has finished with (progress; non-decreasing, at most the events read).
   std::function<void(uint64_t events)> on_progress;

@@ -34,7 +34,9 @@ uint64_t file_size(const std::string& p) {
 }
 
 // A database with its side files, as it takes disk.
-uint64_t db_bytes(const std::string& p) { return file_size(p) + file_size(p + "-wal") + file_size(p + "-shm"); }
+uint64_t db_bytes(const std::string& p) {
+  return file_size(p) + file_size(p + "-wal") + file_size(p + "-shm") + file_size(p + "-journal");
+}
 
 bool has_glob_chars(const std::string& p) { return p.find_first_of("*?[") != std::string::npos; }
 
@@ -281,7 +283,9 @@ size_t recover_trace_set(const std::string& dir, const std::string& prefix, std:
   size_t n = 0;
   for (const std::string& p : own_files(dir, prefix)) {
     std::error_code ec;
-    if (!fs::exists(p + "-wal", ec)) {
+    // A -journal left beside a file: killed while its indexes were built (SqliteSink::close);
+    // the read-write open below rolls the journal back (the data stays, without indexes).
+    if (!fs::exists(p + "-wal", ec) && !fs::exists(p + "-journal", ec)) {
       // Killed before SQLite wrote its first page: nothing was committed.
       if (file_size(p) == 0) {
         fs::remove(p, ec);
@@ -317,6 +321,9 @@ size_t recover_trace_set(const std::string& dir, const std::string& prefix, std:
       warnings.push_back(p + std::string(": write-ahead log not recovered: ").append(err));
     else ++n;
     sqlite3_close_v2(db);
+    // The read above rolled back a hot journal (and deleted it); one still there is not hot (killed
+    // before its header was written): nothing to roll back, so it goes.
+    if (fs::exists(p + "-journal", ec) && is_sqlite_file(p)) fs::remove(p + "-journal", ec);
   }
   return n;
 }
@@ -384,6 +391,12 @@ bool RollingWriter::open_next(const TraceMeta* meta, std::string& error) {
   }
   SqliteSink::Options so;
   so.overwrite = false;
+  // A write-ahead log of at most an eighth of a file (64..1000 pages): it is disk too.
+  so.wal_pages = options_.file_bytes
+                     ? static_cast<int>(
+                           std::clamp<uint64_t>(options_.file_bytes / static_cast<uint64_t>(so.page_size) / 8, 64,
+                                                1000))
+                     : 1000;
   auto sink = SqliteSink::create(path, error, so);
   if (!sink) return false;
   auto writer = SpoolingWriter::start(std::move(sink), options_.writer, error);
@@ -391,6 +404,7 @@ bool RollingWriter::open_next(const TraceMeta* meta, std::string& error) {
   if (meta) writer->write_meta(*meta);
   opened_ns_ = mono_ns();
   next_check_ns_ = opened_ns_ + options_.check_every_ns;
+  last_open_bytes_ = 0;
   std::lock_guard lk(mu_);
   writer_ = std::move(writer);
   path_ = path;
@@ -420,16 +434,11 @@ void RollingWriter::write_events(std::span<const Event> events, const TraceMeta&
   if (now < next_check_ns_) return;
   next_check_ns_ = now + options_.check_every_ns;
   const uint64_t open_bytes = db_bytes(path_);
-  // The hard bound: when the set is past max_bytes by more than one file and nothing can be
-  // deleted yet (the writer outruns SQLite: a busy machine), events are shed, counted lost,
-  // instead of the disk filling up; writing resumes once a check finds the set back within it.
-  if (options_.max_bytes) {
-    const uint64_t total = set_bytes(nullptr);
-    const uint64_t slack = std::max<uint64_t>(options_.file_bytes, options_.max_bytes / 8);
-    shedding_ = total > options_.max_bytes + slack;
-    std::lock_guard lk(mu_);
-    stats_.bytes_on_disk_peak = std::max(stats_.bytes_on_disk_peak, total);
-  }
+  if (open_bytes > last_open_bytes_) check_step_.store(open_bytes - last_open_bytes_, std::memory_order_relaxed);
+  last_open_bytes_ = open_bytes;
+  // The bound (rollover.h): the oldest closed files go until what is on disk plus what the files
+  // in use may still grow to fits; when nothing closed is left to delete, events are shed.
+  if (options_.max_bytes) shedding_ = enforce_retention() > options_.max_bytes;
   const bool too_old = options_.file_age_ns && now - opened_ns_ >= options_.file_age_ns;
   const bool too_big = options_.file_bytes && open_bytes >= options_.file_bytes;
   if (!too_old && !too_big) return;
@@ -461,7 +470,7 @@ void RollingWriter::roll(const TraceMeta& meta) {
     std::lock_guard lk(mu_);
     c->writer = std::move(writer_);
     c->path = path_;
-    in_flight_.push_back(path_);
+    in_flight_.emplace_back(path_, rolled_bytes(*c->writer, path_));
     c->result.chains = std::move(chains_);
     chains_.clear();
     queue_.push_back(std::move(c));
@@ -503,7 +512,15 @@ void RollingWriter::closer_loop() {
     done_lost_ += ws.lost;
     ++stats_.files_closed;
     if (!c->ok && stats_.error.empty()) stats_.error = c->path + ": " + c->error;
-    in_flight_.erase(std::remove(in_flight_.begin(), in_flight_.end(), c->path), in_flight_.end());
+    for (auto it = in_flight_.begin(); it != in_flight_.end(); ++it) {
+      if (it->first != c->path) continue;
+      // What closing added (indexes, metadata), measured: the reserve of the next files in use.
+      const uint64_t closed_bytes = db_bytes(c->path);
+      if (c->ok && it->second >= (uint64_t{1} << 20) && closed_bytes)
+        growth_ = std::clamp(1.1 * static_cast<double>(closed_bytes) / static_cast<double>(it->second), 1.1, 4.0);
+      in_flight_.erase(it);
+      break;
+    }
     lk.unlock();
     enforce_retention();
     lk.lock();
@@ -522,18 +539,53 @@ uint64_t RollingWriter::set_bytes(std::vector<std::pair<std::string, uint64_t>>*
   return total;
 }
 
-void RollingWriter::enforce_retention() {
+// A file rolled out: its size now plus its writer's backlog (still to reach it), in bytes.
+uint64_t RollingWriter::rolled_bytes(const SpoolingWriter& w, const std::string& path) {
+  const uint64_t now = db_bytes(path);
+  const auto ws = w.stats();
+  const uint64_t per_event = ws.events_written ? std::max<uint64_t>(now / ws.events_written, 64) : 128;
+  return now + ws.backlog * per_event;
+}
+
+uint64_t RollingWriter::enforce_retention() {
   // Files in use (open, being closed) are never deleted, nor anything newer than the oldest of
   // them: names sort in time order, so only data older than everything in use goes. The list of
   // files in use is read before the directory: a file created after it is newer, hence kept.
-  std::string oldest_in_use;
+  std::lock_guard rlk(retention_mu_);
+  std::string oldest_in_use, open_path;
+  std::vector<std::pair<std::string, uint64_t>> in_use;
+  double growth = 2;
+  uint64_t spill = 0;
   {
     std::lock_guard lk(mu_);
     oldest_in_use = path_;
-    for (const auto& p : in_flight_) oldest_in_use = std::min(oldest_in_use, p);
+    if (writer_) open_path = path_;  // after finish() nothing is open: the last file is closed
+    in_use = in_flight_;
+    for (const auto& f : in_flight_) oldest_in_use = std::min(oldest_in_use, f.first);
+    growth = growth_;
+    // The spill files of the writers (anonymous, in the same directory): disk too.
+    for (const auto& c : queue_)
+      if (c->writer) spill += c->writer->stats().spill_bytes_now;
+    if (closing_) spill += closing_->stats().spill_bytes_now;
+    if (writer_) spill += writer_->stats().spill_bytes_now;
   }
   std::vector<std::pair<std::string, uint64_t>> files;
-  uint64_t total = set_bytes(&files);
+  uint64_t total = set_bytes(&files) + spill;
+  // What the files in use may still add before they are closed: the open one up to its roll size
+  // (plus one check's growth) and each closing one up to its size at roll, times the measured
+  // growth at close (indexes); never less than they take now.
+  uint64_t reserve = 0;
+  for (const auto& [p, bytes] : files) {
+    uint64_t cap = 0;
+    if (p == open_path) {
+      const uint64_t at_roll = std::max(bytes, options_.file_bytes) + 2 * check_step_.load(std::memory_order_relaxed);
+      cap = static_cast<uint64_t>(static_cast<double>(at_roll) * growth);
+    } else {
+      for (const auto& f : in_use)
+        if (f.first == p) cap = static_cast<uint64_t>(static_cast<double>(f.second) * growth);
+    }
+    if (cap > bytes) reserve += cap - bytes;
+  }
   {
     std::lock_guard lk(mu_);
     stats_.bytes_on_disk_peak = std::max(stats_.bytes_on_disk_peak, total);
@@ -548,12 +600,10 @@ void RollingWriter::enforce_retention() {
       const auto mtime = fs::last_write_time(p, ec);
       expired = !ec && now - mtime > std::chrono::nanoseconds(options_.max_age_ns);
     }
-    const bool over = options_.max_bytes && total > options_.max_bytes;
+    const bool over = options_.max_bytes && total + reserve > options_.max_bytes;
     if (!over && !expired) continue;
     std::error_code ec;
-    fs::remove(p, ec);
-    fs::remove(p + "-wal", ec);
-    fs::remove(p + "-shm", ec);
+    for (const char* suffix : {"", "-wal", "-shm", "-journal"}) fs::remove(p + suffix, ec);
     total -= std::min(total, bytes);
     ++deleted;
     deleted_bytes += bytes;
@@ -562,6 +612,8 @@ void RollingWriter::enforce_retention() {
   stats_.files_deleted += deleted;
   stats_.bytes_deleted += deleted_bytes;
   stats_.bytes_on_disk = total;
+  stats_.bytes_reserved = reserve;
+  return total + reserve;
 }
 
 bool RollingWriter::finish(const AnalysisResult* result, std::string& error, const ProgressFn& progress) {
@@ -577,7 +629,7 @@ bool RollingWriter::finish(const AnalysisResult* result, std::string& error, con
     std::lock_guard lk(mu_);
     c->writer = std::move(writer_);
     c->path = path_;
-    in_flight_.push_back(path_);
+    in_flight_.emplace_back(path_, rolled_bytes(*c->writer, path_));
     if (!result) c->result.chains = std::move(chains_);
     chains_.clear();
     queue_.push_back(std::move(c));

@@ -13,19 +13,24 @@
 //   drained, indexed and closed by a closer thread. One file is closed at a time: while the
 //   closer is busy, the open file keeps growing past its bounds (stats().rolls_deferred), so a
 //   producer faster than the closer makes larger files, never a pile of files being closed.
-// - Retention, after each close and at start (files of an earlier run count): while the files of
-//   the set (database + -wal + -shm) exceed `max_bytes`, or a closed file's last write is older
-//   than `max_age_ns`, the oldest closed file is deleted. The open file and the files still being
-//   closed are never deleted, so the newest data always stays. The total may exceed `max_bytes`
-//   transiently by the index growth of the file being closed and by the open file's growth
-//   between two checks (measured in docs/performance.md "Soak"). Hard bound: when the set is past
-//   max_bytes by more than max(file_bytes, max_bytes / 8) and nothing can be deleted yet (SQLite
-//   slower than the capture), events are shed and counted lost (stats().shed, .lost) until a
-//   check (every check_every_ns) finds the set back under it: the disk never fills up.
+// - The disk bound (max_bytes), held at every moment, not only after a close: every file the set
+//   takes on disk counts (database, -wal, -shm, -journal, and the writers' unlinked spill files),
+//   and so does what the files in use may still grow to: the open file up to its roll size plus
+//   two checks' growth, a file being closed up to its size at roll (its writer's backlog
+//   included), each times the growth measured at the last close (indexes, metadata; x1.1, 2 until
+//   a file was closed). At each check (every check_every_ns, on the producer thread) and after
+//   each close, the oldest closed files are deleted while that sum exceeds max_bytes; when no
+//   closed file is left to delete (SQLite slower than the capture), events are shed, counted lost
+//   (stats().shed, .lost) until a check finds room again. The open file and the files being
+//   closed are never deleted, so the newest data always stays. A file's write-ahead log is kept
+//   to an eighth of the file (SqliteSink::Options::wal_pages), and its indexes are built outside
+//   the log (SqliteSink::close), so closing does not double it. max_age_ns: closed files whose
+//   last write is older go too.
 // - Crash / kill -9: every closed file is complete; the open file is a WAL database holding every
 //   committed transaction (SqliteSink commits every 4096 events), readable as is, without indexes.
-//   A file left with a -wal beside it is checkpointed when the next RollingWriter starts on the
-//   directory (recover_trace_set()).
+//   A file left with a -wal beside it is checkpointed, one with a -journal (killed while its
+//   indexes were built) rolled back to its data without indexes, when the next RollingWriter
+//   starts on the directory (recover_trace_set()).
 // - Threads: write_events(), write_meta() and finish() on one producer thread; add_chain() and
 //   stats() from any thread. Never throws; failures are counted (stats().lost, .error).
 //
@@ -100,6 +105,7 @@ class RollingWriter {
     uint64_t files_opened = 0, files_closed = 0, files_deleted = 0, bytes_deleted = 0;
     uint64_t bytes_on_disk = 0;       // the set's files at the last retention check
     uint64_t bytes_on_disk_peak = 0;  // largest total seen by a check
+    uint64_t bytes_reserved = 0;      // what the files in use may still grow to (see the contract)
     uint64_t rolls_deferred = 0;      // size/age checks that found the closer still busy
     uint64_t shed = 0;                // events not stored to hold the disk bound (in `lost` too)
     std::string current;              // the open file
@@ -132,7 +138,11 @@ class RollingWriter {
   explicit RollingWriter(RolloverOptions options);
   bool open_next(const TraceMeta* meta, std::string& error);
   void closer_loop();
-  void enforce_retention();
+  // Deletes what retention asks (see the writer contract); returns the bytes on disk plus what
+  // the files in use may still grow to (the figure held within max_bytes). Closer or producer
+  // thread (serialised by retention_mu_).
+  uint64_t enforce_retention();
+  static uint64_t rolled_bytes(const SpoolingWriter& w, const std::string& path);
   uint64_t set_bytes(std::vector<std::pair<std::string, uint64_t>>* files) const;
 
   RolloverOptions options_;
@@ -147,8 +157,13 @@ class RollingWriter {
   const SpoolingWriter* closing_ = nullptr;                  // guarded by mu_: the writer the closer is finishing
 
   mutable std::mutex mu_;
-  std::vector<Chain> chains_;           // guarded by mu_: fired while the open file was open
-  std::vector<std::string> in_flight_;  // guarded by mu_: being closed (never deleted)
+  std::vector<Chain> chains_;                                // guarded by mu_: fired while the open file was open
+  std::vector<std::pair<std::string, uint64_t>> in_flight_;  // guarded by mu_: being closed (never
+                                                             // deleted), with its bytes at roll
+  double growth_ = 2.0;                  // guarded by mu_: a closed file's size / its size at roll, measured (x1.1)
+  uint64_t last_open_bytes_ = 0;         // producer thread: the open file's size at the last check
+  std::atomic<uint64_t> check_step_{0};  // its growth between two checks (read by the closer too)
+  std::mutex retention_mu_;
   std::vector<std::unique_ptr<Closing>> queue_;
   std::condition_variable cv_, idle_cv_;
   bool stop_ = false, closer_busy_ = false;

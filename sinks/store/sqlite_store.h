@@ -155,6 +155,10 @@ class SqliteSink {
     bool overwrite = true;       // replace an existing SQLite file at `path`; never a non-SQLite one
     bool defer_indexes = true;   // build the events indexes in close(), not per insert
     int page_size = 16384;       // bytes per database page (a power of two, 512..65536)
+    // Write-ahead log pages before an automatic checkpoint (0 = SQLite's 1000); the log is also
+    // truncated back to this size after each checkpoint, so the file's disk footprint is its data
+    // plus at most about this many pages (rolled files: a tight disk bound).
+    int wal_pages = 0;
   };
 
   static std::unique_ptr<SqliteSink> create(const std::string& path, std::string& error);

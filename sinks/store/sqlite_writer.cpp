@@ -287,8 +287,11 @@ std::unique_ptr<SqliteSink> SqliteSink::create(const std::string& path, std::str
   // WAL: readers (replay, `query`) never block the writer, and a killed writer loses only the
   // transaction in flight. synchronous=NORMAL keeps commits durable against a process crash;
   // after a power cut the last transactions may be gone but the file stays consistent.
-  const std::string pragmas = "PRAGMA page_size=" + std::to_string(options.page_size) +
-                              "; PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;";
+  std::string pragmas = "PRAGMA page_size=" + std::to_string(options.page_size) +
+                        "; PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;";
+  if (options.wal_pages > 0)
+    pragmas += " PRAGMA wal_autocheckpoint=" + std::to_string(options.wal_pages) +
+               "; PRAGMA journal_size_limit=" + std::to_string(int64_t{options.wal_pages} * options.page_size) + ";";
   if (!sqlite_detail::exec(raw, pragmas.c_str(), why) || !sqlite_detail::exec(raw, "BEGIN", why) ||
       !sqlite_detail::exec(raw, sqlite_detail::kSchemaSql, why) ||
       (!options.defer_indexes && !sqlite_detail::exec(raw, sqlite_detail::kEventIndexSql, why))) {
@@ -809,10 +812,22 @@ bool SqliteSink::close(std::string& error, const ProgressFn& progress) {
     if (ok && !impl_->indexes_built) {
       if (progress) progress("indexing " + format_count(static_cast<double>(events_committed_)) + " events");
       std::string why;
+      // Out of the write-ahead log: built in WAL mode, the new index pages (about half the data)
+      // would sit in the log until the checkpoint at close copies them into the file, so the file
+      // would take data + 2 x indexes on disk for a moment. The log is folded in first and the
+      // build runs with a rollback journal, which new pages appended to the file do not enter
+      // (a kill during the build: the journal rolls it back at the next read-write open,
+      // recover_trace_set()). When another connection holds the file (a reader), the mode
+      // cannot change and the build stays in the log, as before.
+      std::string ignored;
+      sqlite_detail::exec(impl_->db.get(), "PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE;", ignored);
       if (sqlite_detail::exec(impl_->db.get(), "BEGIN IMMEDIATE", why) &&
           sqlite_detail::exec(impl_->db.get(), sqlite_detail::kEventIndexSql, why) &&
           sqlite_detail::exec(impl_->db.get(), "COMMIT", why)) {
         impl_->indexes_built = true;
+        // Back to WAL, which the file keeps (readers expect the mode it was written in); the
+        // log is empty now and is deleted as the connection closes.
+        sqlite_detail::exec(impl_->db.get(), "PRAGMA journal_mode=WAL;", ignored);
       } else {
         std::string ignored;
         sqlite_detail::exec(impl_->db.get(), "ROLLBACK", ignored);

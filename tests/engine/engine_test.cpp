@@ -511,6 +511,28 @@ TEST(Engine, OnChainSeesEveryChainOnce) {
   }
 }
 
+// EngineOptions::max_kept_chains (agent): every chain still reaches on_chain, but the result keeps
+// at most the cap, the most recent ones (an always-on capture's memory does not grow with them).
+TEST(Engine, MaxKeptChainsBoundsTheResultNotTheDelivery) {
+  const auto ev = many_process_trace();
+  for (unsigned threads : {1u, 3u}) {
+    VectorSource all_src(ev, 32);
+    EngineOptions all;
+    all.threads = threads;
+    const auto full = run_plan(default_plan(), all_src, all);
+    ASSERT_GE(full.chains.size(), 4u) << "the fixture must fire several chains";
+    VectorSource src(ev, 32);
+    EngineOptions o = all;
+    o.max_kept_chains = 2;
+    size_t delivered = 0;
+    o.on_chain = [&](const Chain&) { ++delivered; };
+    const auto r = run_plan(default_plan(), src, o);
+    EXPECT_EQ(delivered, full.chains.size()) << threads << " threads";
+    EXPECT_LE(r.chains.size(), 2u) << threads << " threads";
+    EXPECT_FALSE(r.chains.empty());
+  }
+}
+
 // One process stops launching mid-window while another goes on to the end of the trace: the
 // first one's last window is judged up to the trace's end (a drop), whichever shard it shares
 // with whom. A shard that ended windows at its own last event would see no drop.
