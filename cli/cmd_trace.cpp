@@ -428,10 +428,18 @@ int run_trace(const TraceArgs& a) {
   AccountingOptions acct_opts;
   acct_opts.chain_accounting = true;
   acct_opts.meta = &tap.meta();
+  if (a.service) {
+    // A service runs for months over a churn of processes: exited and long-silent threads are
+    // folded into compact records (the top accounts unchanged), and the per-second bins of chain
+    // accounting cover the last 10 minutes (an older chain gets no Chain::accounting).
+    acct_opts.evict = true;
+    acct_opts.bin_horizon_ns = 600'000'000'000;
+  }
   TimeAccounting accounting(acct_opts);
   // The step period of each process, inferred with no markers (operators/step_inference.h).
   StepInference steps;
-  GpuUsage gpus;  // the devices each process's calls named: an incident's GPUs
+  if (a.service) steps.evict_exited();  // a process's entry is judged as it exits, its state freed
+  GpuUsage gpus;                        // the devices each process's calls named: an incident's GPUs
   ObservingSource observed(tap, {&accounting, &steps, &gpus});
   EventSource& annotated = annotator.tap(observed);
   EngineOptions eo;

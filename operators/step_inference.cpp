@@ -561,10 +561,50 @@ StepInference::KeyState& StepInference::state(const Event& e) {
   return *slot;
 }
 
+void StepInference::evict(uint64_t now) {
+  constexpr uint64_t kGraceNs = 5'000'000'000;  // late events of the process have had this to come
+  std::set<uint64_t> procs;
+  size_t kept = 0;
+  for (const auto& x : exits_) {
+    if (x.second + kGraceNs < now) procs.insert(x.first);
+    else exits_[kept++] = x;
+  }
+  exits_.resize(kept);
+  if (procs.empty()) return;
+  {
+    std::lock_guard<std::mutex> lk(markers_mu_);
+    for (auto it = procs.begin(); it != procs.end();) it = markers_.count(*it) ? procs.erase(it) : std::next(it);
+  }
+  std::vector<uint64_t> gone;
+  for (const auto& [k, s] : keys_)
+    if (procs.count(process_key(s->node, s->pid))) gone.push_back(k);
+  if (gone.empty()) return;
+  std::sort(gone.begin(), gone.end());  // judged in key order: the same whatever the map's order
+  for (uint64_t k : gone) {
+    const KeyState* s = keys_.at(k).get();
+    finished_.push_back(infer(*s));
+    for (auto it = launcher_.begin(); it != launcher_.end();)
+      it = it->second == s ? launcher_.erase(it) : std::next(it);
+    for (auto& c : cache_)
+      if (c.second == s) c = {};
+    if (last_state_ == s) {
+      last_state_ = nullptr;
+      last_key_ = UINT64_MAX;
+    }
+    keys_.erase(k);
+  }
+  while (finished_.size() > max_finished_) {
+    finished_.pop_front();
+    ++finished_dropped_;
+  }
+}
+
 void StepInference::observe(const Event* events, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     const Event& e = events[i];
     if (!is_gpu_api(e.source)) {
+      if (evict_ && e.source == Source::kHost && e.op == op::kProcessExit && e.pid == e.tid) [[unlikely]]
+        exits_.emplace_back(process_key(e.node, e.pid), e.ts_ns);
       // The launching thread preempted after its last launch: that time is no launch gap.
       if (e.source == Source::kHost && e.op == op::kSchedSwitch && e.prev_state == OffCpuState::kPreempted &&
           e.dur_ns > 0)
@@ -604,6 +644,7 @@ void StepInference::observe(const Event* events, size_t n) {
     series->add(e.ts_ns, e.dur_ns, e.tid);
     ++s.markers;
   }
+  if (evict_ && !exits_.empty() && n > 0) evict(events[n - 1].ts_ns);
 }
 
 void StepInference::add_markers(std::span<const StepMarker> markers) {
@@ -646,6 +687,22 @@ std::vector<ProcessSteps> StepInference::results() const {
     p.node = s->node;
     p.first_ns = s->first_ns;
     p.last_ns = s->last_ns;
+    out.push_back(std::move(p));
+    used.insert(pk);
+  }
+  for (const ProcessSteps& f : finished_) {  // judged at exit; markers handed over later still win
+    const uint64_t pk = process_key(f.node, f.pid);
+    auto it = annotated.find(pk);
+    if (it == annotated.end()) {
+      out.push_back(f);
+      continue;
+    }
+    ProcessSteps p = it->second;
+    p.pid = f.pid;
+    p.rank = f.rank;
+    p.node = f.node;
+    p.first_ns = f.first_ns;
+    p.last_ns = f.last_ns;
     out.push_back(std::move(p));
     used.insert(pk);
   }

@@ -94,6 +94,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -143,6 +144,19 @@ class StepInference final : public EventObserver {
 
   // The same analysis without an AnalysisResult (tests): one entry per key, sorted.
   std::vector<ProcessSteps> results() const;
+
+  // A service over a churn of processes (the agent; off by default): a process whose leader
+  // exited (HOST process_exit, pid == tid) more than 5 s of trace time ago is judged then, as
+  // finish() would judge it (its entry is the same), and its state freed; the entries of the last
+  // max_finished processes so judged are kept (older ones are dropped: finished_dropped()). A
+  // process with explicit markers (add_markers) is kept live. Call before the first observe().
+  void evict_exited(size_t max_finished = 256) {
+    evict_ = true;
+    max_finished_ = max_finished;
+  }
+  size_t live_keys() const { return keys_.size(); }
+  size_t finished_keys() const { return finished_.size(); }
+  uint64_t finished_dropped() const { return finished_dropped_; }
 
   // A ring of the last kMaxMarkers markers (start, duration, thread) of one series.
   struct Series {
@@ -214,6 +228,7 @@ class StepInference final : public EventObserver {
 
  private:
   KeyState& state(const Event& e);
+  void evict(uint64_t now);
 
   std::unordered_map<uint64_t, std::unique_ptr<KeyState>> keys_;
   std::unordered_map<uint64_t, KeyState*> launcher_;  // (node, tid) of a key's last launch -> the key
@@ -222,6 +237,11 @@ class StepInference final : public EventObserver {
   uint64_t last_key_ = UINT64_MAX;
   KeyState* last_state_ = nullptr;
   std::array<std::pair<uint64_t, KeyState*>, 64> cache_{};  // key -> state, direct-mapped
+  bool evict_ = false;
+  size_t max_finished_ = 256;
+  std::vector<std::pair<uint64_t, uint64_t>> exits_;  // (node, pid) key, exit ts: not yet judged
+  std::deque<ProcessSteps> finished_;                 // judged at exit, oldest first
+  uint64_t finished_dropped_ = 0;
 };
 
 }  // namespace ingero

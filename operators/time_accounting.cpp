@@ -510,6 +510,8 @@ void TimeAccounting::observe(const Event* events, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     const Event& e = events[i];
     const bool call = is_gpu_api(e.source);
+    if (opt_.evict && e.source == Source::kHost && e.op == op::kProcessExit && e.pid == e.tid) [[unlikely]]
+      exits_.emplace_back(key(e.node, e.pid), e.ts_ns);
     if (!call && !(e.source == Source::kHost && e.op == op::kSchedSwitch &&
                    !(e.flags & (event_flags::kSwitchOut | event_flags::kSwitchIn))))
       continue;
@@ -607,10 +609,137 @@ void TimeAccounting::observe(const Event* events, size_t n) {
     // Nothing that comes later starts before s: what lies before it is decided.
     if (t.pending >= 64) settle(t, s);
   }
+  if (opt_.evict && n > 0) evict(events[n - 1].ts_ns);
   if (opt_.chain_accounting && n > 0) {
     bin_slices_.clear();
     flush_slices(events[n - 1].ts_ns, false, bin_slices_);
     fold_bins(bin_slices_);
+    trim_bins(events[n - 1].ts_ns / 1'000'000'000);
+  }
+}
+
+TimeAccounting::Finished TimeAccounting::fold(const Thread& t, bool stated) const {
+  Finished f;
+  f.pid = t.pid;
+  f.tid = t.tid;
+  f.node = t.node;
+  f.rank = t.rank;
+  f.stated = stated;
+  f.start = t.start;
+  f.end = t.end;
+  std::copy(std::begin(t.calls), std::end(t.calls), f.calls);
+  std::copy(std::begin(t.blocked), std::end(t.blocked), f.blocked);
+  f.preempted = t.preempted;
+  f.unknown = t.unknown;
+  f.rest = t.rest;
+  f.by_stack.assign(t.by_stack.begin(), t.by_stack.end());
+  f.by.assign(t.by.begin(), t.by.end());
+  std::sort(f.by.begin(), f.by.end(), [](const auto& x, const auto& y) {
+    return x.second != y.second ? x.second > y.second : x.first < y.first;
+  });
+  if (f.by.size() > opt_.top_preemptors) f.by.resize(opt_.top_preemptors);
+  for (const auto& [tid, ns] : f.by) {
+    uint32_t pid = 0;
+    if (auto it = threads_.find(key(t.node, tid)); it != threads_.end()) pid = it->second.pid;
+    else if (auto o = other_pid_.find(tid); o != other_pid_.end()) pid = o->second;
+    f.by_pid.push_back(pid);
+  }
+  return f;
+}
+
+namespace {
+bool ranks_before(uint64_t wall_x, uint16_t node_x, uint32_t tid_x, uint64_t wall_y, uint16_t node_y, uint32_t tid_y) {
+  if (wall_x != wall_y) return wall_x > wall_y;
+  if (node_x != node_y) return node_x < node_y;
+  return tid_x < tid_y;
+}
+}  // namespace
+
+void TimeAccounting::evict(uint64_t now) {
+  std::vector<uint64_t> gone;  // thread keys
+  // Processes that exited long enough ago: every thread of theirs (late events of the process
+  // have had exit_grace_ns to come).
+  if (!exits_.empty()) {
+    std::unordered_map<uint64_t, bool> procs;
+    size_t kept = 0;
+    for (const auto& x : exits_) {
+      if (x.second + opt_.exit_grace_ns < now) procs[x.first] = true;
+      else exits_[kept++] = x;
+    }
+    exits_.resize(kept);
+    if (!procs.empty()) {
+      for (auto& [k, t] : threads_)
+        if (procs.count(key(t.node, t.pid))) gone.push_back(k);
+      for (const auto& [pk, yes] : procs)
+        if (stated_pids_.erase(pk)) ++stated_gen_;
+    }
+  }
+  // Threads silent for idle_ns (looked for every idle_ns / 4 of trace time).
+  if (now >= next_idle_scan_) {
+    next_idle_scan_ = now + std::max<uint64_t>(opt_.idle_ns / 4, 1);
+    for (auto& [k, t] : threads_)
+      if (t.end + opt_.idle_ns < now) gone.push_back(k);
+  }
+  if (gone.empty()) return;
+  std::sort(gone.begin(), gone.end());
+  gone.erase(std::unique(gone.begin(), gone.end()), gone.end());
+  // A process has scheduler data when any of its threads (gone or staying) had a switch-out state.
+  std::unordered_map<uint64_t, bool> stated;
+  for (auto& [k, t] : threads_)
+    if (t.stated) stated[key(t.node, t.pid)] = true;
+  for (uint64_t k : gone) {
+    Thread& t = threads_.at(k);
+    if (t.feeds) {
+      if (slicing_) {
+        settle_for_flush(t, UINT64_MAX, true);  // its last slice goes out with the next flush
+        if (t.cell_open) {
+          closed_cells_.push_back(std::move(t.cell));
+          t.cell_open = false;
+        }
+      } else {
+        settle(t, t.end);
+      }
+      finished_.push_back(fold(t, stated.count(key(t.node, t.pid)) > 0));
+      ++evicted_;
+    }
+  }
+  for (uint64_t k : gone) {
+    Thread& t = threads_.at(k);
+    Slot& slot = cache_[(k * 0x9E3779B97F4A7C15ull) >> (64 - kCacheBits)];
+    if (slot.t == &t) slot = Slot{};
+  }
+  feeders_.erase(std::remove_if(feeders_.begin(), feeders_.end(),
+                                [&](const Thread* t) {
+                                  return std::binary_search(gone.begin(), gone.end(), key(t->node, t->tid));
+                                }),
+                 feeders_.end());
+  for (uint64_t k : gone) threads_.erase(k);
+  // Keep the top K finished records (K >= max_threads: the result's top is unchanged).
+  const size_t cap = std::max(opt_.max_finished, opt_.max_threads);
+  if (finished_.size() > 2 * cap) {
+    auto before = [](const Finished& x, const Finished& y) {
+      return ranks_before(x.end - x.start, x.node, x.tid, y.end - y.start, y.node, y.tid);
+    };
+    std::nth_element(finished_.begin(), finished_.begin() + static_cast<std::ptrdiff_t>(cap), finished_.end(), before);
+    finished_.resize(cap);
+  }
+}
+
+void TimeAccounting::trim_bins(uint64_t newest_sec) {
+  const uint64_t horizon = opt_.bin_horizon_ns / 1'000'000'000;
+  if (!opt_.bin_horizon_ns || newest_sec < trimmed_sec_ + 10 || newest_sec <= horizon) return;  // every 10 s
+  trimmed_sec_ = newest_sec;
+  const uint64_t cut = newest_sec - horizon;  // seconds before it are dropped
+  for (auto it = bins_.begin(); it != bins_.end();) {
+    Bins& bs = it->second;
+    if (bs.first_sec < cut) {
+      const auto n = static_cast<size_t>(std::min<uint64_t>(cut - bs.first_sec, bs.bins.size()));
+      bs.bins.erase(bs.bins.begin(), bs.bins.begin() + static_cast<std::ptrdiff_t>(n));
+      bin_count_ -= n;
+      bs.first_sec = cut;
+    }
+    if (bs.bins.empty()) it = bins_.erase(it);
+    else ++it;
   }
 }
 
@@ -631,9 +760,7 @@ std::vector<ThreadAccounting> TimeAccounting::accounts(const TraceMeta& meta) {
   };
   std::unordered_map<uint64_t, BlockReason> reasons;  // by stack id
   std::vector<ThreadAccounting> out;
-  for (auto& [k, t] : threads_) {
-    if (!t.feeds) continue;
-    settle(t, t.end);
+  auto add_account = [&](const Finished& t) {
     ThreadAccounting a;
     a.pid = t.pid;
     a.tid = t.tid;
@@ -658,29 +785,31 @@ std::vector<ThreadAccounting> TimeAccounting::accounts(const TraceMeta& meta) {
     for (size_t i = 0; i < kBlockReasonCount; ++i) a.blocked_ns[kBlockReasons[i]] = blocked[i];
     a.preempted_ns = t.preempted;
     a.unknown_ns = t.unknown;
-    a.scheduler_data = sched_pids.count(key(t.node, t.pid)) > 0;
+    a.scheduler_data = t.stated || sched_pids.count(key(t.node, t.pid)) > 0;
     if (a.scheduler_data) a.on_cpu_ns = t.rest;
     else a.unknown_ns += t.rest;
-    std::vector<std::pair<uint32_t, uint64_t>> by(t.by.begin(), t.by.end());
-    std::sort(by.begin(), by.end(), [](const auto& x, const auto& y) {
-      return x.second != y.second ? x.second > y.second : x.first < y.first;
-    });
-    if (by.size() > opt_.top_preemptors) by.resize(opt_.top_preemptors);
-    for (const auto& [tid, ns] : by) {
+    for (size_t i = 0; i < t.by.size(); ++i) {
       PreemptedBy p;
-      p.tid = tid;
-      if (auto it = threads_.find(key(t.node, tid)); it != threads_.end()) p.pid = it->second.pid;
-      else if (auto o = other_pid_.find(tid); o != other_pid_.end()) p.pid = o->second;
-      p.comm = name_of(tid, p.pid);
-      p.ns = ns;
+      p.tid = t.by[i].first;
+      p.pid = i < t.by_pid.size() ? t.by_pid[i] : 0;
+      if (!p.pid) {
+        if (auto it = threads_.find(key(t.node, p.tid)); it != threads_.end()) p.pid = it->second.pid;
+        else if (auto o = other_pid_.find(p.tid); o != other_pid_.end()) p.pid = o->second;
+      }
+      p.comm = name_of(p.tid, p.pid);
+      p.ns = t.by[i].second;
       a.preempted_by.push_back(std::move(p));
     }
     out.push_back(std::move(a));
+  };
+  for (auto& [k, t] : threads_) {
+    if (!t.feeds) continue;
+    settle(t, t.end);
+    add_account(fold(t, false));
   }
+  for (const Finished& f : finished_) add_account(f);
   std::sort(out.begin(), out.end(), [](const ThreadAccounting& x, const ThreadAccounting& y) {
-    if (x.wall_ns != y.wall_ns) return x.wall_ns > y.wall_ns;
-    if (x.node != y.node) return x.node < y.node;
-    return x.tid < y.tid;
+    return ranks_before(x.wall_ns, x.node, x.tid, y.wall_ns, y.node, y.tid);
   });
   return out;
 }

@@ -116,6 +116,22 @@ struct AccountingOptions {
   // chain_accounting: where blocked spans' stacks are looked up (TraceMeta::stacks as the source
   // fills it; read on the source's thread, where observe() runs). Null: blocked_other.
   const TraceMeta* meta = nullptr;
+  // A service runs for months over a churn of processes (the agent sets these; off by default):
+  // - evict: a feeding thread whose process exited (HOST process_exit of its leader, pid == tid)
+  //   more than exit_grace_ns of trace time ago, or that has been silent for idle_ns, is settled
+  //   to its last event and folded into a compact finished record; its Thread state is freed.
+  //   At most max(max_finished, max_threads) finished records are kept, the longest wall time
+  //   first (then node, tid): the top max_threads of accounts() are the same as without eviction
+  //   (a thread that comes back after idle_ns of silence is a new record: its two parts are
+  //   accounted apart, the silence in neither). Threads without a GPU call are dropped.
+  // - bin_horizon_ns (chain_accounting): bins older than this before the newest one are dropped
+  //   (a thread whose bins are all gone is forgotten): range() and series() see only the horizon,
+  //   so a chain whose window ended before it gets no Chain::accounting. 0: keep every bin.
+  bool evict = false;
+  uint64_t idle_ns = 60'000'000'000;
+  uint64_t exit_grace_ns = 5'000'000'000;
+  size_t max_finished = 256;
+  uint64_t bin_horizon_ns = 0;
 };
 
 // The totals of one feeding thread's slices in one grid cell (flush_cells): what the engine's
@@ -167,6 +183,10 @@ class TimeAccounting final : public EventObserver {
   // batches.
   void flush_cells(uint64_t watermark, bool final, std::vector<CellTotals>& out);
   uint64_t late_ns() const { return late_ns_; }  // time of late context intervals before the settled point
+  // evict: the threads with live state (Thread records), and the finished records kept.
+  size_t live_threads() const { return threads_.size(); }
+  size_t finished_threads() const { return finished_.size(); }
+  uint64_t threads_evicted() const { return evicted_; }
 
  private:
   struct Seg {
@@ -240,6 +260,25 @@ class TimeAccounting final : public EventObserver {
   uint64_t bins_dropped_ = 0;
   std::vector<Event> bin_slices_;
   void fold_bins(const std::vector<Event>& slices);
+  // evict: a feeding thread's totals once its state is freed (accounts() reads them as a Thread's).
+  struct Finished {
+    uint32_t pid = 0, tid = 0;
+    uint16_t node = 0;
+    int16_t rank = -1;
+    bool stated = false;  // its process had a switch-out state when it was folded
+    uint64_t start = 0, end = 0;
+    uint64_t calls[kCallKindCount] = {}, blocked[kBlockReasonCount] = {};
+    uint64_t preempted = 0, unknown = 0, rest = 0;
+    std::vector<std::pair<uint64_t, uint64_t>> by_stack;  // blocked ns by stack id
+    std::vector<std::pair<uint32_t, uint64_t>> by;        // top preempting tids -> ns
+    std::vector<uint32_t> by_pid;                         // their pids (0: unknown) as of the fold
+  };
+  Finished fold(const Thread& t, bool stated) const;
+  void evict(uint64_t now);
+  void trim_bins(uint64_t newest_sec);
+  std::vector<Finished> finished_;
+  std::vector<std::pair<uint64_t, uint64_t>> exits_;  // (node, pid) key, exit ts: not yet evicted
+  uint64_t next_idle_scan_ = 0, evicted_ = 0, trimmed_sec_ = 0;
   std::unordered_map<uint64_t, Thread> threads_;
   std::vector<Thread*> feeders_;                      // the threads with a GPU call, in the order of their first
   std::unordered_map<uint32_t, uint32_t> other_pid_;  // a preempting tid -> its process (sched span arg0)

@@ -872,5 +872,78 @@ TEST(StepTracker, ExplicitMarkersWinForTheirProcessOnly) {
   }
 }
 
+// A service's churn (evict_exited): 300 short processes, each with a step loop of its own period
+// (a stream sync per step, launches before it), most ending with their leader's process_exit.
+TEST(StepInference, EvictingExitedProcessesGivesTheSameEntriesWithBoundedState) {
+  std::mt19937_64 rng(44);
+  std::vector<Event> ev;
+  for (uint32_t p = 0; p < 300; ++p) {
+    const uint32_t pid = 5000 + p;
+    const uint64_t start = kT0 + rng() % (300'000 * kMs), period = (5 + rng() % 40) * kMs;
+    const uint64_t steps = 10 + rng() % 50;
+    uint64_t t = start;
+    for (uint64_t i = 0; i < steps; ++i, t += period) {
+      for (int l = 0; l < 4; ++l) {
+        Event e;
+        e.ts_ns = t + static_cast<uint64_t>(l) * kMs / 4;
+        e.dur_ns = 10'000;
+        e.pid = e.tid = pid;
+        e.source = Source::kCuda;
+        e.op = op::kCudaLaunchKernel;
+        ev.push_back(e);
+      }
+      Event sync;
+      sync.ts_ns = t + 2 * kMs;
+      sync.dur_ns = period / 2 + rng() % 100'000;
+      sync.pid = sync.tid = pid;
+      sync.source = Source::kCuda;
+      sync.op = op::kCudaStreamSync;
+      ev.push_back(sync);
+    }
+    if (p % 7 == 0) continue;  // its exit was not seen: it stays live
+    Event x;
+    x.ts_ns = t + period;
+    x.pid = x.tid = pid;
+    x.source = Source::kHost;
+    x.op = op::kProcessExit;
+    ev.push_back(x);
+  }
+  std::stable_sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+  StepInference plain, evicting;
+  evicting.evict_exited(1000);
+  size_t most_live = 0;
+  for (size_t i = 0; i < ev.size(); i += 1024) {
+    const size_t n = std::min<size_t>(1024, ev.size() - i);
+    plain.observe(ev.data() + i, n);
+    evicting.observe(ev.data() + i, n);
+    most_live = std::max(most_live, evicting.live_keys());
+  }
+  EXPECT_EQ(plain.live_keys(), 300u);
+  EXPECT_LT(most_live, 120u);  // the 43 never seen to exit, and those alive or within 5 s of their exit
+  EXPECT_GT(evicting.finished_keys(), 200u);
+  const auto want = plain.results(), got = evicting.results();
+  ASSERT_EQ(got.size(), want.size());
+  size_t with_period = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    SCOPED_TRACE("pid " + std::to_string(want[i].pid));
+    EXPECT_EQ(got[i].pid, want[i].pid);
+    EXPECT_EQ(got[i].method, want[i].method);
+    EXPECT_EQ(got[i].count, want[i].count);
+    EXPECT_EQ(got[i].period_ns, want[i].period_ns);
+    EXPECT_EQ(got[i].p99_ns, want[i].p99_ns);
+    EXPECT_EQ(got[i].boundaries, want[i].boundaries);
+    EXPECT_EQ(got[i].first_ns, want[i].first_ns);
+    EXPECT_EQ(got[i].last_ns, want[i].last_ns);
+    with_period += want[i].period_ns > 0;
+  }
+  EXPECT_GT(with_period, 250u);  // the loops were found: the comparison is of real entries
+  // Past max_finished, the oldest judged entries go.
+  StepInference small;
+  small.evict_exited(10);
+  small.observe(ev.data(), ev.size());
+  EXPECT_EQ(small.finished_keys(), 10u);
+  EXPECT_GT(small.finished_dropped(), 200u);
+}
+
 }  // namespace
 }  // namespace ingero

@@ -1405,5 +1405,96 @@ TEST(TimeAccounting, SeriesIsThePerSecondBins) {
   EXPECT_FALSE(plain.series(0, 2).has_value());
 }
 
+// --- a service's churn (AccountingOptions::evict, bin_horizon_ns) ---------------------------------
+
+// 400 short processes of two feeding threads each over 10 minutes (most end with a process_exit
+// of their leader, every 10th without: those go by idle_ns), with preemptions and unknown spans,
+// and one process calling through all of it.
+std::vector<Event> churn_trace(std::mt19937_64& rng) {
+  std::vector<Event> ev;
+  constexpr uint64_t kMs = 1'000'000, kSec = 1'000 * kMs;
+  for (uint64_t ts = 0; ts < 600 * kSec; ts += 100 * kMs) ev.push_back(call(7, 7, ts, 30 * kMs));
+  for (uint32_t p = 0; p < 400; ++p) {
+    const uint32_t pid = 1000 + p * 10;
+    const uint64_t start = rng() % (580 * kSec), life = kSec / 2 + rng() % (19 * kSec);
+    uint64_t last = start;
+    for (uint32_t tid : {pid, pid + 1}) {
+      for (uint64_t ts = start + rng() % (10 * kMs); ts < start + life; ts += 5 * kMs + rng() % (40 * kMs)) {
+        ev.push_back(call(pid, tid, ts, 1 * kMs + rng() % (3 * kMs), Source::kCuda,
+                          rng() % 3 ? op::kCudaLaunchKernel : op::kCudaStreamSync));
+        if (rng() % 4 == 0)
+          ev.push_back(span(pid, tid, ts + 4 * kMs, 1 * kMs,
+                            rng() % 2 ? OffCpuState::kPreempted : OffCpuState::kUnknown,
+                            static_cast<uint32_t>(50 + rng() % 5)));
+        last = std::max(last, ts + 6 * kMs);
+      }
+    }
+    if (p % 10 == 0) continue;  // no exit seen
+    Event x;
+    x.ts_ns = last;
+    x.pid = x.tid = pid;
+    x.source = Source::kHost;
+    x.op = op::kProcessExit;
+    ev.push_back(x);
+  }
+  std::stable_sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) { return a.ts_ns < b.ts_ns; });
+  return ev;
+}
+
+TEST(TimeAccounting, EvictionUnderChurnKeepsTheTopAccountsAndBoundsTheThreads) {
+  std::mt19937_64 rng(44);
+  const std::vector<Event> ev = churn_trace(rng);
+  for (bool chains : {false, true}) {
+    SCOPED_TRACE(chains ? "chain_accounting" : "plain");
+    AccountingOptions plain_opt;
+    plain_opt.chain_accounting = chains;
+    AccountingOptions evict_opt = plain_opt;
+    evict_opt.evict = true;
+    evict_opt.max_finished = 4;  // kept: max(4, max_threads = 16)
+    evict_opt.bin_horizon_ns = 60'000'000'000;
+    TimeAccounting plain(plain_opt), evicting(evict_opt);
+    size_t most_live = 0, most_finished = 0;
+    for (size_t i = 0; i < ev.size(); i += 2048) {
+      const size_t n = std::min<size_t>(2048, ev.size() - i);
+      plain.observe(ev.data() + i, n);
+      evicting.observe(ev.data() + i, n);
+      most_live = std::max(most_live, evicting.live_threads());
+      most_finished = std::max(most_finished, evicting.finished_threads());
+    }
+    EXPECT_EQ(plain.live_threads(), 801u);  // every thread of the run, and the long one
+    // At most a few processes overlap at a time (~7 on average), each held for its exit grace
+    // (5 s) or, without an exit, for its idle time (60 s, looked for every 15 s).
+    EXPECT_LT(most_live, 200u);
+    EXPECT_LE(most_finished, 32u);
+    EXPECT_GT(evicting.threads_evicted(), 700u);
+    AnalysisResult want, got;
+    plain.finish({}, want);
+    evicting.finish({}, got);
+    ASSERT_EQ(want.accounting.size(), 16u);
+    ASSERT_EQ(got.accounting.size(), want.accounting.size());
+    for (size_t i = 0; i < want.accounting.size(); ++i) {
+      EXPECT_EQ(got.accounting[i].tid, want.accounting[i].tid);
+      EXPECT_EQ(got.accounting[i].pid, want.accounting[i].pid);
+      EXPECT_EQ(got.accounting[i].scheduler_data, want.accounting[i].scheduler_data);
+      ASSERT_EQ(got.accounting[i].preempted_by.size(), want.accounting[i].preempted_by.size());
+      for (size_t j = 0; j < want.accounting[i].preempted_by.size(); ++j) {
+        EXPECT_EQ(got.accounting[i].preempted_by[j].tid, want.accounting[i].preempted_by[j].tid);
+        EXPECT_EQ(got.accounting[i].preempted_by[j].ns, want.accounting[i].preempted_by[j].ns);
+      }
+      expect_equal(got.accounting[i], want.accounting[i], "evict");
+    }
+    EXPECT_EQ(got.accounting.front().tid, 7u);  // the long one is at the top
+    if (chains) {
+      // The long thread's bins: all 600 seconds without a horizon, the last minute (and at most
+      // the 10 s between trims) with one.
+      ASSERT_TRUE(plain.series(0, 7).has_value());
+      ASSERT_TRUE(evicting.series(0, 7).has_value());
+      EXPECT_GE(plain.series(0, 7)->bins.size(), 599u);
+      EXPECT_LE(evicting.series(0, 7)->bins.size(), 71u);
+      EXPECT_GE(evicting.series(0, 7)->bins.size(), 60u);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ingero
