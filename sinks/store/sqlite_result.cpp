@@ -56,10 +56,14 @@ std::vector<std::string> strings(const json& j) {
 
 std::map<std::string, uint64_t> ns_map(const json& j) {
   std::map<std::string, uint64_t> m;
-  if (j.is_object())
-    for (auto it = j.begin(); it != j.end(); ++it)
-      if (it->is_number_unsigned()) m[it.key()] = it->get<uint64_t>();
-      else if (it->is_number_integer()) m[it.key()] = static_cast<uint64_t>(std::max<int64_t>(0, it->get<int64_t>()));
+  if (!j.is_object()) return m;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it->is_number_unsigned()) {
+      m[it.key()] = it->get<uint64_t>();
+    } else if (it->is_number_integer()) {
+      m[it.key()] = static_cast<uint64_t>(std::max<int64_t>(0, it->get<int64_t>()));
+    }
+  }
   return m;
 }
 

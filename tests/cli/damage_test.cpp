@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/util/run_command.h"
+#include "tests/util/scratch_db.h"
 
 namespace {
 
@@ -122,23 +123,41 @@ void plant(const std::string& db, int page_size, int64_t page, Damage d, int64_t
   f.write(bytes.data(), page_size);
 }
 
+// A scratch directory with a pristine copy of one shared trace (`base`; the shared file is only
+// ever read, by the copy), the path each case damages (`db`, reset from `base` by fresh()) and the
+// b-tree pages of the copy's tables and indexes. `skip` says why a case cannot run: the sample is
+// absent, or this SQLite has no dbstat table to find the pages with.
+struct DamageBench {
+  explicit DamageBench(const std::string& sample) : dir("ip-damage") {
+    const std::string src = kShared + "/" + sample;
+    if (!fs::exists(src)) {
+      skip = "shared Ingero sample not found: " + src;
+      return;
+    }
+    fs::copy_file(src, base, fs::copy_options::overwrite_existing);
+    pages = btree_pages(base, page_size);
+    if (pages.empty() || page_size <= 0) skip = "this SQLite has no dbstat table: pages cannot be found";
+    fresh();
+  }
+  void fresh() const { fs::copy_file(base, db, fs::copy_options::overwrite_existing); }
+
+  ingero::test::ScratchDir dir;
+  const std::string base = dir("base.db"), db = dir("trace.db");
+  std::string skip;
+  int page_size = 0;
+  std::map<std::string, std::vector<int64_t>> pages;
+};
+
 class DamagedTrace : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DamagedTrace, EveryCommandGivesTheUndamagedAnswerOrFails) {
-  const std::string src = kShared + "/" + GetParam();
-  if (!fs::exists(src)) GTEST_SKIP() << "shared Ingero sample not found: " << src;
-  const fs::path dir = fs::temp_directory_path() / ("ip-damage-" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  const std::string base = (dir / "base.db").string();
-  const std::string db = (dir / "trace.db").string();
-  const std::string out = (dir / "out.json").string();
-  fs::copy_file(src, base, fs::copy_options::overwrite_existing);
-  int page_size = 0;
-  const auto pages = btree_pages(base, page_size);
-  if (pages.empty() || page_size <= 0) GTEST_SKIP() << "this SQLite has no dbstat table: pages cannot be found";
+  const DamageBench bench(GetParam());
+  if (!bench.skip.empty()) GTEST_SKIP() << bench.skip;
+  const std::string& db = bench.db;
+  const std::string out = bench.dir("out.json");
+  const int page_size = bench.page_size;
 
   // The undamaged answers, from the same path the damaged copies take.
-  fs::copy_file(base, db, fs::copy_options::overwrite_existing);
   std::map<std::string, Answer> want;
   for (const auto& c : commands()) {
     want[c.name] = run_command(c, db, out);
@@ -147,7 +166,7 @@ TEST_P(DamagedTrace, EveryCommandGivesTheUndamagedAnswerOrFails) {
 
   int cases = 0, exact = 0, refused = 0, different = 0;
   std::map<std::string, int> exact_by_tree;
-  for (const auto& [tree, list] : pages) {
+  for (const auto& [tree, list] : bench.pages) {
     // The root and, for a multi-page tree, its first and last other pages.
     std::vector<int64_t> targets = {list.front()};
     if (list.size() > 1) targets.push_back(list[1]);
@@ -156,7 +175,7 @@ TEST_P(DamagedTrace, EveryCommandGivesTheUndamagedAnswerOrFails) {
       for (const Damage d : {Damage::kRandom, Damage::kZero, Damage::kCopy}) {
         if (d == Damage::kCopy && list.size() < 2) continue;
         const int64_t other = page == list.back() ? list.front() : list.back();
-        fs::copy_file(base, db, fs::copy_options::overwrite_existing);
+        bench.fresh();
         plant(db, page_size, page, d, other, static_cast<uint32_t>(page * 31 + 7));
         for (const auto& c : commands()) {
           const Answer got = run_command(c, db, out);
@@ -184,7 +203,6 @@ TEST_P(DamagedTrace, EveryCommandGivesTheUndamagedAnswerOrFails) {
       "%s: %d command runs on damaged copies: %d exact (exit 0), %d refused or partial (exit 3/5), %d different "
       "answers with exit 0\n",
       GetParam().c_str(), cases, exact, refused, different);
-  fs::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(SharedTraces, DamagedTrace,
@@ -201,23 +219,18 @@ INSTANTIATE_TEST_SUITE_P(SharedTraces, DamagedTrace,
 // every figure is the undamaged file's, with a note on stderr and exit 0; a damaged `events`
 // table gives exit 5 and counts the rows lost.
 TEST(DamagedTraceCases, TimestampIndexWorkedAroundTableDamageCounted) {
-  const std::string src = kShared + "/pytorch-dataloader-starvation.db";
-  if (!fs::exists(src)) GTEST_SKIP() << "shared Ingero sample not found: " << src;
-  const fs::path dir = fs::temp_directory_path() / ("ip-damage-cases-" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  const std::string base = (dir / "base.db").string();
-  const std::string db = (dir / "trace.db").string();
-  fs::copy_file(src, base, fs::copy_options::overwrite_existing);
-  int page_size = 0;
-  const auto pages = btree_pages(base, page_size);
-  if (pages.empty()) GTEST_SKIP() << "this SQLite has no dbstat table";
+  const DamageBench bench("pytorch-dataloader-starvation.db");
+  if (!bench.skip.empty()) GTEST_SKIP() << bench.skip;
+  const std::string& db = bench.db;
+  const int page_size = bench.page_size;
+  const auto& pages = bench.pages;
   const Command stats{"stats", "stats --db DB", false};
-  fs::copy_file(base, db, fs::copy_options::overwrite_existing);
+  bench.fresh();
   const Answer want = run_command(stats, db, "");
 
   const auto& idx = pages.at("idx_events_timestamp");
   ASSERT_GE(idx.size(), 4u);
-  fs::copy_file(base, db, fs::copy_options::overwrite_existing);
+  bench.fresh();
   plant(db, page_size, idx[1], Damage::kCopy, idx.back(), 1);  // two leaves overwritten by another's
   plant(db, page_size, idx[2], Damage::kCopy, idx.back(), 2);
   const Answer got = run_command(stats, db, "");
@@ -227,7 +240,7 @@ TEST(DamagedTraceCases, TimestampIndexWorkedAroundTableDamageCounted) {
 
   const auto& events = pages.at("events");
   ASSERT_GE(events.size(), 3u);
-  fs::copy_file(base, db, fs::copy_options::overwrite_existing);
+  bench.fresh();
   plant(db, page_size, events[1], Damage::kRandom, 0, 3);
   const Answer part = run_command({"stats", "stats --json --db DB", false}, db, "");
   EXPECT_EQ(part.status, 5) << part.err;
@@ -241,7 +254,6 @@ TEST(DamagedTraceCases, TimestampIndexWorkedAroundTableDamageCounted) {
   ASSERT_TRUE(health.contains("rows_unreadable")) << part.out.substr(0, 2000);
   EXPECT_GT(health["rows_unreadable"].get<uint64_t>(), 0u);
   EXPECT_EQ(health["rows_read"].get<uint64_t>() + health["rows_unreadable"].get<uint64_t>(), 3807u);
-  fs::remove_all(dir);
 }
 
 // stack_traces has no index to check it against: a leaf overwritten by a sound copy of another
@@ -249,15 +261,11 @@ TEST(DamagedTraceCases, TimestampIndexWorkedAroundTableDamageCounted) {
 // text is no longer JSON (an overflow page overwritten) as a row that cannot be read: both exit 5
 // naming the table, never the undamaged answer's stacks silently changed.
 TEST(DamagedTraceCases, StackTracesOutOfOrderOrNotJsonArePartial) {
-  const std::string src = kShared + "/pytorch-dataloader-starvation.db";
-  if (!fs::exists(src)) GTEST_SKIP() << "shared Ingero sample not found: " << src;
-  const fs::path dir = fs::temp_directory_path() / ("ip-damage-stacks-" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  const std::string db = (dir / "trace.db").string();
-  fs::copy_file(src, db, fs::copy_options::overwrite_existing);
-  int page_size = 0;
-  const auto pages = btree_pages(db, page_size);
-  if (pages.empty()) GTEST_SKIP() << "this SQLite has no dbstat table";
+  const DamageBench bench("pytorch-dataloader-starvation.db");
+  if (!bench.skip.empty()) GTEST_SKIP() << bench.skip;
+  const std::string& db = bench.db;
+  const int page_size = bench.page_size;
+  const auto& pages = bench.pages;
   const auto& st = pages.at("stack_traces");
   ASSERT_GE(st.size(), 3u);
   plant(db, page_size, st[1], Damage::kCopy, st.back(), 1);  // the first leaf now holds the last's rows
@@ -266,7 +274,7 @@ TEST(DamagedTraceCases, StackTracesOutOfOrderOrNotJsonArePartial) {
   EXPECT_EQ(order.status, 5) << order.err;
   EXPECT_NE(order.err.find("table `stack_traces`: rows out of key order"), std::string::npos) << order.err;
 
-  fs::copy_file(src, db, fs::copy_options::overwrite_existing);
+  bench.fresh();
   {
     sqlite3* h = nullptr;
     ASSERT_EQ(sqlite3_open(db.c_str(), &h), SQLITE_OK);
@@ -280,22 +288,17 @@ TEST(DamagedTraceCases, StackTracesOutOfOrderOrNotJsonArePartial) {
   const Answer text = run_command(explain, db, "");
   EXPECT_EQ(text.status, 5) << text.err;
   EXPECT_NE(text.err.find("is not JSON"), std::string::npos) << text.err;
-  fs::remove_all(dir);
 }
 
 // The root page of stack_traces overwritten by a copy of one of its leaves: the table reads as
 // that leaf alone, a sound but smaller table. The events refer to stacks it lacks and the pages
 // below the old root belong to nothing: exit 5 naming the table, never the stacks silently gone.
 TEST(DamagedTraceCases, StackTracesRootOverwrittenByItsLeafIsPartial) {
-  const std::string src = kShared + "/pytorch-dataloader-starvation.db";
-  if (!fs::exists(src)) GTEST_SKIP() << "shared Ingero sample not found: " << src;
-  const fs::path dir = fs::temp_directory_path() / ("ip-damage-stackroot-" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  const std::string db = (dir / "trace.db").string();
-  fs::copy_file(src, db, fs::copy_options::overwrite_existing);
-  int page_size = 0;
-  const auto pages = btree_pages(db, page_size);
-  if (pages.empty()) GTEST_SKIP() << "this SQLite has no dbstat table";
+  const DamageBench bench("pytorch-dataloader-starvation.db");
+  if (!bench.skip.empty()) GTEST_SKIP() << bench.skip;
+  const std::string& db = bench.db;
+  const int page_size = bench.page_size;
+  const auto& pages = bench.pages;
   const auto& st = pages.at("stack_traces");
   ASSERT_GE(st.size(), 2u);
   const Command explain{"explain", "explain --json --db DB", false};
@@ -303,9 +306,9 @@ TEST(DamagedTraceCases, StackTracesRootOverwrittenByItsLeafIsPartial) {
   ASSERT_EQ(want.status, 0) << want.err;
   for (const Command& c : {explain, Command{"export", "export --db DB --output OUT -q", true}}) {
     for (size_t leaf = 1; leaf < st.size(); ++leaf) {
-      fs::copy_file(src, db, fs::copy_options::overwrite_existing);
+      bench.fresh();
       plant(db, page_size, st.front(), Damage::kCopy, st[leaf], 1);
-      const Answer got = run_command(c, db, (dir / "out.json").string());
+      const Answer got = run_command(c, db, bench.dir("out.json"));
       const std::string where = c.name + ", root <- page " + std::to_string(st[leaf]);
       EXPECT_EQ(got.status, 5) << where << "\n" << got.err;
       EXPECT_NE(got.err.find(db + ": damaged file: table `stack_traces`: events refer to"), std::string::npos)
@@ -313,7 +316,6 @@ TEST(DamagedTraceCases, StackTracesRootOverwrittenByItsLeafIsPartial) {
           << got.err;
     }
   }
-  fs::remove_all(dir);
 }
 
 // `query` planned through an index of `events` whose page was overwritten by a copy of another
@@ -321,15 +323,11 @@ TEST(DamagedTraceCases, StackTracesRootOverwrittenByItsLeafIsPartial) {
 // checked against its table first: exit 5 naming the index, never a different answer; the same
 // query on the undamaged file is unchanged, and one that reads no damaged index still answers.
 TEST(DamagedTraceCases, QueryThroughACopiedIndexPageFails) {
-  const std::string src = kShared + "/pytorch-dataloader-starvation.db";
-  if (!fs::exists(src)) GTEST_SKIP() << "shared Ingero sample not found: " << src;
-  const fs::path dir = fs::temp_directory_path() / ("ip-damage-query-" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  const std::string db = (dir / "trace.db").string();
-  fs::copy_file(src, db, fs::copy_options::overwrite_existing);
-  int page_size = 0;
-  const auto pages = btree_pages(db, page_size);
-  if (pages.empty()) GTEST_SKIP() << "this SQLite has no dbstat table";
+  const DamageBench bench("pytorch-dataloader-starvation.db");
+  if (!bench.skip.empty()) GTEST_SKIP() << bench.skip;
+  const std::string& db = bench.db;
+  const int page_size = bench.page_size;
+  const auto& pages = bench.pages;
   const Command grouped = commands()[2];  // through idx_events_source_op_stack (SQLite's plan)
   const Command by_pid{"query", "query --json --db DB \"SELECT pid, count(*) FROM events GROUP BY pid\"", false};
   const Answer want = run_command(grouped, db, "");
@@ -340,7 +338,7 @@ TEST(DamagedTraceCases, QueryThroughACopiedIndexPageFails) {
   ASSERT_GE(idx.size(), 3u);
   // A leaf by another leaf, and the root by a leaf (the index then reads as that leaf alone).
   for (const auto& [page, other] : {std::pair{idx[1], idx.back()}, std::pair{idx.front(), idx[1]}}) {
-    fs::copy_file(src, db, fs::copy_options::overwrite_existing);
+    bench.fresh();
     plant(db, page_size, page, Damage::kCopy, other, 1);
     const Answer got = run_command(grouped, db, "");
     const std::string where = "page " + std::to_string(page) + " <- " + std::to_string(other);
@@ -354,7 +352,6 @@ TEST(DamagedTraceCases, QueryThroughACopiedIndexPageFails) {
     EXPECT_EQ(pid.status, 0) << where << "\n" << pid.err;
     EXPECT_EQ(pid.out, want_pid.out) << where;
   }
-  fs::remove_all(dir);
 }
 
 }  // namespace
